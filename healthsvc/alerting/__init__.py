@@ -1,0 +1,42 @@
+"""Alerting: findings become alerts (labels, fingerprint, lifecycle), an Alertmanager-like policy
+decides what to notify (grouping by run, waits and intervals per severity, inhibition, silences),
+and a durable SQLite outbox delivers signed webhooks (Alertmanager v4, Slack, our JSON) at least
+once.
+
+Modules, one concept each::
+
+    model         Alert, labels, fingerprint, lifecycle (fire / clear / expire / resolve)
+    policy        NotifyReason, needs_update, Timing, inhibition, silences   (pure)
+    subscription  Subscription: URL, body format, filters, secret
+    formats       webhook bodies: alertmanager | slack | json
+    signing       Standard Webhooks headers, sign and verify
+    outbox        the durable outbox and the alerting tables (all the SQL)
+    delivery      DeliveryWorker: backoff with full jitter, Retry-After, dead letters
+    manager       AlertManager: ties the above together
+
+Errors::
+
+    AlertingError
+    ├── NotFound
+    └── ReadOnly
+    signing.WebhookVerificationError   (receiver side)
+"""
+from healthsvc.alerting.delivery import Backoff, DeliveryWorker, parse_retry_after
+from healthsvc.alerting.formats import Notification, render
+from healthsvc.alerting.manager import AlertingError, AlertManager, NotFound, ReadOnly
+from healthsvc.alerting.model import Alert, LifecyclePolicy, alert_labels, fingerprint
+from healthsvc.alerting.outbox import Delivery, Outbox
+from healthsvc.alerting.policy import (
+    DEFAULT_INHIBIT_RULES, DEFAULT_TIMINGS, InhibitRule, Matcher, NotificationLogEntry, NotifyReason,
+    PolicyConfig, Silence, Timing, needs_update,
+)
+from healthsvc.alerting.signing import WebhookVerificationError, generate_secret, sign_headers, verify
+from healthsvc.alerting.subscription import Subscription
+
+__all__ = [
+    "Alert", "AlertManager", "AlertingError", "Backoff", "DEFAULT_INHIBIT_RULES", "DEFAULT_TIMINGS",
+    "Delivery", "DeliveryWorker", "InhibitRule", "LifecyclePolicy", "Matcher", "NotFound",
+    "Notification", "NotificationLogEntry", "NotifyReason", "Outbox", "PolicyConfig", "ReadOnly",
+    "Silence", "Subscription", "Timing", "WebhookVerificationError", "alert_labels", "fingerprint",
+    "generate_secret", "needs_update", "parse_retry_after", "render", "sign_headers", "verify",
+]

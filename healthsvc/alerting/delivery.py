@@ -1,0 +1,252 @@
+"""The delivery worker: sends the outbox's due rows, at least once, with backoff.
+
+Per attempt (``webhook-id`` is the row's, the same on every retry; the timestamp and signature are
+made fresh, so a receiver's replay window holds for late retries):
+
+- 2xx: ``delivered``.
+- 5xx, 429, connection errors, timeouts: retried after ``Retry-After`` when the receiver sent one
+  (seconds or an HTTP date), else after an exponential backoff with full jitter,
+  ``uniform(0, min(cap_s, base_s * 2 ** (attempt - 1)))``. A delivery still failing
+  ``max_age_s`` after it was enqueued goes ``dead`` with its last error (the last retry is
+  scheduled no later than that deadline).
+- any other answer (other 4xx, 3xx): ``failed`` with the error, no retry: the request is wrong and
+  resending it will not fix it.
+
+The worker is a thread with a small pool of sender threads (one slow receiver does not hold up
+the others); :meth:`DeliveryWorker.wake` makes it look at the outbox at once (new rows), and
+:meth:`DeliveryWorker.stop` ends it cleanly, letting in-flight attempts finish.
+
+Example::
+
+    >>> b = Backoff(base_s=0.5, cap_s=30.0)
+    >>> import random; 0.0 <= b.delay_s(3, random.Random(0)) <= 2.0
+    True
+"""
+from __future__ import annotations
+
+import email.utils
+import logging
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import httpx
+
+from healthsvc.alerting.outbox import Delivery, Outbox
+from healthsvc.alerting.signing import sign_headers
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = "healthsvc-alerting/1"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with full jitter (seconds)."""
+
+    base_s: float = 1.0
+    cap_s: float = 300.0
+
+    def delay_s(self, attempt: int, rng: random.Random) -> float:
+        """Delay before retry number ``attempt`` (1 = after the first failure)."""
+        return rng.uniform(0.0, min(self.cap_s, self.base_s * 2.0 ** max(attempt - 1, 0)))
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """``Retry-After`` in seconds from ``now``: delta-seconds or an HTTP date; None if absent/bad.
+
+    >>> parse_retry_after("2", now=0.0), parse_retry_after("Thu, 01 Jan 1970 00:00:10 GMT", now=4.0)
+    (2.0, 6.0)
+    """
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What one attempt did; ``retryable`` only matters when not ``delivered``."""
+
+    delivered: bool
+    retryable: bool
+    status: int | None
+    error: str | None
+    retry_after_s: float | None = None
+
+
+def classify(response: httpx.Response, now: float) -> AttemptResult:
+    code = response.status_code
+    if 200 <= code < 300:
+        return AttemptResult(True, False, code, None)
+    error = f"HTTP {code}: {response.text[:200]}"
+    if code == 429 or code >= 500:
+        return AttemptResult(False, True, code, error, parse_retry_after(response.headers.get("retry-after"), now))
+    return AttemptResult(False, False, code, error)
+
+
+class DeliveryWorker:
+    """Sends due outbox rows until stopped.
+
+    ``clock`` gives unix seconds (injectable for tests); ``rng`` drives the jitter;
+    ``transport`` is an optional httpx transport (tests may use a mock one); ``on_attempt`` is
+    called after each attempt with the delivery and its result (metrics hook).
+    """
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        *,
+        timeout_s: float = 5.0,
+        backoff: Backoff = Backoff(),
+        max_age_s: float = 24 * 3600.0,
+        concurrency: int = 4,
+        poll_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        transport: httpx.BaseTransport | None = None,
+        on_attempt: Callable[[Delivery, AttemptResult], None] | None = None,
+    ) -> None:
+        self.outbox = outbox
+        self.timeout_s = timeout_s
+        self.backoff = backoff
+        self.max_age_s = max_age_s
+        self.concurrency = concurrency
+        self.poll_interval_s = poll_interval_s
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._rng_lock = threading.Lock()
+        self._on_attempt = on_attempt
+        self._client = httpx.Client(timeout=timeout_s, transport=transport, follow_redirects=False,
+                                    headers={"user-agent": USER_AGENT})
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._inflight: set[str] = set()
+        self._inflight_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return (f"DeliveryWorker(timeout_s={self.timeout_s}, backoff={self.backoff}, "
+                f"max_age_s={self.max_age_s}, concurrency={self.concurrency})")
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> "DeliveryWorker":
+        if self._thread is not None:
+            raise RuntimeError("DeliveryWorker already started; create a new one after stop()")
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="webhook-send")
+        self._thread = threading.Thread(target=self._loop, name="webhook-delivery", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop claiming rows, let in-flight attempts finish (bounded by the HTTP timeout)."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self._client.close()
+
+    def wake(self) -> None:
+        """New rows were enqueued: look now rather than at the next poll."""
+        self._wake.set()
+
+    @property
+    def inflight(self) -> int:
+        with self._inflight_lock:
+            return len(self._inflight)
+
+    # -- work ---------------------------------------------------------------------------------
+
+    def run_once(self) -> int:
+        """Send every due row synchronously in this thread (for tests and tools); returns count."""
+        sent = 0
+        for d in self.outbox.due(self._clock(), limit=1000):
+            self._attempt(d)
+            sent += 1
+        return sent
+
+    def _loop(self) -> None:
+        assert self._pool is not None
+        while not self._stopping.is_set():
+            self._wake.clear()
+            free = self.concurrency - self.inflight
+            if free > 0:
+                with self._inflight_lock:
+                    busy = set(self._inflight)
+                for d in self.outbox.due(self._clock(), limit=free, exclude=busy):
+                    with self._inflight_lock:
+                        self._inflight.add(d.webhook_id)
+                    self._pool.submit(self._attempt_and_release, d)
+            self._wake.wait(self._sleep_s())
+
+    def _sleep_s(self) -> float:
+        if self.inflight >= self.concurrency:
+            return self.poll_interval_s  # a finishing attempt wakes us
+        nxt = self.outbox.next_due_at()
+        if nxt is None:
+            return self.poll_interval_s
+        return min(self.poll_interval_s, max(0.0, nxt - self._clock()))
+
+    def _attempt_and_release(self, d: Delivery) -> None:
+        try:
+            self._attempt(d)
+        except Exception:  # never let one row kill the sender thread; the row stays pending
+            log.exception("webhook attempt %s crashed", d.webhook_id)
+        finally:
+            with self._inflight_lock:
+                self._inflight.discard(d.webhook_id)
+            self._wake.set()
+
+    def _attempt(self, d: Delivery) -> AttemptResult:
+        now = self._clock()
+        headers = sign_headers(d.secret, d.webhook_id, int(now), d.body)
+        headers["content-type"] = d.content_type
+        try:
+            response = self._client.post(d.url, content=d.body, headers=headers)
+            result = classify(response, self._clock())
+        except httpx.UnsupportedProtocol as exc:
+            result = AttemptResult(False, False, None, f"{type(exc).__name__}: {exc}")
+        except httpx.TimeoutException as exc:
+            result = AttemptResult(False, True, None, f"timeout after {self.timeout_s}s: {type(exc).__name__}")
+        except httpx.TransportError as exc:
+            result = AttemptResult(False, True, None, f"{type(exc).__name__}: {exc}")
+        self._record(d, result)
+        if self._on_attempt is not None:
+            self._on_attempt(d, result)
+        return result
+
+    def _record(self, d: Delivery, r: AttemptResult) -> None:
+        now = self._clock()
+        if r.delivered:
+            self.outbox.record_attempt(d.webhook_id, now, state="delivered", status=r.status, error=None)
+            return
+        if not r.retryable:
+            self.outbox.record_attempt(d.webhook_id, now, state="failed", status=r.status, error=r.error)
+            log.warning("webhook %s to %s failed for good: %s", d.webhook_id, d.url, r.error)
+            return
+        deadline = d.created_at + self.max_age_s
+        if now >= deadline:
+            self.outbox.record_attempt(d.webhook_id, now, state="dead", status=r.status, error=r.error)
+            log.error("webhook %s to %s is dead after %d attempts: %s", d.webhook_id, d.url,
+                      d.attempts + 1, r.error)
+            return
+        if r.retry_after_s is not None:
+            delay = r.retry_after_s
+        else:
+            with self._rng_lock:
+                delay = self.backoff.delay_s(d.attempts + 1, self._rng)
+        self.outbox.record_attempt(d.webhook_id, now, state="pending", status=r.status, error=r.error,
+                                   next_attempt_at=min(now + delay, deadline))

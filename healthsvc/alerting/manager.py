@@ -1,0 +1,393 @@
+"""The alert manager: findings in, alerts kept, notifications out through the outbox.
+
+Flow: :meth:`AlertManager.process` folds a run's new findings into alerts (``model``), then
+flushes the run's group if it is due (``policy``): for every subscription whose filters match,
+the group's visible alerts (not silenced, not inhibited) go through :func:`needs_update`, and a
+notification is rendered (``formats``) and enqueued (``outbox``) when it says so. A critical
+group has ``group_wait_s=0``, so its first notification is enqueued inside the call that saw
+the finding. :meth:`tick` resolves alerts whose condition stayed clear and flushes groups whose
+wait or interval elapsed; the service calls it every second or so.
+
+Every method takes ``now`` (unix seconds) from the caller. State that must survive a restart
+(alerts, silences, API subscriptions, the notification log) is written to the outbox's record
+table on change and read back by the constructor.
+
+Example::
+
+    >>> from detectors.finding import Finding
+    >>> from healthsvc.alerting.outbox import Outbox
+    >>> from healthsvc.alerting.subscription import Subscription
+    >>> m = AlertManager(Outbox(":memory:"), subscriptions=[Subscription("s", "http://127.0.0.1:9/h")])
+    >>> f = Finding("non_finite", step=7, ranks=tuple(range(512)), severity="critical", metric="loss")
+    >>> len(m.process("r1", [f], hosts={}, now=100.0))   # one notification for 512 ranks
+    1
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping
+
+from detectors.finding import SEVERITY_ORDER, Finding
+
+from healthsvc.alerting import model
+from healthsvc.alerting.formats import Notification, render
+from healthsvc.alerting.model import Alert, LifecyclePolicy
+from healthsvc.alerting.outbox import Outbox
+from healthsvc.alerting.policy import (
+    Matcher, NotificationLogEntry, NotifyReason, PolicyConfig, Silence, flush_due, group_key,
+    group_timing, inhibited, needs_update, next_flush_at, silenced,
+)
+from healthsvc.alerting.signing import generate_message_id
+from healthsvc.alerting.subscription import Subscription
+
+RollbackLookup = Callable[[str], "dict[str, Any] | None"]
+
+
+class AlertingError(Exception):
+    """Root of the alerting package's errors."""
+
+
+class NotFound(AlertingError):
+    """No alert, silence or subscription with that id."""
+
+
+class ReadOnly(AlertingError):
+    """Subscriptions from settings cannot be changed through the API."""
+
+
+@dataclass
+class _Group:
+    """Aggregation state of one run's group (rebuilt from alerts and the log after a restart)."""
+
+    first_alert_at: float
+    last_flush_at: float | None = None
+    resolved_pending: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ManagerCounters:
+    """Monotonic counters for /metrics."""
+
+    findings: int = 0
+    alerts_opened: dict[str, int] = field(default_factory=dict)
+    notifications: dict[str, int] = field(default_factory=dict)   # by reason
+
+
+class AlertManager:
+    """Alerts, silences, subscriptions and the notification log of one service process.
+
+    ``on_enqueue`` is called after deliveries were enqueued (the service passes the delivery
+    worker's ``wake``). ``rollback_lookup(run_id)`` may return ``{"step", "uri"}`` for the
+    rollback annotation of corruption alerts. ``retention_s``: resolved alerts older than this
+    are forgotten.
+    """
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        *,
+        subscriptions: Iterable[Subscription] = (),
+        policy: PolicyConfig = PolicyConfig(),
+        lifecycle: LifecyclePolicy = LifecyclePolicy(),
+        external_url: str = "",
+        on_enqueue: Callable[[], None] | None = None,
+        rollback_lookup: RollbackLookup | None = None,
+        retention_s: float = 7 * 24 * 3600.0,
+    ) -> None:
+        self.outbox = outbox
+        self.policy = policy
+        self.lifecycle = lifecycle
+        self.external_url = external_url
+        self.retention_s = retention_s
+        self.counters = ManagerCounters()
+        self._on_enqueue = on_enqueue
+        self._rollback_lookup = rollback_lookup
+        self._lock = threading.RLock()
+        self._settings_subs = {s.id: s for s in subscriptions}
+        self._api_subs = {k: Subscription.from_dict(v) for k, v in outbox.records("subscription").items()}
+        clash = set(self._settings_subs) & set(self._api_subs)
+        if clash:
+            raise AlertingError(f"subscription ids {sorted(clash)} exist in settings and via the API")
+        self._alerts = {k: Alert.from_dict(v) for k, v in outbox.records("alert").items()}
+        self._silences = {k: Silence.from_dict(v) for k, v in outbox.records("silence").items()}
+        self._nflog = {tuple(k.split("|", 1)): NotificationLogEntry.from_dict(v)
+                       for k, v in outbox.records("nflog").items()}
+        self._groups: dict[str, _Group] = {}
+        self._rebuild_groups()
+
+    def __repr__(self) -> str:
+        return (f"AlertManager(alerts={len(self._alerts)}, subscriptions={len(self.subscriptions())}, "
+                f"silences={len(self._silences)}, external_url={self.external_url!r})")
+
+    # -- findings -----------------------------------------------------------------------------
+
+    def process(self, run_id: str, findings: Iterable[Finding], hosts: Mapping[int, str], now: float) -> list[str]:
+        """Fold findings into alerts and flush the run's group if due; returns enqueued webhook ids."""
+        with self._lock:
+            for f in findings:
+                self._apply(run_id, f, hosts, now)
+            return self._flush(run_id, now)
+
+    def tick(self, now: float) -> list[str]:
+        """Resolve alerts whose condition stayed clear, flush due groups, forget old alerts."""
+        with self._lock:
+            for fp, a in list(self._alerts.items()):
+                b = model.expire(a, now, self.lifecycle)
+                if b is not a:
+                    self._store_alert(b, now)
+                elif a.status == "resolved" and a.ends_at is not None and now - a.ends_at > self.retention_s:
+                    del self._alerts[fp]
+                    self.outbox.delete_record("alert", fp)
+            enqueued: list[str] = []
+            for run in list(self._groups):
+                enqueued += self._flush(run, now)
+            return enqueued
+
+    def next_flush_at(self) -> float | None:
+        """When the earliest group flush is due (unix s), for a caller that sleeps until then."""
+        with self._lock:
+            times = [next_flush_at(g.first_alert_at, g.last_flush_at, group_timing(self._group_alerts(r), self.policy.timings))
+                     for r, g in self._groups.items()]
+        return min(times, default=None)
+
+    # -- operator actions ---------------------------------------------------------------------
+
+    def acknowledge(self, fp: str, by: str, now: float) -> Alert:
+        with self._lock:
+            a = model.acknowledge(self._get(fp), now, by)
+            self._store_alert(a, now)
+            return a
+
+    def resolve(self, fp: str, by: str, now: float) -> Alert:
+        """Resolve by hand (latched alerts too); the resolution is notified at the next flush."""
+        with self._lock:
+            a = model.resolve_by_hand(self._get(fp), now, "hand")
+            a = model.acknowledge(a, now, by) if a.acknowledged_at is None else a
+            self._store_alert(a, now)
+            self._flush(a.run, now)
+            return a
+
+    def rollback(self, run_id: str, step: int, now: float) -> list[Alert]:
+        """A rollback to the checkpoint at ``step`` was performed: resolve the latched alerts of the
+        run that began after it (their corrupted updates are gone); earlier onsets stay firing."""
+        with self._lock:
+            done = []
+            for a in list(self._alerts.values()):
+                began = a.onset_step if a.onset_step is not None else a.first_step
+                if a.run == run_id and a.latched and a.status == "firing" and began > step:
+                    b = model.resolve_by_hand(a, now, "rollback")
+                    self._store_alert(b, now)
+                    done.append(b)
+            self._flush(run_id, now)
+            return done
+
+    def set_rollback_target(self, run_id: str, target: dict[str, Any] | None, now: float) -> None:
+        """Annotate the run's firing corruption alerts with where to resume (``{"step", "uri"}``)."""
+        with self._lock:
+            for a in list(self._alerts.values()):
+                if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target != target:
+                    self._store_alert(replace(a, rollback_target=target), now)
+
+    # -- silences -----------------------------------------------------------------------------
+
+    def add_silence(self, matchers: Iterable[Matcher], starts_at: float, ends_at: float, now: float,
+                    created_by: str = "", comment: str = "") -> Silence:
+        with self._lock:
+            s = Silence("sil_" + generate_message_id()[4:], tuple(matchers), starts_at, ends_at, created_by, comment)
+            self._silences[s.id] = s
+            self.outbox.put_record("silence", s.id, s.to_dict(), now)
+            return s
+
+    def expire_silence(self, silence_id: str, now: float) -> Silence:
+        """End a silence now (kept, listed as expired)."""
+        with self._lock:
+            s = self._silences.get(silence_id)
+            if s is None:
+                raise NotFound(f"no silence {silence_id!r}")
+            if s.ends_at > now:
+                s = Silence(s.id, s.matchers, min(s.starts_at, now - 1e-3), now, s.created_by, s.comment)
+                self._silences[s.id] = s
+                self.outbox.put_record("silence", s.id, s.to_dict(), now)
+            return s
+
+    def silences(self) -> list[Silence]:
+        with self._lock:
+            return sorted(self._silences.values(), key=lambda s: s.starts_at)
+
+    # -- subscriptions ------------------------------------------------------------------------
+
+    def subscriptions(self) -> list[Subscription]:
+        with self._lock:
+            return [*self._settings_subs.values(), *self._api_subs.values()]
+
+    def subscription(self, sub_id: str) -> Subscription:
+        with self._lock:
+            s = self._settings_subs.get(sub_id) or self._api_subs.get(sub_id)
+        if s is None:
+            raise NotFound(f"no subscription {sub_id!r}")
+        return s
+
+    def put_subscription(self, sub: Subscription, now: float) -> Subscription:
+        """Create or replace an API subscription."""
+        with self._lock:
+            if sub.id in self._settings_subs:
+                raise ReadOnly(f"subscription {sub.id!r} comes from settings; change it there")
+            sub = replace(sub, source="api")
+            self._api_subs[sub.id] = sub
+            self.outbox.put_record("subscription", sub.id, sub.to_dict(reveal_secret=True), now)
+            return sub
+
+    def delete_subscription(self, sub_id: str, now: float) -> int:
+        """Delete an API subscription; its pending deliveries are cancelled (count returned)."""
+        with self._lock:
+            if sub_id in self._settings_subs:
+                raise ReadOnly(f"subscription {sub_id!r} comes from settings; remove it there")
+            if self._api_subs.pop(sub_id, None) is None:
+                raise NotFound(f"no subscription {sub_id!r}")
+            self.outbox.delete_record("subscription", sub_id)
+            for key in [k for k in self._nflog if k[0] == sub_id]:
+                del self._nflog[key]
+                self.outbox.delete_record("nflog", "|".join(key))
+            return self.outbox.cancel_pending(sub_id, now)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def alerts(self, *, run: str | None = None, kind: str | None = None, status: str | None = None,
+               min_severity: str | None = None, acknowledged: bool | None = None) -> list[Alert]:
+        """Alerts, newest first, filtered by every argument that is set."""
+        with self._lock:
+            out = [a for a in self._alerts.values()
+                   if (run is None or a.run == run) and (kind is None or a.kind == kind)
+                   and (status is None or a.status == status)
+                   and (min_severity is None or SEVERITY_ORDER[a.severity] >= SEVERITY_ORDER[min_severity])
+                   and (acknowledged is None or (a.acknowledged_at is not None) == acknowledged)]
+        return sorted(out, key=lambda a: a.starts_at, reverse=True)
+
+    def alert(self, fp: str) -> Alert:
+        with self._lock:
+            return self._get(fp)
+
+    def muting(self, alerts: Iterable[Alert], now: float) -> dict[str, dict[str, Any]]:
+        """For each alert: ``{"silenced_by": [silence ids], "inhibited": bool}``."""
+        with self._lock:
+            alerts = list(alerts)
+            inhibited_fps: set[str] = set()
+            for run in {a.run for a in alerts}:
+                inhibited_fps |= inhibited([a for a in self._alerts.values() if a.run == run],
+                                           self.policy.inhibit_rules)
+            active = [s for s in self._silences.values() if s.active(now)]
+            return {a.fingerprint: {
+                "silenced_by": [s.id for s in active if s.matches(a.routing_labels())],
+                "inhibited": a.fingerprint in inhibited_fps,
+            } for a in alerts}
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _get(self, fp: str) -> Alert:
+        a = self._alerts.get(fp)
+        if a is None:
+            raise NotFound(f"no alert with fingerprint {fp!r}")
+        return a
+
+    def _apply(self, run_id: str, f: Finding, hosts: Mapping[int, str], now: float) -> None:
+        self.counters.findings += 1
+        fp = model.fingerprint(model.alert_labels(f, run_id))
+        existing = self._alerts.get(fp)
+        if f.status == "resolved":
+            if existing is not None and existing.status == "firing":
+                self._store_alert(model.clear(existing, now), now)
+            return
+        a = model.fire(existing, f, run_id, hosts, now, self.lifecycle)
+        if existing is None or existing.status == "resolved":
+            self.counters.alerts_opened[f.kind] = self.counters.alerts_opened.get(f.kind, 0) + 1
+            if a.latched and self._rollback_lookup is not None:
+                a = replace(a, rollback_target=self._safe_rollback(run_id))
+        self._store_alert(a, now)
+
+    def _safe_rollback(self, run_id: str) -> dict[str, Any] | None:
+        try:
+            return self._rollback_lookup(run_id) if self._rollback_lookup else None
+        except Exception:  # an annotation must never stop an alert
+            return None
+
+    def _store_alert(self, a: Alert, now: float) -> None:
+        before = self._alerts.get(a.fingerprint)
+        self._alerts[a.fingerprint] = a
+        self.outbox.put_record("alert", a.fingerprint, a.to_dict(), now)
+        g = self._groups.get(a.run)
+        if a.status == "firing" and g is None:
+            self._groups[a.run] = _Group(first_alert_at=now)
+        elif a.status == "resolved" and before is not None and before.status == "firing" and g is not None:
+            g.resolved_pending.add(a.fingerprint)
+
+    def _group_alerts(self, run_id: str) -> list[Alert]:
+        g = self._groups.get(run_id)
+        pending = g.resolved_pending if g else set()
+        return [a for a in self._alerts.values()
+                if a.run == run_id and (a.status == "firing" or a.fingerprint in pending)]
+
+    def _flush(self, run_id: str, now: float) -> list[str]:
+        g = self._groups.get(run_id)
+        if g is None:
+            return []
+        members = self._group_alerts(run_id)
+        if not members:
+            del self._groups[run_id]
+            return []
+        firing_members = [a for a in members if a.status == "firing"]
+        timing = group_timing(firing_members or members, self.policy.timings)
+        if not flush_due(g.first_alert_at, g.last_flush_at, timing, now):
+            return []
+        run_alerts = [a for a in self._alerts.values() if a.run == run_id]
+        muted = inhibited(run_alerts, self.policy.inhibit_rules) | silenced(members, self._silences.values(), now)
+        gkey = group_key(run_id)
+        enqueued = []
+        for sub in self.subscriptions():
+            mine = [a for a in members if sub.matches(a)]
+            visible = [a for a in mine if a.fingerprint not in muted]
+            firing = {a.fingerprint for a in visible if a.status == "firing"}
+            resolved = {a.fingerprint for a in visible if a.status == "resolved"}
+            key = (sub.id, run_id)
+            entry = self._nflog.get(key)
+            reason = needs_update(
+                entry, firing, resolved, timing.repeat_interval_s, now, sub.send_resolved,
+                all_acknowledged=all(a.acknowledged_at is not None for a in visible if a.status == "firing"),
+                muted_firing={a.fingerprint for a in mine if a.fingerprint in muted and a.status == "firing"},
+            )
+            if reason.should_notify:
+                shown = [a for a in visible if a.status == "firing" or sub.send_resolved]
+                shown.sort(key=lambda a: (-SEVERITY_ORDER[a.severity], a.starts_at, a.fingerprint))
+                n = Notification(gkey, run_id, sub.receiver, reason, tuple(shown), self.external_url, now)
+                enqueued.append(self.outbox.enqueue(sub.id, sub.url, sub.secret, render(sub.format, n), now,
+                                                    group_key=gkey, reason=reason.value))
+                self.counters.notifications[reason.value] = self.counters.notifications.get(reason.value, 0) + 1
+            if reason.updates_log:
+                entry = NotificationLogEntry(frozenset(firing), frozenset(resolved), now)
+                self._nflog[key] = entry
+                self.outbox.put_record("nflog", f"{sub.id}|{run_id}", entry.to_dict(), now)
+        g.last_flush_at = now
+        g.resolved_pending.clear()
+        if not firing_members:
+            del self._groups[run_id]
+        if enqueued and self._on_enqueue is not None:
+            self._on_enqueue()
+        return enqueued
+
+    def _rebuild_groups(self) -> None:
+        """After a restart: a run has a group while it has firing alerts, or while a receiver was
+        last told something fires there (its resolution is still owed)."""
+        last_sent: dict[str, float] = {}
+        owed: set[str] = set()
+        for (_, run), entry in self._nflog.items():
+            last_sent[run] = max(last_sent.get(run, entry.sent_at), entry.sent_at)
+            if entry.firing:
+                owed.add(run)
+        for a in self._alerts.values():
+            if a.status == "firing" or a.run in owed:
+                g = self._groups.setdefault(a.run, _Group(first_alert_at=a.starts_at, last_flush_at=last_sent.get(a.run)))
+                g.first_alert_at = min(g.first_alert_at, a.starts_at)
+        for a in self._alerts.values():
+            g = self._groups.get(a.run)
+            if g is not None and a.status == "resolved" and (g.last_flush_at is None or a.ends_at > g.last_flush_at):
+                g.resolved_pending.add(a.fingerprint)

@@ -1,0 +1,318 @@
+"""What an alert is: labels, fingerprint and lifecycle (after Prometheus Alertmanager).
+
+An alert is identified by its *identity labels* ``alertname`` (the finding kind), ``run``,
+``rank`` and ``metric`` (absent when the finding names none). ``rank`` is the blamed rank when a
+finding blames exactly one, and ``"*"`` when it is run-wide or blames several: a NaN on 512 ranks
+is ONE alert ``rank="*"`` whose ``ranks`` annotation lists them (compacted as ranges, ``"0-511"``).
+Findings of the same kind/metric that blame different rank sets over time fold into the same
+``"*"`` alert, whose blamed ranks are the union.
+
+The ``severity`` label is carried for receivers that route on it (Alertmanager routes usually
+do) but is *not* part of the identity: a spike that escalates from warning to critical stays the
+same alert. The fingerprint is the first 16 hex digits of SHA-256 over the sorted identity labels.
+
+Lifecycle (all times are unix seconds from the caller; nothing here reads a clock):
+
+- a firing finding opens the alert (``starts_at``) or refreshes it (``last_seen_at``); a firing
+  finding for a resolved alert re-opens it with a new ``starts_at``;
+- *latched* kinds (``non_finite``, ``rank_outlier``, ``divergence``: corruption) stay firing until
+  :func:`resolve_by_hand` or a rollback (:func:`resolve_by_hand` with ``by="rollback"``);
+- other kinds resolve ``resolve_timeout_s`` after their condition clears: after a
+  ``status="resolved"`` finding, or after their last firing finding (no re-fire). Kinds in
+  ``explicit_resolve_kinds`` (``hang``, ``stall`` by default) only clear on a resolved finding,
+  because a silent rank does not come back by the service forgetting about it.
+
+Example::
+
+    >>> from detectors.finding import Finding
+    >>> a = fire(None, Finding("loss_spike", step=120, metric="loss", ranks=(3,)), "r1", {3: "h3"},
+    ...          now=100.0)
+    >>> a.label_dict["rank"], a.status
+    ('3', 'firing')
+    >>> expire(a, now=100.0 + 300.0, policy=LifecyclePolicy()).status
+    'resolved'
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Mapping
+
+import numpy as np
+
+from detectors.finding import SEVERITY_ORDER, Finding
+
+LATCHED_KINDS: frozenset[str] = frozenset({"non_finite", "rank_outlier", "divergence"})
+EXPLICIT_RESOLVE_KINDS: frozenset[str] = frozenset({"hang", "stall"})
+IDENTITY_LABELS: tuple[str, ...] = ("alertname", "run", "rank", "metric")
+ALL_RANKS = "*"
+
+ResolvedBy = Literal["condition", "hand", "rollback"]
+
+
+@dataclass(frozen=True)
+class LifecyclePolicy:
+    """How alerts resolve. ``resolve_timeout_s``: seconds a condition must stay clear."""
+
+    resolve_timeout_s: float = 300.0
+    latched_kinds: frozenset[str] = LATCHED_KINDS
+    explicit_resolve_kinds: frozenset[str] = EXPLICIT_RESOLVE_KINDS
+
+
+def alert_labels(finding: Finding, run_id: str) -> dict[str, str]:
+    """Identity labels of the alert a finding belongs to (see module docstring)."""
+    labels = {
+        "alertname": finding.kind,
+        "run": run_id,
+        "rank": str(finding.ranks[0]) if len(finding.ranks) == 1 else ALL_RANKS,
+    }
+    if finding.metric:
+        labels["metric"] = finding.metric
+    return labels
+
+
+def fingerprint(labels: Mapping[str, str]) -> str:
+    """Stable id of a label set: 16 hex digits of SHA-256 over ``name=value`` lines, sorted.
+
+    >>> fingerprint({"run": "r", "alertname": "stall"}) == fingerprint({"alertname": "stall", "run": "r"})
+    True
+    """
+    text = "\n".join(f"{k}={labels[k]}" for k in sorted(labels))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def compact_ranks(ranks: tuple[int, ...] | list[int] | np.ndarray) -> str:
+    """Sorted ranks as ranges: ``(0, 1, 2, 5, 7, 8) -> "0-2,5,7-8"`` (vectorised: run breaks)."""
+    r = np.unique(np.asarray(ranks, dtype=np.int64))
+    if r.size == 0:
+        return ""
+    breaks = np.flatnonzero(np.diff(r) != 1)
+    starts = np.concatenate(([r[0]], r[breaks + 1]))
+    ends = np.concatenate((r[breaks], [r[-1]]))
+    return ",".join(str(s) if s == e else f"{s}-{e}" for s, e in zip(starts.tolist(), ends.tolist()))
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert. ``ends_at is None`` while firing; times are unix seconds.
+
+    ``ranks`` is the union of ranks blamed by the findings folded into the alert; ``hosts`` the
+    hosts of those ranks that were known. ``annotations`` are strings, as in Alertmanager.
+    """
+
+    labels: tuple[tuple[str, str], ...]
+    fingerprint: str
+    severity: str
+    starts_at: float
+    last_seen_at: float
+    first_step: int
+    last_step: int
+    onset_step: int | None = None
+    ranks: tuple[int, ...] = ()
+    hosts: tuple[str, ...] = ()
+    summary: str = ""
+    score: float = 0.0
+    latched: bool = False
+    ends_at: float | None = None
+    cleared_at: float | None = None
+    resolved_by: ResolvedBy | None = None
+    acknowledged_at: float | None = None
+    acknowledged_by: str | None = None
+    rollback_target: dict[str, Any] | None = field(default=None, compare=False)
+    evidence: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def label_dict(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    @property
+    def kind(self) -> str:
+        return self.label_dict["alertname"]
+
+    @property
+    def run(self) -> str:
+        return self.label_dict["run"]
+
+    @property
+    def status(self) -> Literal["firing", "resolved"]:
+        return "firing" if self.ends_at is None else "resolved"
+
+    def routing_labels(self) -> dict[str, str]:
+        """Labels as receivers see them: identity labels plus ``severity``."""
+        return {**self.label_dict, "severity": self.severity}
+
+    def annotations(self, external_url: str = "") -> dict[str, str]:
+        """Human part of the alert, all strings (Alertmanager's annotations are string maps)."""
+        ann = {
+            "summary": self.summary,
+            "first_step": str(self.first_step),
+            "last_step": str(self.last_step),
+            "score": f"{self.score:.3f}",
+        }
+        if self.onset_step is not None:
+            ann["onset_step"] = str(self.onset_step)
+        if self.ranks:
+            ann["ranks"] = compact_ranks(self.ranks)
+            ann["rank_count"] = str(len(self.ranks))
+        if self.hosts:
+            ann["hosts"] = ",".join(self.hosts[:16]) + ("" if len(self.hosts) <= 16 else ",...")
+        if self.rollback_target:
+            step, uri = self.rollback_target.get("step"), self.rollback_target.get("uri")
+            ann["rollback_target"] = f"step {step}" + (f" ({uri})" if uri else "")
+        if self.acknowledged_at is not None:
+            ann["acknowledged_by"] = self.acknowledged_by or ""
+        if self.resolved_by is not None:
+            ann["resolved_by"] = self.resolved_by
+        if external_url:
+            ann["run_url"] = run_url(external_url, self.run)
+        return ann
+
+    def to_dict(self, external_url: str = "") -> dict[str, Any]:
+        """Our own JSON form (the ``json`` webhook format and the API)."""
+        return {
+            "fingerprint": self.fingerprint,
+            "status": self.status,
+            "labels": self.routing_labels(),
+            "annotations": self.annotations(external_url),
+            "kind": self.kind,
+            "run": self.run,
+            "severity": self.severity,
+            "ranks": list(self.ranks),
+            "hosts": list(self.hosts),
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "onset_step": self.onset_step,
+            "score": self.score,
+            "latched": self.latched,
+            "starts_at": self.starts_at,
+            "ends_at": self.ends_at,
+            "last_seen_at": self.last_seen_at,
+            "cleared_at": self.cleared_at,
+            "resolved_by": self.resolved_by,
+            "acknowledged_at": self.acknowledged_at,
+            "acknowledged_by": self.acknowledged_by,
+            "rollback_target": self.rollback_target,
+            "evidence": self.evidence,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Alert":
+        identity = {k: v for k, v in d["labels"].items() if k in IDENTITY_LABELS}
+        return cls(
+            labels=tuple(sorted(identity.items())), fingerprint=d["fingerprint"],
+            severity=d["severity"], starts_at=d["starts_at"], last_seen_at=d["last_seen_at"],
+            first_step=d["first_step"], last_step=d["last_step"], onset_step=d.get("onset_step"),
+            ranks=tuple(d.get("ranks", ())), hosts=tuple(d.get("hosts", ())),
+            summary=d["annotations"].get("summary", ""), score=d.get("score", 0.0),
+            latched=d.get("latched", False), ends_at=d.get("ends_at"),
+            cleared_at=d.get("cleared_at"), resolved_by=d.get("resolved_by"),
+            acknowledged_at=d.get("acknowledged_at"), acknowledged_by=d.get("acknowledged_by"),
+            rollback_target=d.get("rollback_target"), evidence=dict(d.get("evidence") or {}),
+        )
+
+
+def run_url(external_url: str, run_id: str) -> str:
+    return f"{external_url.rstrip('/')}/v1/runs/{run_id}"
+
+
+def summarize(finding: Finding, run_id: str, ranks: np.ndarray) -> str:
+    """One line for a pager: what, where, since when."""
+    what = finding.kind.replace("_", " ")
+    metric = f" in {finding.metric}" if finding.metric else ""
+    if ranks.size == 0:
+        where = "run-wide"
+    elif ranks.size == 1:
+        where = f"on rank {int(ranks[0])}"
+    else:
+        where = f"on {ranks.size} ranks ({compact_ranks(ranks)[:60]})"
+    return f"{what}{metric} {where} of run {run_id} since step {finding.step}"
+
+
+def fire(
+    existing: Alert | None,
+    finding: Finding,
+    run_id: str,
+    hosts: Mapping[int, str],
+    now: float,
+    policy: LifecyclePolicy = LifecyclePolicy(),
+) -> Alert:
+    """Fold a firing finding into its alert (opening or re-opening it when needed)."""
+    labels = alert_labels(finding, run_id)
+    new_ranks = np.asarray(finding.ranks, dtype=np.int64)
+    reopen = existing is None or existing.status == "resolved"
+    if reopen:
+        ranks = np.unique(new_ranks)
+        return Alert(
+            labels=tuple(sorted(labels.items())), fingerprint=fingerprint(labels),
+            severity=finding.severity, starts_at=now, last_seen_at=now,
+            first_step=finding.step, last_step=finding.step, onset_step=finding.onset_step,
+            ranks=tuple(ranks.tolist()), hosts=_hosts_of(ranks, hosts),
+            summary=summarize(finding, run_id, ranks), score=finding.score,
+            latched=finding.kind in policy.latched_kinds,
+            rollback_target=existing.rollback_target if existing else None,
+            evidence=dict(finding.evidence),
+        )
+    ranks = np.union1d(np.asarray(existing.ranks, dtype=np.int64), new_ranks)
+    severity = max(existing.severity, finding.severity, key=SEVERITY_ORDER.__getitem__)
+    onset = [s for s in (existing.onset_step, finding.onset_step) if s is not None]
+    first_step = min(existing.first_step, finding.step)
+    summary = existing.summary if ranks.size == len(existing.ranks) else summarize(
+        replace(finding, step=first_step), run_id, ranks)
+    return replace(
+        existing, severity=severity, last_seen_at=max(existing.last_seen_at, now),
+        first_step=first_step, last_step=max(existing.last_step, finding.step),
+        onset_step=min(onset) if onset else None, ranks=tuple(ranks.tolist()),
+        hosts=_hosts_of(ranks, hosts) or existing.hosts, summary=summary,
+        score=max(existing.score, finding.score), cleared_at=None,
+    )
+
+
+def clear(existing: Alert, now: float) -> Alert:
+    """A ``status="resolved"`` finding: the condition cleared at ``now`` (latched stay firing)."""
+    if existing.status == "resolved":
+        return existing
+    return replace(existing, cleared_at=now)
+
+
+def expire(alert: Alert, now: float, policy: LifecyclePolicy) -> Alert:
+    """Resolve a non-latched alert whose condition stayed clear for ``resolve_timeout_s``.
+
+    ``ends_at`` is the moment the timeout elapsed, not ``now``, so the result does not depend on
+    how often the caller ticks.
+    """
+    if alert.status == "resolved" or alert.latched:
+        return alert
+    if alert.cleared_at is not None:
+        clear_since = alert.cleared_at
+    elif alert.kind in policy.explicit_resolve_kinds:
+        return alert
+    else:
+        clear_since = alert.last_seen_at
+    ends_at = clear_since + policy.resolve_timeout_s
+    if now < ends_at:
+        return alert
+    return replace(alert, ends_at=ends_at, resolved_by="condition")
+
+
+def resolve_by_hand(alert: Alert, now: float, by: ResolvedBy = "hand") -> Alert:
+    """Resolve now, latched or not (an operator, or a rollback past the corruption)."""
+    if alert.status == "resolved":
+        return alert
+    return replace(alert, ends_at=now, resolved_by=by)
+
+
+def acknowledge(alert: Alert, now: float, by: str) -> Alert:
+    """Someone is on it: shown in bodies, and repeat notifications stop (see policy)."""
+    return replace(alert, acknowledged_at=now, acknowledged_by=by)
+
+
+def _hosts_of(ranks: np.ndarray, hosts: Mapping[int, str]) -> tuple[str, ...]:
+    if not hosts or ranks.size == 0:
+        return ()
+    seen: dict[str, None] = {}
+    # Blamed ranks can be thousands; hosts of the first few hundred are plenty for a page.
+    for r in ranks[:256].tolist():
+        h = hosts.get(r)
+        if h is not None:
+            seen.setdefault(h, None)
+    return tuple(seen)

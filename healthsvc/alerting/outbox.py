@@ -1,0 +1,262 @@
+"""The durable webhook outbox: every notification is a row before anyone tries to send it.
+
+All of the alerting package's SQL lives here. Tables (created with ``CREATE TABLE IF NOT
+EXISTS`` in the service's SQLite file, next to the service store's own tables):
+
+- ``alert_outbox``: one row per (notification, subscription) delivery. ``webhook_id`` is fixed at
+  enqueue time and sent on every attempt, so receivers can dedupe at-least-once delivery.
+  ``state`` goes ``pending -> delivered | failed | dead`` (or ``cancelled`` when its subscription
+  is deleted); ``failed`` is a non-retryable answer (a 4xx other than 429), ``dead`` a delivery
+  that kept failing until its max age; both keep ``last_error``.
+- ``alert_records``: small JSON records the alert manager must keep across restarts (alerts,
+  silences, API subscriptions, the notification log), keyed by ``(kind, key)``.
+
+A restart loses nothing: pending rows are read back and sent by the next worker. One delivery
+worker per database is assumed (in-flight rows are tracked in the worker's memory, not leased).
+
+Example::
+
+    >>> ob = Outbox(":memory:")
+    >>> wid = ob.enqueue("oncall", "http://127.0.0.1:1/hook", "", b"{}", now=10.0)
+    >>> [d.webhook_id for d in ob.due(now=10.0)] == [wid]
+    True
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from healthsvc.alerting.formats import jsonable
+from healthsvc.alerting.signing import generate_message_id
+
+DeliveryState = Literal["pending", "delivered", "failed", "dead", "cancelled"]
+DELIVERY_STATES: tuple[str, ...] = ("pending", "delivered", "failed", "dead", "cancelled")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS alert_outbox (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    webhook_id      TEXT NOT NULL UNIQUE,
+    subscription_id TEXT NOT NULL,
+    url             TEXT NOT NULL,
+    secret          TEXT NOT NULL DEFAULT '',
+    content_type    TEXT NOT NULL DEFAULT 'application/json',
+    body            BLOB NOT NULL,
+    group_key       TEXT NOT NULL DEFAULT '',
+    reason          TEXT NOT NULL DEFAULT '',
+    state           TEXT NOT NULL DEFAULT 'pending',
+    created_at      REAL NOT NULL,
+    next_attempt_at REAL NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    last_attempt_at REAL,
+    last_status     INTEGER,
+    last_error      TEXT,
+    delivered_at    REAL
+);
+CREATE INDEX IF NOT EXISTS alert_outbox_due ON alert_outbox (state, next_attempt_at);
+CREATE INDEX IF NOT EXISTS alert_outbox_subscription ON alert_outbox (subscription_id, state);
+CREATE TABLE IF NOT EXISTS alert_records (
+    kind       TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (kind, key)
+);
+"""
+
+_COLUMNS = ("seq", "webhook_id", "subscription_id", "url", "secret", "content_type", "body",
+            "group_key", "reason", "state", "created_at", "next_attempt_at", "attempts",
+            "last_attempt_at", "last_status", "last_error", "delivered_at")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One row of the outbox. Times are unix seconds."""
+
+    seq: int
+    webhook_id: str
+    subscription_id: str
+    url: str
+    secret: str
+    content_type: str
+    body: bytes
+    group_key: str
+    reason: str
+    state: DeliveryState
+    created_at: float
+    next_attempt_at: float
+    attempts: int
+    last_attempt_at: float | None
+    last_status: int | None
+    last_error: str | None
+    delivered_at: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Status view for the API (no secret, no body)."""
+        return {
+            "webhook_id": self.webhook_id, "subscription_id": self.subscription_id,
+            "group_key": self.group_key, "reason": self.reason, "state": self.state,
+            "created_at": self.created_at, "next_attempt_at": self.next_attempt_at,
+            "attempts": self.attempts, "last_attempt_at": self.last_attempt_at,
+            "last_status": self.last_status, "last_error": self.last_error,
+            "delivered_at": self.delivered_at,
+        }
+
+
+class Outbox:
+    """The outbox over a SQLite file (or an open connection; a path is preferred, so the outbox
+    commits on its own connection without mixing into the store's transactions)."""
+
+    def __init__(self, db: str | Path | sqlite3.Connection) -> None:
+        if isinstance(db, sqlite3.Connection):
+            self._conn = db
+        else:
+            self._conn = sqlite3.connect(str(db), check_same_thread=False, timeout=10.0)
+            if str(db) != ":memory:":
+                self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._lock = threading.RLock()
+        with self._lock, self._conn:
+            self._conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- deliveries ---------------------------------------------------------------------------
+
+    def enqueue(
+        self, subscription_id: str, url: str, secret: str, body: bytes, now: float, *,
+        group_key: str = "", reason: str = "", content_type: str = "application/json",
+        webhook_id: str | None = None,
+    ) -> str:
+        """Store a delivery, due at once; returns its ``webhook_id``. Durable when this returns."""
+        webhook_id = webhook_id or generate_message_id()
+        with self._lock, self._conn:
+            self._conn.execute(
+                "INSERT INTO alert_outbox (webhook_id, subscription_id, url, secret, content_type,"
+                " body, group_key, reason, state, created_at, next_attempt_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+                (webhook_id, subscription_id, url, secret, content_type, body, group_key, reason, now, now),
+            )
+        return webhook_id
+
+    def due(self, now: float, limit: int = 32, exclude: Iterable[str] = ()) -> list[Delivery]:
+        """Pending deliveries whose next attempt is due, oldest first."""
+        exclude = set(exclude)
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox WHERE state = 'pending'"
+                " AND next_attempt_at <= ? ORDER BY next_attempt_at, seq LIMIT ?",
+                (now, limit + len(exclude)),
+            ).fetchall()
+        out = [_delivery(r) for r in rows]
+        return [d for d in out if d.webhook_id not in exclude][:limit]
+
+    def next_due_at(self) -> float | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT MIN(next_attempt_at) FROM alert_outbox WHERE state = 'pending'").fetchone()
+        return row[0]
+
+    def record_attempt(
+        self, webhook_id: str, now: float, *, state: DeliveryState, status: int | None,
+        error: str | None, next_attempt_at: float | None = None,
+    ) -> None:
+        """Write the outcome of one attempt (``state="pending"`` with ``next_attempt_at`` = retry)."""
+        with self._lock, self._conn:
+            self._conn.execute(
+                "UPDATE alert_outbox SET state = ?, attempts = attempts + 1, last_attempt_at = ?,"
+                " last_status = ?, last_error = ?, next_attempt_at = COALESCE(?, next_attempt_at),"
+                " delivered_at = CASE WHEN ? = 'delivered' THEN ? ELSE delivered_at END"
+                " WHERE webhook_id = ?",
+                (state, now, status, error, next_attempt_at, state, now, webhook_id),
+            )
+
+    def get(self, webhook_id: str) -> Delivery | None:
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox WHERE webhook_id = ?", (webhook_id,)
+            ).fetchone()
+        return _delivery(row) if row else None
+
+    def deliveries(
+        self, subscription_id: str | None = None, state: str | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        """Newest first; filter by subscription and/or state (``"dead"`` lists the dead letters)."""
+        where, args = [], []
+        if subscription_id is not None:
+            where.append("subscription_id = ?")
+            args.append(subscription_id)
+        if state is not None:
+            where.append("state = ?")
+            args.append(state)
+        sql = f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._lock:
+            rows = self._conn.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
+        return [_delivery(r) for r in rows]
+
+    def dead_letters(self, subscription_id: str | None = None, limit: int = 100) -> list[Delivery]:
+        return self.deliveries(subscription_id, "dead", limit)
+
+    def state_counts(self, subscription_id: str | None = None) -> dict[str, int]:
+        """Deliveries per state, every state present (zero when none)."""
+        sql = "SELECT state, COUNT(*) FROM alert_outbox"
+        args: tuple = ()
+        if subscription_id is not None:
+            sql, args = sql + " WHERE subscription_id = ?", (subscription_id,)
+        with self._lock:
+            rows = self._conn.execute(sql + " GROUP BY state", args).fetchall()
+        counts = dict.fromkeys(DELIVERY_STATES, 0)
+        counts.update({s: n for s, n in rows})
+        return counts
+
+    def cancel_pending(self, subscription_id: str, now: float) -> int:
+        """Stop delivering to a deleted subscription; returns how many were cancelled."""
+        with self._lock, self._conn:
+            cur = self._conn.execute(
+                "UPDATE alert_outbox SET state = 'cancelled', last_error = 'subscription deleted',"
+                " last_attempt_at = COALESCE(last_attempt_at, ?)"
+                " WHERE subscription_id = ? AND state = 'pending'", (now, subscription_id))
+        return cur.rowcount
+
+    def redeliver(self, webhook_id: str, now: float) -> bool:
+        """Put a dead or failed delivery back in the queue (same ``webhook_id``, fresh max age)."""
+        with self._lock, self._conn:
+            cur = self._conn.execute(
+                "UPDATE alert_outbox SET state = 'pending', next_attempt_at = ?, created_at = ?"
+                " WHERE webhook_id = ? AND state IN ('dead', 'failed')", (now, now, webhook_id))
+        return cur.rowcount == 1
+
+    # -- records ------------------------------------------------------------------------------
+
+    def put_record(self, kind: str, key: str, value: dict[str, Any], now: float) -> None:
+        with self._lock, self._conn:
+            self._conn.execute(
+                "INSERT INTO alert_records (kind, key, value, updated_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value,"
+                " updated_at = excluded.updated_at",
+                (kind, key, json.dumps(jsonable(value), allow_nan=False), now),
+            )
+
+    def delete_record(self, kind: str, key: str) -> bool:
+        with self._lock, self._conn:
+            cur = self._conn.execute("DELETE FROM alert_records WHERE kind = ? AND key = ?", (kind, key))
+        return cur.rowcount == 1
+
+    def records(self, kind: str) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT key, value FROM alert_records WHERE kind = ? ORDER BY key", (kind,)).fetchall()
+        return {k: json.loads(v) for k, v in rows}
+
+
+def _delivery(row: tuple) -> Delivery:
+    d = dict(zip(_COLUMNS, row))
+    d["body"] = bytes(d["body"])
+    return Delivery(**d)

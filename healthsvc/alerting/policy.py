@@ -1,0 +1,275 @@
+"""The notification policy, as pure functions of state and time (after Alertmanager).
+
+- **Grouping**: alerts are grouped by run; one notification carries a whole group. The group key
+  has Alertmanager's shape, ``{}:{run="r1"}``.
+- **Timing** (:class:`Timing`, defaults per severity in :data:`DEFAULT_TIMINGS`): a new group is
+  first flushed ``group_wait_s`` after its first alert (0 for critical: it goes out at once), then
+  at most every ``group_interval_s`` when it changes, and re-sent every ``repeat_interval_s`` while
+  unchanged and firing. A group is timed by its most severe alert.
+- **Dedup**: :func:`needs_update` decides, from what the receiver was last sent and what is firing
+  and resolved now, whether to notify, and returns a named :class:`NotifyReason`.
+- **Inhibition**: a firing source alert mutes target alerts of the same run
+  (:data:`DEFAULT_INHIBIT_RULES`: ``non_finite`` mutes the spikes and divergence it explains;
+  ``stall`` mutes the ``hang`` and ``straggler`` alerts it explains).
+- **Silences**: label matchers (``=``, ``!=``, ``=~``, ``!~``) with a start and an expiry.
+
+Example::
+
+    >>> needs_update(None, firing={"a1"}, resolved=set(), repeat_interval_s=3600, now=0.0)
+    <NotifyReason.FIRST_NOTIFICATION: 'first_notification'>
+"""
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Mapping
+
+from detectors.finding import SEVERITY_ORDER
+
+from healthsvc.alerting.model import Alert
+
+
+class NotifyReason(str, enum.Enum):
+    """Why a group is (or is not) notified; mirrors Alertmanager's ``NotifyReason``."""
+
+    DO_NOT_NOTIFY = "do_not_notify"
+    FIRST_NOTIFICATION = "first_notification"
+    NEW_ALERTS_IN_GROUP = "new_alerts_in_group"
+    ALL_ALERTS_RESOLVED = "all_alerts_resolved"
+    NEW_RESOLVED_ALERTS = "new_resolved_alerts"
+    REPEAT_INTERVAL_ELAPSED = "repeat_interval_elapsed"
+    # Everything the receiver was shown is still firing but now muted (silenced or inhibited):
+    # nothing is sent, the log forgets them, so they are notified again if the mute ends.
+    ALL_ALERTS_MUTED = "all_alerts_muted"
+
+    @property
+    def should_notify(self) -> bool:
+        return self not in (NotifyReason.DO_NOT_NOTIFY, NotifyReason.ALL_ALERTS_MUTED)
+
+    @property
+    def updates_log(self) -> bool:
+        return self is not NotifyReason.DO_NOT_NOTIFY
+
+
+@dataclass(frozen=True)
+class NotificationLogEntry:
+    """What one subscription was last sent for one group, and when (unix seconds)."""
+
+    firing: frozenset[str]
+    resolved: frozenset[str]
+    sent_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"firing": sorted(self.firing), "resolved": sorted(self.resolved), "sent_at": self.sent_at}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "NotificationLogEntry":
+        return cls(frozenset(d["firing"]), frozenset(d["resolved"]), float(d["sent_at"]))
+
+
+def needs_update(
+    entry: NotificationLogEntry | None,
+    firing: set[str] | frozenset[str],
+    resolved: set[str] | frozenset[str],
+    repeat_interval_s: float,
+    now: float,
+    send_resolved: bool = True,
+    all_acknowledged: bool = False,
+    muted_firing: set[str] | frozenset[str] = frozenset(),
+) -> NotifyReason:
+    """Decide whether a group must be notified (Alertmanager's ``DedupStage.needsUpdate``).
+
+    ``firing``/``resolved`` are the fingerprints the subscription would be shown now (muted ones
+    left out); ``muted_firing`` the ones still firing but muted. ``all_acknowledged``: every
+    firing alert is acknowledged, so the repeat reminder is skipped (changes still notify).
+    """
+    if entry is None:
+        return NotifyReason.FIRST_NOTIFICATION if firing else NotifyReason.DO_NOT_NOTIFY
+    if not set(firing) <= entry.firing:
+        # After a notification that resolved everything, a new firing starts a new sequence.
+        return NotifyReason.NEW_ALERTS_IN_GROUP if entry.firing else NotifyReason.FIRST_NOTIFICATION
+    if not firing:
+        # Alerts that fired and resolved between two flushes were never shown: nothing to say.
+        if not entry.firing:
+            return NotifyReason.DO_NOT_NOTIFY
+        if entry.firing <= set(muted_firing):
+            return NotifyReason.ALL_ALERTS_MUTED
+        return NotifyReason.ALL_ALERTS_RESOLVED
+    if send_resolved and not set(resolved) <= entry.resolved:
+        return NotifyReason.NEW_RESOLVED_ALERTS
+    if not all_acknowledged and entry.sent_at <= now - repeat_interval_s:
+        return NotifyReason.REPEAT_INTERVAL_ELAPSED
+    return NotifyReason.DO_NOT_NOTIFY
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Group timing, seconds. ``group_wait_s=0`` sends the first notification at once."""
+
+    group_wait_s: float
+    group_interval_s: float
+    repeat_interval_s: float
+
+
+DEFAULT_TIMINGS: dict[str, Timing] = {
+    "critical": Timing(group_wait_s=0.0, group_interval_s=10.0, repeat_interval_s=3600.0),
+    "warning": Timing(group_wait_s=30.0, group_interval_s=300.0, repeat_interval_s=4 * 3600.0),
+    "info": Timing(group_wait_s=60.0, group_interval_s=600.0, repeat_interval_s=24 * 3600.0),
+}
+
+
+def group_key(run_id: str) -> str:
+    """Alertmanager-shaped group key of a run: ``{}:{run="r1"}``."""
+    escaped = run_id.replace("\\", "\\\\").replace('"', '\\"')
+    return '{}:{run="' + escaped + '"}'
+
+
+def group_timing(alerts: Iterable[Alert], timings: Mapping[str, Timing] = DEFAULT_TIMINGS) -> Timing:
+    """Timing of the most severe alert in the group (warning's when the group is empty)."""
+    worst = max((a.severity for a in alerts), key=SEVERITY_ORDER.__getitem__, default="warning")
+    return timings[worst]
+
+
+def flush_due(first_alert_at: float, last_flush_at: float | None, timing: Timing, now: float) -> bool:
+    """Is the group's next flush due? First after ``group_wait_s``, then every ``group_interval_s``."""
+    if last_flush_at is None:
+        return now >= first_alert_at + timing.group_wait_s
+    return now >= last_flush_at + timing.group_interval_s
+
+
+def next_flush_at(first_alert_at: float, last_flush_at: float | None, timing: Timing) -> float:
+    if last_flush_at is None:
+        return first_alert_at + timing.group_wait_s
+    return last_flush_at + timing.group_interval_s
+
+
+# ---------------------------------------------------------------------------------------------
+# Inhibition
+
+@dataclass(frozen=True)
+class InhibitRule:
+    """A firing alert named in ``source_kinds`` mutes alerts in ``target_kinds`` that agree with
+    it on every label in ``equal`` (by default: the same run)."""
+
+    source_kinds: frozenset[str]
+    target_kinds: frozenset[str]
+    equal: tuple[str, ...] = ("run",)
+
+
+DEFAULT_INHIBIT_RULES: tuple[InhibitRule, ...] = (
+    InhibitRule(frozenset({"non_finite"}), frozenset({"loss_spike", "grad_spike", "divergence"})),
+    InhibitRule(frozenset({"stall"}), frozenset({"hang", "straggler"})),
+)
+
+
+def inhibited(alerts: Iterable[Alert], rules: Iterable[InhibitRule] = DEFAULT_INHIBIT_RULES) -> set[str]:
+    """Fingerprints of the alerts muted by a firing source alert."""
+    alerts = list(alerts)
+    muted: set[str] = set()
+    for rule in rules:
+        sources = {
+            tuple(a.label_dict.get(k, "") for k in rule.equal)
+            for a in alerts if a.status == "firing" and a.kind in rule.source_kinds
+        }
+        if not sources:
+            continue
+        for a in alerts:
+            if a.kind in rule.target_kinds and tuple(a.label_dict.get(k, "") for k in rule.equal) in sources:
+                muted.add(a.fingerprint)
+    return muted
+
+
+# ---------------------------------------------------------------------------------------------
+# Silences
+
+MatchOp = Literal["=", "!=", "=~", "!~"]
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """A label matcher; regex matchers are anchored, as in Alertmanager."""
+
+    name: str
+    value: str
+    op: MatchOp = "="
+
+    def __post_init__(self) -> None:
+        if self.op not in ("=", "!=", "=~", "!~"):
+            raise ValueError(f"matcher op must be one of =, !=, =~, !~; got {self.op!r}")
+        if self.op in ("=~", "!~"):
+            re.compile(self.value)  # fail at creation, not at match time
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.name, "")
+        if self.op == "=":
+            return value == self.value
+        if self.op == "!=":
+            return value != self.value
+        hit = re.fullmatch(self.value, value) is not None
+        return hit if self.op == "=~" else not hit
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "value": self.value, "op": self.op}
+
+
+@dataclass(frozen=True)
+class Silence:
+    """Mutes notifications of matching alerts between ``starts_at`` and ``ends_at`` (unix s).
+
+    Alerts keep firing and are listed by the API; only notifications are muted.
+    """
+
+    id: str
+    matchers: tuple[Matcher, ...]
+    starts_at: float
+    ends_at: float
+    created_by: str = ""
+    comment: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.matchers:
+            raise ValueError("a silence needs at least one matcher (it would mute everything)")
+        if self.ends_at <= self.starts_at:
+            raise ValueError("silence ends_at must be after starts_at")
+
+    def active(self, now: float) -> bool:
+        return self.starts_at <= now < self.ends_at
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(m.matches(labels) for m in self.matchers)
+
+    def to_dict(self, now: float | None = None) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.id, "matchers": [m.to_dict() for m in self.matchers],
+            "starts_at": self.starts_at, "ends_at": self.ends_at,
+            "created_by": self.created_by, "comment": self.comment,
+        }
+        if now is not None:
+            d["state"] = "active" if self.active(now) else ("pending" if now < self.starts_at else "expired")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Silence":
+        return cls(
+            id=d["id"], matchers=tuple(Matcher(m["name"], m["value"], m.get("op", "=")) for m in d["matchers"]),
+            starts_at=float(d["starts_at"]), ends_at=float(d["ends_at"]),
+            created_by=d.get("created_by", ""), comment=d.get("comment", ""),
+        )
+
+
+def silenced(alerts: Iterable[Alert], silences: Iterable[Silence], now: float) -> set[str]:
+    """Fingerprints of the alerts muted by an active silence at ``now``."""
+    active = [s for s in silences if s.active(now)]
+    if not active:
+        return set()
+    return {a.fingerprint for a in alerts if any(s.matches(a.routing_labels()) for s in active)}
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Everything the notification policy needs; defaults are the documented ones."""
+
+    timings: Mapping[str, Timing] = field(default_factory=lambda: dict(DEFAULT_TIMINGS))
+    inhibit_rules: tuple[InhibitRule, ...] = DEFAULT_INHIBIT_RULES
+    send_resolved: bool = True
