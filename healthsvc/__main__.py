@@ -1,0 +1,3 @@
+from healthsvc.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""The app factory: settings in, a FastAPI app out. Nothing is opened at import time.
+
+Features (detection, alerting, rollback, economics) plug in through :class:`ServiceContext`:
+each has an ``install(app, ctx)`` that includes its router and registers start/stop hooks,
+summary contributors and store listeners. ``FEATURES`` lists them in start order.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+
+from healthsvc.body_limit import BodyLimitMiddleware
+from healthsvc.errors import HealthsvcError
+from healthsvc.observability import ServiceMetrics
+from healthsvc.routers import ingest, ops, runs
+from healthsvc.runs import RunSummaries
+from healthsvc.schemas import MetricsColumnar, MetricsRows
+from healthsvc.settings import Settings
+from healthsvc.store.sqlite import SQLiteStore
+
+log = logging.getLogger("healthsvc")
+
+Hook = Callable[[], Any | Awaitable[Any]]
+
+# Modules with an ``install(app, ctx)``; a missing module is skipped so the foundation runs alone.
+FEATURES: list[str] = []
+
+
+@dataclass
+class ServiceContext:
+    """What a feature gets to build on."""
+    settings: Settings
+    store: SQLiteStore
+    metrics: ServiceMetrics
+    summaries: RunSummaries
+    clock: Callable[[], float] = time.time
+    on_startup: list[Hook] = field(default_factory=list)   # run after the store opens, in order
+    on_shutdown: list[Hook] = field(default_factory=list)  # run before the store closes, in reverse
+
+
+async def _call(hook: Hook) -> None:
+    result = hook()
+    if hasattr(result, "__await__"):
+        await result
+
+
+def create_app(settings: Settings | None = None, *, clock: Callable[[], float] = time.time) -> FastAPI:
+    settings = settings or Settings()
+    store = SQLiteStore(settings.db, snapshot_every_s=settings.snapshot_every_s, clock=clock)
+    metrics = ServiceMetrics(store.size_bytes)
+    ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store), clock=clock)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        store.open()
+        for hook in ctx.on_startup:
+            await _call(hook)
+        app.state.ready = True
+        log.info("healthsvc ready on store %s", store.path)
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            for hook in reversed(ctx.on_shutdown):
+                try:
+                    await _call(hook)
+                except Exception:
+                    log.exception("shutdown hook %r failed", hook)
+            store.close()
+
+    app = FastAPI(
+        title="healthsvc",
+        version="1.0.0",
+        summary="Training-run health: NaNs, spikes, stragglers, hangs, silent corruption, and where to roll back to.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.store = store
+    app.state.metrics = metrics
+    app.state.summaries = ctx.summaries
+    app.state.ctx = ctx
+    app.state.ready = False
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    _install_error_handlers(app)
+    app.include_router(ingest.router)
+    app.include_router(runs.router)
+    app.include_router(ops.router)
+    for name in FEATURES:
+        importlib.import_module(name).install(app, ctx)
+    _install_openapi(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(HealthsvcError)
+    async def _domain_error(request: Request, exc: HealthsvcError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default answer, minus the echoed input (it may hold NaN, which orjson cannot
+        # encode, or a large body).
+        detail = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        for item in detail:
+            if item.get("type") == "json_invalid":
+                return JSONResponse({"detail": detail}, status_code=400)
+        return JSONResponse({"detail": detail}, status_code=422)
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """Add the hand-parsed metrics body's models to the schema's components."""
+    def openapi() -> dict:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (MetricsRows, MetricsColumnar):
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, sub in js.pop("$defs", {}).items():
+                components.setdefault(name, sub)
+            components[model.__name__] = js
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

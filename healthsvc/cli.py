@@ -1,0 +1,74 @@
+"""The ``healthsvc`` command line: ``serve`` (the default), and tools around a running service."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+COMMANDS: dict[str, "tuple[str, callable, callable]"] = {}
+
+
+def command(name: str, help_text: str):
+    """Register ``add_arguments(parser)`` + ``run(args) -> int`` under a subcommand name."""
+    def wrap(fn):
+        COMMANDS[name] = (help_text, fn.add_arguments, fn)
+        return fn
+    return wrap
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", help="store URI (default: sqlite:///healthsvc.db; env HEALTHSVC_DB)")
+    p.add_argument("--host", help="listen address (default 127.0.0.1; env HEALTHSVC_HOST)")
+    p.add_argument("--port", type=int, help="listen port (default 8080; env HEALTHSVC_PORT)")
+    p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--access-log", action="store_true", default=None, help="log every request")
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from healthsvc.app import create_app
+    from healthsvc.settings import Settings
+
+    overrides = {k: v for k, v in {"db": args.db, "host": args.host, "port": args.port,
+                                   "log_level": args.log_level, "access_log": args.access_log}.items()
+                 if v is not None}
+    settings = Settings(**overrides)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(f"healthsvc: serving on http://{settings.host}:{settings.port} (store {settings.db}); "
+          f"API docs at /docs", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                access_log=settings.access_log, timeout_graceful_shutdown=5)
+    return 0
+
+
+serve.add_arguments = _serve_args  # type: ignore[attr-defined]
+command("serve", "run the service")(serve)
+
+
+def _load_commands() -> None:
+    """Feature modules register their subcommands on import."""
+    import importlib
+    for name in ("healthsvc.cli_tools",):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    _load_commands()
+    parser = argparse.ArgumentParser(prog="healthsvc", description="Training-run health service.")
+    sub = parser.add_subparsers(dest="command")
+    for name, (help_text, add_arguments, _) in COMMANDS.items():
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["serve", *argv]
+    args = parser.parse_args(argv)
+    return COMMANDS[args.command][2](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The ingest hot path: body bytes -> validated columnar numpy batch."""

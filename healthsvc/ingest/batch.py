@@ -1,0 +1,44 @@
+"""A validated batch of per-rank step records, held as columns.
+
+``values[f]`` is float64; ``present[f]`` is False where the field was null or absent ("not
+reported"). A NaN or infinity with ``present`` True is a real reported value: NaN is data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class MetricBatch:
+    steps: np.ndarray                                   # (n,) int64 >= 0
+    ranks: np.ndarray                                   # (n,) int64 >= 0
+    values: dict[str, np.ndarray] = field(default_factory=dict)   # field -> (n,) float64
+    present: dict[str, np.ndarray] = field(default_factory=dict)  # field -> (n,) bool
+    host_names: list[str] = field(default_factory=list)           # distinct hosts in the batch
+    host_index: np.ndarray | None = None                # (n,) int32 into host_names, -1 = absent
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def n_points(self) -> int:
+        """Reported metric values (NaN included, missing excluded)."""
+        return int(sum(int(p.sum()) for p in self.present.values()))
+
+    def take(self, mask_or_index: np.ndarray) -> "MetricBatch":
+        hi = None if self.host_index is None else self.host_index[mask_or_index]
+        return MetricBatch(
+            steps=self.steps[mask_or_index], ranks=self.ranks[mask_or_index],
+            values={f: v[mask_or_index] for f, v in self.values.items()},
+            present={f: p[mask_or_index] for f, p in self.present.items()},
+            host_names=self.host_names, host_index=hi,
+        )
+
+    def hosts_by_rank(self) -> dict[int, str]:
+        """The last host each rank reported in this batch."""
+        if self.host_index is None:
+            return {}
+        ok = self.host_index >= 0
+        return {int(r): self.host_names[int(h)] for r, h in zip(self.ranks[ok], self.host_index[ok])}

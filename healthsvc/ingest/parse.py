@@ -1,0 +1,242 @@
+"""Parse a metrics body (rows or columns form) straight into numpy columns.
+
+The hot path reads the body once: ``orjson`` decodes it (the Python ``json`` module only when the
+body carries NaN/Infinity tokens, which orjson rejects), and each column becomes a numpy array in
+one ``np.array`` call. Per-element Python work happens only on the slow path, for columns that
+hold nulls, strings or values of the wrong type, so that the error can name the exact element.
+
+Accepted values of a numeric field: a JSON number, the tokens ``NaN``/``Infinity``/``-Infinity``,
+the strings ``"NaN"``/``"Infinity"``/``"-Infinity"``; ``null`` or an absent key means "not
+reported". Booleans and other strings are rejected (a boolean mixed with numbers in one column
+is accepted as 0/1 by numpy's conversion and not caught: a documented leniency of the fast path).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zlib
+from typing import Any
+
+import numpy as np
+import orjson
+
+from clients.wire import KEY_FIELDS, METRIC_FIELDS, NON_FINITE_STRINGS, STRING_FIELDS
+from healthsvc.errors import BadRequest, InvalidInput, PayloadTooLarge
+from healthsvc.ingest.batch import MetricBatch
+
+FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
+RESERVED_FIELDS = frozenset({"attempt", "batch_id"})
+TOP_LEVEL_KEYS = ("records", "columns", "batch_id")
+
+
+def decode_body(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
+    """Undo ``Content-Encoding: gzip`` with a cap on the inflated size (no zip bombs)."""
+    enc = (content_encoding or "identity").strip().lower()
+    if enc in ("", "identity"):
+        return body
+    if enc not in ("gzip", "x-gzip", "deflate"):
+        raise BadRequest(f"unsupported Content-Encoding {content_encoding!r}",
+                         loc=("header", "content-encoding"), hint="send gzip or identity")
+    wbits = 16 + zlib.MAX_WBITS if enc != "deflate" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise BadRequest(f"body is not valid {enc}: {exc}", loc=("body",)) from None
+    if len(out) > max_bytes:
+        raise PayloadTooLarge(f"inflated body exceeds the limit of {max_bytes} bytes", loc=("body",),
+                              hint="split the batch into smaller requests")
+    return out
+
+
+def load_json(body: bytes) -> Any:
+    """Decode JSON, accepting the NaN/Infinity/-Infinity tokens Python's json writes."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        # The json module accepts NaN/Infinity tokens; it is only reached for such bodies
+        # (or broken ones), so the common case stays on orjson.
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}", loc=("body",)) from None
+
+
+def body_digest(body: bytes, doc: dict) -> str:
+    """Idempotency key: the client's ``batch_id`` when given, else a hash of the body."""
+    batch_id = doc.get("batch_id")
+    if batch_id is not None:
+        return "id:" + str(batch_id)
+    return "h:" + hashlib.blake2b(body, digest_size=16).hexdigest()
+
+
+def parse_metrics(body: bytes) -> tuple[MetricBatch, str]:
+    """Parse a decoded body into a batch and its idempotency key. Raises 400/422 errors."""
+    doc = load_json(body)
+    if not isinstance(doc, dict):
+        raise InvalidInput("body must be a JSON object with 'records' or 'columns'", loc=("body",))
+    unknown = [k for k in doc if k not in TOP_LEVEL_KEYS]
+    if unknown:
+        raise InvalidInput(f"unknown top-level key {unknown[0]!r}; allowed: {', '.join(TOP_LEVEL_KEYS)}",
+                           loc=("body", unknown[0]))
+    batch_id = doc.get("batch_id")
+    if batch_id is not None and (not isinstance(batch_id, str) or not 0 < len(batch_id) <= 128):
+        raise InvalidInput("batch_id must be a string of 1 to 128 characters", loc=("body", "batch_id"))
+    if ("records" in doc) == ("columns" in doc):
+        raise InvalidInput("give exactly one of 'records' (rows) or 'columns'", loc=("body",),
+                           hint='{"records": [{"step": 1, "rank": 0, "loss": 2.3}]}')
+    if "records" in doc:
+        columns, n = _rows_to_columns(doc["records"])
+        where = _Where(("body", "records"), rows=True)
+    else:
+        columns, n = _check_columns(doc["columns"])
+        where = _Where(("body", "columns"), rows=False)
+    return _build_batch(columns, n, where), body_digest(body, doc)
+
+
+class _Where:
+    """Builds an error's ``loc``: rows name (records, i, field), columns (columns, field, i)."""
+
+    def __init__(self, prefix: tuple, rows: bool) -> None:
+        self.prefix, self.rows = prefix, rows
+
+    def __call__(self, name: str, index: int | None = None) -> tuple:
+        if index is None:
+            return (*self.prefix, name)
+        return (*self.prefix, index, name) if self.rows else (*self.prefix, name, index)
+
+
+def _rows_to_columns(records: Any) -> tuple[dict[str, list], int]:
+    if not isinstance(records, list):
+        raise InvalidInput("'records' must be a list of objects", loc=("body", "records"))
+    for i, rec in enumerate(records):
+        if type(rec) is not dict:
+            raise InvalidInput("each record must be an object", loc=("body", "records", i))
+    keys: set[str] = set()
+    for rec in records:
+        keys.update(rec)
+    # One list per field; a key absent from a record becomes None = "not reported".
+    return {k: [rec.get(k) for rec in records] for k in keys}, len(records)
+
+
+def _check_columns(columns: Any) -> tuple[dict[str, list], int]:
+    if not isinstance(columns, dict):
+        raise InvalidInput("'columns' must be an object of equal-length lists", loc=("body", "columns"))
+    n = None
+    for name, col in columns.items():
+        if not isinstance(col, list):
+            raise InvalidInput(f"column {name!r} must be a list", loc=("body", "columns", name))
+        if n is None:
+            n = len(col)
+        elif len(col) != n:
+            raise InvalidInput(f"column {name!r} has {len(col)} values, other columns have {n}",
+                               loc=("body", "columns", name), hint="all columns must have equal length")
+    return columns, n or 0
+
+
+def _build_batch(columns: dict[str, list], n: int, where: _Where) -> MetricBatch:
+    for key in KEY_FIELDS:
+        if key not in columns:
+            raise InvalidInput(f"field {key!r} is required", loc=where(key))
+    steps = _int_column("step", columns["step"], where)
+    ranks = _int_column("rank", columns["rank"], where)
+    batch = MetricBatch(steps=steps, ranks=ranks)
+    for name, col in columns.items():
+        if name in KEY_FIELDS:
+            continue
+        if name in RESERVED_FIELDS or not FIELD_NAME.match(name):
+            raise InvalidInput(f"field name {name!r} is reserved or not a valid name "
+                               "(letters, digits, '_' and '.', up to 64 characters)", loc=where(name))
+        if name in STRING_FIELDS:
+            batch.host_names, batch.host_index = _string_column(name, col, where)
+        else:
+            batch.values[name], batch.present[name] = _float_column(name, col, where)
+    if n:
+        _check_unique_keys(steps, ranks, where)
+    return batch
+
+
+def _int_column(name: str, col: list, where: _Where) -> np.ndarray:
+    arr = _try_array(col)
+    if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu":
+        if arr.size and arr.min() < 0:
+            i = int(np.argmax(arr < 0))
+            raise InvalidInput(f"{name} must be an integer >= 0, got {int(arr[i])}", loc=where(name, i))
+        if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+            i = int(np.argmax(arr > np.iinfo(np.int64).max))
+            raise InvalidInput(f"{name} is too large", loc=where(name, i))
+        return arr.astype(np.int64, copy=False)
+    if len(col) == 0:
+        return np.zeros(0, dtype=np.int64)
+    for i, x in enumerate(col):
+        if type(x) is not int:
+            raise InvalidInput(f"{name} must be an integer >= 0, got {_describe(x)}", loc=where(name, i))
+        if x < 0:
+            raise InvalidInput(f"{name} must be an integer >= 0, got {x}", loc=where(name, i))
+        if x > np.iinfo(np.int64).max:
+            raise InvalidInput(f"{name} is too large", loc=where(name, i))
+    raise InvalidInput(f"{name} must be a list of integers", loc=where(name))  # pragma: no cover
+
+
+def _float_column(name: str, col: list, where: _Where) -> tuple[np.ndarray, np.ndarray]:
+    arr = _try_array(col)
+    if arr is not None and arr.ndim == 1 and arr.dtype.kind in "fiu":
+        return arr.astype(np.float64, copy=False), np.ones(len(col), dtype=bool)
+    # Slow path: nulls, non-finite strings, or something wrong to point at.
+    values = np.empty(len(col), dtype=np.float64)
+    present = np.ones(len(col), dtype=bool)
+    for i, x in enumerate(col):
+        t = type(x)
+        if t is float or t is int:
+            try:
+                values[i] = x
+            except OverflowError:
+                raise InvalidInput(f"{name} value is out of the float64 range", loc=where(name, i)) from None
+        elif x is None:
+            values[i] = np.nan
+            present[i] = False
+        elif t is str and x in NON_FINITE_STRINGS:
+            values[i] = NON_FINITE_STRINGS[x]
+        else:
+            raise InvalidInput(
+                f"{name} must be a number, null, or one of \"NaN\", \"Infinity\", \"-Infinity\"; got {_describe(x)}",
+                loc=where(name, i))
+    return values, present
+
+
+def _string_column(name: str, col: list, where: _Where) -> tuple[list[str], np.ndarray]:
+    names: dict[str, int] = {}
+    index = np.full(len(col), -1, dtype=np.int32)
+    for i, x in enumerate(col):
+        if x is None:
+            continue
+        if type(x) is not str or len(x) > 255:
+            raise InvalidInput(f"{name} must be a string of at most 255 characters, got {_describe(x)}",
+                               loc=where(name, i))
+        index[i] = names.setdefault(x, len(names))
+    return list(names), index
+
+
+def _check_unique_keys(steps: np.ndarray, ranks: np.ndarray, where: _Where) -> None:
+    order = np.lexsort((ranks, steps))
+    s, r = steps[order], ranks[order]
+    same = (s[1:] == s[:-1]) & (r[1:] == r[:-1])
+    if same.any():
+        dup = int(order[1:][same][0])
+        raise InvalidInput(f"(step, rank) = ({int(steps[dup])}, {int(ranks[dup])}) appears twice in the batch",
+                           loc=where("step", dup), hint="send each rank's step once per request")
+
+
+def _try_array(col: list) -> np.ndarray | None:
+    try:
+        arr = np.array(col)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return arr
+
+
+def _describe(x: Any) -> str:
+    text = json.dumps(x, allow_nan=True, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."

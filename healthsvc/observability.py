@@ -1,0 +1,24 @@
+"""Prometheus metrics of the service itself, in a registry owned by one app (no globals)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ServiceMetrics:
+    def __init__(self, store_size: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ingest_requests = Counter("healthsvc_ingest_requests", "Metrics ingest requests by outcome.",
+                                       ["outcome"], registry=r)
+        self.ingest_records = Counter("healthsvc_ingest_records", "Per-rank step records accepted.", registry=r)
+        self.ingest_points = Counter("healthsvc_ingest_points", "Metric values accepted (NaN included, missing excluded).",
+                                     registry=r)
+        self.ingest_duplicates = Counter("healthsvc_ingest_duplicate_batches", "Re-sent batches recognised and skipped.",
+                                         registry=r)
+        self.ingest_latency = Histogram(
+            "healthsvc_ingest_latency_seconds", "Metrics ingest latency from body read to durable, seconds.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0), registry=r)
+        self.store_size = Gauge("healthsvc_store_size_bytes", "Size of the store on disk, bytes.", registry=r)
+        self.store_size.set_function(store_size)

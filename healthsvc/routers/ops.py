@@ -1,0 +1,34 @@
+"""Liveness, readiness and the service's own Prometheus metrics."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from healthsvc.deps import MetricsDep, StoreDep
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/healthz", summary="The process is alive")
+def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="The store is open and accepting writes",
+            responses={503: {"description": "Not ready: the store is not open."}})
+def readyz(request: Request, store: StoreDep) -> Response:
+    try:
+        store.read_conn().execute("SELECT 1").fetchone()
+        ready = getattr(request.app.state, "ready", False)
+    except Exception as exc:  # noqa: BLE001 - readiness reports any failure
+        return JSONResponse({"status": "not ready", "reason": str(exc)}, status_code=503)
+    if not ready:
+        return JSONResponse({"status": "not ready", "reason": "starting or stopping"}, status_code=503)
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics", summary="Prometheus exposition of the service itself",
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+def prometheus(metrics: MetricsDep) -> Response:
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,141 @@
+"""Runs, their history, checkpoints and events, for people, notebooks and restart scripts."""
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Iterator, Literal
+
+import numpy as np
+from fastapi import APIRouter, Query
+from fastapi.responses import Response, StreamingResponse
+
+from healthsvc import encode
+from healthsvc.deps import RunId, StoreDep, SummariesDep
+from healthsvc.errors import InvalidInput, NotFound
+from healthsvc.history import iter_history_batches, load_history
+from healthsvc.schemas import Checkpoint, CheckpointStatusIn, Event, Ok, RunConfig, RunSummary
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+@router.get("", response_model=list[RunSummary], summary="All runs and their health at a glance")
+def list_runs(summaries: SummariesDep) -> list[dict]:
+    return summaries.list()
+
+
+@router.put("/{run_id}", response_model=RunSummary, summary="Create a run or change its config")
+async def put_run(run_id: RunId, config: RunConfig, store: StoreDep, summaries: SummariesDep) -> dict:
+    await asyncio.wrap_future(store.submit_run_config(run_id, config.model_dump()))
+    return summaries.summary(run_id)
+
+
+@router.get("/{run_id}", response_model=RunSummary, summary="One run: status, attempts, world size, ranks, findings")
+def get_run(run_id: RunId, summaries: SummariesDep) -> dict:
+    return summaries.summary(run_id)
+
+
+def _parse_int_list(text: str | None, name: str) -> set[int] | None:
+    if text is None or text == "":
+        return None
+    try:
+        out = {int(x) for x in text.split(",") if x.strip() != ""}
+    except ValueError:
+        raise InvalidInput(f"{name} must be comma-separated integers, e.g. 0,1,7", loc=("query", name)) from None
+    if any(x < 0 for x in out):
+        raise InvalidInput(f"{name} must be >= 0", loc=("query", name))
+    return out
+
+
+@router.get("/{run_id}/metrics", summary="A run's history (JSON columns or streamed CSV)",
+            responses={200: {"content": {"text/csv": {}}, "description":
+                             "JSON: {run_id, n, fields, columns: {step, rank, attempt, [host], <field>...}}, "
+                             "rows sorted by (step, rank); non-finite values as \"NaN\"/\"Infinity\"/\"-Infinity\", "
+                             "missing as null. CSV: same columns, streamed in arrival order; nan/inf/-inf, "
+                             "missing as an empty field."}})
+def get_metrics(
+    run_id: RunId, store: StoreDep,
+    step_min: Annotated[int | None, Query(ge=0, description="First step, inclusive.")] = None,
+    step_max: Annotated[int | None, Query(ge=0, description="Last step, inclusive.")] = None,
+    ranks: Annotated[str | None, Query(description="Comma-separated ranks, e.g. 0,3,7. Default: all.")] = None,
+    fields: Annotated[str | None, Query(description="Comma-separated metric fields. Default: all.")] = None,
+    attempt: Annotated[int | None, Query(ge=1, description="Only this attempt. Default: the effective history "
+                                                         "(newest attempt wins for each step).")] = None,
+    format: Annotated[Literal["json", "csv"], Query(description="json or csv.")] = "json",
+) -> Response:
+    if not store.run_exists(run_id):
+        raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
+    rank_set = _parse_int_list(ranks, "ranks")
+    known_fields, has_hosts = store.fields(run_id)
+    if fields:
+        wanted = [f for f in fields.split(",") if f]
+        unknown = [f for f in wanted if f not in known_fields]
+        if unknown:
+            raise InvalidInput(f"unknown field {unknown[0]!r}; this run has: {', '.join(known_fields) or 'none'}",
+                               loc=("query", "fields"))
+    else:
+        wanted = known_fields
+    filters = dict(step_min=step_min, step_max=step_max, ranks=rank_set, fields=set(wanted), attempt=attempt)
+    if format == "csv":
+        return StreamingResponse(_csv_stream(store, run_id, wanted, has_hosts, filters), media_type="text/csv",
+                                 headers={"content-disposition": f'attachment; filename="{run_id}.csv"'})
+    hist = load_history(store, run_id, **filters)
+    columns: dict[str, list] = {"step": hist.steps.tolist(), "rank": hist.ranks.tolist(),
+                                "attempt": hist.attempts.tolist()}
+    if has_hosts:
+        columns["host"] = hist.hosts or [None] * len(hist)
+    for f in wanted:
+        if f in hist.values:
+            columns[f] = encode.float_column_to_json(hist.values[f], hist.present[f])
+        else:
+            columns[f] = [None] * len(hist)
+    return Response(encode.dumps({"run_id": run_id, "n": len(hist), "fields": wanted, "columns": columns}),
+                    media_type="application/json")
+
+
+def _csv_stream(store, run_id: str, wanted: list[str], has_hosts: bool, filters: dict) -> Iterator[str]:
+    header = ["step", "rank", "attempt"] + (["host"] if has_hosts else []) + wanted
+    yield ",".join(header) + "\n"
+    for chunk_attempt, batch in iter_history_batches(store, run_id, **filters):
+        n = len(batch)
+        cols = [batch.steps.astype(str), batch.ranks.astype(str), np.full(n, str(chunk_attempt), dtype=object)]
+        if has_hosts:
+            if batch.host_index is None:
+                cols.append(np.full(n, "", dtype=object))
+            else:
+                lookup = np.array([encode.csv_safe(h) for h in batch.host_names] + [""], dtype=object)
+                cols.append(lookup[batch.host_index])
+        for f in wanted:
+            if f in batch.values:
+                cols.append(encode.csv_float_column(batch.values[f], batch.present[f]))
+            else:
+                cols.append(np.full(n, "", dtype=object))
+        yield from encode.csv_lines(header, cols)
+
+
+@router.get("/{run_id}/checkpoints", response_model=list[Checkpoint], summary="Checkpoints the trainer reported")
+def list_checkpoints(run_id: RunId, store: StoreDep) -> list[dict]:
+    if not store.run_exists(run_id):
+        raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
+    return store.checkpoints(run_id)
+
+
+@router.patch("/{run_id}/checkpoints/{checkpoint_id}", response_model=Ok,
+              summary="Mark a checkpoint verified, bad or deleted")
+async def patch_checkpoint(run_id: RunId, checkpoint_id: int, body: CheckpointStatusIn, store: StoreDep) -> dict:
+    changed = await asyncio.wrap_future(store.submit_checkpoint_status(run_id, checkpoint_id, body.status, body.note))
+    if not changed:
+        raise NotFound(f"run {run_id!r} has no checkpoint {checkpoint_id}", loc=("path", "checkpoint_id"))
+    return {"ok": True}
+
+
+@router.get("/{run_id}/events", response_model=list[Event], summary="Restarts, world-size changes, rollbacks, notes")
+def list_events(run_id: RunId, store: StoreDep) -> list[dict]:
+    if not store.run_exists(run_id):
+        raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
+    return store.events(run_id)
+
+
+@router.get("/{run_id}/heartbeats", summary="Each rank's latest heartbeat: step, phase, time")
+def list_heartbeats(run_id: RunId, store: StoreDep) -> list[dict]:
+    if not store.run_exists(run_id):
+        raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
+    return store.heartbeats(run_id)

@@ -1,0 +1,148 @@
+"""Request and response schemas of the v1 API (kept apart from domain objects).
+
+The metrics ingest body is parsed by hand on the hot path (see ``healthsvc.ingest.parse``); its
+models here document the contract in the OpenAPI schema and are what clients program against.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from clients.wire import EVENT_KINDS, HEARTBEAT_PHASES, KEY_FIELDS, METRIC_FIELDS, STRING_FIELDS
+
+NonFinite = Literal["NaN", "Infinity", "-Infinity"]
+# A metric value: a number, a non-finite token/string, or null for "not reported".
+MetricValue = Union[float, NonFinite, None]
+
+_record_fields: dict[str, Any] = {
+    "step": (int, Field(..., ge=0, description=KEY_FIELDS["step"])),
+    "rank": (int, Field(..., ge=0, description=KEY_FIELDS["rank"])),
+}
+_record_fields.update({name: (MetricValue, Field(None, description=desc + " NaN/Infinity allowed; null = not reported."))
+                       for name, desc in METRIC_FIELDS.items()})
+_record_fields.update({name: (Union[str, None], Field(None, description=desc)) for name, desc in STRING_FIELDS.items()})
+
+MetricRecord = create_model(
+    "MetricRecord", __config__=ConfigDict(extra="allow", json_schema_extra={
+        "description": "One rank's report for one step. Unknown numeric fields are kept as extra metrics."}),
+    **_record_fields)
+
+_column_fields: dict[str, Any] = {
+    "step": (list[int], Field(..., description="Steps, one per record (integers >= 0).")),
+    "rank": (list[int], Field(..., description="Ranks, one per record (integers >= 0).")),
+}
+_column_fields.update({name: (Union[list[MetricValue], None], Field(None, description=desc))
+                       for name, desc in METRIC_FIELDS.items()})
+_column_fields.update({name: (Union[list[Union[str, None]], None], Field(None, description=desc))
+                       for name, desc in STRING_FIELDS.items()})
+MetricColumns = create_model(
+    "MetricColumns", __config__=ConfigDict(extra="allow", json_schema_extra={
+        "description": "Equal-length lists, one entry per record (what a rank-0 aggregator or a replay sends)."}),
+    **_column_fields)
+
+
+class MetricsRows(BaseModel):
+    records: list[MetricRecord] = Field(..., description="Per-rank step records.")  # type: ignore[valid-type]
+    batch_id: str | None = Field(None, max_length=128,
+                                 description="Idempotency key; a re-sent batch with the same id is not stored twice. "
+                                             "Without it the body's hash is the key.")
+
+
+class MetricsColumnar(BaseModel):
+    columns: MetricColumns = Field(..., description="Columnar records.")  # type: ignore[valid-type]
+    batch_id: str | None = Field(None, max_length=128, description="Idempotency key, as in the rows form.")
+
+
+class Accepted(BaseModel):
+    accepted: int = Field(..., description="Records accepted (durable) by this request.")
+    duplicate: bool = Field(False, description="True when this batch had already been accepted; nothing was stored again.")
+    attempt: int = Field(..., description="Attempt the records were stored under (a new one opens when steps go back).")
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    world_size: int | None = Field(None, ge=1, description="Number of ranks expected, count.")
+    batch_size_per_rank: int | None = Field(None, ge=1, description="Samples per rank per step, count (effective batch = world_size x this).")
+    hang_timeout_floor_s: float | None = Field(None, gt=0, description="Smallest silence that counts as a hang, seconds.")
+    detectors: dict[str, dict[str, Any]] = Field(default_factory=dict,
+                                                 description="Per-detector parameters, by finding kind, e.g. {\"straggler\": {\"threshold\": 1.2}}.")
+    tags: dict[str, str] = Field(default_factory=dict, description="Free-form labels (team, model, cluster).")
+
+
+class CheckpointIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step: int = Field(..., ge=0, description="Step whose update the checkpoint includes (state after step's update).")
+    uri: str = Field(..., min_length=1, max_length=2048, description="Where the checkpoint lives, e.g. s3://bucket/run/step1200.")
+    duration_s: float | None = Field(None, ge=0, description="Time the training was blocked writing it, seconds.")
+    bytes: int | None = Field(None, ge=0, description="Size of the checkpoint, bytes.")
+
+
+class CheckpointStatusIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    status: Literal["ok", "verified", "bad", "deleted"] = Field(
+        ..., description="verified = known clean; bad = known corrupted; deleted = no longer available (never recommended).")
+    note: str | None = Field(None, max_length=1000, description="Why, for the people reading the run later.")
+
+
+class Checkpoint(BaseModel):
+    id: int
+    step: int = Field(..., description="Step whose update the checkpoint includes.")
+    uri: str
+    attempt: int = Field(..., description="Attempt that wrote it.")
+    duration_s: float | None = Field(None, description="Write duration, seconds.")
+    bytes: int | None = Field(None, description="Size, bytes.")
+    created_at: float = Field(..., description="When the service recorded it, unix seconds.")
+    status: str = Field(..., description="ok | verified | bad | deleted.")
+    note: str | None = None
+
+
+class HeartbeatIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rank: int = Field(..., ge=0, description="Rank sending the heartbeat.")
+    step: int | None = Field(None, ge=0, description="Step the rank is working on.")
+    phase: Literal[HEARTBEAT_PHASES] | None = Field(  # type: ignore[valid-type]
+        None, description="What the rank is doing now: " + ", ".join(HEARTBEAT_PHASES) + ".")
+
+
+class EventIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal[EVENT_KINDS] = Field(..., description="What happened: " + ", ".join(EVENT_KINDS) + ".")  # type: ignore[valid-type]
+    step: int | None = Field(None, ge=0, description="Step it relates to (for a rollback: the checkpoint step resumed from).")
+    data: dict[str, Any] = Field(default_factory=dict, description="Details, e.g. {\"old\": 8, \"new\": 6} for world_size_change.")
+
+
+class Event(BaseModel):
+    id: int
+    kind: str
+    step: int | None
+    attempt: int
+    ts: float = Field(..., description="When the service recorded it, unix seconds.")
+    data: dict[str, Any]
+
+
+class Ok(BaseModel):
+    ok: bool = True
+
+
+class AttemptSummary(BaseModel):
+    attempt: int = Field(..., description="1-based attempt number; a new one opens when reported steps go back.")
+    start_step: int = Field(..., description="First step of the attempt.")
+    last_step: int = Field(..., description="Highest step reported in the attempt.")
+    n_records: int = Field(..., description="Records stored in the attempt.")
+    opened_at: float = Field(..., description="Unix seconds.")
+
+
+class RunSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    run_id: str
+    status: str = Field(..., description="running | finished.")
+    created_at: float = Field(..., description="Unix seconds.")
+    last_push: float | None = Field(None, description="Last accepted metrics push, unix seconds.")
+    finished_at: float | None = Field(None, description="Unix seconds.")
+    attempt: int = Field(..., description="Current attempt (0 before any metrics).")
+    last_step: int | None = Field(None, description="Highest step of the current attempt.")
+    world_size: int | None = Field(None, description="Configured world size, else ranks seen in the current attempt.")
+    ranks_seen: int = Field(..., description="Ranks that reported in the current attempt.")
+    config: RunConfig
+    attempts: list[AttemptSummary] = Field(default_factory=list)

@@ -1,0 +1,108 @@
+"""What the ingest remembers about a run between batches: its current attempt and how far each
+rank has got in it. Owned by the store's single writer thread; snapshotted into the store so a
+restarted service resumes without rescanning history.
+
+Attempts: steps repeat after a restart or rollback. When a batch brings a step that a rank has
+already reported in the current attempt, a new attempt opens at the batch's smallest step; every
+attempt is kept, and the run's effective history is, for each step, the newest attempt that
+covers it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from healthsvc.ingest.batch import MetricBatch
+
+
+@dataclass
+class RunState:
+    run_id: str
+    attempt: int = 0                  # 0 = nothing received yet
+    start_step: int = 0               # first step of the current attempt
+    last_step: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int64))  # by rank
+    host_names: list[str] = field(default_factory=list)
+    host_code: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int32))  # by rank
+    finished: bool = False
+
+    def _grow(self, max_rank: int) -> None:
+        if max_rank >= len(self.last_step):
+            size = max(max_rank + 1, 2 * len(self.last_step))
+            self.last_step = np.concatenate([self.last_step, np.full(size - len(self.last_step), -1, np.int64)])
+            self.host_code = np.concatenate([self.host_code, np.full(size - len(self.host_code), -1, np.int32)])
+
+    def needs_new_attempt(self, batch: MetricBatch) -> bool:
+        """True for the first batch of a run, and when the batch repeats a step some rank already
+        reported in the current attempt (a restart or rollback)."""
+        if self.attempt == 0 or len(batch) == 0:
+            return self.attempt == 0 and len(batch) > 0
+        ranks = batch.ranks
+        known = ranks < len(self.last_step)
+        return bool(np.any(batch.steps[known] <= self.last_step[ranks[known]]))
+
+    def open_attempt(self, start_step: int) -> int:
+        self.attempt += 1
+        self.start_step = int(start_step)
+        self.last_step[:] = -1
+        self.finished = False
+        return self.attempt
+
+    def advance(self, batch: MetricBatch) -> None:
+        if len(batch) == 0:
+            return
+        self._grow(int(batch.ranks.max()))
+        np.maximum.at(self.last_step, batch.ranks, batch.steps)
+
+    def changed_hosts(self, batch: MetricBatch) -> list[tuple[int, str]]:
+        """(rank, host) pairs that are new or differ from what the run knew; updates the map."""
+        if batch.host_index is None or len(batch) == 0:
+            return []
+        self._grow(int(batch.ranks.max()))
+        codes = np.empty(len(batch.host_names) + 1, dtype=np.int32)
+        codes[-1] = -1  # host_index -1 (absent) maps to "no host"
+        for i, name in enumerate(batch.host_names):
+            if name not in self.host_names:
+                self.host_names.append(name)
+            codes[i] = self.host_names.index(name)
+        batch_codes = codes[batch.host_index]
+        has = batch_codes >= 0
+        ranks, batch_codes = batch.ranks[has], batch_codes[has]
+        changed = batch_codes != self.host_code[ranks]
+        if not changed.any():
+            return []
+        ranks, batch_codes = ranks[changed], batch_codes[changed]
+        self.host_code[ranks] = batch_codes
+        # The last report per rank wins.
+        uniq, idx = np.unique(ranks[::-1], return_index=True)
+        last = batch_codes[::-1][idx]
+        return [(int(r), self.host_names[int(c)]) for r, c in zip(uniq, last)]
+
+    def ranks_seen(self) -> np.ndarray:
+        return np.flatnonzero(self.last_step >= 0)
+
+    def max_step(self) -> int:
+        return int(self.last_step.max()) if len(self.last_step) else -1
+
+    def host_of(self, rank: int) -> str | None:
+        if 0 <= rank < len(self.host_code) and self.host_code[rank] >= 0:
+            return self.host_names[int(self.host_code[rank])]
+        return None
+
+    # -- snapshot -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        seen = np.flatnonzero((self.last_step >= 0) | (self.host_code >= 0))
+        return {"attempt": self.attempt, "start_step": self.start_step, "finished": self.finished,
+                "ranks": seen.tolist(), "last_step": self.last_step[seen].tolist(),
+                "host_code": self.host_code[seen].tolist(), "host_names": self.host_names}
+
+    @classmethod
+    def from_dict(cls, run_id: str, d: dict) -> "RunState":
+        st = cls(run_id=run_id, attempt=d["attempt"], start_step=d["start_step"],
+                 finished=d.get("finished", False), host_names=list(d["host_names"]))
+        ranks = np.asarray(d["ranks"], dtype=np.int64)
+        if len(ranks):
+            st._grow(int(ranks.max()))
+            st.last_step[ranks] = d["last_step"]
+            st.host_code[ranks] = d["host_code"]
+        return st

@@ -1,0 +1,110 @@
+"""One writer thread with group commit.
+
+Every write to the database is a job: a function of the connection. The writer takes every job
+waiting in its queue, runs each inside its own SAVEPOINT (a failing job rolls back alone), commits
+once, and only then resolves the jobs' futures. Many concurrent requests therefore share one
+fsync, and a request is answered only once its data is durable.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import sqlite3
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+Job = Callable[[sqlite3.Connection], Any]
+
+
+class WriterStopped(RuntimeError):
+    """The store is closed; the write was not performed."""
+
+
+class GroupCommitWriter:
+    def __init__(self, conn: sqlite3.Connection, *, max_group: int = 512,
+                 after_commit: Callable[[list[Any]], None] | None = None) -> None:
+        self._conn = conn
+        self._queue: queue.Queue[tuple[Job, Future] | None] = queue.Queue()
+        self._max_group = max_group
+        self._after_commit = after_commit
+        self._thread = threading.Thread(target=self._loop, name="healthsvc-writer", daemon=True)
+        self._stopped = False
+        self.commits = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> Future:
+        fut: Future = Future()
+        if self._stopped:
+            fut.set_exception(WriterStopped("the store is closed"))
+            return fut
+        self._queue.put((job, fut))
+        return fut
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            group = [item]
+            while len(group) < self._max_group:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)  # finish this group, then stop
+                    break
+                group.append(nxt)
+            self._run_group(group)
+
+    def _run_group(self, group: list[tuple[Job, Future]]) -> None:
+        conn = self._conn
+        outcomes: list[tuple[Future, bool, Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job, fut in group:
+                conn.execute("SAVEPOINT job")
+                try:
+                    result = job(conn)
+                except BaseException as exc:  # noqa: BLE001 - the job's error goes to its caller
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    outcomes.append((fut, False, exc))
+                else:
+                    conn.execute("RELEASE job")
+                    outcomes.append((fut, True, result))
+            conn.execute("COMMIT")
+            self.commits += 1
+        except Exception as exc:  # the commit itself failed: nothing of the group is durable
+            log.exception("group commit failed")
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            for _, fut in group:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        results = [res for _, ok, res in outcomes if ok]
+        for fut, ok, res in outcomes:
+            if ok:
+                fut.set_result(res)
+            else:
+                fut.set_exception(res)
+        if self._after_commit is not None:
+            try:
+                self._after_commit(results)
+            except Exception:  # a listener must never break ingest
+                log.exception("after-commit listener failed")

@@ -1,0 +1,89 @@
+"""Re-sent batches are stored once; steps that go back open a new attempt, both are kept, and
+the effective history is the newest attempt."""
+from __future__ import annotations
+
+import json
+
+
+def push(http, run, records, **extra):
+    r = http.post(f"/v1/runs/{run}/metrics", content=json.dumps({"records": records, **extra}))
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+def steps(start, stop, ranks=(0, 1), loss=1.0):
+    return [{"step": s, "rank": r, "loss": loss} for s in range(start, stop) for r in ranks]
+
+
+def test_resent_batch_is_not_duplicated(http):
+    body = steps(0, 10)
+    first = push(http, "idem", body)
+    again = push(http, "idem", body)
+    assert first == {"accepted": 20, "duplicate": False, "attempt": 1}
+    assert again == {"accepted": 20, "duplicate": True, "attempt": 1}
+    cols = http.get("/v1/runs/idem/metrics").json()["columns"]
+    assert len(cols["step"]) == 20
+    # An explicit batch_id makes a retry idempotent even if the body bytes differ.
+    push(http, "idem", steps(10, 12), batch_id="b-1")
+    assert push(http, "idem", steps(10, 12, loss=9.9), batch_id="b-1")["duplicate"] is True
+    cols = http.get("/v1/runs/idem/metrics").json()["columns"]
+    assert len(cols["step"]) == 24 and 9.9 not in cols["loss"]
+
+
+def test_steps_going_back_open_a_new_attempt(http, server):
+    push(http, "att", steps(0, 100, loss=1.0))           # attempt 1: steps 0..99
+    ans = push(http, "att", steps(60, 80, loss=2.0))     # restart from a checkpoint at 59
+    assert ans["attempt"] == 2
+    push(http, "att", steps(80, 90, loss=2.0))           # continues attempt 2
+
+    run = http.get("/v1/runs/att").json()
+    assert [(a["attempt"], a["start_step"], a["last_step"]) for a in run["attempts"]] == [(1, 0, 99), (2, 60, 89)]
+    assert run["attempt"] == 2 and run["last_step"] == 89
+
+    eff = http.get("/v1/runs/att/metrics").json()["columns"]
+    by_step = {}
+    for s, r, a, loss in zip(eff["step"], eff["rank"], eff["attempt"], eff["loss"]):
+        assert (s, r) not in by_step, "effective history holds one row per (step, rank)"
+        by_step[(s, r)] = (a, loss)
+    assert sorted({s for s, _ in by_step}) == list(range(0, 90))  # 90..99 of attempt 1 was abandoned
+    assert all(by_step[(s, 0)] == (1, 1.0) for s in range(0, 60))
+    assert all(by_step[(s, 0)] == (2, 2.0) for s in range(60, 90))
+
+    # The abandoned branch is kept, not overwritten.
+    old = http.get("/v1/runs/att/metrics", params={"attempt": 1}).json()["columns"]
+    assert len(old["step"]) == 200 and set(old["loss"]) == {1.0}
+
+    # Attempt bookkeeping survives a crash: after restart, going back again opens attempt 3.
+    server.kill()
+    server.start()
+    assert push(http, "att", steps(90, 91))["attempt"] == 2
+    assert push(http, "att", steps(85, 86))["attempt"] == 3
+
+
+def test_run_summary_and_listing(http):
+    assert http.put("/v1/runs/cfg", json={"world_size": 4, "batch_size_per_rank": 8, "tags": {"team": "llm"}}).status_code == 200
+    push(http, "cfg", [{"step": 0, "rank": r, "loss": 1.0, "host": f"node{r // 2}"} for r in range(3)])
+    run = http.get("/v1/runs/cfg").json()
+    assert run["world_size"] == 4 and run["ranks_seen"] == 3 and run["config"]["tags"] == {"team": "llm"}
+    assert run["status"] == "running" and run["last_push"] is not None
+    assert http.post("/v1/runs/cfg/finish").status_code == 200
+    assert http.get("/v1/runs/cfg").json()["status"] == "finished"
+    assert "cfg" in [r["run_id"] for r in http.get("/v1/runs").json()]
+    csv_text = http.get("/v1/runs/cfg/metrics", params={"format": "csv"}).text
+    assert csv_text.splitlines()[1].split(",")[:4] == ["0", "0", "1", "node0"]
+
+
+def test_checkpoints_events_heartbeats(http):
+    push(http, "ck", steps(0, 5))
+    assert http.post("/v1/runs/ck/checkpoints", json={"step": 4, "uri": "file:///c/4", "duration_s": 2.5, "bytes": 10}).status_code == 201
+    assert http.post("/v1/runs/ck/checkpoints", json={"step": 4, "uri": "file:///c/4"}).status_code == 201  # idempotent
+    ck = http.get("/v1/runs/ck/checkpoints").json()
+    assert len(ck) == 1 and ck[0]["duration_s"] == 2.5 and ck[0]["status"] == "ok" and ck[0]["attempt"] == 1
+    assert http.patch(f"/v1/runs/ck/checkpoints/{ck[0]['id']}", json={"status": "deleted"}).status_code == 200
+    assert http.get("/v1/runs/ck/checkpoints").json()[0]["status"] == "deleted"
+    assert http.patch("/v1/runs/ck/checkpoints/999", json={"status": "deleted"}).status_code == 404
+    assert http.post("/v1/runs/ck/events", json={"kind": "world_size_change", "step": 5, "data": {"old": 2, "new": 1}}).status_code == 201
+    ev = http.get("/v1/runs/ck/events").json()
+    assert ev[0]["kind"] == "world_size_change" and ev[0]["data"] == {"old": 2, "new": 1}
+    assert http.post("/v1/runs/ck/heartbeats", json={"rank": 1, "step": 5, "phase": "collective"}).status_code == 202
+    assert http.get("/v1/runs/ck/heartbeats").json()[0]["phase"] == "collective"

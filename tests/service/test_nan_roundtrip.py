@@ -1,0 +1,84 @@
+"""NaN, +Inf, -Inf and missing survive every path: rows and columns in (tokens and strings),
+the store, a restart, JSON and CSV out. NaN is data; missing is not."""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+
+import pytest
+
+# rank -> value of "loss" at step 5; None = key absent/null (not reported).
+EXPECTED = {0: 1.5, 1: math.nan, 2: math.inf, 3: -math.inf, 4: None}
+
+
+def rows_body(token_style: str) -> bytes:
+    records = []
+    for rank, v in EXPECTED.items():
+        rec = {"step": 5, "rank": rank, "grad_norm": 0.5}
+        if v is not None:
+            if token_style == "strings" and not math.isfinite(v):
+                v = "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+            rec["loss"] = v
+        records.append(rec)
+    # json.dumps writes NaN/Infinity/-Infinity tokens for float values.
+    return json.dumps({"records": records}).encode()
+
+
+def columns_body(token_style: str) -> bytes:
+    loss = []
+    for v in EXPECTED.values():
+        if v is not None and not math.isfinite(v) and token_style == "strings":
+            v = "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+        loss.append(v)
+    cols = {"step": [5] * len(EXPECTED), "rank": list(EXPECTED), "loss": loss, "grad_norm": [0.5] * len(EXPECTED)}
+    return json.dumps({"columns": cols}).encode()
+
+
+def assert_json_loss(answer: dict) -> None:
+    cols = answer["columns"]
+    got = dict(zip(cols["rank"], cols["loss"]))
+    assert got == {0: 1.5, 1: "NaN", 2: "Infinity", 3: "-Infinity", 4: None}
+    assert cols["grad_norm"] == [0.5] * 5
+
+
+def assert_csv_loss(text: str) -> None:
+    rows = list(csv.DictReader(io.StringIO(text)))
+    got = {int(r["rank"]): r["loss"] for r in rows}
+    assert got == {0: "1.5", 1: "nan", 2: "inf", 3: "-inf", 4: ""}
+
+
+@pytest.mark.parametrize("form", ["rows", "columns"])
+@pytest.mark.parametrize("token_style", ["tokens", "strings"])
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_non_finite_and_missing_round_trip(server, http, form, token_style, gzipped):
+    body = rows_body(token_style) if form == "rows" else columns_body(token_style)
+    headers = {"content-type": "application/json"}
+    if gzipped:
+        body = gzip.compress(body)
+        headers["content-encoding"] = "gzip"
+    r = http.post("/v1/runs/rt/metrics", content=body, headers=headers)
+    assert r.status_code == 202, r.text
+    assert r.json()["accepted"] == 5
+
+    assert_json_loss(http.get("/v1/runs/rt/metrics").json())
+    assert_csv_loss(http.get("/v1/runs/rt/metrics", params={"format": "csv"}).text)
+
+    # Through a crash and restart: what is stored is what comes back.
+    server.kill()
+    server.start()
+    assert_json_loss(http.get("/v1/runs/rt/metrics").json())
+    assert_csv_loss(http.get("/v1/runs/rt/metrics", params={"format": "csv"}).text)
+
+
+def test_field_filter_keeps_missing_distinct(http):
+    body = {"records": [{"step": 1, "rank": 0, "loss": None, "lr": 0.1}, {"step": 1, "rank": 1, "loss": "NaN"}]}
+    assert http.post("/v1/runs/f/metrics", content=json.dumps(body)).status_code == 202
+    ans = http.get("/v1/runs/f/metrics", params={"fields": "loss"}).json()
+    assert ans["fields"] == ["loss"]
+    assert ans["columns"]["loss"] == [None, "NaN"]
+    assert "lr" not in ans["columns"]
+    ans = http.get("/v1/runs/f/metrics", params={"fields": "lr"}).json()
+    assert ans["columns"]["lr"] == [0.1, None]
