@@ -1,0 +1,195 @@
+"""The alert manager end to end over an in-memory outbox: findings in, enqueued bodies out."""
+from __future__ import annotations
+
+import json
+
+from detectors.finding import Finding
+from healthsvc.alerting.manager import AlertManager
+from healthsvc.alerting.model import LifecyclePolicy
+from healthsvc.alerting.outbox import Outbox
+from healthsvc.alerting.policy import Matcher
+from healthsvc.alerting.subscription import Subscription
+
+HOSTS = {r: f"node{r // 8}" for r in range(512)}
+
+
+def manager(outbox=None, subs=None, **kw):
+    subs = subs if subs is not None else [Subscription("am", "http://127.0.0.1:9/am", format="alertmanager")]
+    return AlertManager(outbox or Outbox(":memory:"), subscriptions=subs,
+                        lifecycle=kw.pop("lifecycle", LifecyclePolicy(resolve_timeout_s=60.0)),
+                        external_url="http://svc", **kw)
+
+
+def bodies(m, ids):
+    return [json.loads(m.outbox.get(i).body) for i in ids]
+
+
+def nan(step=41, ranks=tuple(range(512)), metric="loss"):
+    return Finding("non_finite", step=step, ranks=ranks, severity="critical", metric=metric)
+
+
+def spike(kind="loss_spike", step=40, rank=3, severity="warning"):
+    return Finding(kind, step=step, ranks=(rank,), severity=severity, metric="loss")
+
+
+def test_nan_on_512_ranks_is_one_notification_enqueued_at_once():
+    m = manager()
+    ids = m.process("r1", [nan()], HOSTS, now=100.0)
+    assert len(ids) == 1
+    (body,) = bodies(m, ids)
+    assert len(body["alerts"]) == 1 and body["alerts"][0]["labels"]["rank"] == "*"
+    assert body["alerts"][0]["annotations"]["rank_count"] == "512"
+    # Many-rank findings of the same NaN arriving in later blocks fold into the same alert: no page.
+    assert m.process("r1", [nan(step=42, ranks=(5, 6)) for _ in range(3)] + [nan(step=42)], HOSTS, 101.0) == []
+    assert m.alerts()[0].ranks == tuple(range(512))
+    assert m.tick(200.0) == []
+
+
+def test_warning_waits_for_group_wait_and_groups_what_arrives_meanwhile():
+    m = manager()
+    assert m.process("r1", [spike(rank=3)], HOSTS, now=100.0) == []
+    assert m.process("r1", [spike(rank=4)], HOSTS, now=110.0) == []
+    assert m.tick(129.0) == []
+    ids = m.tick(130.0)
+    assert len(ids) == 1 and len(bodies(m, ids)[0]["alerts"]) == 2
+
+
+def test_new_alert_in_group_waits_for_group_interval():
+    m = manager()
+    m.process("r1", [nan()], HOSTS, now=100.0)
+    assert m.process("r1", [Finding("hang", step=50, ranks=(9,), severity="critical")], HOSTS, now=101.0) == []
+    assert m.tick(109.9) == []
+    ids = m.tick(110.0)   # critical group_interval is 10 s
+    (body,) = bodies(m, ids)
+    assert m.outbox.get(ids[0]).reason == "new_alerts_in_group"
+    assert {a["labels"]["alertname"] for a in body["alerts"]} == {"non_finite", "hang"}
+
+
+def test_nan_inhibits_the_spike_it_explains():
+    m = manager()
+    m.process("r1", [spike(), nan()], HOSTS, now=100.0)
+    (body,) = bodies(m, m.outbox.due(1e12) and [d.webhook_id for d in m.outbox.due(1e12)])
+    assert [a["labels"]["alertname"] for a in body["alerts"]] == ["non_finite"]
+    view = m.muting(m.alerts(run="r1"), now=100.0)
+    assert {m.alert(fp).kind: v["inhibited"] for fp, v in view.items()} == {"non_finite": False, "loss_spike": True}
+
+
+def test_stall_inhibits_hangs_of_the_same_run_only():
+    m = manager()
+    stall = Finding("stall", step=500, severity="critical")
+    hang = Finding("hang", step=500, ranks=(2,), severity="critical")
+    m.process("r1", [stall, hang], HOSTS, 100.0)
+    m.process("r2", [hang], HOSTS, 100.0)
+    sent = {d.group_key: json.loads(d.body) for d in m.outbox.due(1e12)}
+    assert [a["labels"]["alertname"] for a in sent['{}:{run="r1"}']["alerts"]] == ["stall"]
+    assert [a["labels"]["alertname"] for a in sent['{}:{run="r2"}']["alerts"]] == ["hang"]
+
+
+def test_subscription_filters():
+    subs = [Subscription("crit", "http://127.0.0.1:9/a", min_severity="critical"),
+            Subscription("r2-only", "http://127.0.0.1:9/b", runs=("r2",)),
+            Subscription("spikes", "http://127.0.0.1:9/c", kinds=("loss_spike",))]
+    m = manager(subs=subs)
+    m.process("r1", [nan()], HOSTS, 100.0)
+    m.process("r1", [spike(rank=1)], HOSTS, 100.0)   # inhibited by the NaN for everyone
+    m.process("r2", [spike(rank=1)], HOSTS, 100.0)
+    m.tick(130.0)   # warning group_wait
+    got = {(d.subscription_id, d.group_key) for d in m.outbox.deliveries()}
+    assert got == {("crit", '{}:{run="r1"}'), ("r2-only", '{}:{run="r2"}'), ("spikes", '{}:{run="r2"}')}
+
+
+def test_silence_mutes_then_its_expiry_notifies():
+    m = manager()
+    s = m.add_silence([Matcher("run", "r1")], starts_at=0.0, ends_at=300.0, now=50.0, created_by="ann")
+    assert m.process("r1", [nan()], HOSTS, 100.0) == []
+    assert m.tick(200.0) == []
+    assert m.muting(m.alerts(), 200.0)[m.alerts()[0].fingerprint]["silenced_by"] == [s.id]
+    ids = m.tick(310.0)
+    assert [m.outbox.get(i).reason for i in ids] == ["first_notification"]
+
+
+def test_silencing_everything_shown_sends_nothing_and_unmuting_notifies_again():
+    m = manager()
+    m.process("r1", [nan()], HOSTS, 100.0)
+    s = m.add_silence([Matcher("alertname", "non_finite")], 100.0, 10_000.0, now=100.0)
+    assert m.tick(120.0) == []          # all_alerts_muted: nothing sent, log forgets
+    m.expire_silence(s.id, now=130.0)
+    ids = m.tick(140.0)
+    assert [m.outbox.get(i).reason for i in ids] == ["first_notification"]
+
+
+def test_resolution_is_notified_and_latched_alerts_need_a_hand():
+    m = manager()
+    m.process("r1", [spike(severity="critical"), nan()], HOSTS, 100.0)
+    m.process("r1", [Finding("non_finite", step=50, ranks=tuple(range(512)), metric="loss", status="resolved")],
+              HOSTS, 105.0)
+    # the spike resolves 60 s after it was last seen; the latched NaN stays
+    ids = m.tick(170.0)
+    assert ids == []   # the spike was never shown (inhibited), so its resolution is no news
+    fp = m.alerts(kind="non_finite")[0].fingerprint
+    assert m.alert(fp).status == "firing"
+    m.resolve(fp, by="ann", now=180.0)   # the group is past its interval: flushed at once
+    newest = m.outbox.deliveries()[0]
+    body = json.loads(newest.body)
+    assert newest.reason == "all_alerts_resolved" and m.tick(190.0) == []
+    assert body["status"] == "resolved" and body["alerts"][0]["annotations"]["resolved_by"] == "hand"
+
+
+def test_rollback_resolves_corruption_that_began_after_the_checkpoint():
+    m = manager()
+    m.process("r1", [nan(step=300)], HOSTS, 100.0)
+    m.process("r1", [Finding("rank_outlier", step=90, ranks=(7,), severity="critical", metric="grad_norm",
+                             onset_step=80)], HOSTS, 100.0)
+    done = m.rollback("r1", step=200, now=150.0)
+    assert [a.kind for a in done] == ["non_finite"]
+    assert {a.kind: a.status for a in m.alerts(run="r1")} == {"non_finite": "resolved", "rank_outlier": "firing"}
+
+
+def test_repeat_interval_and_acknowledgement():
+    m = manager()
+    m.process("r1", [nan()], HOSTS, 100.0)
+    assert [m.outbox.get(i).reason for i in m.tick(100.0 + 3600.0)] == ["repeat_interval_elapsed"]
+    m.acknowledge(m.alerts()[0].fingerprint, by="ann", now=3800.0)
+    assert m.tick(100.0 + 3 * 3600.0) == []
+
+
+def test_rollback_target_annotation():
+    m = manager(rollback_lookup=lambda run: {"step": 1200, "uri": "s3://ck/1200"})
+    (i,) = m.process("r1", [nan()], HOSTS, 100.0)
+    assert json.loads(m.outbox.get(i).body)["alerts"][0]["annotations"]["rollback_target"] == "step 1200 (s3://ck/1200)"
+
+
+def test_restart_reads_state_back_and_does_not_page_twice(tmp_path):
+    db = tmp_path / "svc.db"
+    m = manager(Outbox(db))
+    m.process("r1", [nan(), spike("straggler", rank=4)], HOSTS, 100.0)
+    s = m.put_subscription(Subscription("api-1", "http://127.0.0.1:9/x", format="slack"), 100.0)
+    m.add_silence([Matcher("run", "other")], 0.0, 1e12, now=100.0)
+    n_before = len(m.outbox.deliveries())
+
+    again = manager(Outbox(db))
+    assert {a.fingerprint: a for a in again.alerts()} == {a.fingerprint: a for a in m.alerts()}
+    assert [x.id for x in again.subscriptions()] == ["am", "api-1"] and again.subscription("api-1") == s
+    assert len(again.silences()) == 1
+    assert again.tick(105.0) == []   # within group_interval: nothing new
+    ids = again.tick(111.0)          # the API subscription has not been told yet
+    assert [again.outbox.get(i).subscription_id for i in ids] == ["api-1"]
+    assert len(again.outbox.deliveries()) == n_before + 1
+
+
+def test_resolution_owed_before_a_restart_is_sent_after_it(tmp_path):
+    db = tmp_path / "svc.db"
+    m = manager(Outbox(db))
+    m.process("r1", [nan()], HOSTS, 100.0)
+    m.resolve(m.alerts()[0].fingerprint, by="ann", now=101.0)   # within group_interval: not sent yet
+    again = manager(Outbox(db))
+    ids = again.tick(120.0)
+    assert [again.outbox.get(i).reason for i in ids] == ["all_alerts_resolved"]
+
+
+def test_deleting_a_subscription_cancels_its_pending_deliveries():
+    m = manager(subs=[])
+    m.put_subscription(Subscription("x", "http://127.0.0.1:9/x"), 0.0)
+    m.process("r1", [nan()], HOSTS, 100.0)
+    assert m.delete_subscription("x", 101.0) == 1
+    assert m.outbox.state_counts("x")["cancelled"] == 1
