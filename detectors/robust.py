@@ -1,0 +1,313 @@
+"""Shared robust-statistics helpers for the value detectors (loss, gradient norms).
+
+Everything here is deterministic, vectorised over ranks and split-invariant: feeding a series in
+one block or in many gives the same numbers, because state carried between blocks is exactly what a
+step-by-step recursion would carry.
+
+- :func:`log_positive` — values in log space (non-positive or non-finite values become invalid).
+- :func:`reference_positions`, :func:`cross_section` — per-step centre (median) and scale
+  (IQR / 1.349, a robust standard deviation) across ranks, estimated on at most ``max_ranks``
+  ranks chosen by rank id, so the cost stays flat at 16k ranks and a permutation of the columns
+  changes nothing.
+- :class:`RankTable` — per-rank state arrays keyed by rank id (ranks may appear at any time;
+  a missing rank keeps its state untouched).
+- :func:`hysteresis`, :func:`run_length`, :func:`last_step_where` — block-vectorised state
+  machines with a carry from the previous block.
+- :func:`ewma_rows` — an exponentially weighted mean per rank that skips missing cells.
+- :class:`RobustTrend` — a scalar level + trend baseline in log space (Holt's linear smoothing
+  with a robust scale and warm-up) that a detector feeds only the values it judged normal.
+- :func:`excess_score` — the common score scale: 0 at the firing threshold, 1 at the level the
+  detector calls as bad as it gets.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+# IQR of a normal distribution in standard deviations, and E|X| / sd for a normal.
+IQR_TO_SD = 1.0 / 1.3489795003921634
+MEAN_ABS_TO_SD = math.sqrt(math.pi / 2.0)
+
+
+def log_positive(x: np.ndarray, present: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(log(x), valid)``: valid where reported, finite and > 0; log is NaN elsewhere.
+
+    Loss and gradient norms are positive; a non-finite value is the ``non_finite`` detector's
+    business, and a cell that is not present is never a value at all.
+    """
+    valid = np.isfinite(x) & (x > 0)
+    if present is not None:
+        valid &= present
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.log(np.where(valid, x, np.nan))
+    return y, valid
+
+
+def excess_score(stat: np.ndarray | float, warn: float, crit: float) -> np.ndarray | float:
+    """Score in [0, 1]: 0 at ``warn`` (the firing threshold), 1 at and beyond ``crit``."""
+    span = max(crit - warn, 1e-12)
+    return np.clip((np.asarray(stat, dtype=np.float64) - warn) / span, 0.0, 1.0)
+
+
+# ---------------------------------------------------------------------------- cross sections
+def reference_positions(ranks: np.ndarray, max_ranks: int) -> np.ndarray:
+    """Column positions of at most ``max_ranks`` ranks, every k-th in rank-id order.
+
+    Chosen by id, so permuting the columns of a block selects the same ranks.
+    """
+    order = np.argsort(ranks, kind="stable")
+    if len(order) <= max_ranks:
+        return order
+    stride = -(-len(order) // max_ranks)  # ceil
+    return order[::stride]
+
+
+def cross_section(y: np.ndarray, valid: np.ndarray, ref: np.ndarray, min_count: int = 1,
+                  with_scale: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-row ``(centre, scale, count)`` of ``y[:, ref]`` over valid cells.
+
+    ``centre`` is the median, ``scale`` the IQR / 1.349 (a robust sd; NaN when ``with_scale`` is
+    False); rows with fewer than ``min_count`` valid reference cells get NaN. Quantiles follow
+    numpy's default (linear) rule, so the result equals ``np.quantile`` on the valid cells.
+    """
+    ys, vs = y[:, ref], valid[:, ref]
+    n, m = ys.shape
+    count = vs.sum(axis=1)
+    centre = np.full(n, np.nan)
+    scale = np.full(n, np.nan)
+    qs = (0.25, 0.5, 0.75) if with_scale else (0.5,)
+    full = count == m
+    if m > 0 and full.any():
+        q = _row_quantiles(ys if full.all() else ys[full], qs)
+        centre[full] = q[len(qs) // 2]
+        if with_scale:
+            scale[full] = (q[2] - q[0]) * IQR_TO_SD
+    # Rows with holes are rare (a late rank, a NaN): handle them one by one.
+    for i in np.flatnonzero(~full & (count >= max(min_count, 1))):
+        q = _row_quantiles(ys[i, vs[i]][None, :], qs)
+        centre[i] = q[len(qs) // 2][0]
+        if with_scale:
+            scale[i] = (q[2][0] - q[0][0]) * IQR_TO_SD
+    low = count < min_count
+    centre[low] = np.nan
+    scale[low] = np.nan
+    return centre, scale, count
+
+
+def _row_quantiles(x: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarray]:
+    """Linear-rule quantiles of each row, from one ``np.partition`` call (cheaper than np.quantile)."""
+    m = x.shape[1]
+    h = [(m - 1) * q for q in qs]
+    lo = [int(math.floor(v)) for v in h]
+    hi = [min(v + 1, m - 1) for v in lo]
+    part = np.partition(x, sorted(set(lo + hi)), axis=1)
+    return [part[:, a] + (v - a) * (part[:, b] - part[:, a]) for v, a, b in zip(h, lo, hi)]
+
+
+# ---------------------------------------------------------------------------- per-rank state
+class RankTable:
+    """Per-rank state arrays keyed by rank id.
+
+    ``fields`` maps a name to its default value (its dtype follows the default). ``positions``
+    returns, for the columns of a block, the rows of the state arrays, adding unknown ranks with
+    default state. Ranks never seen again keep their state.
+
+    >>> t = RankTable({"count": 0})
+    >>> t.positions(np.array([3, 1])).tolist()
+    [1, 0]
+    >>> t.positions(np.array([2])).tolist(), t.ids.tolist()
+    ([1], [1, 2, 3])
+    """
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.defaults = dict(fields)
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.arrays = {k: np.zeros(0, dtype=np.asarray(v).dtype) for k, v in fields.items()}
+        self._cache_key: bytes | None = None
+        self._cache_pos: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def positions(self, ranks: np.ndarray) -> np.ndarray:
+        key = ranks.tobytes()
+        if key == self._cache_key and self._cache_pos is not None:
+            return self._cache_pos
+        new = np.setdiff1d(ranks, self.ids)
+        if len(new):
+            at = np.searchsorted(self.ids, new)
+            self.ids = np.insert(self.ids, at, new)
+            for k, arr in self.arrays.items():
+                self.arrays[k] = np.insert(arr, at, self.defaults[k])
+        pos = np.searchsorted(self.ids, ranks)
+        self._cache_key, self._cache_pos = key, pos
+        return pos
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def __setitem__(self, name: str, value: np.ndarray) -> None:
+        self.arrays[name] = value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ids": self.ids.tolist(), **{k: _to_json(a) for k, a in self.arrays.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ids = np.asarray(state["ids"], dtype=np.int64)
+        for k, default in self.defaults.items():
+            self.arrays[k] = _from_json(state[k], np.asarray(default).dtype)
+        self._cache_key, self._cache_pos = None, None
+
+
+def _to_json(a: np.ndarray) -> list:
+    # JSON has no NaN: encode non-finite floats as strings so state survives any JSON encoder.
+    if a.dtype.kind == "f":
+        return [float(v) if math.isfinite(v) else repr(float(v)) for v in a.tolist()]
+    return a.tolist()
+
+
+def _from_json(values: list, dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "f":
+        return np.array([float(v) for v in values], dtype=dtype)
+    return np.asarray(values, dtype=dtype)
+
+
+def float_to_json(v: float | None) -> float | str | None:
+    """A float for a JSON state dict: non-finite values as the strings 'nan', 'inf', '-inf'."""
+    if v is None:
+        return None
+    return float(v) if math.isfinite(v) else repr(float(v))
+
+
+def float_from_json(v: float | str | None) -> float | None:
+    return None if v is None else float(v)
+
+
+# ------------------------------------------------------------------- block-vectorised machines
+def hysteresis(enter: np.ndarray, leave: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """State per (row, column): on after an ``enter`` row, off after a ``leave`` row.
+
+    ``enter`` wins when both hold on the same row. Rows with neither keep the previous state;
+    ``carry`` (per column) is the state before the first row. Exactly the sequential machine.
+    """
+    n = enter.shape[0]
+    idx = np.arange(n)[:, None]
+    last_on = np.maximum.accumulate(np.where(enter, idx, -1), axis=0)
+    last_off = np.maximum.accumulate(np.where(leave & ~enter, idx, -1), axis=0)
+    return np.where(last_on > last_off, True, np.where(last_off > last_on, False, carry[None, :]))
+
+
+def run_length(active: np.ndarray, observed: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """Consecutive observed rows with ``active`` per column, counting from ``carry``.
+
+    An observed row where ``active`` is False resets the count; an unobserved row neither counts
+    nor resets (missing is not evidence either way).
+    """
+    hits = (active & observed).astype(np.int64)
+    cum = np.cumsum(hits, axis=0) + carry[None, :]
+    reset = observed & ~active
+    base = np.maximum.accumulate(np.where(reset, cum, 0), axis=0)
+    return cum - base
+
+
+def last_step_where(mask: np.ndarray, steps: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """Per (row, column): the latest step at or before the row where ``mask`` held (else carry)."""
+    marked = np.where(mask, steps[:, None], np.iinfo(np.int64).min)
+    return np.maximum(np.maximum.accumulate(marked, axis=0), carry[None, :])
+
+
+def ewma_rows(x: np.ndarray, observed: np.ndarray, alpha: float, m0: np.ndarray) -> np.ndarray:
+    """Per-column exponentially weighted mean after each row; unobserved cells leave it unchanged.
+
+    ``m_t = m_{t-1} + alpha * (x_t - m_{t-1})`` where observed. Returns the (n, r) trajectory.
+    """
+    out = np.empty_like(x, dtype=np.float64)
+    gain = np.where(observed, alpha, 0.0)
+    xz = np.where(observed, x, 0.0)
+    m = m0.astype(np.float64, copy=True)
+    for i in range(x.shape[0]):   # sequential in steps, vectorised over ranks
+        m += gain[i] * (xz[i] - m)
+        out[i] = m
+    return out
+
+
+# --------------------------------------------------------------------------- scalar baseline
+class RobustTrend:
+    """Level + trend of a scalar series in log space, with a robust scale and warm-up.
+
+    One-step prediction ``pred = level + trend``; residual ``r = y - pred``; scale ``s`` is the
+    EWMA of ``|r|`` turned into a standard deviation (x sqrt(pi/2)), floored at ``min_scale``.
+    :meth:`zscore` scores a value without learning it; :meth:`learn` updates the state (the caller
+    learns only values it judged normal, so a spike does not drag the baseline up). During the
+    first ``warmup_steps`` learned values the gains start at 1/n so the baseline settles fast;
+    afterwards residuals are clipped to ``clip`` scales (Huber) so a single odd value moves the
+    level little.
+
+    Parameters: ``alpha`` level gain, ``beta`` trend gain (relative to alpha), ``scale_alpha``
+    gain of the scale, ``min_scale`` floor in log units (0.005 ~ 0.5 %).
+
+    >>> b = RobustTrend(warmup_steps=10)
+    >>> for i in range(300):          # log loss falling 0.002 per step
+    ...     b.learn(1.0 - 0.002 * i)
+    >>> round(b.predict(), 3), round(b.trend, 4)   # next value is 0.4
+    (0.4, -0.002)
+    >>> round(b.zscore(0.4 + 0.05), 1)  # 5 % above the prediction, in (floored) robust sds
+    10.0
+    """
+
+    def __init__(self, alpha: float = 0.1, beta: float = 0.1, scale_alpha: float = 0.05,
+                 warmup_steps: int = 50, min_scale: float = 0.005, clip: float = 4.0) -> None:
+        self.alpha, self.beta, self.scale_alpha = alpha, beta, scale_alpha
+        self.warmup_steps, self.min_scale, self.clip = warmup_steps, min_scale, clip
+        self.n = 0
+        self.level = 0.0
+        self.trend = 0.0
+        self.mean_abs = 0.0
+
+    @property
+    def warm(self) -> bool:
+        return self.n >= self.warmup_steps
+
+    def predict(self) -> float:
+        return self.level + self.trend
+
+    def sd(self) -> float:
+        return max(self.mean_abs * MEAN_ABS_TO_SD, self.min_scale)
+
+    def zscore(self, y: float) -> float:
+        """Residual of ``y`` against the prediction in robust standard deviations."""
+        if self.n == 0:
+            return 0.0
+        return (y - self.predict()) / self.sd()
+
+    def learn(self, y: float) -> None:
+        if self.n == 0:
+            self.level, self.trend, self.mean_abs, self.n = y, 0.0, 0.0, 1
+            return
+        pred = self.level + self.trend
+        r = y - pred
+        if self.n >= self.warmup_steps:
+            lim = self.clip * self.sd()
+            r = min(max(r, -lim), lim)
+            a, sa = self.alpha, self.scale_alpha
+        else:
+            a = max(self.alpha, 1.0 / (self.n + 1))
+            sa = max(self.scale_alpha, 1.0 / self.n)
+        self.level = pred + a * r
+        self.trend = self.trend + a * self.beta * r
+        self.mean_abs += sa * (abs(r) - self.mean_abs)
+        self.n += 1
+
+    def restart(self, y: float) -> None:
+        """Re-anchor the level at ``y`` (after a lasting shift), keeping the learned scale."""
+        self.level, self.trend = y, 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "level": self.level, "trend": self.trend, "mean_abs": self.mean_abs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.n = int(state["n"])
+        self.level, self.trend = float(state["level"]), float(state["trend"])
+        self.mean_abs = float(state["mean_abs"])
