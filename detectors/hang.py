@@ -1,0 +1,337 @@
+"""Hang and stall: silence, measured on the caller's clock.
+
+This detector is driven by arrivals, not by step blocks, because silence is a matter of *when*
+records arrive and blocks carry no arrival time. The caller (the service's run monitor) reports
+every arrival with its own clock and drives ``tick(now)`` from a timer::
+
+    det.set_world(ranks, now)                  # expected ranks (optional; arrivals add ranks too)
+    det.observe(ranks, steps, now)             # per-rank step records arrived (arrays)
+    det.heartbeat(rank, step, phase, now)      # a heartbeat arrived (phase: a plain string)
+    det.tick(now)                              # -> new hang / stall findings
+    det.finish(now)                            # the run finished: silence is normal from now on
+
+``observe``, ``heartbeat``, ``set_world`` and ``finish`` return the *resolved* findings they
+cause; ``tick`` returns the new *firing* ones. ``update(block)`` is a no-op returning ``[]``.
+The detector never reads a clock.
+
+Definitions (times in seconds of the caller's clock):
+
+- *progress* of a rank: a record whose step differs from its previous record's step (a restart
+  that repeats steps is progress too), or a heartbeat whose step differs from its previous
+  heartbeat's step. Heartbeats with an unchanged step prove the process is alive, not that it
+  progresses: a rank whose heartbeats keep coming while its step stands still can hang.
+- *push interval* of a rank: EWMA (``interval_alpha``) of the time between its record progress
+  events, each sample capped at 4x the current estimate so one long pause does not inflate it.
+- *timeout* of a rank: ``max(timeout_floor_s, timeout_factor * interval)``, or
+  ``max(timeout_floor_s, startup_timeout_s)`` until its first interval is known (compilation and
+  the first checkpoint load are slow).
+- *overdue*: silent (no progress) for longer than its timeout.
+- ``hang`` (critical, blames the rank): overdue while the job goes on without it (some rank made
+  progress after this rank's deadline). In synchronous training a stuck rank stops everyone, so
+  it shows as a stall instead, with the culprit named.
+- ``stall`` (critical, run-wide, one finding): every expected rank is overdue. With heartbeats,
+  the culprit is the rank outside the collective (fresh heartbeat with another phase, or no
+  heartbeat for ``heartbeat_timeout_s`` while peers' heartbeats arrive) or behind the others'
+  step while the rest wait inside ``collective_phase``; each culprit also gets a ``hang`` finding
+  whose evidence says why.
+- After ``finish(now)`` nothing fires; records arriving later re-open the run.
+- A ``hang`` resolves when its rank progresses again, a ``stall`` when any rank does.
+
+Scores: ``min(1, (silent_s - timeout_s) / timeout_s)`` — 0 just past the timeout, 1 at twice it.
+
+Example::
+
+    >>> import numpy as np
+    >>> det = HangDetector(timeout_floor_s=30.0)
+    >>> for t in range(100):                                  # 4 ranks push every second
+    ...     _ = det.observe(np.arange(4) if t < 50 else np.arange(3), np.full(4 if t < 50 else 3, t), float(t))
+    >>> [(f.kind, f.ranks, f.step) for f in det.tick(100.0)]  # rank 3 silent since t=49
+    [('hang', (3,), 50)]
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from detectors.base import Detector
+from detectors.finding import Finding
+from detectors.frame import StepBlock
+
+_NEVER = -1.0   # "no heartbeat yet" (times are the caller's clock, assumed >= 0)
+
+
+class HangDetector(Detector):
+    """Absence of progress: ``hang`` (some ranks) and ``stall`` (all ranks)."""
+
+    kind = "hang"
+
+    def __init__(
+        self,
+        timeout_floor_s: float = 60.0,
+        timeout_factor: float = 10.0,
+        startup_timeout_s: float = 600.0,
+        interval_alpha: float = 0.2,
+        heartbeat_timeout_s: float = 30.0,
+        collective_phase: str = "collective",
+    ) -> None:
+        if timeout_floor_s <= 0 or timeout_factor <= 0:
+            raise ValueError("timeout_floor_s and timeout_factor must be > 0, got "
+                             f"{timeout_floor_s}, {timeout_factor}")
+        self.timeout_floor_s = timeout_floor_s
+        self.timeout_factor = timeout_factor
+        self.startup_timeout_s = startup_timeout_s
+        self.interval_alpha = interval_alpha
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.collective_phase = collective_phase
+        super().__init__()
+
+    # ------------------------------------------------------------------------------ state
+    _ARRAYS: dict[str, tuple[type, Any]] = {
+        "ids": (np.int64, 0),
+        "last_step": (np.int64, -1),        # last record step (-1: none yet)
+        "progress_s": (np.float64, 0.0),    # when the rank last made progress
+        "interval_s": (np.float64, 0.0),    # EWMA push interval (0: unknown)
+        "hb_s": (np.float64, _NEVER),       # when its last heartbeat arrived
+        "hb_step": (np.int64, -1),
+        "hb_phase": (np.int64, -1),         # index into self._phases
+        "active": (np.bool_, True),         # expected: in the world, not departed
+        "hung": (np.bool_, False),          # an open hang finding
+    }
+
+    def _reset(self) -> None:
+        for name, (dtype, _) in self._ARRAYS.items():
+            setattr(self, "_" + name, np.zeros(0, dtype=dtype))
+        self._phases: list[str] = []
+        self._finished = False
+        self._stalled = False
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {name: getattr(self, "_" + name).tolist() for name in self._ARRAYS}
+        state.update(phases=list(self._phases), finished=self._finished, stalled=self._stalled)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._reset()
+        for name, (dtype, _) in self._ARRAYS.items():
+            setattr(self, "_" + name, np.asarray(state[name], dtype=dtype))
+        self._phases = list(state["phases"])
+        self._finished, self._stalled = bool(state["finished"]), bool(state["stalled"])
+
+    def _positions(self, ids: np.ndarray, now: float) -> np.ndarray | None:
+        """Table positions of ``ids`` (sorted, unique), adding new ranks; None = the whole table."""
+        if len(ids) == len(self._ids) and np.array_equal(ids, self._ids):
+            return None
+        if not np.isin(ids, self._ids, assume_unique=True).all():
+            merged = np.union1d(self._ids, ids)
+            old = np.searchsorted(merged, self._ids)
+            for name, (dtype, fill) in self._ARRAYS.items():
+                arr = np.full(len(merged), fill, dtype=dtype)
+                arr[old] = getattr(self, "_" + name)
+                setattr(self, "_" + name, arr)
+            self._ids = merged
+            new = np.ones(len(merged), dtype=bool)
+            new[old] = False
+            self._progress_s[new] = now   # a new rank's silence starts when it is first known
+        return np.searchsorted(self._ids, ids)
+
+    # ------------------------------------------------------------------------------ input
+    def update(self, block: StepBlock) -> list[Finding]:
+        """No-op: blocks carry no arrival time; report arrivals with :meth:`observe`."""
+        return []
+
+    def set_world(self, ranks: Iterable[int], now: float) -> list[Finding]:
+        """Declare the expected ranks; ranks left out stop being expected (their hangs resolve)."""
+        ids = np.unique(np.asarray(list(ranks), dtype=np.int64))
+        self._positions(ids, now)
+        keep = np.isin(self._ids, ids)
+        out = self._resolve_hangs(self._hung & ~keep, now, reason="left the world")
+        self._active = keep
+        return out
+
+    def observe(self, ranks: np.ndarray, steps: np.ndarray, now: float) -> list[Finding]:
+        """Per-rank step records arrived at ``now`` (seconds); ranks may repeat (many steps)."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        steps = np.asarray(steps, dtype=np.int64)
+        if len(ranks) == 0:
+            return []
+        if len(ranks) > 1 and not (np.diff(ranks) > 0).all():
+            # Several records per rank: keep each rank's newest (highest) step of this push.
+            order = np.lexsort((steps, ranks))
+            ranks, steps = ranks[order], steps[order]
+            last = np.ones(len(ranks), dtype=bool)
+            last[:-1] = ranks[1:] != ranks[:-1]
+            ranks, steps = ranks[last], steps[last]
+        self._finished = False   # data after finish: the run was resumed and can hang again
+        pos = self._positions(ranks, now)
+        sel = slice(None) if pos is None else pos
+        prev = self._last_step[sel]
+        moved = steps != prev
+        if not moved.any():
+            return []
+        had = prev >= 0
+        dt = now - self._progress_s[sel]
+        sample = moved & had & (dt > 0)
+        interval = self._interval_s[sel]
+        first = sample & (interval == 0)
+        later = sample & (interval > 0)
+        interval = np.where(first, dt, interval)
+        capped = np.minimum(dt, 4.0 * interval)
+        interval = np.where(later, interval + self.interval_alpha * (capped - interval), interval)
+        self._interval_s[sel] = interval
+        self._last_step[sel] = np.where(moved, steps, prev)
+        self._progress_s[sel] = np.where(moved, now, self._progress_s[sel])
+        self._active[sel] = True
+        return self._on_progress(sel, moved, now)
+
+    def heartbeat(self, rank: int, step: int, phase: str, now: float) -> list[Finding]:
+        """A heartbeat of ``rank`` arrived at ``now``: it is at ``step`` in ``phase``."""
+        self._finished = False
+        pos = self._positions(np.asarray([rank], dtype=np.int64), now)
+        j = 0 if pos is None else int(pos[0])
+        if phase not in self._phases:
+            self._phases.append(phase)
+        moved = self._hb_s[j] != _NEVER and int(self._hb_step[j]) != int(step)
+        self._hb_s[j], self._hb_step[j] = now, step
+        self._hb_phase[j] = self._phases.index(phase)
+        self._active[j] = True
+        if not moved:
+            return []
+        self._progress_s[j] = now
+        mask = np.zeros(len(self._ids), dtype=bool)
+        mask[j] = True
+        return self._on_progress(slice(None), mask, now)
+
+    def finish(self, now: float) -> list[Finding]:
+        """The run finished at ``now``: silence is normal; open hangs and the stall resolve."""
+        out = self._resolve_hangs(self._hung.copy(), now, reason="run finished")
+        out += self._resolve_stall(now, reason="run finished")
+        self._finished = True
+        return out
+
+    # ------------------------------------------------------------------------------ decisions
+    def _timeouts(self) -> np.ndarray:
+        known = np.maximum(self.timeout_floor_s, self.timeout_factor * self._interval_s)
+        startup = max(self.timeout_floor_s, self.startup_timeout_s)
+        return np.where(self._interval_s > 0, known, startup)
+
+    def tick(self, now: float) -> list[Finding]:
+        """New ``hang``/``stall`` findings at ``now`` (seconds, the caller's clock)."""
+        if self._finished or not self._active.any():
+            return []
+        timeout = self._timeouts()
+        silent = now - self._progress_s
+        overdue = self._active & (silent > timeout)
+        if not overdue.any():
+            return []
+        if overdue[self._active].all():
+            return [] if self._stalled else self._stall(now, silent, timeout)
+        # The job goes on without a rank when some rank progressed after that rank's deadline.
+        latest = self._progress_s[self._active].max()
+        new = overdue & ~self._hung & (latest > self._progress_s + timeout)
+        out = [self._hang(j, now, silent, timeout, culprit=False) for j in np.flatnonzero(new)]
+        return out
+
+    def _stall(self, now: float, silent: np.ndarray, timeout: np.ndarray) -> list[Finding]:
+        self._stalled = True
+        act = np.flatnonzero(self._active)
+        culprits, reason = self._culprits(act, now)
+        step = int(self._last_step[act].min()) + 1
+        phases = {}
+        for code, count in zip(*np.unique(self._hb_phase[act], return_counts=True)):
+            phases["none" if code < 0 else self._phases[code]] = int(count)
+        quiet = float(silent[act].min())
+        out = [Finding(
+            kind="stall", step=step, ranks=(), severity="critical",
+            score=round(min(1.0, max(0.0, (quiet - float(timeout[act].max())) / float(timeout[act].max()))), 4),
+            onset_step=step,
+            evidence={"silent_s": round(quiet, 3), "n_ranks": int(len(act)),
+                      "culprits": [int(self._ids[j]) for j in culprits], "reason": reason,
+                      "phases": phases})]
+        for j in culprits:
+            if not self._hung[j]:
+                out.append(self._hang(j, now, silent, timeout, culprit=True, why=reason))
+        return out
+
+    def _culprits(self, act: np.ndarray, now: float) -> tuple[list[int], str]:
+        """Ranks blamed for a stall, from heartbeats, and the reason in words."""
+        fresh = (self._hb_s[act] != _NEVER) & (now - self._hb_s[act] <= self.heartbeat_timeout_s)
+        if not fresh.any():
+            return [], "no rank made progress and no heartbeats arrive: the cause is not known"
+        coll = self._phases.index(self.collective_phase) if self.collective_phase in self._phases else -2
+        inside = fresh & (self._hb_phase[act] == coll)
+        if not inside.any():
+            return [], "no rank made progress; no rank waits in the collective"
+        lead = int(self._hb_step[act][inside].max())
+        outside = ~inside
+        behind = inside & (self._hb_step[act] < lead)
+        blamed = outside | behind
+        if not blamed.any():
+            return [], (f"all {len(act)} ranks wait inside the collective at step {lead}: "
+                        "suspect the collective or the network, not a rank")
+        if blamed.sum() >= inside.sum():
+            return [], (f"{int(blamed.sum())} ranks outside the collective and {int(inside.sum())} "
+                        "inside: no single culprit")
+        names = []
+        for j in act[blamed][:5]:
+            names.append(self._rank_words(int(j), now))
+        return act[blamed].tolist(), (f"{int((inside & ~behind).sum())} ranks wait in "
+                                      f"'{self.collective_phase}' at step {lead} while "
+                                      + "; ".join(names))
+
+    def _rank_words(self, j: int, now: float) -> str:
+        rank = int(self._ids[j])
+        if self._hb_s[j] == _NEVER:
+            return f"rank {rank} never sent a heartbeat"
+        age = now - self._hb_s[j]
+        phase = self._phases[int(self._hb_phase[j])]
+        if age > self.heartbeat_timeout_s:
+            return f"rank {rank} sent no heartbeat for {age:.0f} s (last in '{phase}'): process dead?"
+        return f"rank {rank} is in '{phase}' at step {int(self._hb_step[j])}"
+
+    def _hang(self, j: int, now: float, silent: np.ndarray, timeout: np.ndarray, *, culprit: bool,
+              why: str | None = None) -> Finding:
+        self._hung[j] = True
+        rank = int(self._ids[j])
+        step = int(self._last_step[j]) + 1
+        quiet, limit = float(silent[j]), float(timeout[j])
+        if why is None:
+            why = (f"rank {rank} silent for {quiet:.0f} s while its peers progress"
+                   if self._hb_s[j] == _NEVER
+                   else self._rank_words(j, now) + f"; no progress for {quiet:.0f} s while its peers progress")
+        evidence: dict[str, Any] = {
+            "silent_s": round(quiet, 3), "timeout_s": round(limit, 3),
+            "last_step": int(self._last_step[j]), "interval_s": round(float(self._interval_s[j]), 3),
+            "culprit": culprit, "reason": why,
+        }
+        if self._hb_s[j] != _NEVER:
+            evidence.update(phase=self._phases[int(self._hb_phase[j])],
+                            heartbeat_age_s=round(now - float(self._hb_s[j]), 3),
+                            heartbeat_step=int(self._hb_step[j]))
+        return Finding(kind="hang", step=step, ranks=(rank,), severity="critical",
+                       score=round(min(1.0, max(0.0, (quiet - limit) / limit)), 4),
+                       onset_step=step, evidence=evidence)
+
+    def _on_progress(self, sel: slice | np.ndarray, moved: np.ndarray, now: float) -> list[Finding]:
+        mask = np.zeros(len(self._ids), dtype=bool)
+        mask[sel] = moved
+        out = self._resolve_stall(now, reason="progress resumed")
+        return out + self._resolve_hangs(mask & self._hung, now, reason="progress resumed")
+
+    def _resolve_hangs(self, mask: np.ndarray, now: float, reason: str) -> list[Finding]:
+        out = []
+        for j in np.flatnonzero(mask):
+            self._hung[j] = False
+            out.append(Finding(kind="hang", step=int(max(self._last_step[j], 0)),
+                               ranks=(int(self._ids[j]),), severity="info", status="resolved",
+                               evidence={"reason": reason, "at_s": now}))
+        return out
+
+    def _resolve_stall(self, now: float, reason: str) -> list[Finding]:
+        if not self._stalled:
+            return []
+        self._stalled = False
+        act = self._active
+        step = int(self._last_step[act].max()) if act.any() else 0
+        return [Finding(kind="stall", step=max(step, 0), severity="info", status="resolved",
+                        evidence={"reason": reason, "at_s": now})]

@@ -1,0 +1,326 @@
+"""Straggler: one rank persistently slower than its peers.
+
+Synchronous training hides the straggler in ``step_time`` (every rank waits at the collective, so
+all ranks report nearly the same step time). The detector therefore reads, per value, the first
+source that can tell ranks apart:
+
+1. ``compute_time`` — the slow rank computes longest;
+2. ``step_time - comm_time`` — the compute part recovered from the wait asymmetry (the slow rank
+   waits least in the collective, so its ``comm_time`` is the smallest);
+3. ``step_time`` — only at steps where ranks are *not* synchronous, i.e. where the cross-rank
+   spread ``(max - min) / median`` of ``step_time`` exceeds ``sync_spread``.
+
+Maths, per step ``t`` and rank ``r`` (vectorised over ranks, sequential over steps):
+
+- ``ratio[t, r] = value[t, r] / peer_median[t]`` where the peer median and the robust spread
+  ``scale[t] = IQR / 1.349 / peer_median`` (floored at ``scale_floor``) come from a fixed,
+  id-ordered subset of at most ``max_reference_ranks`` ranks (a median of 512 peers is within
+  ~6 % of a noise sigma of the full median and costs a 512-element sort);
+- an upper CUSUM in noise units ``S = max(0, S + min((ratio - 1) / scale, z_clip) - cusum_k)``
+  gives persistence: a one-step hiccup adds at most ``z_clip - cusum_k``;
+- an EWMA ``level`` of ``ratio`` (``level_alpha``) measures magnitude.
+
+A rank fires when ``S >= cusum_h`` and its magnitude (the EWMA corrected for the steps since the
+CUSUM left zero, ``1 + (level - 1) / (1 - (1 - level_alpha) ** n)``) is at least ``min_ratio``;
+the onset is the first step of that CUSUM run. It resolves once ``level < resolve_ratio`` for
+``resolve_steps`` consecutive observations. Severity is ``critical`` from ``critical_ratio`` on,
+else ``warning``; ``score = (magnitude - min_ratio) / (critical_ratio - min_ratio)`` clipped to
+[0, 1]. The host is not known here (blocks are numeric); the service adds it from the rank.
+
+Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
+
+    >>> from detectors.simulate import simulate_run, Straggler
+    >>> run = simulate_run(n_steps=600, n_ranks=16, seed=1, faults=[Straggler(step=300, rank=5)])
+    >>> [(f.step, f.ranks, f.onset_step, f.evidence["ratio"]) for f in StragglerDetector().update(run.block)]
+    [(305, (5,), 300, 1.299)]
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from detectors.base import Detector
+from detectors.finding import Finding
+from detectors.frame import StepBlock
+
+SOURCES: tuple[str, ...] = ("compute_time", "comm_time", "step_time")
+
+
+class StragglerDetector(Detector):
+    """One rank persistently slower than its peers (kind ``straggler``); blames that rank."""
+
+    kind = "straggler"
+
+    def __init__(
+        self,
+        min_ratio: float = 1.05,
+        critical_ratio: float = 1.5,
+        cusum_k: float = 1.0,
+        cusum_h: float = 30.0,
+        z_clip: float = 6.0,
+        level_alpha: float = 0.1,
+        resolve_ratio: float = 1.025,
+        resolve_steps: int = 10,
+        warmup_steps: int = 10,
+        sync_spread: float = 0.02,
+        scale_floor: float = 0.005,
+        min_ranks: int = 4,
+        max_reference_ranks: int = 512,
+    ) -> None:
+        if not 1.0 < resolve_ratio < min_ratio < critical_ratio:
+            raise ValueError("need 1 < resolve_ratio < min_ratio < critical_ratio, got "
+                             f"{resolve_ratio}, {min_ratio}, {critical_ratio}")
+        if min_ranks < 3:
+            raise ValueError(f"min_ranks must be >= 3 (a median needs peers), got {min_ranks}")
+        self.min_ratio = min_ratio
+        self.critical_ratio = critical_ratio
+        self.cusum_k = cusum_k
+        self.cusum_h = cusum_h
+        self.z_clip = z_clip
+        self.level_alpha = level_alpha
+        self.resolve_ratio = resolve_ratio
+        self.resolve_steps = resolve_steps
+        self.warmup_steps = warmup_steps
+        self.sync_spread = sync_spread
+        self.scale_floor = scale_floor
+        self.min_ranks = min_ranks
+        self.max_reference_ranks = max_reference_ranks
+        super().__init__()
+
+    # ------------------------------------------------------------------------------ state
+    def _reset(self) -> None:
+        self._ids = np.zeros(0, dtype=np.int64)        # known rank ids, sorted
+        self._cusum = np.zeros(0)                      # S, noise units
+        self._level = np.ones(0)                       # EWMA of ratio to the peer median
+        self._run_start = np.zeros(0, dtype=np.int64)  # first step of the current CUSUM run
+        self._n_obs = np.zeros(0, dtype=np.int64)      # valid observations seen (warm-up)
+        self._firing = np.zeros(0, dtype=bool)
+        self._source = np.zeros(0, dtype=np.int8)      # index into SOURCES of the open finding
+        self._below = np.zeros(0, dtype=np.int64)      # consecutive observations under resolve
+        self._warm = True                              # every known rank is past warm-up
+
+    _ARRAYS = ("_ids", "_cusum", "_level", "_run_start", "_n_obs", "_firing", "_source", "_below")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name[1:]: getattr(self, name).tolist() for name in self._ARRAYS}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._reset()
+        for name in self._ARRAYS:
+            setattr(self, name, np.asarray(state[name[1:]], dtype=getattr(self, name).dtype))
+        self._warm = bool((self._n_obs >= self.warmup_steps).all())
+
+    def _grow(self, ids: np.ndarray, first_step: int) -> None:
+        """Add rank ids never seen before (rare: start-up and elastic growth)."""
+        merged = np.union1d(self._ids, ids)
+        old = np.searchsorted(merged, self._ids)
+        defaults = {"_cusum": 0.0, "_level": 1.0, "_run_start": first_step, "_n_obs": 0,
+                    "_firing": False, "_source": 0, "_below": 0}
+        for name, fill in defaults.items():
+            cur = getattr(self, name)
+            arr = np.full(len(merged), fill, dtype=cur.dtype)
+            arr[old] = cur
+            setattr(self, name, arr)
+        self._ids = merged
+        self._warm = bool((self._n_obs >= self.warmup_steps).all())
+
+    # ------------------------------------------------------------------------------ input
+    def _timings(self, block: StepBlock) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Per-value timing ``V`` (seconds), its validity mask and source index (None = all 0)."""
+        vals, pres = block.values, block.present
+        n, r = block.n_steps, block.n_ranks
+        if "compute_time" in vals:
+            v = vals["compute_time"]
+            ok = pres["compute_time"] & (v > 0) & np.isfinite(v)
+            if ok.all():
+                return v, ok, None          # the common, fast case
+        else:
+            v, ok = np.full((n, r), np.nan), np.zeros((n, r), dtype=bool)
+        v = v.copy()
+        src = np.zeros((n, r), dtype=np.int8)
+        st = vals.get("step_time")
+        if st is not None:
+            st_ok = pres["step_time"] & (st > 0) & np.isfinite(st)
+            if "comm_time" in vals:
+                comp = st - vals["comm_time"]
+                use = ~ok & st_ok & pres["comm_time"] & (comp > 0) & np.isfinite(comp)
+                v[use], src[use], ok = comp[use], 1, ok | use
+            rows = self._asynchronous_rows(np.where(st_ok, st, np.nan), st_ok)
+            use = ~ok & st_ok & rows[:, None]
+            v[use], src[use], ok = st[use], 2, ok | use
+        return v, ok, src
+
+    def _asynchronous_rows(self, st: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """Steps whose step_time spread ``(max - min) / median`` says ranks are not in lockstep."""
+        out = np.zeros(len(st), dtype=bool)
+        for i in range(len(st)):   # only reached without compute_time; steps, not ranks
+            row = st[i, ok[i]]
+            if len(row) >= self.min_ranks:
+                out[i] = (row.max() - row.min()) / np.median(row) > self.sync_spread
+        return out
+
+    def _reference(self, v: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-step peer median (s), relative robust scale, and whether the step is usable."""
+        r = v.shape[1]
+        m = self.max_reference_ranks
+        cols = slice(None) if r <= m else np.linspace(0, r - 1, m).astype(np.int64)
+        ref, ref_ok = v[:, cols], ok[:, cols]
+        n = len(v)
+        med, iqr, usable = np.ones(n), np.zeros(n), np.zeros(n, dtype=bool)
+        if ref_ok.all() and ref.shape[1] >= self.min_ranks:
+            s = np.sort(ref, axis=1)
+            med, iqr = _quantiles(s, s.shape[1])
+            usable[:] = True
+        else:
+            for i in range(n):   # rows with missing ranks: steps, not ranks
+                row = np.sort(ref[i, ref_ok[i]])
+                if len(row) >= self.min_ranks:
+                    mi, qi = _quantiles(row[None, :], len(row))
+                    med[i], iqr[i], usable[i] = mi[0], qi[0], True
+        scale = np.maximum(iqr / 1.349 / med, self.scale_floor)
+        return med, scale, usable
+
+    # ------------------------------------------------------------------------------ update
+    def update(self, block: StepBlock) -> list[Finding]:
+        if block.n_steps == 0 or block.n_ranks == 0:
+            return []
+        if block.n_ranks > 1 and not (np.diff(block.ranks) > 0).all():
+            block = block.take_ranks(np.argsort(block.ranks, kind="stable"))
+        if not (block.has("compute_time") or block.has("step_time")):
+            return []
+        ids = block.ranks
+        same = len(ids) == len(self._ids) and np.array_equal(ids, self._ids)
+        if not same and not np.isin(ids, self._ids, assume_unique=True).all():
+            self._grow(ids, int(block.steps[0]))
+            same = len(ids) == len(self._ids)
+        pos = None if same else np.searchsorted(self._ids, ids)
+
+        v, ok, src = self._timings(block)
+        med, scale, usable = self._reference(v, ok)
+        if not usable.all():
+            ok = ok & usable[:, None]
+        if not self._warm:
+            n_obs = self._n_obs if pos is None else self._n_obs[pos]
+            ok = ok & (n_obs + np.cumsum(ok, axis=0) > self.warmup_steps)
+        all_ok = bool(ok.all())
+
+        # z - k = ratio / scale - 1 / scale - k, clipped; missing values add nothing.
+        inv_med = 1.0 / med
+        y = v * (inv_med / scale)[:, None]
+        y += (-1.0 / scale - self.cusum_k)[:, None]
+        np.minimum(y, self.z_clip - self.cusum_k, out=y)
+        if not all_ok:
+            y[~ok] = 0.0
+            v = np.where(ok, v, 0.0)
+
+        get = (lambda a: a.copy()) if pos is None else (lambda a: a[pos])
+        cusum, level, run_start = get(self._cusum), get(self._level), get(self._run_start)
+        firing = get(self._firing)
+        start_cusum, start_level, start_run = cusum.copy(), level.copy(), run_start.copy()
+
+        n = block.n_steps
+        hist = np.empty((n, len(ids)))
+        a = self.level_alpha
+        for i in range(n):
+            np.add(cusum, y[i], out=hist[i])
+            np.maximum(hist[i], 0.0, out=hist[i])
+            cusum = hist[i]
+            # A run starts at the step after the last zero.
+            np.copyto(run_start, block.steps[i] + 1, where=cusum == 0.0)
+            step_ratio = v[i] * inv_med[i]
+            if all_ok:
+                level += a * (step_ratio - level)
+            else:
+                level += (a * ok[i]) * (step_ratio - level)
+
+        # Ranks with something to decide are replayed one by one (few: firing or past h).
+        busy = np.flatnonzero(firing | (hist.max(axis=0) >= self.cusum_h))
+        findings: list[Finding] = []
+        below = get(self._below)
+        source = get(self._source)
+        for j in busy:
+            col = _Column(cusum=float(start_cusum[j]), level=float(start_level[j]),
+                          run_start=int(start_run[j]), firing=bool(firing[j]),
+                          below=int(below[j]), source=int(source[j]))
+            findings += self._replay(col, int(ids[j]), block.steps, y[:, j], v[:, j], ok[:, j],
+                                     inv_med, med, None if src is None else src[:, j])
+            cusum[j], level[j], run_start[j] = col.cusum, col.level, col.run_start
+            firing[j], below[j], source[j] = col.firing, col.below, col.source
+
+        put_n_obs = ok.sum(axis=0)
+        if pos is None:
+            self._cusum, self._level, self._run_start = cusum.copy(), level, run_start
+            self._firing, self._below, self._source = firing, below, source
+            self._n_obs = self._n_obs + put_n_obs
+        else:
+            self._cusum[pos], self._level[pos], self._run_start[pos] = cusum, level, run_start
+            self._firing[pos], self._below[pos], self._source[pos] = firing, below, source
+            self._n_obs[pos] += put_n_obs
+        if not self._warm:
+            self._warm = bool((self._n_obs >= self.warmup_steps).all())
+        findings.sort(key=lambda f: (f.step, f.ranks))
+        return findings
+
+    def _replay(self, col: "_Column", rank: int, steps: np.ndarray, y: np.ndarray, v: np.ndarray,
+                ok: np.ndarray, inv_med: np.ndarray, med: np.ndarray,
+                src: np.ndarray | None) -> list[Finding]:
+        """The per-rank state machine over one block column (same arithmetic as the fast path)."""
+        out: list[Finding] = []
+        a = self.level_alpha
+        for i in range(len(steps)):
+            step = int(steps[i])
+            col.cusum = max(col.cusum + float(y[i]), 0.0)
+            if col.cusum == 0.0:
+                col.run_start = step + 1
+            if not ok[i]:
+                continue
+            ratio = float(v[i] * inv_med[i])
+            col.level += a * (ratio - col.level)
+            if col.firing:
+                col.below = col.below + 1 if col.level < self.resolve_ratio else 0
+                if col.below >= self.resolve_steps:
+                    out.append(Finding(
+                        kind=self.kind, step=step, ranks=(rank,), severity="info", score=0.0,
+                        metric=SOURCES[col.source], status="resolved",
+                        evidence={"level": round(col.level, 4), "resolve_ratio": self.resolve_ratio,
+                                  "below_steps": col.below}))
+                    col.firing, col.below, col.cusum, col.run_start = False, 0, 0.0, step + 1
+                continue
+            if col.cusum < self.cusum_h:
+                continue
+            n_run = max(1, step - col.run_start + 1)
+            magnitude = 1.0 + (col.level - 1.0) / (1.0 - (1.0 - a) ** n_run)
+            if magnitude < self.min_ratio:
+                continue
+            col.firing, col.below = True, 0
+            col.source = 0 if src is None else int(src[i])
+            score = min(1.0, max(0.0, (magnitude - self.min_ratio)
+                                 / (self.critical_ratio - self.min_ratio)))
+            out.append(Finding(
+                kind=self.kind, step=step, ranks=(rank,),
+                severity="critical" if magnitude >= self.critical_ratio else "warning",
+                score=round(score, 4), metric=SOURCES[col.source], onset_step=col.run_start,
+                evidence={"ratio": round(magnitude, 4), "level": round(col.level, 4),
+                          "value_s": float(v[i]), "peer_median_s": float(med[i]),
+                          "source": SOURCES[col.source], "cusum": round(col.cusum, 2),
+                          "steps_since_onset": n_run}))
+        return out
+
+
+class _Column:
+    """One rank's scalar state while it is replayed."""
+    __slots__ = ("cusum", "level", "run_start", "firing", "below", "source")
+
+    def __init__(self, cusum: float, level: float, run_start: int, firing: bool, below: int,
+                 source: int) -> None:
+        self.cusum, self.level, self.run_start = cusum, level, run_start
+        self.firing, self.below, self.source = firing, below, source
+
+
+def _quantiles(sorted_rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Median and inter-quartile range of each row of an ascending-sorted ``(n, m)`` array."""
+    lo, hi = (m - 1) // 2, m // 2
+    med = 0.5 * (sorted_rows[:, lo] + sorted_rows[:, hi])
+    iqr = sorted_rows[:, (3 * (m - 1)) // 4] - sorted_rows[:, (m - 1) // 4]
+    return med, iqr
