@@ -20,8 +20,9 @@ from fastapi.responses import JSONResponse
 
 from healthsvc.body_limit import BodyLimitMiddleware
 from healthsvc.errors import HealthsvcError
+from healthsvc.findings import FindingsService
 from healthsvc.observability import ServiceMetrics
-from healthsvc.routers import ingest, ops, runs
+from healthsvc.routers import findings, ingest, ops, runs
 from healthsvc.runs import RunSummaries
 from healthsvc.schemas import MetricsColumnar, MetricsRows
 from healthsvc.settings import Settings
@@ -31,7 +32,7 @@ log = logging.getLogger("healthsvc")
 
 Hook = Callable[[], Any | Awaitable[Any]]
 
-# Modules with an ``install(app, ctx)``; a missing module is skipped so the foundation runs alone.
+# Modules with an ``install(app, ctx)``, installed in this order.
 FEATURES: list[str] = []
 
 
@@ -42,6 +43,7 @@ class ServiceContext:
     store: SQLiteStore
     metrics: ServiceMetrics
     summaries: RunSummaries
+    findings: FindingsService
     clock: Callable[[], float] = time.time
     on_startup: list[Hook] = field(default_factory=list)   # run after the store opens, in order
     on_shutdown: list[Hook] = field(default_factory=list)  # run before the store closes, in reverse
@@ -57,7 +59,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
     settings = settings or Settings()
     store = SQLiteStore(settings.db, snapshot_every_s=settings.snapshot_every_s, clock=clock)
     metrics = ServiceMetrics(store.size_bytes)
-    ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store), clock=clock)
+    ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store),
+                         findings=FindingsService(store, clock), clock=clock)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -93,7 +96,9 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
     _install_error_handlers(app)
     app.include_router(ingest.router)
     app.include_router(runs.router)
+    app.include_router(findings.router)
     app.include_router(ops.router)
+    ctx.summaries.add_contributor(ctx.findings.summary)
     for name in FEATURES:
         importlib.import_module(name).install(app, ctx)
     _install_openapi(app)

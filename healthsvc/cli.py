@@ -7,6 +7,9 @@ import sys
 
 COMMANDS: dict[str, "tuple[str, callable, callable]"] = {}
 
+# Modules that register more subcommands with @command on import (a feature's CLI lives with it).
+CLI_MODULES: list[str] = []
+
 
 def command(name: str, help_text: str):
     """Register ``add_arguments(parser)`` + ``run(args) -> int`` under a subcommand name."""
@@ -49,12 +52,8 @@ command("serve", "run the service")(serve)
 def _load_commands() -> None:
     """Feature modules register their subcommands on import."""
     import importlib
-    for name in ("healthsvc.cli_tools",):
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
+    for name in CLI_MODULES:
+        importlib.import_module(name)
 
 
 def main(argv: list[str] | None = None) -> int:

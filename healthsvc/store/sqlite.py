@@ -75,6 +75,7 @@ class SQLiteStore:
         self._local = threading.local()
         self._writer: GroupCommitWriter | None = None
         self._write_conn: sqlite3.Connection | None = None
+        self._schemas: list[str] = [SCHEMA]
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
@@ -84,7 +85,8 @@ class SQLiteStore:
         parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, exist_ok=True)
         conn = self._connect()
-        conn.executescript(SCHEMA)
+        for script in self._schemas:
+            conn.executescript(script)
         self._write_conn = conn
         self._load_run_states(conn)
         self._writer = GroupCommitWriter(conn, after_commit=self._notify)
@@ -109,6 +111,12 @@ class SQLiteStore:
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA busy_timeout=30000")
         return conn
+
+    def register_schema(self, script: str) -> None:
+        """Idempotent DDL (CREATE ... IF NOT EXISTS) of a feature's tables; call before open()."""
+        if self._writer is not None:
+            raise RuntimeError("register_schema() must be called before the store opens")
+        self._schemas.append(script)
 
     def read_conn(self) -> sqlite3.Connection:
         """A connection owned by the calling thread, for reads."""
