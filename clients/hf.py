@@ -1,0 +1,155 @@
+"""Hugging Face ``Trainer`` integration: every rank's own loss at every optimizer step.
+
+The Trainer's ``on_log`` is no use for health: it fires every ``logging_steps``, reports the loss
+averaged over ranks (and over the steps since the last log), and with ``logging_nan_inf_filter``
+(on by default) replaces a NaN/Inf loss by the running average, which hides exactly what this
+service looks for. So ``attach(trainer, ...)`` does two small things besides adding a callback:
+
+- it wraps ``trainer.training_step`` on that instance. Its return value is this rank's micro-batch
+  loss, detached, already scaled for gradient accumulation (the sum over the micro-batches of a step
+  is the step's loss), before any cross-rank averaging or NaN filtering: exactly the per-rank
+  per-step loss. Chosen over overriding ``compute_loss`` because the Trainer scales the loss for
+  accumulation after ``compute_loss`` returns, in version-dependent ways; ``training_step`` has
+  done that already.
+- it wraps ``trainer.accelerator.clip_grad_norm_``, through which the Trainer computes the global
+  gradient norm (before clipping, or with ``max_norm=inf`` when clipping is off), to report
+  ``grad_norm`` without a second pass over the gradients.
+
+The callback (``HealthCallback``) then logs, at ``on_step_end``, with ``step = state.global_step``
+(1 after the first update, the number in the Trainer's ``checkpoint-N`` directories, so a
+checkpoint at step N holds the state after the update of step N): ``loss``, ``grad_norm``, ``lr``,
+``step_time``, ``data_time`` (previous step end to this step's begin) and ``compute_time`` (time in
+``training_step``: forward and backward, including the all-reduce DDP overlaps with backward). On
+rank 0, ``on_save`` registers ``{output_dir}/checkpoint-{N}``.
+
+Usage::
+
+    from clients.hf import attach
+    trainer = Trainer(model=model, args=args, train_dataset=ds)
+    attach(trainer, "http://healthsvc:8000", run_id="exp-42")
+    trainer.train()
+
+Importing this module is cheap; ``transformers`` is imported when ``attach`` or ``HealthCallback``
+is first used.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+_cache: dict[str, type] = {}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HealthCallback":
+        if name not in _cache:
+            _cache[name] = _build_callback_class()
+        return _cache[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def attach(trainer: Any, url: str | None = None, run_id: str | None = None, *, run: Any = None,
+           **run_options: Any) -> Any:
+    """Instrument ``trainer`` (see the module docstring) and add a ``HealthCallback``; returns it.
+
+    Pass ``run=`` to reuse a ``clients.Run``, or ``url``/``run_id`` (plus ``Run`` options) to create
+    one per rank with ``rank=args.process_index`` and ``world_size=args.world_size``.
+    """
+    callback = __getattr__("HealthCallback")(url, run_id, run=run, **run_options)
+    original_step = trainer.training_step
+
+    def training_step(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        loss = original_step(*args, **kwargs)
+        callback._compute_s += time.perf_counter() - start
+        callback._micro_losses.append(loss.detach() if hasattr(loss, "detach") else loss)
+        return loss
+
+    trainer.training_step = training_step
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is not None:
+        original_clip = accelerator.clip_grad_norm_
+
+        def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+            norm = original_clip(*args, **kwargs)
+            callback._grad_norm = norm.detach() if hasattr(norm, "detach") else norm
+            return norm
+
+        accelerator.clip_grad_norm_ = clip_grad_norm_
+    trainer.add_callback(callback)
+    return callback
+
+
+def _build_callback_class() -> type:
+    from transformers import TrainerCallback
+
+    from clients.client import Run
+
+    class HealthCallback(TrainerCallback):
+        """Per-rank step records for a ``Trainer`` instrumented by ``attach`` (which feeds it the
+        micro-batch losses and the gradient norm). Used alone, it reports timings and lr only."""
+
+        def __init__(self, url: str | None = None, run_id: str | None = None, *, run: Run | None = None,
+                     finish_on_end: bool = True, **run_options: Any) -> None:
+            self.url, self.run_id = url, run_id
+            self.run = run
+            self.finish_on_end = finish_on_end
+            self._run_options = run_options
+            self._owns_run = run is None
+            self._micro_losses: list[Any] = []
+            self._grad_norm: Any = None
+            self._compute_s = 0.0
+            self._step_begin_s: float | None = None
+            self._last_end_s: float | None = None
+            self._data_s = 0.0
+
+        def __repr__(self) -> str:
+            return f"HealthCallback(run={self.run!r})"
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.run is None:
+                self.run = Run(self.url, self.run_id or "", args.process_index,
+                               world_size=args.world_size, **self._run_options)
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            now = time.perf_counter()
+            self._data_s = 0.0 if self._last_end_s is None else now - self._last_end_s
+            self._step_begin_s = now
+            if self.run is not None:
+                self.run.set_phase("compute", step=state.global_step + 1)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            now = time.perf_counter()
+            record: dict[str, Any] = {}
+            if self._micro_losses:
+                import torch
+
+                losses = self._micro_losses
+                record["loss"] = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+            if self._grad_norm is not None:
+                record["grad_norm"] = self._grad_norm
+            optimizer = kwargs.get("optimizer")
+            if optimizer is not None:
+                record["lr"] = optimizer.param_groups[0]["lr"]
+            begin = self._step_begin_s if self._step_begin_s is not None else now
+            record.update(step_time=(now - begin) + self._data_s, data_time=self._data_s,
+                          compute_time=self._compute_s)
+            if self.run is not None:
+                self.run.log(record, step=state.global_step)
+                self.run.set_phase("data")
+            self._micro_losses = []
+            self._grad_norm = None
+            self._compute_s = 0.0
+            self._last_end_s = now
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.run is not None and state.is_world_process_zero:
+                uri = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+                self.run.checkpoint(state.global_step, uri)
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.run is not None and self._owns_run and self.finish_on_end:
+                self.run.finish()
+
+    return HealthCallback

@@ -1,0 +1,146 @@
+"""PyTorch Lightning integration: a ``Callback`` that reports every rank's own loss, every step.
+
+Lightning's loggers run on rank 0 and see ``self.log(..., sync_dist=True)`` averages; a NaN or a
+straggler on rank 5 is invisible there. This callback runs on every rank and pushes that rank's
+record (``loss`` of its own micro-batch, the global ``grad_norm`` the optimizer sees before
+clipping, ``lr``, ``step_time``, ``data_time``, ``compute_time``) through ``clients.Run``.
+
+Usage::
+
+    from clients.lightning import HealthCallback
+    trainer = L.Trainer(callbacks=[HealthCallback("http://healthsvc:8000", run_id="exp-42")], ...)
+
+Steps: ``step`` is ``trainer.global_step`` before the optimizer update, so it starts at 0 and a
+checkpoint saved after N updates holds the state after the update of step N-1. With gradient
+accumulation the loss is the mean over the micro-batches of the step. ``compute_time`` includes the
+gradient all-reduce, which DDP overlaps with backward; use ``clients.timing.StepTimer`` in a plain
+loop when you need ``comm_time``. Checkpoints are not registered automatically (Lightning does
+not tell a callback where the file landed): call ``callback.run.checkpoint(step, uri)`` after
+saving, from rank 0.
+
+Importing this module is cheap; ``lightning`` (or ``pytorch_lightning``) is imported the first time
+``HealthCallback`` is used.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+_cache: dict[str, type] = {}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HealthCallback":
+        if name not in _cache:
+            _cache[name] = _build_callback_class()
+        return _cache[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _lightning_callback_base() -> type:
+    try:
+        from lightning.pytorch.callbacks import Callback
+    except ImportError:  # the older standalone package
+        from pytorch_lightning.callbacks import Callback
+    return Callback
+
+
+def grad_total_norm(parameters: Any) -> Any:
+    """L2 norm over all gradients as a 0-d tensor (no host sync; the sender thread converts it)."""
+    import torch
+
+    grads = [p.grad.detach() for p in parameters if p.grad is not None]
+    if not grads:
+        return None
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+
+def _build_callback_class() -> type:
+    Callback = _lightning_callback_base()
+    from clients.client import Run
+
+    class HealthCallback(Callback):
+        """Per-rank health reporting. Pass ``run=`` to reuse a ``clients.Run`` you created, or
+        ``url``/``run_id`` (plus any ``Run`` option) to let the callback create one per rank at
+        ``setup``, with ``rank=trainer.global_rank`` and ``world_size=trainer.world_size``."""
+
+        def __init__(self, url: str | None = None, run_id: str | None = None, *, run: Run | None = None,
+                     log_grad_norm: bool = True, finish_on_end: bool = True, **run_options: Any) -> None:
+            super().__init__()
+            self.url, self.run_id = url, run_id
+            self.run = run
+            self.log_grad_norm = log_grad_norm
+            self.finish_on_end = finish_on_end
+            self._run_options = run_options
+            self._owns_run = run is None
+            self._last_end_s: float | None = None
+            self._reset_step()
+
+        def __repr__(self) -> str:
+            return f"HealthCallback(run={self.run!r})"
+
+        def _reset_step(self) -> None:
+            self._step_start_s: float | None = None
+            self._data_s = 0.0
+            self._losses: list[Any] = []
+            self._grad_norm: Any = None
+
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            if self.run is None:
+                self.run = Run(self.url, self.run_id or "", trainer.global_rank,
+                               world_size=trainer.world_size, **self._run_options)
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            now = time.perf_counter()
+            if self._step_start_s is None:
+                self._step_start_s = now if self._last_end_s is None else self._last_end_s
+                self._global_step_at_start = trainer.global_step
+            if self._last_end_s is not None:
+                self._data_s += now - self._last_end_s
+            if self.run is not None:
+                self.run.set_phase("compute", step=trainer.global_step)
+
+        def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+            # Called after the gradients are accumulated (and all-reduced) and before clipping.
+            if self.log_grad_norm:
+                self._grad_norm = grad_total_norm(pl_module.parameters())
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
+            now = time.perf_counter()
+            self._last_end_s = now
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if loss is not None and hasattr(loss, "detach"):
+                self._losses.append(loss.detach())
+            if trainer.global_step == self._global_step_at_start:
+                return  # accumulating: the optimizer has not stepped yet
+            run = self.run
+            if run is not None:
+                record: dict[str, Any] = {}
+                if self._losses:
+                    import torch
+
+                    record["loss"] = (self._losses[0] if len(self._losses) == 1
+                                      else torch.stack(self._losses).float().mean())
+                if self._grad_norm is not None:
+                    record["grad_norm"] = self._grad_norm
+                if trainer.optimizers:
+                    record["lr"] = trainer.optimizers[0].param_groups[0]["lr"]
+                step_time = now - (self._step_start_s or now)
+                record.update(step_time=step_time, data_time=self._data_s,
+                              compute_time=max(0.0, step_time - self._data_s))
+                run.log(record, step=self._global_step_at_start)
+                run.set_phase("data")
+            self._reset_step()
+
+        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+            if self.run is not None:
+                self.run.alert(f"training raised {type(exception).__name__}: {exception}",
+                               severity="critical", step=trainer.global_step)
+                self.run.flush(5.0)
+
+        def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+            if self.run is not None and self._owns_run and self.finish_on_end:
+                self.run.finish()
+
+    return HealthCallback
