@@ -11,7 +11,8 @@ EXISTS`` in the service's SQLite file, next to the service store's own tables):
 - ``alert_records``: small JSON records the alert manager must keep across restarts (alerts,
   silences, API subscriptions, the notification log), keyed by ``(kind, key)``.
 
-A restart loses nothing: pending rows are read back and sent by the next worker. One delivery
+Over the service store, every write is a job of the store's single writer (group commit); the
+call returns once it is durable. A restart loses nothing: pending rows are read back and sent by the next worker. One delivery
 worker per database is assumed (in-flight rows are tracked in the worker's memory, not leased).
 
 Example::
@@ -28,10 +29,21 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal, Protocol, TypeVar
 
 from healthsvc.alerting.formats import jsonable
 from healthsvc.alerting.signing import generate_message_id
+
+T = TypeVar("T")
+
+
+class StoreLike(Protocol):
+    """The part of the service store the outbox uses (see ``healthsvc.store.sqlite``)."""
+
+    def write(self, job: Callable[[sqlite3.Connection], Any]) -> Any: ...
+    def read_conn(self) -> sqlite3.Connection: ...
+    def register_schema(self, script: str) -> None: ...
+
 
 DeliveryState = Literal["pending", "delivered", "failed", "dead", "cancelled"]
 DELIVERY_STATES: tuple[str, ...] = ("pending", "delivered", "failed", "dead", "cancelled")
@@ -107,24 +119,54 @@ class Delivery:
 
 
 class Outbox:
-    """The outbox over a SQLite file (or an open connection; a path is preferred, so the outbox
-    commits on its own connection without mixing into the store's transactions)."""
+    """The outbox over one of:
 
-    def __init__(self, db: str | Path | sqlite3.Connection) -> None:
-        if isinstance(db, sqlite3.Connection):
-            self._conn = db
-        else:
-            self._conn = sqlite3.connect(str(db), check_same_thread=False, timeout=10.0)
-            if str(db) != ":memory:":
-                self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
+    - a SQLite path (or ``":memory:"``): the outbox opens and owns its connection (tests, tools);
+    - the service store (any object with ``write(job) -> Future`` running ``job(conn)`` in its
+      single writer's transaction, ``read_conn()`` and ``register_schema(sql)``): every write goes
+      through the store's writer and is durable when the call returns. Construct it before the
+      store opens (the schema is registered then); use it after.
+    """
+
+    def __init__(self, db: "str | Path | StoreLike") -> None:
         self._lock = threading.RLock()
-        with self._lock, self._conn:
-            self._conn.executescript(_SCHEMA)
+        self._store: StoreLike | None = None
+        self._conn: sqlite3.Connection | None = None
+        if hasattr(db, "write") and hasattr(db, "read_conn"):
+            self._store = db  # type: ignore[assignment]
+            db.register_schema(_SCHEMA)  # type: ignore[union-attr]
+            return
+        self._conn = sqlite3.connect(str(db), check_same_thread=False, timeout=30.0, isolation_level=None)
+        if str(db) != ":memory:":
+            self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA busy_timeout=30000")
+        self._conn.executescript(_SCHEMA)
 
     def close(self) -> None:
+        if self._conn is not None:
+            with self._lock:
+                self._conn.close()
+
+    def _write(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        if self._store is not None:
+            return self._store.write(job).result(timeout=60)
         with self._lock:
-            self._conn.close()
+            assert self._conn is not None
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = job(self._conn)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+            return result
+
+    def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
+        if self._store is not None:
+            return self._store.read_conn().execute(sql, args).fetchall()
+        with self._lock:
+            assert self._conn is not None
+            return self._conn.execute(sql, args).fetchall()
 
     # -- deliveries ---------------------------------------------------------------------------
 
@@ -135,53 +177,40 @@ class Outbox:
     ) -> str:
         """Store a delivery, due at once; returns its ``webhook_id``. Durable when this returns."""
         webhook_id = webhook_id or generate_message_id()
-        with self._lock, self._conn:
-            self._conn.execute(
+        self._write(lambda conn: conn.execute(
                 "INSERT INTO alert_outbox (webhook_id, subscription_id, url, secret, content_type,"
                 " body, group_key, reason, state, created_at, next_attempt_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-                (webhook_id, subscription_id, url, secret, content_type, body, group_key, reason, now, now),
-            )
+                (webhook_id, subscription_id, url, secret, content_type, body, group_key, reason, now, now)))
         return webhook_id
 
     def due(self, now: float, limit: int = 32, exclude: Iterable[str] = ()) -> list[Delivery]:
         """Pending deliveries whose next attempt is due, oldest first."""
         exclude = set(exclude)
-        with self._lock:
-            rows = self._conn.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox WHERE state = 'pending'"
-                " AND next_attempt_at <= ? ORDER BY next_attempt_at, seq LIMIT ?",
-                (now, limit + len(exclude)),
-            ).fetchall()
+        rows = self._read(
+            f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox WHERE state = 'pending'"
+            " AND next_attempt_at <= ? ORDER BY next_attempt_at, seq LIMIT ?", (now, limit + len(exclude)))
         out = [_delivery(r) for r in rows]
         return [d for d in out if d.webhook_id not in exclude][:limit]
 
     def next_due_at(self) -> float | None:
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT MIN(next_attempt_at) FROM alert_outbox WHERE state = 'pending'").fetchone()
-        return row[0]
+        return self._read("SELECT MIN(next_attempt_at) FROM alert_outbox WHERE state = 'pending'")[0][0]
 
     def record_attempt(
         self, webhook_id: str, now: float, *, state: DeliveryState, status: int | None,
         error: str | None, next_attempt_at: float | None = None,
     ) -> None:
         """Write the outcome of one attempt (``state="pending"`` with ``next_attempt_at`` = retry)."""
-        with self._lock, self._conn:
-            self._conn.execute(
+        self._write(lambda conn: conn.execute(
                 "UPDATE alert_outbox SET state = ?, attempts = attempts + 1, last_attempt_at = ?,"
                 " last_status = ?, last_error = ?, next_attempt_at = COALESCE(?, next_attempt_at),"
                 " delivered_at = CASE WHEN ? = 'delivered' THEN ? ELSE delivered_at END"
                 " WHERE webhook_id = ?",
-                (state, now, status, error, next_attempt_at, state, now, webhook_id),
-            )
+                (state, now, status, error, next_attempt_at, state, now, webhook_id)))
 
     def get(self, webhook_id: str) -> Delivery | None:
-        with self._lock:
-            row = self._conn.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox WHERE webhook_id = ?", (webhook_id,)
-            ).fetchone()
-        return _delivery(row) if row else None
+        rows = self._read(f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox WHERE webhook_id = ?", (webhook_id,))
+        return _delivery(rows[0]) if rows else None
 
     def deliveries(
         self, subscription_id: str | None = None, state: str | None = None, limit: int = 100,
@@ -197,8 +226,7 @@ class Outbox:
         sql = f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        with self._lock:
-            rows = self._conn.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
+        rows = self._read(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit))
         return [_delivery(r) for r in rows]
 
     def dead_letters(self, subscription_id: str | None = None, limit: int = 100) -> list[Delivery]:
@@ -210,49 +238,39 @@ class Outbox:
         args: tuple = ()
         if subscription_id is not None:
             sql, args = sql + " WHERE subscription_id = ?", (subscription_id,)
-        with self._lock:
-            rows = self._conn.execute(sql + " GROUP BY state", args).fetchall()
+        rows = self._read(sql + " GROUP BY state", args)
         counts = dict.fromkeys(DELIVERY_STATES, 0)
         counts.update({s: n for s, n in rows})
         return counts
 
     def cancel_pending(self, subscription_id: str, now: float) -> int:
         """Stop delivering to a deleted subscription; returns how many were cancelled."""
-        with self._lock, self._conn:
-            cur = self._conn.execute(
-                "UPDATE alert_outbox SET state = 'cancelled', last_error = 'subscription deleted',"
-                " last_attempt_at = COALESCE(last_attempt_at, ?)"
-                " WHERE subscription_id = ? AND state = 'pending'", (now, subscription_id))
-        return cur.rowcount
+        return self._write(lambda conn: conn.execute(
+            "UPDATE alert_outbox SET state = 'cancelled', last_error = 'subscription deleted',"
+            " last_attempt_at = COALESCE(last_attempt_at, ?)"
+            " WHERE subscription_id = ? AND state = 'pending'", (now, subscription_id)).rowcount)
 
     def redeliver(self, webhook_id: str, now: float) -> bool:
         """Put a dead or failed delivery back in the queue (same ``webhook_id``, fresh max age)."""
-        with self._lock, self._conn:
-            cur = self._conn.execute(
-                "UPDATE alert_outbox SET state = 'pending', next_attempt_at = ?, created_at = ?"
-                " WHERE webhook_id = ? AND state IN ('dead', 'failed')", (now, now, webhook_id))
-        return cur.rowcount == 1
+        return self._write(lambda conn: conn.execute(
+            "UPDATE alert_outbox SET state = 'pending', next_attempt_at = ?, created_at = ?"
+            " WHERE webhook_id = ? AND state IN ('dead', 'failed')", (now, now, webhook_id)).rowcount) == 1
 
     # -- records ------------------------------------------------------------------------------
 
     def put_record(self, kind: str, key: str, value: dict[str, Any], now: float) -> None:
-        with self._lock, self._conn:
-            self._conn.execute(
-                "INSERT INTO alert_records (kind, key, value, updated_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value,"
-                " updated_at = excluded.updated_at",
-                (kind, key, json.dumps(jsonable(value), allow_nan=False), now),
-            )
+        text = json.dumps(jsonable(value), allow_nan=False)
+        self._write(lambda conn: conn.execute(
+            "INSERT INTO alert_records (kind, key, value, updated_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+            (kind, key, text, now)))
 
     def delete_record(self, kind: str, key: str) -> bool:
-        with self._lock, self._conn:
-            cur = self._conn.execute("DELETE FROM alert_records WHERE kind = ? AND key = ?", (kind, key))
-        return cur.rowcount == 1
+        return self._write(lambda conn: conn.execute(
+            "DELETE FROM alert_records WHERE kind = ? AND key = ?", (kind, key)).rowcount) == 1
 
     def records(self, kind: str) -> dict[str, dict[str, Any]]:
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT key, value FROM alert_records WHERE kind = ? ORDER BY key", (kind,)).fetchall()
+        rows = self._read("SELECT key, value FROM alert_records WHERE kind = ? ORDER BY key", (kind,))
         return {k: json.loads(v) for k, v in rows}
 
 
