@@ -18,13 +18,16 @@ Maths, per step ``t`` and rank ``r`` (vectorised over ranks, sequential over ste
   ~6 % of a noise sigma of the full median and costs a 512-element sort);
 - an upper CUSUM in noise units ``S = max(0, S + min((ratio - 1) / scale, z_clip) - cusum_k)``
   gives persistence: a one-step hiccup adds at most ``z_clip - cusum_k``;
-- an EWMA ``level`` of ``ratio`` (``level_alpha``) measures magnitude.
+- ``level``: the mean of ``ratio`` since the CUSUM last left zero, turning into an EWMA over
+  about ``level_window`` steps for long runs (step weight ``1 / min(steps since onset,
+  level_window)``), measures the magnitude: exact for a fresh straggler, and a rank that is
+  persistently just under ``min_ratio`` never drifts over it by noise.
 
-A rank fires when ``S >= cusum_h`` and its magnitude (the EWMA corrected for the steps since the
-CUSUM left zero, ``1 + (level - 1) / (1 - (1 - level_alpha) ** n)``) is at least ``min_ratio``;
-the onset is the first step of that CUSUM run. It resolves once ``level < resolve_ratio`` for
-``resolve_steps`` consecutive observations. Severity is ``critical`` from ``critical_ratio`` on,
-else ``warning``; ``score = (magnitude - min_ratio) / (critical_ratio - min_ratio)`` clipped to
+A rank fires when ``S >= cusum_h`` and ``level >= min_ratio``; the onset is the first step of
+that CUSUM run. While it fires, a fast EWMA of ``ratio`` (``resolve_alpha``) follows recovery: it
+resolves once that EWMA stays under ``resolve_ratio`` for ``resolve_steps`` consecutive
+observations. Severity is ``critical`` from ``critical_ratio`` on, else ``warning``;
+``score = (level - min_ratio) / (critical_ratio - min_ratio)`` clipped to
 [0, 1]. The host is not known here (blocks are numeric); the service adds it from the rank.
 
 Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
@@ -32,7 +35,7 @@ Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
     >>> from detectors.simulate import simulate_run, Straggler
     >>> run = simulate_run(n_steps=600, n_ranks=16, seed=1, faults=[Straggler(step=300, rank=5)])
     >>> [(f.step, f.ranks, f.onset_step, f.evidence["ratio"]) for f in StragglerDetector().update(run.block)]
-    [(305, (5,), 300, 1.299)]
+    [(305, (5,), 300, 1.2998)]
 """
 from __future__ import annotations
 
@@ -59,7 +62,8 @@ class StragglerDetector(Detector):
         cusum_k: float = 1.0,
         cusum_h: float = 30.0,
         z_clip: float = 6.0,
-        level_alpha: float = 0.1,
+        level_window: int = 100,
+        resolve_alpha: float = 0.1,
         resolve_ratio: float = 1.025,
         resolve_steps: int = 10,
         warmup_steps: int = 10,
@@ -78,7 +82,8 @@ class StragglerDetector(Detector):
         self.cusum_k = cusum_k
         self.cusum_h = cusum_h
         self.z_clip = z_clip
-        self.level_alpha = level_alpha
+        self.level_window = level_window
+        self.resolve_alpha = resolve_alpha
         self.resolve_ratio = resolve_ratio
         self.resolve_steps = resolve_steps
         self.warmup_steps = warmup_steps
@@ -92,7 +97,8 @@ class StragglerDetector(Detector):
     def _reset(self) -> None:
         self._ids = np.zeros(0, dtype=np.int64)        # known rank ids, sorted
         self._cusum = np.zeros(0)                      # S, noise units
-        self._level = np.ones(0)                       # EWMA of ratio to the peer median
+        self._level = np.ones(0)                       # mean ratio to the peer median in the run
+        self._recent = np.ones(0)                      # fast EWMA of ratio, firing ranks only
         self._run_start = np.zeros(0, dtype=np.int64)  # first step of the current CUSUM run
         self._n_obs = np.zeros(0, dtype=np.int64)      # valid observations seen (warm-up)
         self._firing = np.zeros(0, dtype=bool)
@@ -100,7 +106,8 @@ class StragglerDetector(Detector):
         self._below = np.zeros(0, dtype=np.int64)      # consecutive observations under resolve
         self._warm = True                              # every known rank is past warm-up
 
-    _ARRAYS = ("_ids", "_cusum", "_level", "_run_start", "_n_obs", "_firing", "_source", "_below")
+    _ARRAYS = ("_ids", "_cusum", "_level", "_recent", "_run_start", "_n_obs", "_firing",
+               "_source", "_below")
 
     def state_dict(self) -> dict[str, Any]:
         return {name[1:]: getattr(self, name).tolist() for name in self._ARRAYS}
@@ -115,7 +122,7 @@ class StragglerDetector(Detector):
         """Add rank ids never seen before (rare: start-up and elastic growth)."""
         merged = np.union1d(self._ids, ids)
         old = np.searchsorted(merged, self._ids)
-        defaults = {"_cusum": 0.0, "_level": 1.0, "_run_start": first_step, "_n_obs": 0,
+        defaults = {"_cusum": 0.0, "_level": 1.0, "_recent": 1.0, "_run_start": first_step, "_n_obs": 0,
                     "_firing": False, "_source": 0, "_below": 0}
         for name, fill in defaults.items():
             cur = getattr(self, name)
@@ -127,28 +134,34 @@ class StragglerDetector(Detector):
 
     # ------------------------------------------------------------------------------ input
     def _timings(self, block: StepBlock) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Per-value timing ``V`` (seconds), its validity mask and source index (None = all 0)."""
+        """Per-value timing ``V`` (seconds), its validity mask, and each step's source index.
+
+        One source per step, so every rank is compared with peers measured the same way
+        (``step_time - comm_time`` also holds the data wait; mixing it with ``compute_time``
+        would make the ranks that lack ``compute_time`` look slow). ``None`` = all compute_time.
+        """
         vals, pres = block.values, block.present
         n, r = block.n_steps, block.n_ranks
+        v, ok = np.full((n, r), np.nan), np.zeros((n, r), dtype=bool)
+        src = np.zeros(n, dtype=np.int8)
+        todo = np.ones(n, dtype=bool)   # steps still without a source
         if "compute_time" in vals:
-            v = vals["compute_time"]
-            ok = pres["compute_time"] & (v > 0) & np.isfinite(v)
-            if ok.all():
-                return v, ok, None          # the common, fast case
-        else:
-            v, ok = np.full((n, r), np.nan), np.zeros((n, r), dtype=bool)
-        v = v.copy()
-        src = np.zeros((n, r), dtype=np.int8)
+            c = vals["compute_time"]
+            c_ok = pres["compute_time"] & (c > 0) & np.isfinite(c)
+            if c_ok.all():
+                return c, c_ok, None    # the common, fast case
+            rows = c_ok.sum(axis=1) >= self.min_ranks
+            v[rows], ok[rows], todo = c[rows], c_ok[rows], ~rows
         st = vals.get("step_time")
-        if st is not None:
+        if st is not None and todo.any():
             st_ok = pres["step_time"] & (st > 0) & np.isfinite(st)
             if "comm_time" in vals:
                 comp = st - vals["comm_time"]
-                use = ~ok & st_ok & pres["comm_time"] & (comp > 0) & np.isfinite(comp)
-                v[use], src[use], ok = comp[use], 1, ok | use
-            rows = self._asynchronous_rows(np.where(st_ok, st, np.nan), st_ok)
-            use = ~ok & st_ok & rows[:, None]
-            v[use], src[use], ok = st[use], 2, ok | use
+                comp_ok = st_ok & pres["comm_time"] & (comp > 0) & np.isfinite(comp)
+                rows = todo & (comp_ok.sum(axis=1) >= self.min_ranks)
+                v[rows], ok[rows], src[rows], todo = comp[rows], comp_ok[rows], 1, todo & ~rows
+            rows = todo & self._asynchronous_rows(np.where(st_ok, st, np.nan), st_ok)
+            v[rows], ok[rows], src[rows] = st[rows], st_ok[rows], 2
         return v, ok, src
 
     def _asynchronous_rows(self, st: np.ndarray, ok: np.ndarray) -> np.ndarray:
@@ -200,6 +213,7 @@ class StragglerDetector(Detector):
         med, scale, usable = self._reference(v, ok)
         if not usable.all():
             ok = ok & usable[:, None]
+        seen = ok.sum(axis=0)   # valid observations, warm-up included
         if not self._warm:
             n_obs = self._n_obs if pos is None else self._n_obs[pos]
             ok = ok & (n_obs + np.cumsum(ok, axis=0) > self.warmup_steps)
@@ -221,42 +235,40 @@ class StragglerDetector(Detector):
 
         n = block.n_steps
         hist = np.empty((n, len(ids)))
-        a = self.level_alpha
         for i in range(n):
             np.add(cusum, y[i], out=hist[i])
             np.maximum(hist[i], 0.0, out=hist[i])
             cusum = hist[i]
-            # A run starts at the step after the last zero.
-            np.copyto(run_start, block.steps[i] + 1, where=cusum == 0.0)
-            step_ratio = v[i] * inv_med[i]
-            if all_ok:
-                level += a * (step_ratio - level)
-            else:
-                level += (a * ok[i]) * (step_ratio - level)
+            # A run starts at the step after the last zero; level is the mean since then.
+            next_step = int(block.steps[i]) + 1
+            np.copyto(run_start, next_step, where=cusum == 0.0)
+            weight = 1.0 / np.clip(next_step - run_start, 1, self.level_window)
+            if not all_ok:
+                weight *= ok[i]
+            level += weight * (v[i] * inv_med[i] - level)
 
         # Ranks with something to decide are replayed one by one (few: firing or past h).
         busy = np.flatnonzero(firing | (hist.max(axis=0) >= self.cusum_h))
         findings: list[Finding] = []
-        below = get(self._below)
-        source = get(self._source)
+        below, source, recent = get(self._below), get(self._source), get(self._recent)
         for j in busy:
             col = _Column(cusum=float(start_cusum[j]), level=float(start_level[j]),
                           run_start=int(start_run[j]), firing=bool(firing[j]),
-                          below=int(below[j]), source=int(source[j]))
+                          below=int(below[j]), source=int(source[j]), recent=float(recent[j]))
             findings += self._replay(col, int(ids[j]), block.steps, y[:, j], v[:, j], ok[:, j],
-                                     inv_med, med, None if src is None else src[:, j])
+                                     inv_med, med, src)
             cusum[j], level[j], run_start[j] = col.cusum, col.level, col.run_start
-            firing[j], below[j], source[j] = col.firing, col.below, col.source
+            firing[j], below[j], source[j], recent[j] = col.firing, col.below, col.source, col.recent
 
-        put_n_obs = ok.sum(axis=0)
         if pos is None:
             self._cusum, self._level, self._run_start = cusum.copy(), level, run_start
-            self._firing, self._below, self._source = firing, below, source
-            self._n_obs = self._n_obs + put_n_obs
+            self._firing, self._below, self._source, self._recent = firing, below, source, recent
+            self._n_obs = self._n_obs + seen
         else:
             self._cusum[pos], self._level[pos], self._run_start[pos] = cusum, level, run_start
-            self._firing[pos], self._below[pos], self._source[pos] = firing, below, source
-            self._n_obs[pos] += put_n_obs
+            self._firing[pos], self._below[pos] = firing, below
+            self._source[pos], self._recent[pos] = source, recent
+            self._n_obs[pos] += seen
         if not self._warm:
             self._warm = bool((self._n_obs >= self.warmup_steps).all())
         findings.sort(key=lambda f: (f.step, f.ranks))
@@ -267,7 +279,6 @@ class StragglerDetector(Detector):
                 src: np.ndarray | None) -> list[Finding]:
         """The per-rank state machine over one block column (same arithmetic as the fast path)."""
         out: list[Finding] = []
-        a = self.level_alpha
         for i in range(len(steps)):
             step = int(steps[i])
             col.cusum = max(col.cusum + float(y[i]), 0.0)
@@ -276,46 +287,44 @@ class StragglerDetector(Detector):
             if not ok[i]:
                 continue
             ratio = float(v[i] * inv_med[i])
-            col.level += a * (ratio - col.level)
+            col.level += (1.0 / float(min(max(step + 1 - col.run_start, 1), self.level_window))) \
+                * (ratio - col.level)
             if col.firing:
-                col.below = col.below + 1 if col.level < self.resolve_ratio else 0
+                col.recent += self.resolve_alpha * (ratio - col.recent)
+                col.below = col.below + 1 if col.recent < self.resolve_ratio else 0
                 if col.below >= self.resolve_steps:
                     out.append(Finding(
                         kind=self.kind, step=step, ranks=(rank,), severity="info", score=0.0,
                         metric=SOURCES[col.source], status="resolved",
-                        evidence={"level": round(col.level, 4), "resolve_ratio": self.resolve_ratio,
-                                  "below_steps": col.below}))
+                        evidence={"recent_ratio": round(col.recent, 4),
+                                  "resolve_ratio": self.resolve_ratio, "below_steps": col.below}))
                     col.firing, col.below, col.cusum, col.run_start = False, 0, 0.0, step + 1
                 continue
-            if col.cusum < self.cusum_h:
+            if col.cusum < self.cusum_h or col.level < self.min_ratio:
                 continue
-            n_run = max(1, step - col.run_start + 1)
-            magnitude = 1.0 + (col.level - 1.0) / (1.0 - (1.0 - a) ** n_run)
-            if magnitude < self.min_ratio:
-                continue
-            col.firing, col.below = True, 0
+            col.firing, col.below, col.recent = True, 0, col.level
             col.source = 0 if src is None else int(src[i])
-            score = min(1.0, max(0.0, (magnitude - self.min_ratio)
+            score = min(1.0, max(0.0, (col.level - self.min_ratio)
                                  / (self.critical_ratio - self.min_ratio)))
             out.append(Finding(
                 kind=self.kind, step=step, ranks=(rank,),
-                severity="critical" if magnitude >= self.critical_ratio else "warning",
+                severity="critical" if col.level >= self.critical_ratio else "warning",
                 score=round(score, 4), metric=SOURCES[col.source], onset_step=col.run_start,
-                evidence={"ratio": round(magnitude, 4), "level": round(col.level, 4),
-                          "value_s": float(v[i]), "peer_median_s": float(med[i]),
-                          "source": SOURCES[col.source], "cusum": round(col.cusum, 2),
-                          "steps_since_onset": n_run}))
+                evidence={"ratio": round(col.level, 4), "value_s": float(v[i]),
+                          "peer_median_s": float(med[i]), "source": SOURCES[col.source],
+                          "cusum": round(col.cusum, 2),
+                          "steps_since_onset": step - col.run_start + 1}))
         return out
 
 
 class _Column:
     """One rank's scalar state while it is replayed."""
-    __slots__ = ("cusum", "level", "run_start", "firing", "below", "source")
+    __slots__ = ("cusum", "level", "run_start", "firing", "below", "source", "recent")
 
     def __init__(self, cusum: float, level: float, run_start: int, firing: bool, below: int,
-                 source: int) -> None:
+                 source: int, recent: float) -> None:
         self.cusum, self.level, self.run_start = cusum, level, run_start
-        self.firing, self.below, self.source = firing, below, source
+        self.firing, self.below, self.source, self.recent = firing, below, source, recent
 
 
 def _quantiles(sorted_rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:

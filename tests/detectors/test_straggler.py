@@ -1,0 +1,148 @@
+"""StragglerDetector on seeded traces: exact firing steps, sources, resolution, elastic ranks."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from detectors.frame import StepBlock
+from detectors.simulate import Straggler, iter_blocks, simulate_run
+from detectors.straggler import StragglerDetector
+
+
+def _firing(findings):
+    return [f for f in findings if f.status == "firing"]
+
+
+def _run_all(det, block, size=None):
+    out = []
+    blocks = [block] if size is None else iter_blocks(block, size)
+    for b in blocks:
+        out += det.update(b)
+    return out
+
+
+@pytest.mark.parametrize("factor, step, severity", [
+    (1.3, 805, "warning"),
+    (1.1, 810, "warning"),
+    (2.0, 805, "critical"),
+])
+def test_seeded_straggler_fires_at_pinned_step_with_rank_onset_and_magnitude(factor, step, severity):
+    run = simulate_run(n_steps=2000, n_ranks=64, seed=11,
+                       faults=[Straggler(step=800, rank=17, factor=factor)])
+    out = StragglerDetector().update(run.block)
+    assert [(f.kind, f.step, f.ranks, f.onset_step, f.severity, f.metric) for f in out] == [
+        ("straggler", step, (17,), 800, severity, "compute_time")]
+    # The magnitude is measured, not echoed: within 5 % of the injected factor.
+    assert out[0].evidence["ratio"] == pytest.approx(factor, rel=0.05)
+    assert 0.0 <= out[0].score <= 1.0
+
+
+def test_clean_run_with_hardware_offsets_and_slow_steps_raises_nothing():
+    # 10k steps, 64 ranks: per-rank hardware offsets (~1 %), 2 % jitter, a slow step every 500.
+    run = simulate_run(n_steps=10_000, n_ranks=64, seed=3)
+    assert StragglerDetector().update(run.block) == []
+
+
+def test_a_rank_slower_than_min_ratio_is_not_reported_but_one_above_is():
+    # Rank 4 ends up ~1.039x its peers (1.03 injected on top of its own hardware offset):
+    # under the default 1.05 for 1,200 steps of noise, over a 1.03 threshold.
+    run = simulate_run(n_steps=1500, n_ranks=32, seed=2, faults=[Straggler(step=300, rank=4, factor=1.03)])
+    assert StragglerDetector().update(run.block) == []
+    out = StragglerDetector(min_ratio=1.03, resolve_ratio=1.01).update(run.block)
+    assert [(f.step, f.ranks) for f in out] == [(342, (4,))]
+    assert out[0].evidence["ratio"] == pytest.approx(1.039, abs=0.003)
+
+
+def test_without_compute_time_the_comm_time_asymmetry_names_the_rank():
+    run = simulate_run(n_steps=1500, n_ranks=32, seed=4, faults=[Straggler(step=600, rank=9)],
+                       metrics=("step_time", "comm_time"))
+    out = StragglerDetector().update(run.block)
+    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(605, (9,), 599, "comm_time")]
+    assert out[0].evidence["source"] == "comm_time"
+
+
+def test_synchronous_step_time_alone_cannot_blame_a_rank():
+    # All ranks wait at the all-reduce: step_time is the same everywhere, the straggler hides.
+    run = simulate_run(n_steps=1500, n_ranks=32, seed=4, faults=[Straggler(step=600, rank=9)],
+                       metrics=("step_time",))
+    assert StragglerDetector().update(run.block) == []
+
+
+def test_asynchronous_step_time_is_used():
+    run = simulate_run(n_steps=1500, n_ranks=32, seed=4, faults=[Straggler(step=600, rank=9)])
+    own = run.block.values["compute_time"] + 0.05          # each rank's own step: not in lockstep
+    block = StepBlock.from_dense(run.block.steps, run.block.ranks, step_time=own)
+    out = StragglerDetector().update(block)
+    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(605, (9,), 600, "step_time")]
+
+
+def test_recovery_resolves_once_and_a_relapse_fires_again():
+    run = simulate_run(n_steps=2000, n_ranks=32, seed=4, faults=[Straggler(step=600, rank=9)])
+    ct = run.block.values["compute_time"]
+    ct[900:1400, 9] /= 1.3                                  # recovered between 900 and 1400
+    out = StragglerDetector().update(run.block)
+    assert [(f.step, f.ranks, f.status) for f in out] == [
+        (605, (9,), "firing"), (941, (9,), "resolved"), (1405, (9,), "firing")]
+    assert out[1].metric == out[0].metric == "compute_time"   # same identity: it resolves that one
+
+
+def test_a_rank_that_joins_late_is_warmed_up_then_judged():
+    run = simulate_run(n_steps=1500, n_ranks=72, seed=5)
+    b = run.block
+    b.values["compute_time"][:, 70] *= 1.4
+    b.present["compute_time"][:500, 70:] = False       # ranks 70, 71 report compute from step 500
+    out = StragglerDetector().update(b)
+    assert [(f.step, f.ranks, f.onset_step) for f in out] == [(515, (70,), 510)]
+
+
+def test_blocks_with_changing_rank_sets_keep_per_rank_state_by_id():
+    run = simulate_run(n_steps=1200, n_ranks=16, seed=6, faults=[Straggler(step=400, rank=9)])
+    full = StragglerDetector().update(run.block)
+    det, out = StragglerDetector(), []
+    for i, b in enumerate(iter_blocks(run.block, 50)):
+        # Every other block arrives without rank 3 at all (not masked: absent from the block).
+        keep = np.arange(16) if i % 2 == 0 else np.delete(np.arange(16), 3)
+        out += det.update(b.take_ranks(keep))
+    assert [(f.step, f.ranks) for f in out] == [(f.step, f.ranks) for f in full] == [(405, (9,))]
+
+
+def test_too_few_ranks_never_fire():
+    run = simulate_run(n_steps=800, n_ranks=3, seed=1, faults=[Straggler(step=300, rank=1, factor=2.0)])
+    assert StragglerDetector().update(run.block) == []
+
+
+def test_non_finite_and_non_positive_timings_are_ignored_not_learned():
+    run = simulate_run(n_steps=1000, n_ranks=16, seed=7)
+    ct = run.block.values["compute_time"]
+    ct[100:200, 2] = np.nan
+    ct[300:400, 3] = np.inf
+    ct[500:600, 4] = -1.0
+    assert StragglerDetector().update(run.block) == []
+
+
+def test_state_is_json_and_a_fresh_instance_continues_identically():
+    run = simulate_run(n_steps=1500, n_ranks=32, seed=8, faults=[Straggler(step=700, rank=30)])
+    ref = StragglerDetector().update(run.block)
+    det = StragglerDetector()
+    first = det.update(run.block.slice_steps(0, 703))       # mid-way through the CUSUM run
+    fresh = StragglerDetector()
+    fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
+    rest = fresh.update(run.block.slice_steps(703, 1500))
+    assert first + rest == ref and len(ref) == 1
+
+
+def test_reset_forgets_everything():
+    run = simulate_run(n_steps=900, n_ranks=16, seed=9, faults=[Straggler(step=300, rank=2)])
+    det = StragglerDetector()
+    a = det.update(run.block)
+    det.reset()
+    assert det.update(run.block) == a and len(a) == 1
+
+
+def test_inconsistent_thresholds_are_refused():
+    with pytest.raises(ValueError, match="resolve_ratio"):
+        StragglerDetector(min_ratio=1.02, resolve_ratio=1.05)
+    with pytest.raises(ValueError, match="min_ranks"):
+        StragglerDetector(min_ranks=2)
