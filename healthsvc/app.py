@@ -33,7 +33,9 @@ log = logging.getLogger("healthsvc")
 Hook = Callable[[], Any | Awaitable[Any]]
 
 # Modules with an ``install(app, ctx)``, installed in this order.
-FEATURES: list[str] = []
+FEATURES: list[str] = [
+    "healthsvc.monitor",
+]
 
 
 @dataclass

@@ -19,5 +19,23 @@ class Settings(BaseSettings):
                                 description="Largest accepted request body, before and after gzip, bytes.")
     snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
     external_url: str = Field("", description="Public base URL of the service, for links in alerts.")
+    tick_interval_s: float = Field(1.0, gt=0, description="How often absence checks (hang, stall) run, seconds.")
+    align_timeout_s: float = Field(5.0, gt=0, description="How long a step waits for missing ranks before detectors see it with them masked, seconds.")
     log_level: str = Field("info", description="Log level: debug, info, warning, error.")
     access_log: bool = Field(False, description="Log every request (off: ingest is high-rate).")
+    # Alerting (healthsvc.alerting; docs/alerting.md).
+    alert_webhooks: list[dict] = Field(
+        default_factory=list,
+        description='Webhook subscriptions from settings, a JSON list: [{"id": "oncall", "url": "http://am:9093/...",'
+                    ' "format": "alertmanager|slack|json", "runs": [], "kinds": [], "min_severity": "info",'
+                    ' "secret": "whsec_..."}]. API subscriptions (/v1/webhooks) are kept in the store.')
+    alert_resolve_timeout_s: float = Field(300.0, gt=0, description="A non-latched alert resolves this long after its condition clears, seconds.")
+    alert_timings: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description='Per-severity overrides of group_wait_s, group_interval_s, repeat_interval_s, e.g.'
+                    ' {"warning": {"group_wait_s": 10}}. Defaults: docs/alerting.md.')
+    alert_tick_s: float = Field(1.0, gt=0, description="How often alerts are re-evaluated (resolve timeouts, group intervals), seconds.")
+    alert_delivery_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one webhook attempt, seconds.")
+    alert_retry_base_s: float = Field(1.0, gt=0, description="First webhook retry backoff (full jitter, doubling), seconds.")
+    alert_retry_cap_s: float = Field(300.0, gt=0, description="Largest webhook retry backoff, seconds.")
+    alert_dead_after_s: float = Field(24 * 3600.0, gt=0, description="A webhook still failing this long after it was queued goes to the dead letters, seconds.")

@@ -11,6 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 from healthsvc import encode
 from healthsvc.deps import RunId, StoreDep, SummariesDep
 from healthsvc.errors import InvalidInput, NotFound
+from healthsvc.monitor.suite import build_suite
 from healthsvc.history import iter_history_batches, load_history
 from healthsvc.schemas import Checkpoint, CheckpointStatusIn, Event, Ok, RunConfig, RunSummary
 
@@ -24,6 +25,7 @@ def list_runs(summaries: SummariesDep) -> list[dict]:
 
 @router.put("/{run_id}", response_model=RunSummary, summary="Create a run or change its config")
 async def put_run(run_id: RunId, config: RunConfig, store: StoreDep, summaries: SummariesDep) -> dict:
+    build_suite(config.model_dump())  # a bad detector parameter is a 422 now, not a surprise later
     await asyncio.wrap_future(store.submit_run_config(run_id, config.model_dump()))
     return summaries.summary(run_id)
 

@@ -1,0 +1,18 @@
+"""Live detection inside the service: per-run monitors fed by committed ingest (a feature).
+
+Installs the monitor hub (see ``hub.py``), validates detector parameters of ``PUT /v1/runs``.
+"""
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+
+def install(app: FastAPI, ctx) -> None:
+    from healthsvc.monitor.hub import MonitorHub
+
+    settings = ctx.settings
+    hub = MonitorHub(ctx.store, ctx.findings, clock=ctx.clock, tick_interval_s=settings.tick_interval_s,
+                     snapshot_every_s=settings.snapshot_every_s, align_timeout_s=settings.align_timeout_s)
+    app.state.monitor = hub
+    ctx.on_startup.append(hub.start)
+    ctx.on_shutdown.append(hub.stop)

@@ -1,0 +1,185 @@
+"""The monitor thread: routes committed input to each run's :class:`RunMonitor`, drives the
+absence checks from a ticker, records findings, and snapshots detector state.
+
+Input reaches it from the store's after-commit hook (so detectors only ever see durable data) via
+a queue; the writer thread never waits on a detector. On start it restores each run's monitor from
+its snapshot and replays the chunks stored after it, so a restarted service neither re-warms nor
+repeats findings (stored findings are unique by identity).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from detectors.finding import Finding
+from healthsvc.findings import FindingsService
+from healthsvc.monitor.run_monitor import RunMonitor
+from healthsvc.store.codec import decode_chunk
+from healthsvc.store.sqlite import IngestResult, RunEvent, SQLiteStore
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+def _dump_state(state: dict) -> bytes:
+    # The json module keeps NaN/Infinity (detector state can hold them); orjson would write null.
+    return json.dumps(state, allow_nan=True, separators=(",", ":")).encode()
+
+
+class MonitorHub:
+    def __init__(self, store: SQLiteStore, findings: FindingsService, *, clock: Callable[[], float] = time.time,
+                 tick_interval_s: float = 1.0, snapshot_every_s: float = 5.0, align_timeout_s: float = 5.0) -> None:
+        self.store = store
+        self.findings = findings
+        self.clock = clock
+        self.tick_interval_s = tick_interval_s
+        self.snapshot_every_s = snapshot_every_s
+        self.align_timeout_s = align_timeout_s
+        self.monitors: dict[str, RunMonitor] = {}
+        self._last_snapshot: dict[str, float] = {}
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="healthsvc-monitor", daemon=True)
+        self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-ticker", daemon=True)
+        self._stopping = threading.Event()
+        self.findings_recorded = 0
+        store.subscribe(self._after_commit)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._restore()
+        self._thread.start()
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._queue.put(_STOP)
+        self._thread.join(10)
+        self._ticker.join(5)
+        for run_id in list(self.monitors):
+            self._snapshot(run_id, force=True)
+
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """Wait until everything queued so far has been processed (for tests and shutdown)."""
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait(timeout_s)
+
+    # -- input ----------------------------------------------------------------------------
+    def _after_commit(self, results: list[Any]) -> None:
+        for res in results:
+            if isinstance(res, IngestResult):
+                if not res.duplicate and res.batch is not None:
+                    self._queue.put(res)
+            elif isinstance(res, RunEvent):
+                self._queue.put(res)
+
+    def _tick_loop(self) -> None:
+        while not self._stopping.wait(self.tick_interval_s):
+            self._queue.put(("tick", self.clock()))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self._handle(item)
+            except Exception:
+                log.exception("monitor failed on %r", type(item).__name__)
+
+    def _monitor(self, run_id: str) -> RunMonitor:
+        mon = self.monitors.get(run_id)
+        if mon is None:
+            row = self.store.get_run_row(run_id)
+            config = row["config"] if row else {}
+            mon = self.monitors[run_id] = RunMonitor(run_id, config, align_timeout_s=self.align_timeout_s)
+        return mon
+
+    def _handle(self, item: Any) -> None:
+        if isinstance(item, tuple) and item[0] == "tick":
+            now = item[1]
+            for run_id, mon in list(self.monitors.items()):
+                self._record(mon, mon.tick(now))
+                self._snapshot(run_id)
+            return
+        if isinstance(item, IngestResult):
+            mon = self._monitor(item.run_id)
+            self._record(mon, mon.on_metrics(item.batch, item.attempt, item.chunk_id, item.received_at))
+            return
+        ev: RunEvent = item
+        mon = self._monitor(ev.run_id)
+        if ev.kind == "heartbeat":
+            found = mon.on_heartbeat(ev.data["rank"], ev.data["step"], ev.data["phase"], ev.received_at)
+        elif ev.kind == "finish":
+            found = mon.on_finish(ev.received_at)
+        elif ev.kind == "config":
+            mon.on_config(ev.data)
+            found = []
+        elif ev.kind == "event" and ev.data["kind"] == "world_size_change" and "new" in ev.data["data"]:
+            found = mon.on_world_size(int(ev.data["data"]["new"]), ev.received_at)
+        else:
+            found = []
+        self._record(mon, found)
+
+    def _record(self, mon: RunMonitor, found: list[Finding]) -> None:
+        if not found:
+            return
+        st = self.store.run_state(mon.run_id)
+        ranks = {r for f in found for r in f.ranks}
+        hosts = {r: h for r in ranks if st is not None and (h := st.host_of(r)) is not None}
+        self.findings.record(mon.run_id, mon.attempt, found, hosts)
+        self.findings_recorded += len(found)
+
+    # -- snapshots ------------------------------------------------------------------------
+    def _snapshot(self, run_id: str, force: bool = False) -> None:
+        now = self.clock()
+        if not force and now - self._last_snapshot.get(run_id, 0.0) < self.snapshot_every_s:
+            return
+        mon = self.monitors[run_id]
+        state = mon.state_dict()
+        state["saved_at"] = now
+        blob = _dump_state(state)
+        self._last_snapshot[run_id] = now
+        self.store.write(lambda conn: conn.execute(
+            "INSERT OR REPLACE INTO run_state VALUES (?, 'monitor', ?, ?)", (run_id, mon.watermark, blob)))
+
+    def _restore(self) -> None:
+        conn = self.store.read_conn()
+        now = self.clock()
+        snapshots = {r: (w, s) for r, w, s in conn.execute(
+            "SELECT run_id, watermark, state FROM run_state WHERE kind='monitor'")}
+        for row in self.store.list_run_rows():
+            run_id = row["run_id"]
+            mon = self.monitors[run_id] = RunMonitor(run_id, row["config"], align_timeout_s=self.align_timeout_s)
+            watermark, saved_at = 0, None
+            if run_id in snapshots:
+                watermark, blob = snapshots[run_id]
+                state = json.loads(blob)
+                try:
+                    mon.load_state_dict(state)
+                    saved_at = state.get("saved_at")
+                except Exception:
+                    log.exception("monitor snapshot of run %s unreadable; replaying its history", run_id)
+                    mon = self.monitors[run_id] = RunMonitor(run_id, row["config"], align_timeout_s=self.align_timeout_s)
+                    watermark = 0
+            replayed = 0
+            for chunk_id, attempt, received_at, payload in conn.execute(
+                    "SELECT id, attempt, received_at, payload FROM chunks WHERE run_id=? AND id>? ORDER BY id",
+                    (run_id, watermark)):
+                self._record(mon, mon.on_metrics(decode_chunk(payload), attempt, chunk_id, received_at))
+                replayed += 1
+            if row["status"] == "finished":
+                self._record(mon, mon.on_finish(now))
+            # The service was down since its last input: that gap is not the ranks' silence.
+            last_seen = max(mon.last_input_s, saved_at or 0.0)
+            if last_seen and now > last_seen:
+                mon.shift_clock(now - last_seen)
+            log.info("restored monitor of run %s (replayed %d chunks)", run_id, replayed)

@@ -1,0 +1,151 @@
+"""One run's live detection: its aligner and detector suite, fed by the monitor thread.
+
+Everything here runs on one thread (the hub's), so detectors need no locks. A new attempt (steps
+went back after a restart or rollback) resets the detectors and the aligner: detection restarts
+from the resumed step. State round-trips through :meth:`state_dict` for service restarts.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from detectors.finding import Finding
+from healthsvc.ingest.batch import MetricBatch
+from healthsvc.monitor.aligner import StepAligner, batch_to_block
+from healthsvc.monitor.suite import DetectorSuite, build_suite
+
+log = logging.getLogger(__name__)
+
+
+class RunMonitor:
+    def __init__(self, run_id: str, config: dict[str, Any], *, align_timeout_s: float = 5.0) -> None:
+        self.run_id = run_id
+        self.config = config
+        self.suite: DetectorSuite = build_suite(config)
+        self.aligner = StepAligner(timeout_s=align_timeout_s)
+        self.attempt = 0
+        self.watermark = 0            # id of the last stored chunk fed in
+        self.world_size: int | None = config.get("world_size")
+        self.ranks_seen: set[int] = set()
+        self.last_input_s = 0.0       # service clock of the last input (for restarts)
+
+    def __repr__(self) -> str:
+        return f"RunMonitor({self.run_id!r}, attempt={self.attempt}, detectors={list(self.suite.all())})"
+
+    # -- inputs ---------------------------------------------------------------------------
+    def expected_ranks(self) -> int:
+        return int(self.world_size or len(self.ranks_seen) or 1)
+
+    def on_metrics(self, batch: MetricBatch, attempt: int, chunk_id: int | None, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        if attempt != self.attempt:
+            out += self._new_attempt(attempt, now)
+        if chunk_id is not None:
+            self.watermark = max(self.watermark, chunk_id)
+        self.last_input_s = now
+        self.ranks_seen.update(np.unique(batch.ranks).tolist())
+        if "world_size" in batch.values:
+            ws = batch.values["world_size"][batch.present["world_size"]]
+            ws = ws[np.isfinite(ws)]
+            if len(ws) and not self.config.get("world_size"):
+                self.world_size = int(ws.max())
+        if self.suite.arrival:
+            arrival_block = batch_to_block(batch.steps, batch.ranks, batch.values, batch.present)
+            for det in self.suite.arrival.values():
+                out += det.update(arrival_block)
+        for det in self.suite.absence.values():
+            out += det.observe(batch.ranks, batch.steps, now)
+        for block in self.aligner.add(batch, now, self.expected_ranks()):
+            out += self._aligned(block)
+        return out
+
+    def _aligned(self, block) -> list[Finding]:
+        out: list[Finding] = []
+        for name, det in self.suite.aligned.items():
+            try:
+                out += det.update(block)
+            except Exception:  # one broken detector must not blind the others
+                log.exception("detector %s failed on run %s", name, self.run_id)
+        return out
+
+    def _new_attempt(self, attempt: int, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        for block in self.aligner.flush_all():
+            out += self._aligned(block)
+        self.suite.reset()
+        self.aligner.reset()
+        self.ranks_seen.clear()
+        self.attempt = attempt
+        return out
+
+    def on_heartbeat(self, rank: int, step: int | None, phase: str | None, now: float) -> list[Finding]:
+        self.last_input_s = now
+        out: list[Finding] = []
+        for det in self.suite.absence.values():
+            out += det.heartbeat(rank, -1 if step is None else step, phase or "other", now)
+        return out
+
+    def on_finish(self, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        for block in self.aligner.flush_all():
+            out += self._aligned(block)
+        for det in self.suite.absence.values():
+            out += det.finish(now)
+        return out
+
+    def on_world_size(self, new_size: int, now: float) -> list[Finding]:
+        """An elastic change: expect the new number of ranks, without alarms for departed ones."""
+        self.world_size = new_size
+        out: list[Finding] = []
+        for det in self.suite.absence.values():
+            out += det.set_world(range(new_size), now)
+        return out
+
+    def on_config(self, config: dict[str, Any]) -> None:
+        """New detector parameters take effect at once; learned state is kept where it can be."""
+        states = {name: det.state_dict() for name, det in self.suite.all().items()}
+        self.config = config
+        self.world_size = config.get("world_size") or self.world_size
+        self.suite = build_suite(config)
+        for name, det in self.suite.all().items():
+            if name in states:
+                try:
+                    det.load_state_dict(states[name])
+                except Exception:
+                    det.reset()
+
+    def tick(self, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        for block in self.aligner.flush_due(now, self.expected_ranks()):
+            out += self._aligned(block)
+        for det in self.suite.absence.values():
+            out += det.tick(now)
+        return out
+
+    # -- snapshot -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "watermark": self.watermark, "world_size": self.world_size,
+                "ranks_seen": sorted(self.ranks_seen), "last_input_s": self.last_input_s,
+                "aligner": self.aligner.state_dict(),
+                "detectors": {name: det.state_dict() for name, det in self.suite.all().items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.attempt = state["attempt"]
+        self.watermark = state["watermark"]
+        self.world_size = state["world_size"]
+        self.ranks_seen = set(state["ranks_seen"])
+        self.last_input_s = state["last_input_s"]
+        self.aligner.load_state_dict(state["aligner"])
+        for name, det in self.suite.all().items():
+            if name in state["detectors"]:
+                det.load_state_dict(state["detectors"][name])
+
+    def shift_clock(self, shift_s: float) -> None:
+        """After a service restart, move absence timers forward by the downtime, so the time the
+        service was down does not count as the ranks' silence."""
+        for det in self.suite.absence.values():
+            shift = getattr(det, "shift_clock", None)
+            if shift is not None:
+                shift(shift_s)
