@@ -1,0 +1,178 @@
+"""Alerting inside the service: the feature's ``install(app, ctx)``.
+
+Wiring (see INTEGRATION.md of the repository's notes for the extension points):
+
+- the outbox tables are registered with the store at install; the manager, the delivery worker
+  and the alerting thread start after the store opens and stop before it closes;
+- newly stored findings (``ctx.findings.subscribe``) and ``rollback`` events
+  (``ctx.store.subscribe``) are *queued* by the listeners (they run on the store's writer thread)
+  and processed on the alerting thread, which also ticks the manager every ``alert_tick_s``;
+- routers: ``/v1/alerts``, ``/v1/silences``, ``/v1/webhooks`` (``healthsvc.alerting.api``);
+- Prometheus: alerts by state, notifications by reason, webhook attempts by outcome, deliveries
+  by state (a collector reading current values at scrape time).
+
+The running service is ``app.state.alerting`` (an :class:`AlertingService`); another feature that
+knows the rollback target of a run calls ``app.state.alerting.manager.set_rollback_target``.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import Counter
+from typing import Any, Callable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from healthsvc.alerting.delivery import AttemptResult, Backoff, DeliveryWorker
+from healthsvc.alerting.manager import AlertManager
+from healthsvc.alerting.model import LifecyclePolicy
+from healthsvc.alerting.outbox import Delivery, Outbox
+from healthsvc.alerting.policy import DEFAULT_TIMINGS, PolicyConfig, Timing
+from healthsvc.alerting.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+
+def policy_from_settings(settings: Any) -> PolicyConfig:
+    timings = dict(DEFAULT_TIMINGS)
+    for severity, override in (settings.alert_timings or {}).items():
+        if severity not in timings:
+            raise ValueError(f"alert_timings: unknown severity {severity!r}; expected one of {tuple(timings)}")
+        base = timings[severity]
+        timings[severity] = Timing(**{**base.__dict__, **override})
+    return PolicyConfig(timings=timings)
+
+
+class AlertingService:
+    """The manager, the delivery worker and the thread that feeds them."""
+
+    def __init__(self, outbox: Outbox, settings: Any, clock: Callable[[], float]) -> None:
+        self.outbox = outbox
+        self.settings = settings
+        self.clock = clock
+        self.manager: AlertManager | None = None
+        self.worker: DeliveryWorker | None = None
+        self.attempts: Counter[str] = Counter()
+        self._queue: queue.Queue[tuple] = queue.Queue()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.settings_subscriptions = [Subscription.from_dict({**d, "source": "settings"})
+                                       for d in settings.alert_webhooks]
+
+    # -- listeners (store writer thread: enqueue only) ----------------------------------------
+
+    def on_findings(self, stored: list) -> None:
+        self._queue.put(("findings", stored))
+
+    def on_store_results(self, results: list) -> None:
+        for r in results:
+            if getattr(r, "kind", None) == "event" and r.data.get("kind") == "rollback" and r.data.get("step") is not None:
+                self._queue.put(("rollback", r.run_id, int(r.data["step"])))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        s = self.settings
+        self.worker = DeliveryWorker(
+            self.outbox, timeout_s=s.alert_delivery_timeout_s,
+            backoff=Backoff(base_s=s.alert_retry_base_s, cap_s=s.alert_retry_cap_s),
+            max_age_s=s.alert_dead_after_s, clock=self.clock, on_attempt=self._count_attempt)
+        self.manager = AlertManager(
+            self.outbox, subscriptions=self.settings_subscriptions, policy=policy_from_settings(s),
+            lifecycle=LifecyclePolicy(resolve_timeout_s=s.alert_resolve_timeout_s),
+            external_url=s.external_url, on_enqueue=self.worker.wake)
+        self.worker.start()
+        self._thread = threading.Thread(target=self._loop, name="alerting", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._queue.put(("stop",))
+        if self._thread is not None:
+            self._thread.join(10.0)
+        if self.worker is not None:
+            self.worker.stop()
+
+    def _count_attempt(self, d: Delivery, r: AttemptResult) -> None:
+        self.attempts["delivered" if r.delivered else ("retryable_error" if r.retryable else "failed")] += 1
+
+    def _loop(self) -> None:
+        assert self.manager is not None
+        tick_s = self.settings.alert_tick_s
+        last_tick = 0.0
+        while not self._stopping.is_set():
+            try:
+                items = [self._queue.get(timeout=tick_s)]
+                while True:
+                    items.append(self._queue.get_nowait())
+            except queue.Empty:
+                pass
+            try:
+                for item in items:
+                    self._handle(item)
+                now = self.clock()
+                if now - last_tick >= tick_s:
+                    self.manager.tick(now)
+                    last_tick = now
+            except Exception:  # one bad batch must not end alerting for the process
+                log.exception("alerting loop failed on %d items", len(items))
+
+    def _handle(self, item: tuple) -> None:
+        assert self.manager is not None
+        if item[0] == "findings":
+            by_run: dict[str, tuple[list, dict[int, str]]] = {}
+            for sf in item[1]:
+                findings, hosts = by_run.setdefault(sf.run_id, ([], {}))
+                findings.append(sf.finding)
+                hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
+            for run_id, (findings, hosts) in by_run.items():
+                self.manager.process(run_id, findings, hosts, self.clock())
+        elif item[0] == "rollback":
+            self.manager.rollback(item[1], item[2], self.clock())
+
+
+class _AlertingCollector:
+    """Prometheus collector: current values at scrape time."""
+
+    def __init__(self, service: AlertingService) -> None:
+        self.service = service
+
+    def collect(self):
+        m = self.service.manager
+        alerts = GaugeMetricFamily("healthsvc_alerts", "Alerts kept, by status and severity.",
+                                   labels=["status", "severity"])
+        notes = CounterMetricFamily("healthsvc_alert_notifications", "Notifications enqueued, by reason.",
+                                    labels=["reason"])
+        findings = CounterMetricFamily("healthsvc_alert_findings", "Findings processed by alerting.")
+        attempts = CounterMetricFamily("healthsvc_webhook_attempts", "Webhook delivery attempts, by outcome.",
+                                       labels=["outcome"])
+        deliveries = GaugeMetricFamily("healthsvc_webhook_deliveries", "Webhook deliveries in the outbox, by state.",
+                                       labels=["state"])
+        if m is not None:
+            counts = Counter((a.status, a.severity) for a in m.alerts())
+            for status in ("firing", "resolved"):
+                for sev in ("info", "warning", "critical"):
+                    alerts.add_metric([status, sev], counts.get((status, sev), 0))
+            for reason, n in sorted(m.counters.notifications.items()):
+                notes.add_metric([reason], n)
+            findings.add_metric([], m.counters.findings)
+            for state, n in self.service.outbox.state_counts().items():
+                deliveries.add_metric([state], n)
+        for outcome in ("delivered", "retryable_error", "failed"):
+            attempts.add_metric([outcome], self.service.attempts.get(outcome, 0))
+        yield from (alerts, notes, findings, attempts, deliveries)
+
+
+def install(app: Any, ctx: Any) -> None:
+    """The feature hook (``healthsvc.app.FEATURES``)."""
+    from healthsvc.alerting.api import router
+
+    service = AlertingService(Outbox(ctx.store), ctx.settings, ctx.clock)
+    app.state.alerting = service
+    app.include_router(router)
+    ctx.findings.subscribe(service.on_findings)
+    ctx.store.subscribe(service.on_store_results)
+    ctx.on_startup.append(service.start)
+    ctx.on_shutdown.append(service.stop)
+    ctx.metrics.registry.register(_AlertingCollector(service))
