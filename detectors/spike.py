@@ -77,7 +77,7 @@ class SpikeDetector(Detector):
     def __init__(self, kind: str = "loss_spike", metric: str = "loss",
                  rank_metric: str | None = "loss", z_threshold: float = 6.0,
                  min_rise: float = 0.1, exit_z: float = 2.0, warmup_steps: int = 50,
-                 alpha: float = 0.1, beta: float = 0.1, scale_alpha: float = 0.05,
+                 alpha: float = 0.1, beta: float = 0.1, scale_alpha: float = 0.02,
                  min_scale: float = 0.005, escalate_steps: int = 20,
                  rebaseline_steps: int = 200, rank_z_threshold: float = 8.0,
                  rank_min_rise: float = 0.5, rank_exit_z: float = 3.0,
@@ -104,7 +104,7 @@ class SpikeDetector(Detector):
                                   warmup_steps=self.warmup_steps, min_scale=self.min_scale)
         self._episode: dict[str, Any] | None = None   # the job-wide spike in progress
         self._rows_seen = 0                             # rows with a per-rank judgement possible
-        self._ranks = RankTable({"active": False, "run": 0})
+        self._ranks = RankTable({"active": False, "run": 0, "covered": False})
 
     # ------------------------------------------------------------------------------- update
     def update(self, block: StepBlock) -> list[Finding]:
@@ -235,17 +235,28 @@ class SpikeDetector(Detector):
         active = hysteresis(enter, leave, carry)
         prev = np.vstack([carry[None, :], active[:-1]])
         runs = run_length(active, judged, self._ranks["run"][pos[cols]])
+        rising = active & ~prev
+        falling = prev & ~active
+        # An episode that began at a job-wide spike row was reported by the job view (which names
+        # these ranks); its per-rank escalation and resolution would only repeat it.
+        at_spike = np.zeros(len(rising), dtype=bool)
+        at_spike[sorted(spike_rows)] = True
+        idx = np.arange(len(rising))[:, None]
+        last_entry = np.maximum.accumulate(np.where(rising, idx, -1), axis=0)
+        covered = np.where(last_entry >= 0, at_spike[np.maximum(last_entry, 0)],
+                           self._ranks["covered"][pos[cols]][None, :])
+        prev_covered = np.vstack([self._ranks["covered"][pos[cols]][None, :], covered[:-1]])
         self._ranks["active"][pos[cols]] = active[-1]
         self._ranks["run"][pos[cols]] = runs[-1]
+        self._ranks["covered"][pos[cols]] = covered[-1]
 
         out: list[Finding] = []
         ranks = block.ranks[cols]
-        rising = active & ~prev
-        falling = prev & ~active
-        escalating = active & judged & (runs == self.escalate_steps + 1)
+        escalating = active & judged & (runs == self.escalate_steps + 1) & ~covered
+        falling &= ~prev_covered
         for i in np.flatnonzero((rising | falling | escalating).any(axis=1)):
             step = int(block.steps[i])
-            if rising[i].any() and i not in spike_rows:
+            if rising[i].any() and not at_spike[i]:
                 out.append(self._rank_finding(ranks, rising[i], z[i], rise[i], "warning", step))
             if escalating[i].any():
                 out.append(self._rank_finding(ranks, escalating[i], z[i], rise[i], "critical",
