@@ -1,0 +1,427 @@
+"""A tiny character-level transformer trained data-parallel with torch.distributed (gloo, CPU),
+reporting every rank's health to healthsvc, with faults injected by flag.
+
+It reads top to bottom like nanoGPT's train.py: config, model, data, the loop, checkpoints.
+
+    # 4 ranks, 300 steps, reporting to a local service (a few seconds on 2 cores)
+    python examples/train.py --url http://127.0.0.1:8000 --run-id demo --steps 300
+
+    # one rank's loss turns NaN at step 120
+    python examples/train.py ... --fault nan --fault-rank 2 --fault-step 120
+    # the loss spikes at step 150 (on every rank with --fault-rank -1)
+    python examples/train.py ... --fault loss_spike --fault-rank -1 --fault-step 150
+    # rank 1 straggles from step 50 on: 1.3x (mild) or 3x (strong) its compute time
+    python examples/train.py ... --fault straggler --fault-rank 1 --fault-step 50 --slow-factor 3
+    # rank 3 hangs 20 s at step 100, outside the collective (its peers wait inside it)
+    python examples/train.py ... --fault hang --fault-rank 3 --fault-step 100 --hang-s 20 --hang-where outside
+    # rank 2's gradients are corrupted (scaled and noised before the all-reduce) from step 140 on
+    python examples/train.py ... --fault corrupt_grad --fault-rank 2 --fault-step 140
+    # ... then restart from the checkpoint the service says is clean, without the fault
+    python examples/train.py ... --resume-from-rollback
+    # rank 3 dies at step 160; the job restarts elastically with 3 ranks from the last checkpoint
+    python examples/train.py ... --fault leave --fault-rank 3 --fault-step 160
+
+With no --url (and no HEALTHSVC_URL) the client is disabled; --spool DIR writes each rank's records
+to DIR/rank{r}.jsonl instead (upload later with clients.sync.upload_spool).
+
+Checkpoints are plain dicts (model, optimizer, step, config, world size) saved by rank 0 every
+--ckpt-every steps; the checkpoint of step s holds the state after the update of step s, so a run
+resumed from it continues at step s + 1.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, no install needed
+import clients  # noqa: E402
+from clients.timing import StepTimer  # noqa: E402
+
+FAULTS = ("none", "nan", "loss_spike", "straggler", "hang", "corrupt_grad", "leave")
+
+# A small corpus that ships with the example: no download, the same on every machine.
+TEXT = """\
+A training run is a long conversation between the data and the weights. Most of the time it is
+quiet: the loss falls, the gradient norm wanders, every rank waits for its peers at the all-reduce
+and moves on. Then one night a rank returns a number that is not a number, or a node slows down
+because its fan has failed, or a bit flips in a gradient and nobody notices for a thousand steps.
+The service listens to every rank at every step. It tells a spike from a trend, a straggler from a
+slow job, a hung rank from a finished one, and when something went silently wrong it names the last
+checkpoint that is still clean, so the run can go back there and carry on as if nothing happened.
+"""
+
+
+@dataclass
+class Config:
+    # service
+    url: str | None = None
+    run_id: str = "example"
+    spool: str | None = None
+    heartbeat_s: float = 1.0
+    # model: about 30k parameters, a few ms per step on one CPU core
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 32
+    block_size: int = 32
+    # training
+    world_size: int = 4
+    steps: int = 300
+    batch_size: int = 8
+    lr: float = 3e-3
+    max_grad_norm: float = 1.0
+    seed: int = 1337
+    log_every: int = 50
+    # checkpoints
+    ckpt_dir: str = "checkpoints"
+    ckpt_every: int = 50
+    resume: str | None = None
+    resume_from_rollback: bool = False
+    # faults
+    fault: str = "none"
+    fault_rank: int = 0
+    fault_step: int = 100
+    slow_factor: float = 1.3
+    spike_factor: float = 4.0
+    hang_s: float = 20.0
+    hang_where: str = "outside"
+    corrupt_scale: float = 8.0
+    # internal: set by the launcher on an elastic restart
+    restart_reason: str | None = None
+    port: int = 0
+
+
+# ---- model: GPT in miniature -------------------------------------------------------------------
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.n_embd), nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(),
+                                 nn.Linear(4 * cfg.n_embd, cfg.n_embd))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class CharGPT(nn.Module):
+    def __init__(self, cfg: Config, vocab_size: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, cfg.n_embd)
+        self.pos = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.Sequential(*[Block(cfg) for _ in range(cfg.n_layer)])
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        logits = self.head(self.ln_f(self.blocks(x)))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+# ---- data ------------------------------------------------------------------------------------------
+
+def encode_corpus() -> tuple[torch.Tensor, int]:
+    chars = sorted(set(TEXT))
+    index = {c: i for i, c in enumerate(chars)}
+    return torch.tensor([index[c] for c in TEXT], dtype=torch.long), len(chars)
+
+
+def get_batch(data: torch.Tensor, cfg: Config, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # Seeded by (seed, step, rank): a resumed or restarted run sees exactly the same batches.
+    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 1_009 + rank)
+    ix = torch.randint(len(data) - cfg.block_size - 1, (cfg.batch_size,), generator=g)
+    x = torch.stack([data[i:i + cfg.block_size] for i in ix])
+    y = torch.stack([data[i + 1:i + 1 + cfg.block_size] for i in ix])
+    return x, y
+
+
+# ---- faults ----------------------------------------------------------------------------------------
+
+@dataclass
+class Faults:
+    """What the flags inject, on which rank (-1: every rank), from which step."""
+
+    cfg: Config
+    rank: int
+
+    def hits(self, kind: str, step: int, persistent: bool = False) -> bool:
+        c = self.cfg
+        on_rank = c.fault_rank in (-1, self.rank)
+        at_step = step >= c.fault_step if persistent else step == c.fault_step
+        return c.fault == kind and on_rank and at_step
+
+    def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        if self.hits("nan", step):
+            return loss * float("nan")
+        if self.hits("loss_spike", step):
+            return loss * self.cfg.spike_factor
+        return loss
+
+    def straggle(self, step: int, compute_s: float) -> None:
+        if self.hits("straggler", step, persistent=True):
+            time.sleep((self.cfg.slow_factor - 1.0) * compute_s)
+
+    def hang(self, step: int, where: str) -> None:
+        if self.hits("hang", step) and self.cfg.hang_where == where:
+            time.sleep(self.cfg.hang_s)
+
+    def corrupt(self, step: int, flat_grad: torch.Tensor) -> torch.Tensor:
+        # Silent corruption: this rank's gradient is wrong before it is averaged in, every step.
+        if self.hits("corrupt_grad", step, persistent=True):
+            g = torch.Generator().manual_seed(step)
+            noise = torch.randn(flat_grad.shape, generator=g) * flat_grad.std()
+            return flat_grad * self.cfg.corrupt_scale + noise * self.cfg.corrupt_scale
+        return flat_grad
+
+    def leaves(self, step: int) -> bool:
+        return self.hits("leave", step)
+
+
+# ---- checkpoints -----------------------------------------------------------------------------------
+
+def save_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int, cfg: Config,
+                    world_size: int) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                "config": dataclasses.asdict(cfg), "world_size": world_size}, tmp)
+    os.replace(tmp, path)  # a crash mid-save never leaves a half checkpoint under the real name
+    return path.stat().st_size
+
+
+def latest_checkpoint(ckpt_dir: str) -> Path | None:
+    found = sorted(Path(ckpt_dir).glob("ckpt_*.pt"))
+    return found[-1] if found else None
+
+
+def uri_to_path(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+# ---- one rank --------------------------------------------------------------------------------------
+
+def train(rank: int, world_size: int, cfg: Config) -> None:
+    torch.set_num_threads(1)  # 4 ranks share 2 cores: intra-op threads would only fight
+    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                            init_method=f"tcp://127.0.0.1:{cfg.port}",
+                            timeout=datetime.timedelta(seconds=max(120.0, 3 * cfg.hang_s)))
+    if cfg.url:
+        run = clients.init(cfg.url, cfg.run_id, rank, world_size=world_size,
+                           heartbeat_interval_s=cfg.heartbeat_s)
+    elif cfg.spool:
+        run = clients.init(run_id=cfg.run_id, rank=rank, world_size=world_size, mode="offline",
+                           spool_path=os.path.join(cfg.spool, f"rank{rank}.jsonl"))
+    else:
+        run = clients.init(run_id=cfg.run_id, rank=rank, world_size=world_size, mode="disabled")
+
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank
+    data, vocab_size = encode_corpus()
+    model = CharGPT(cfg, vocab_size)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+
+    # Where to start: a given checkpoint, the service's rollback target, or the newest local one
+    # after an elastic restart. Rank 0 decides and tells the others.
+    resume = [cfg.resume]
+    if rank == 0 and cfg.resume_from_rollback:
+        target = run.rollback_target()
+        checkpoint = (target or {}).get("checkpoint")
+        resume = [uri_to_path(checkpoint["uri"]) if checkpoint else None]
+        print(f"rollback target: {json.dumps(target)}", flush=True)
+    elif rank == 0 and cfg.restart_reason is not None:
+        latest = latest_checkpoint(cfg.ckpt_dir)
+        resume = [str(latest) if latest else None]
+    dist.broadcast_object_list(resume, src=0)
+    start_step = 0
+    if resume[0]:
+        state = torch.load(resume[0], weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start_step = state["step"] + 1
+        if rank == 0:
+            if cfg.resume_from_rollback:
+                run.event("rollback", step=state["step"], uri=resume[0])
+            if cfg.restart_reason is not None:
+                run.event("restart", step=state["step"], reason=cfg.restart_reason)
+            if state["world_size"] != world_size:
+                run.event("world_size_change", step=start_step, old=state["world_size"], new=world_size)
+
+    try:
+        loop(rank, world_size, cfg, run, model, opt, data, start_step)
+    except RuntimeError as exc:  # a peer died: the collective failed; leave like a crashed rank
+        run.flush(timeout_s=2.0)
+        print(f"rank {rank}: {str(exc).splitlines()[0][:200]}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    dist.destroy_process_group()
+
+
+def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Module,
+         opt: torch.optim.Optimizer, data: torch.Tensor, start_step: int) -> None:
+    params = list(model.parameters())
+    faults = Faults(cfg, rank)
+    timer = StepTimer(run=run)
+    skipped = 0
+    loss = torch.tensor(float("nan"))
+    t_last = time.perf_counter()
+    for step in range(start_step, cfg.steps):
+        timer.start_step(step)
+        with timer.data():
+            x, y = get_batch(data, cfg, step, rank)
+
+        with timer.compute():
+            t0 = time.perf_counter()
+            loss = faults.loss(step, model(x, y))
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            faults.straggle(step, time.perf_counter() - t0)
+            faults.hang(step, "outside")
+            flat = faults.corrupt(step, torch.cat([p.grad.view(-1) for p in params]))
+            local_grad_norm = flat.norm().item()
+
+        if faults.leaves(step):
+            print(f"rank {rank} leaves at step {step}", flush=True)
+            os._exit(17)  # a node disappears: no finish, no flush, like a real failure
+
+        with timer.comm():
+            faults.hang(step, "inside")
+            dist.all_reduce(flat)  # one flat buffer: one collective per step
+            flat /= world_size
+
+        with timer.compute():
+            grad_norm = flat.norm().item()
+            if math.isfinite(grad_norm):
+                flat *= min(1.0, cfg.max_grad_norm / (grad_norm + 1e-6))  # clip
+                offset = 0
+                for p in params:
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
+                opt.step()
+            else:
+                skipped += 1  # like a loss scaler: a non-finite step is not applied
+
+        run.log(loss=loss.item(), grad_norm=grad_norm, local_grad_norm=local_grad_norm,
+                lr=cfg.lr, tokens=x.numel(), step=step, **timer.end_step())
+
+        if rank == 0 and cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0:
+            with run.phase("checkpoint"):
+                t0 = time.perf_counter()
+                path = Path(cfg.ckpt_dir) / f"ckpt_{step:06d}.pt"
+                size = save_checkpoint(path, model, opt, step, cfg, world_size)
+                run.checkpoint(step, f"file://{path.resolve()}", duration_s=time.perf_counter() - t0,
+                               bytes=size)
+        if rank == 0 and cfg.log_every and (step + 1) % cfg.log_every == 0:
+            now = time.perf_counter()
+            print(f"step {step + 1:5d} | loss {loss.item():.4f} | grad_norm {grad_norm:.3f} | "
+                  f"{1000 * (now - t_last) / cfg.log_every:.1f} ms/step", flush=True)
+            t_last = now
+
+    delivered = run.finish(timeout_s=10.0)
+    if rank == 0:
+        print(json.dumps({"done": True, "steps": cfg.steps, "start_step": start_step,
+                          "final_loss": loss.item() if cfg.steps > start_step else None,
+                          "skipped_updates": skipped, "delivered": delivered,
+                          "client": run.stats().as_dict()}), flush=True)
+
+
+# ---- launcher --------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cfg: Config, world_size: int) -> list[int]:
+    """Start ``world_size`` ranks (fork: torch is already imported, so start-up is fast) and wait.
+
+    Returns the exit codes. When a rank dies, its peers fail in the next collective (gloo sees the
+    closed connection) or are stopped after a grace period, as an elastic agent would.
+    """
+    cfg = dataclasses.replace(cfg, port=free_port())
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=train, args=(r, world_size, cfg), daemon=False) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    first_failure: float | None = None
+    while any(p.is_alive() for p in procs):
+        time.sleep(0.05)
+        if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
+            first_failure = time.monotonic()
+        if first_failure is not None and time.monotonic() - first_failure > 10.0:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+    for p in procs:
+        p.join()
+    return [p.exitcode for p in procs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for field in dataclasses.fields(Config):
+        if field.name in ("restart_reason", "port"):
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        if field.type in ("bool", bool):
+            parser.add_argument(flag, action="store_true")
+        else:
+            kind = {"int": int, "float": float}.get(str(field.type), str)
+            parser.add_argument(flag, type=kind, default=field.default)
+    args = parser.parse_args(argv)
+    cfg = Config(**vars(args))
+    cfg.url = cfg.url or os.environ.get("HEALTHSVC_URL")
+    if cfg.fault not in FAULTS:
+        parser.error(f"--fault must be one of {FAULTS}")
+    if cfg.hang_where not in ("inside", "outside"):
+        parser.error("--hang-where must be inside or outside")
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
+        cfg.port = int(os.environ.get("MASTER_PORT", "29500"))
+        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), cfg)
+        return 0
+
+    codes = launch(cfg, cfg.world_size)
+    if cfg.fault == "leave" and any(codes):
+        # Elastic restart: the survivors start again without the rank that left, from the newest
+        # checkpoint, and the fault does not recur.
+        survivors = cfg.world_size - 1
+        print(f"exit codes {codes}: restarting with {survivors} ranks", flush=True)
+        restarted = dataclasses.replace(cfg, fault="none", resume=None,
+                                        restart_reason=f"rank {cfg.fault_rank} left")
+        codes = launch(restarted, survivors)
+    return 0 if not any(codes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
