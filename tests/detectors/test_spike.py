@@ -101,9 +101,9 @@ def test_a_drop_is_not_a_spike():
 
 
 def test_small_rise_below_min_rise_is_not_a_spike():
-    # 9 % is past the z threshold here (6.2 sds) but below the 10 % floor.
-    assert feed(LossSpikeDetector(), trace(LossSpike(step=1_000, factor=1.09))) == []
-    assert summary(feed(LossSpikeDetector(min_rise=0.05), trace(LossSpike(step=1_000, factor=1.09))))[0] \
+    # 9.5 % is past the z threshold here (6.3 sds) but below the 10 % floor.
+    assert feed(LossSpikeDetector(), trace(LossSpike(step=1_000, factor=1.095))) == []
+    assert summary(feed(LossSpikeDetector(min_rise=0.05), trace(LossSpike(step=1_000, factor=1.095))))[0] \
         == ("loss", 1_000, "warning", "firing", ())
 
 
