@@ -315,7 +315,8 @@ class Run:
         """Record a run event (restart, world_size_change, rollback, config_change, note)."""
         if kind not in EVENT_KINDS:
             self._problem("event", f"unknown event kind {kind!r}; expected one of {EVENT_KINDS}")
-        body = {"kind": kind, "step": step, "rank": self.rank, "ts": time.time(), "data": data}
+        # The rank and the trainer's clock go inside ``data``: the event body is {kind, step, data}.
+        body = {"kind": kind, "step": step, "data": {**data, "rank": self.rank, "ts": time.time()}}
         self._enqueue_control("POST", "/events", body)
 
     def alert(self, message: str, severity: str = "warning", step: int | None = None,
