@@ -105,6 +105,12 @@ class HangDetector(Detector):
         self._phases: list[str] = []
         self._finished = False
         self._stalled = False
+        # Derived, not state: when each rank becomes overdue (inf when not expected).
+        self._deadline_s = np.zeros(0)
+
+    def _refresh_deadlines(self, sel: slice | np.ndarray | int = slice(None)) -> None:
+        timeout = self._timeouts(self._interval_s[sel])
+        self._deadline_s[sel] = np.where(self._active[sel], self._progress_s[sel] + timeout, np.inf)
 
     def state_dict(self) -> dict[str, Any]:
         state = {name: getattr(self, "_" + name).tolist() for name in self._ARRAYS}
@@ -117,10 +123,12 @@ class HangDetector(Detector):
             setattr(self, "_" + name, np.asarray(state[name], dtype=dtype))
         self._phases = list(state["phases"])
         self._finished, self._stalled = bool(state["finished"]), bool(state["stalled"])
+        self._deadline_s = np.zeros(len(self._ids))
+        self._refresh_deadlines()
 
     def _positions(self, ids: np.ndarray, now: float) -> np.ndarray | None:
         """Table positions of ``ids`` (sorted, unique), adding new ranks; None = the whole table."""
-        if len(ids) == len(self._ids) and np.array_equal(ids, self._ids):
+        if len(ids) == len(self._ids) and (ids is self._ids or bool((ids == self._ids).all())):
             return None
         if not np.isin(ids, self._ids, assume_unique=True).all():
             merged = np.union1d(self._ids, ids)
@@ -133,6 +141,8 @@ class HangDetector(Detector):
             new = np.ones(len(merged), dtype=bool)
             new[old] = False
             self._progress_s[new] = now   # a new rank's silence starts when it is first known
+            self._deadline_s = np.zeros(len(merged))
+            self._refresh_deadlines()
         return np.searchsorted(self._ids, ids)
 
     # ------------------------------------------------------------------------------ input
@@ -147,6 +157,7 @@ class HangDetector(Detector):
         keep = np.isin(self._ids, ids)
         out = self._resolve_hangs(self._hung & ~keep, now, reason="left the world")
         self._active = keep
+        self._refresh_deadlines()
         return out
 
     def observe(self, ranks: np.ndarray, steps: np.ndarray, now: float) -> list[Finding]:
@@ -155,7 +166,7 @@ class HangDetector(Detector):
         steps = np.asarray(steps, dtype=np.int64)
         if len(ranks) == 0:
             return []
-        if len(ranks) > 1 and not (np.diff(ranks) > 0).all():
+        if len(ranks) > 1 and not (ranks[1:] > ranks[:-1]).all():
             # Several records per rank: keep each rank's newest (highest) step of this push.
             order = np.lexsort((steps, ranks))
             ranks, steps = ranks[order], steps[order]
@@ -164,6 +175,8 @@ class HangDetector(Detector):
             ranks, steps = ranks[last], steps[last]
         self._finished = False   # data after finish: the run was resumed and can hang again
         pos = self._positions(ranks, now)
+        if pos is None and self._steady_push(steps, now):
+            return self._on_progress(slice(None), None, now) if self._hung.any() or self._stalled else []
         sel = slice(None) if pos is None else pos
         prev = self._last_step[sel]
         moved = steps != prev
@@ -182,7 +195,29 @@ class HangDetector(Detector):
         self._last_step[sel] = np.where(moved, steps, prev)
         self._progress_s[sel] = np.where(moved, now, self._progress_s[sel])
         self._active[sel] = True
+        self._refresh_deadlines(sel)
         return self._on_progress(sel, moved, now)
+
+    def _steady_push(self, steps: np.ndarray, now: float) -> bool:
+        """The common case in few array operations: every known rank pushed a new step and
+        every push interval is known. Returns False (nothing done) otherwise."""
+        interval, progress = self._interval_s, self._progress_s
+        if not len(interval) or interval.min() <= 0 or not (steps != self._last_step).all():
+            return False
+        dt = now - progress
+        if dt.min() <= 0:
+            return False
+        capped = np.minimum(dt, 4.0 * interval)
+        capped -= interval
+        capped *= self.interval_alpha
+        interval += capped
+        self._last_step[:] = steps
+        progress.fill(now)
+        self._active.fill(True)
+        np.multiply(interval, self.timeout_factor, out=self._deadline_s)
+        np.maximum(self._deadline_s, self.timeout_floor_s, out=self._deadline_s)
+        self._deadline_s += now
+        return True
 
     def heartbeat(self, rank: int, step: int, phase: str, now: float) -> list[Finding]:
         """A heartbeat of ``rank`` arrived at ``now``: it is at ``step`` in ``phase``."""
@@ -195,9 +230,11 @@ class HangDetector(Detector):
         self._hb_s[j], self._hb_step[j] = now, step
         self._hb_phase[j] = self._phases.index(phase)
         self._active[j] = True
+        if moved:
+            self._progress_s[j] = now
+        self._refresh_deadlines(j)
         if not moved:
             return []
-        self._progress_s[j] = now
         mask = np.zeros(len(self._ids), dtype=bool)
         mask[j] = True
         return self._on_progress(slice(None), mask, now)
@@ -210,25 +247,24 @@ class HangDetector(Detector):
         return out
 
     # ------------------------------------------------------------------------------ decisions
-    def _timeouts(self) -> np.ndarray:
-        known = np.maximum(self.timeout_floor_s, self.timeout_factor * self._interval_s)
+    def _timeouts(self, interval_s: np.ndarray | None = None) -> np.ndarray:
+        interval_s = self._interval_s if interval_s is None else interval_s
+        known = np.maximum(self.timeout_floor_s, self.timeout_factor * interval_s)
         startup = max(self.timeout_floor_s, self.startup_timeout_s)
-        return np.where(self._interval_s > 0, known, startup)
+        return np.where(interval_s > 0, known, startup)
 
     def tick(self, now: float) -> list[Finding]:
         """New ``hang``/``stall`` findings at ``now`` (seconds, the caller's clock)."""
-        if self._finished or not self._active.any():
-            return []
+        if self._finished or not (self._deadline_s < now).any():
+            return []   # the common case: one comparison
         timeout = self._timeouts()
         silent = now - self._progress_s
-        overdue = self._active & (silent > timeout)
-        if not overdue.any():
-            return []
+        overdue = self._deadline_s < now
         if overdue[self._active].all():
             return [] if self._stalled else self._stall(now, silent, timeout)
         # The job goes on without a rank when some rank progressed after that rank's deadline.
         latest = self._progress_s[self._active].max()
-        new = overdue & ~self._hung & (latest > self._progress_s + timeout)
+        new = overdue & ~self._hung & (latest > self._deadline_s)
         out = [self._hang(j, now, silent, timeout, culprit=False) for j in np.flatnonzero(new)]
         return out
 
@@ -312,9 +348,10 @@ class HangDetector(Detector):
                        score=round(min(1.0, max(0.0, (quiet - limit) / limit)), 4),
                        onset_step=step, evidence=evidence)
 
-    def _on_progress(self, sel: slice | np.ndarray, moved: np.ndarray, now: float) -> list[Finding]:
+    def _on_progress(self, sel: slice | np.ndarray, moved: np.ndarray | None,
+                     now: float) -> list[Finding]:
         mask = np.zeros(len(self._ids), dtype=bool)
-        mask[sel] = moved
+        mask[sel] = True if moved is None else moved
         out = self._resolve_stall(now, reason="progress resumed")
         return out + self._resolve_hangs(mask & self._hung, now, reason="progress resumed")
 

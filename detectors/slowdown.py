@@ -112,12 +112,17 @@ class SlowdownDetector(Detector):
         st, ok = block.values["step_time"], block.present["step_time"]
         r, m = block.n_ranks, self.max_reference_ranks
         if r > m:
-            # Id order makes the subset independent of how the caller ordered the columns.
-            cols = np.argsort(block.ranks, kind="stable")[np.linspace(0, r - 1, m).astype(np.int64)]
+            ids = block.ranks
+            if (ids[1:] > ids[:-1]).all():
+                cols = np.linspace(0, r - 1, m).astype(np.int64)
+            else:
+                # Id order makes the subset independent of how the caller ordered the columns.
+                cols = np.argsort(ids, kind="stable")[np.linspace(0, r - 1, m).astype(np.int64)]
             st, ok = st[:, cols], ok[:, cols]
-        ok = ok & (st > 0) & np.isfinite(st)
-        if ok.all():
+        # min/max propagate NaN: two reductions say "every value usable" without temporaries.
+        if ok.all() and st.min() > 0 and st.max() < np.inf:
             return np.log(np.median(st, axis=1))
+        ok = ok & (st > 0) & np.isfinite(st)
         out = np.full(len(st), np.nan)
         for i in range(len(st)):   # rows with missing ranks: steps, not ranks
             if ok[i].any():

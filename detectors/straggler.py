@@ -105,6 +105,8 @@ class StragglerDetector(Detector):
         self._source = np.zeros(0, dtype=np.int8)      # index into SOURCES of the open finding
         self._below = np.zeros(0, dtype=np.int64)      # consecutive observations under resolve
         self._warm = True                              # every known rank is past warm-up
+        self._ref_cols: np.ndarray | None = None       # cached reference subset positions
+        self._weight_table: np.ndarray | None = None
 
     _ARRAYS = ("_ids", "_cusum", "_level", "_recent", "_run_start", "_n_obs", "_firing",
                "_source", "_below")
@@ -142,14 +144,16 @@ class StragglerDetector(Detector):
         """
         vals, pres = block.values, block.present
         n, r = block.n_steps, block.n_ranks
+        c = vals.get("compute_time")
+        # The common, fast case: every rank reported a positive, finite compute time
+        # (min/max propagate NaN, so two reductions check it without temporaries).
+        if c is not None and pres["compute_time"].all() and c.min() > 0 and c.max() < np.inf:
+            return c, None, None
         v, ok = np.full((n, r), np.nan), np.zeros((n, r), dtype=bool)
         src = np.zeros(n, dtype=np.int8)
         todo = np.ones(n, dtype=bool)   # steps still without a source
-        if "compute_time" in vals:
-            c = vals["compute_time"]
+        if c is not None:
             c_ok = pres["compute_time"] & (c > 0) & np.isfinite(c)
-            if c_ok.all():
-                return c, c_ok, None    # the common, fast case
             rows = c_ok.sum(axis=1) >= self.min_ranks
             v[rows], ok[rows], todo = c[rows], c_ok[rows], ~rows
         st = vals.get("step_time")
@@ -173,19 +177,26 @@ class StragglerDetector(Detector):
                 out[i] = (row.max() - row.min()) / np.median(row) > self.sync_spread
         return out
 
-    def _reference(self, v: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-step peer median (s), relative robust scale, and whether the step is usable."""
+    def _reference(self, v: np.ndarray, ok: np.ndarray | None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Per-step peer median (s), relative robust scale, and usable steps (None = all)."""
         r = v.shape[1]
         m = self.max_reference_ranks
-        cols = slice(None) if r <= m else np.linspace(0, r - 1, m).astype(np.int64)
-        ref, ref_ok = v[:, cols], ok[:, cols]
-        n = len(v)
-        med, iqr, usable = np.ones(n), np.zeros(n), np.zeros(n, dtype=bool)
-        if ref_ok.all() and ref.shape[1] >= self.min_ranks:
-            s = np.sort(ref, axis=1)
-            med, iqr = _quantiles(s, s.shape[1])
-            usable[:] = True
+        if r <= m:
+            ref, ref_ok = v, ok
         else:
+            if self._ref_cols is None or self._ref_cols[-1] != r - 1:
+                self._ref_cols = np.linspace(0, r - 1, m).astype(np.int64)
+            ref = v[:, self._ref_cols]
+            ref_ok = None if ok is None else ok[:, self._ref_cols]
+        usable = None
+        if ref_ok is None or ref_ok.all():
+            if ref.shape[1] < self.min_ranks:
+                return np.ones(len(v)), np.ones(len(v)), np.zeros(len(v), dtype=bool)
+            med, iqr = _quantiles(np.sort(ref, axis=1), ref.shape[1])
+        else:
+            n = len(v)
+            med, iqr, usable = np.ones(n), np.zeros(n), np.zeros(n, dtype=bool)
             for i in range(n):   # rows with missing ranks: steps, not ranks
                 row = np.sort(ref[i, ref_ok[i]])
                 if len(row) >= self.min_ranks:
@@ -198,87 +209,120 @@ class StragglerDetector(Detector):
     def update(self, block: StepBlock) -> list[Finding]:
         if block.n_steps == 0 or block.n_ranks == 0:
             return []
-        if block.n_ranks > 1 and not (np.diff(block.ranks) > 0).all():
-            block = block.take_ranks(np.argsort(block.ranks, kind="stable"))
-        if not (block.has("compute_time") or block.has("step_time")):
-            return []
         ids = block.ranks
-        same = len(ids) == len(self._ids) and np.array_equal(ids, self._ids)
-        if not same and not np.isin(ids, self._ids, assume_unique=True).all():
-            self._grow(ids, int(block.steps[0]))
+        same = len(ids) == len(self._ids) and (ids is self._ids or bool((ids == self._ids).all()))
+        if not same:
+            if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
+                block = block.take_ranks(np.argsort(ids, kind="stable"))
+                ids = block.ranks
+                same = len(ids) == len(self._ids) and bool((ids == self._ids).all())
+        if "compute_time" not in block.values and "step_time" not in block.values:
+            return []
+        if not same:
+            if not np.isin(ids, self._ids, assume_unique=True).all():
+                self._grow(ids, int(block.steps[0]))
             same = len(ids) == len(self._ids)
         pos = None if same else np.searchsorted(self._ids, ids)
 
         v, ok, src = self._timings(block)
         med, scale, usable = self._reference(v, ok)
-        if not usable.all():
-            ok = ok & usable[:, None]
-        seen = ok.sum(axis=0)   # valid observations, warm-up included
+        if usable is not None:
+            ok = (np.ones(v.shape, dtype=bool) if ok is None else ok) & usable[:, None]
+        seen = None
         if not self._warm:
             n_obs = self._n_obs if pos is None else self._n_obs[pos]
+            ok = np.ones(v.shape, dtype=bool) if ok is None else ok
+            seen = ok.sum(axis=0)   # valid observations, warm-up included
             ok = ok & (n_obs + np.cumsum(ok, axis=0) > self.warmup_steps)
-        all_ok = bool(ok.all())
+        if ok is not None and ok.all():
+            ok = None
 
-        # z - k = ratio / scale - 1 / scale - k, clipped; missing values add nothing.
+        # ratio to the peer median; z - k = ratio / scale - 1 / scale - k, clipped; missing
+        # values add nothing to the CUSUM and carry no weight in the level.
         inv_med = 1.0 / med
-        y = v * (inv_med / scale)[:, None]
+        ratio = v * inv_med[:, None]
+        y = ratio * (1.0 / scale)[:, None]
         y += (-1.0 / scale - self.cusum_k)[:, None]
         np.minimum(y, self.z_clip - self.cusum_k, out=y)
-        if not all_ok:
+        if ok is not None:
             y[~ok] = 0.0
-            v = np.where(ok, v, 0.0)
+            ratio[~ok] = 0.0
 
-        get = (lambda a: a.copy()) if pos is None else (lambda a: a[pos])
-        cusum, level, run_start = get(self._cusum), get(self._level), get(self._run_start)
-        firing = get(self._firing)
-        start_cusum, start_level, start_run = cusum.copy(), level.copy(), run_start.copy()
+        if pos is None:
+            start_cusum, start_level, start_run = self._cusum, self._level.copy(), self._run_start.copy()
+            level, run_start = self._level, self._run_start
+        else:
+            start_cusum, start_level, start_run = self._cusum[pos], self._level[pos], self._run_start[pos]
+            level, run_start = start_level.copy(), start_run.copy()
+        cusum = start_cusum
+        firing = self._firing if pos is None else self._firing[pos]
 
         n = block.n_steps
         hist = np.empty((n, len(ids)))
+        weights = self._weights()
+        span = np.empty(len(ids), dtype=np.int64)
         for i in range(n):
             np.add(cusum, y[i], out=hist[i])
             np.maximum(hist[i], 0.0, out=hist[i])
             cusum = hist[i]
-            # A run starts at the step after the last zero; level is the mean since then.
+            # A run starts at the step after the last zero; level is the mean since then,
+            # an EWMA over about level_window steps for long runs.
             next_step = int(block.steps[i]) + 1
             np.copyto(run_start, next_step, where=cusum == 0.0)
-            weight = 1.0 / np.clip(next_step - run_start, 1, self.level_window)
-            if not all_ok:
+            np.subtract(next_step, run_start, out=span)
+            np.minimum(span, self.level_window, out=span)
+            weight = weights.take(span)
+            if ok is not None:
                 weight *= ok[i]
-            level += weight * (v[i] * inv_med[i] - level)
+            delta = ratio[i] - level
+            delta *= weight
+            level += delta
 
         # Ranks with something to decide are replayed one by one (few: firing or past h).
-        busy = np.flatnonzero(firing | (hist.max(axis=0) >= self.cusum_h))
+        reached = (hist[0] if n == 1 else hist.max(axis=0)) >= self.cusum_h
+        busy = np.flatnonzero(reached | firing)
         findings: list[Finding] = []
-        below, source, recent = get(self._below), get(self._source), get(self._recent)
+        cusum = hist[-1]
+        ok_any = ok if ok is not None or not len(busy) else np.ones(v.shape, dtype=bool)
         for j in busy:
+            k = j if pos is None else int(pos[j])
             col = _Column(cusum=float(start_cusum[j]), level=float(start_level[j]),
-                          run_start=int(start_run[j]), firing=bool(firing[j]),
-                          below=int(below[j]), source=int(source[j]), recent=float(recent[j]))
-            findings += self._replay(col, int(ids[j]), block.steps, y[:, j], v[:, j], ok[:, j],
-                                     inv_med, med, src)
+                          run_start=int(start_run[j]), firing=bool(self._firing[k]),
+                          below=int(self._below[k]), source=int(self._source[k]),
+                          recent=float(self._recent[k]))
+            findings += self._replay(col, int(ids[j]), block.steps, y[:, j], ratio[:, j],
+                                     ok_any[:, j], v[:, j], med, src)
             cusum[j], level[j], run_start[j] = col.cusum, col.level, col.run_start
-            firing[j], below[j], source[j], recent[j] = col.firing, col.below, col.source, col.recent
+            self._firing[k], self._below[k] = col.firing, col.below
+            self._source[k], self._recent[k] = col.source, col.recent
 
         if pos is None:
-            self._cusum, self._level, self._run_start = cusum.copy(), level, run_start
-            self._firing, self._below, self._source, self._recent = firing, below, source, recent
-            self._n_obs = self._n_obs + seen
+            self._cusum = cusum.copy()
         else:
             self._cusum[pos], self._level[pos], self._run_start[pos] = cusum, level, run_start
-            self._firing[pos], self._below[pos] = firing, below
-            self._source[pos], self._recent[pos] = source, recent
-            self._n_obs[pos] += seen
-        if not self._warm:
+        if seen is not None:
+            if pos is None:
+                self._n_obs += seen
+            else:
+                self._n_obs[pos] += seen
             self._warm = bool((self._n_obs >= self.warmup_steps).all())
         findings.sort(key=lambda f: (f.step, f.ranks))
         return findings
 
-    def _replay(self, col: "_Column", rank: int, steps: np.ndarray, y: np.ndarray, v: np.ndarray,
-                ok: np.ndarray, inv_med: np.ndarray, med: np.ndarray,
+    def _weights(self) -> np.ndarray:
+        """``1 / k`` for ``k = 0 .. level_window`` (k = 0, a step at CUSUM zero, weighs 1)."""
+        if self._weight_table is None or len(self._weight_table) != self.level_window + 1:
+            k = np.arange(self.level_window + 1, dtype=np.float64)
+            k[0] = 1.0
+            self._weight_table = 1.0 / k
+        return self._weight_table
+
+    def _replay(self, col: "_Column", rank: int, steps: np.ndarray, y: np.ndarray,
+                ratios: np.ndarray, ok: np.ndarray, v: np.ndarray, med: np.ndarray,
                 src: np.ndarray | None) -> list[Finding]:
         """The per-rank state machine over one block column (same arithmetic as the fast path)."""
         out: list[Finding] = []
+        weights = self._weights()
         for i in range(len(steps)):
             step = int(steps[i])
             col.cusum = max(col.cusum + float(y[i]), 0.0)
@@ -286,9 +330,9 @@ class StragglerDetector(Detector):
                 col.run_start = step + 1
             if not ok[i]:
                 continue
-            ratio = float(v[i] * inv_med[i])
-            col.level += (1.0 / float(min(max(step + 1 - col.run_start, 1), self.level_window))) \
-                * (ratio - col.level)
+            ratio = float(ratios[i])
+            col.level += (ratio - col.level) * float(weights[min(step + 1 - col.run_start,
+                                                                 self.level_window)])
             if col.firing:
                 col.recent += self.resolve_alpha * (ratio - col.recent)
                 col.below = col.below + 1 if col.recent < self.resolve_ratio else 0

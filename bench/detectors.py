@@ -1,0 +1,169 @@
+"""Microseconds per step for each streaming detector and for the whole set.
+
+Feeds a synthetic run (every metric of :mod:`detectors.simulate`'s vocabulary, 2 % timing jitter)
+at 8, 1,024, 16,384 and 131,072 ranks, in blocks of 1 step (the streaming case: one aligned frame
+at a time) and of 16 steps (a burst after a slow push), and prints a markdown table of
+wall-clock microseconds per step (best of ``--repeats`` timed passes after a warm-up pass).
+The hang detector is driven as the service drives it: one ``observe(ranks, steps, now)`` of the
+whole frame plus one ``tick(now)`` per step.
+
+A baseline measured in the same run, ``np.median`` of one step x ranks row, is printed too so the
+figures can be compared across machines (the ``x median`` column).
+
+Targets (issue 3): <= 20 us per detector per step at 1,024 ranks, <= 100 us at 16,384.
+
+    .venv/bin/python bench/detectors.py            # full table (about a minute)
+    .venv/bin/python bench/detectors.py --quick    # 8 and 1,024 ranks only
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from detectors.base import Detector  # noqa: E402
+from detectors.frame import StepBlock  # noqa: E402
+from detectors.hang import HangDetector  # noqa: E402
+from detectors.slowdown import SlowdownDetector  # noqa: E402
+from detectors.straggler import StragglerDetector  # noqa: E402
+
+VALUE_MODULES = ("detectors.non_finite", "detectors.spike", "detectors.divergence",
+                 "detectors.rank_outlier")
+
+
+def value_detectors() -> list[type[Detector]]:
+    """Concrete Detector subclasses defined in the value-detector modules that exist."""
+    found: list[type[Detector]] = []
+    for name in VALUE_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        for obj in vars(mod).values():
+            if (inspect.isclass(obj) and issubclass(obj, Detector) and obj.__module__ == name
+                    and not inspect.isabstract(obj) and obj not in found):
+                try:
+                    obj()
+                except TypeError:
+                    continue   # needs arguments: not a ready-to-use detector
+                found.append(obj)
+    # A base class whose subclasses are also listed is benchmarked through them.
+    return [c for c in found if not any(o is not c and issubclass(o, c) for o in found)]
+
+
+def make_block(n_steps: int, n_ranks: int, seed: int = 0) -> StepBlock:
+    """A clean synchronous run: every rank reports every metric at every step."""
+    rng = np.random.default_rng(seed)
+    shape = (n_steps, n_ranks)
+    steps = np.arange(n_steps)
+    compute = 0.4 * np.exp(rng.normal(0.0, 0.02, shape))
+    slowest = compute.max(axis=1, keepdims=True)
+    comm = 0.08 + (slowest - compute)
+    step_time = np.broadcast_to(slowest + 0.08, shape) + rng.normal(0.0, 1e-4, shape) ** 2
+    loss = (2.0 + 8.0 / np.sqrt(1.0 + steps / 50.0))[:, None] * np.exp(rng.normal(0.0, 0.04, shape))
+    grad = np.broadcast_to((1.0 + np.exp(-steps / 100.0))[:, None]
+                           * np.exp(rng.normal(0.0, 0.1, (n_steps, 1))), shape)
+    local = grad * 1.6 * np.exp(rng.normal(0.0, 0.08, shape))
+    return StepBlock.from_dense(
+        steps, np.arange(n_ranks), loss=loss, grad_norm=np.ascontiguousarray(grad),
+        local_grad_norm=local, step_time=step_time, compute_time=compute, comm_time=comm,
+        data_time=rng.exponential(0.01, shape), lr=np.full(shape, 3e-4))
+
+
+def blocks_of(block: StepBlock, size: int) -> list[StepBlock]:
+    return [block.slice_steps(i, i + size) for i in range(0, block.n_steps, size)]
+
+
+def time_block_detector(cls: type[Detector], warm: list[StepBlock], timed: list[StepBlock],
+                        repeats: int) -> float:
+    """Median seconds for one pass over ``timed`` after feeding ``warm`` (state warmed up)."""
+    runs = []
+    for _ in range(repeats):
+        det = cls()
+        for b in warm:
+            det.update(b)
+        t0 = time.perf_counter()
+        for b in timed:
+            det.update(b)
+        runs.append(time.perf_counter() - t0)
+    return float(np.min(runs))
+
+
+def time_hang(block: StepBlock, timed_steps: int, repeats: int) -> float:
+    """Median seconds for ``timed_steps`` rounds of observe(frame) + tick()."""
+    ranks = block.ranks
+    runs = []
+    for _ in range(repeats):
+        det = HangDetector()
+        det.set_world(ranks, 0.0)
+        for i in range(10):   # learn push intervals
+            det.observe(ranks, np.full(len(ranks), i), float(i))
+        t0 = time.perf_counter()
+        for i in range(10, 10 + timed_steps):
+            det.observe(ranks, np.full(len(ranks), i), float(i))
+            det.tick(float(i) + 0.5)
+        runs.append(time.perf_counter() - t0)
+    return float(np.min(runs))
+
+
+def baseline_median_us(n_ranks: int) -> float:
+    row = np.random.default_rng(1).random(n_ranks)
+    k = max(50, 20_000 // max(1, n_ranks // 64))
+    t0 = time.perf_counter()
+    for _ in range(k):
+        np.median(row)
+    return (time.perf_counter() - t0) / k * 1e6
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="only 8 and 1,024 ranks")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    sizes = (8, 1024) if args.quick else (8, 1024, 16_384, 131_072)
+    block_sizes = (1, 16)
+    value = value_detectors()
+    timing: list[type[Detector]] = [StragglerDetector, SlowdownDetector]
+    names = [c.__name__ for c in timing] + ["HangDetector"] + [c.__name__ for c in value]
+    print(f"value detectors found: {', '.join(c.__name__ for c in value) or 'none'}\n")
+    header = "| detector | " + " | ".join(f"{r:,} ranks, {b}/block" for r in sizes for b in block_sizes)
+    print(header + " |")
+    print("|---|" + "---:|" * (len(sizes) * len(block_sizes)))
+    table: dict[str, list[float]] = {n: [] for n in names + ["whole set"]}
+    base: list[float] = []
+    for n_ranks in sizes:
+        # Fewer timed steps where each costs more, so the whole bench stays near a minute.
+        timed_steps = 64 if n_ranks <= 1024 else (32 if n_ranks <= 16_384 else 16)
+        repeats = args.repeats if n_ranks <= 16_384 else 1
+        warm_steps = 320
+        full = make_block(warm_steps + timed_steps, n_ranks)
+        base_us = baseline_median_us(n_ranks)
+        for bs in block_sizes:
+            base.append(base_us)
+            warm = blocks_of(full.slice_steps(0, warm_steps), 64)
+            timed = blocks_of(full.slice_steps(warm_steps, warm_steps + timed_steps), bs)
+            total = 0.0
+            for cls in timing + value:
+                us = time_block_detector(cls, warm, timed, repeats) / timed_steps * 1e6
+                table[cls.__name__].append(us)
+                total += us
+            hang_us = time_hang(full, timed_steps, repeats) / timed_steps * 1e6
+            table["HangDetector"].append(hang_us)
+            table["whole set"].append(total + hang_us)
+    for name, row in table.items():
+        print(f"| {name} | " + " | ".join(f"{us:,.1f}" for us in row) + " |")
+    print("| baseline: np.median of one row | " + " | ".join(f"{us:,.1f}" for us in base) + " |")
+    print("\nmicroseconds per step (wall clock, best of repeats); targets: <= 20 us per detector "
+          "at 1,024 ranks, <= 100 us at 16,384")
+
+
+if __name__ == "__main__":
+    main()
