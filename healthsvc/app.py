@@ -35,6 +35,7 @@ Hook = Callable[[], Any | Awaitable[Any]]
 # Modules with an ``install(app, ctx)``, installed in this order.
 FEATURES: list[str] = [
     "healthsvc.monitor",
+    "healthsvc.economics_service",
     "healthsvc.alerting.service",
 ]
 

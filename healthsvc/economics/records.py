@@ -27,7 +27,8 @@ class CheckpointWrite:
     """One checkpoint the trainer registered.
 
     ``written_at_s`` orders checkpoints (steps repeat after a rollback, write times do not).
-    ``verified_clean`` is True only when a probe confirmed the checkpoint good.
+    ``verified_clean`` is True only when a probe confirmed the checkpoint good; ``known_bad``
+    when someone marked it corrupted.
     """
 
     step: int
@@ -37,12 +38,14 @@ class CheckpointWrite:
     size_bytes: int | None = None
     attempt: int | None = None
     verified_clean: bool = False
+    known_bad: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "step": int(self.step), "uri": self.uri, "written_at_s": float(self.written_at_s),
             "duration_s": self.duration_s, "size_bytes": self.size_bytes,
             "attempt": self.attempt, "verified_clean": bool(self.verified_clean),
+            "known_bad": bool(self.known_bad),
         }
 
 

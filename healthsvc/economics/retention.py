@@ -18,7 +18,7 @@ when they break the budget — **guarantees win over the budget**, and the plan 
 Then, while the budget allows: the ``keep_recent`` newest (``recent``), then one checkpoint per
 geometric age bucket, younger buckets first (``sparse_spacing``). A checkpoint written before a
 corruption was detected whose step is at or after its onset holds corrupted updates: it is not
-a candidate (``known_corrupted``) unless a guarantee names it.
+a candidate (``known_corrupted``) unless a guarantee names it; so is one marked ``known_bad``.
 
 Example:
     >>> ckpts = [CheckpointWrite(step=s, uri=f"c{s}", written_at_s=float(s), size_bytes=10)
@@ -129,7 +129,7 @@ def lag_window_steps(corruptions: Sequence[Corruption], policy: RetentionPolicy)
 
 
 def _is_corrupted(ckpt: CheckpointWrite, corruptions: Sequence[Corruption]) -> bool:
-    return any(ckpt.written_at_s <= c.detected_at_s and ckpt.step >= c.onset_step
+    return ckpt.known_bad or any(ckpt.written_at_s <= c.detected_at_s and ckpt.step >= c.onset_step
                for c in corruptions)
 
 
