@@ -102,15 +102,17 @@ class AlertingService:
         tick_s = self.settings.alert_tick_s
         last_tick = 0.0
         while not self._stopping.is_set():
+            items: list[tuple] = []
             try:
-                items = [self._queue.get(timeout=tick_s)]
+                items.append(self._queue.get(timeout=tick_s))
                 while True:
                     items.append(self._queue.get_nowait())
             except queue.Empty:
                 pass
             try:
                 for item in items:
-                    self._handle(item)
+                    if item[0] != "stop":
+                        self._handle(item)
                 now = self.clock()
                 if now - last_tick >= tick_s:
                     self.manager.tick(now)
