@@ -148,7 +148,9 @@ class RankOutlierDetector(Detector):
         # Only ranks that come near the warning level (or are in an episode) need the machine.
         near = size > warn / 2
         cols = np.flatnonzero(near.any(axis=0) | carry_active)
-        table["quiet"][pos] = np.where(near[-1], table["quiet"][pos], int(block.steps[-1]))
+        quiet_carry = table["quiet"][pos]
+        # Ranks quiet on the last row were last unremarkable at the block's last step.
+        table["quiet"][pos] = np.where(near[-1], quiet_carry, int(block.steps[-1]))
         if len(cols) == 0:
             return []
         p = pos[cols]
@@ -157,7 +159,7 @@ class RankOutlierDetector(Detector):
         runs = run_length(active, ok, table["run"][p])
         long = active & ok & (runs == self.escalate_steps)
         critical = hysteresis((s > crit) | long, ~active, table["critical"][p])
-        quiet = last_step_where(~near[:, cols], block.steps, table["quiet"][p])
+        quiet = last_step_where(~near[:, cols], block.steps, quiet_carry[cols])
         prev_active = np.vstack([carry_active[cols][None, :], active[:-1]])
         prev_crit = np.vstack([table["critical"][p][None, :], critical[:-1]])
         table["active"][p], table["critical"][p] = active[-1], critical[-1]

@@ -1,0 +1,130 @@
+"""Properties every value detector keeps: split anywhere, permute ranks, constants, missing, state.
+
+One faulty trace carries every value fault at once (plus 10 % missing cells), so each property is
+exercised while detectors are firing, escalating and resolving, not only on quiet input.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from detectors.divergence import DivergenceDetector
+from detectors.frame import StepBlock
+from detectors.non_finite import NonFiniteDetector
+from detectors.rank_outlier import RankOutlierDetector
+from detectors.simulate import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite,
+                                iter_blocks, simulate_run, split_at)
+from detectors.spike import GradSpikeDetector, LossSpikeDetector
+
+FACTORIES = {
+    "non_finite": NonFiniteDetector,
+    "loss_spike": LossSpikeDetector,
+    "grad_spike": GradSpikeDetector,
+    "divergence": lambda: DivergenceDetector(warmup_steps=150),
+    "rank_outlier": lambda: RankOutlierDetector(escalate_steps=100),
+}
+FAULTS = [
+    LossSpike(step=400, factor=2.0), LossSpike(step=450, factor=3.0, ranks=(3, 11), duration=30),
+    GradSpike(step=600, factor=8.0), LossSpike(step=700, factor=2.0, duration=40),
+    CorruptRank(step=800, rank=5, loss_scale=1.1), CorruptRank(step=900, rank=17, local_grad_scale=1.0, grad_norm_scale=1.2),
+    Divergence(step=1_000, rate=1e-3), NonFinite(step=1_450, rank=9),
+]
+
+
+@pytest.fixture(scope="module")
+def faulty() -> StepBlock:
+    return simulate_run(n_steps=1_500, n_ranks=24, seed=21, faults=FAULTS, missing_fraction=0.1).block
+
+
+def feed(det, blocks):
+    return [f for b in blocks for f in det.update(b)]
+
+
+def kinds_fired(findings):
+    return {(f.kind, f.status) for f in findings}
+
+
+@pytest.fixture(scope="module")
+def whole(faulty):
+    return {name: feed(make(), [faulty]) for name, make in FACTORIES.items()}
+
+
+def test_the_faulty_trace_exercises_every_detector(whole):
+    for name, found in whole.items():
+        assert (name, "firing") in kinds_fired(found), name
+    assert any(f.severity == "critical" for name in ("loss_spike", "rank_outlier", "divergence") for f in whole[name])
+    assert any(f.status == "resolved" for f in whole["loss_spike"])
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_splitting_the_input_anywhere_gives_the_same_findings(name, seed, faulty, whole):
+    assert feed(FACTORIES[name](), iter_blocks(faulty, seed=seed, max_size=97)) == whole[name]
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_one_step_blocks_and_cuts_at_fault_steps_give_the_same_findings(name, faulty, whole):
+    assert feed(FACTORIES[name](), iter_blocks(faulty.slice_steps(0, 720), 1)) == \
+        [f for f in whole[name] if f.step < 720]
+    cuts = [399, 400, 401, 450, 451, 600, 601, 800, 1_000, 1_449, 1_450, 1_451]
+    assert feed(FACTORIES[name](), split_at(faulty, cuts)) == whole[name]
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_permuting_ranks_changes_nothing(name, seed, faulty, whole):
+    order = np.random.default_rng(seed).permutation(faulty.n_ranks)
+    assert feed(FACTORIES[name](), iter_blocks(faulty.take_ranks(order), 64)) == whole[name]
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+@pytest.mark.parametrize("value", [1e-6, 1.0, 2.5, 1e6])
+def test_a_constant_series_never_fires(name, value):
+    metrics = ("loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time")
+    block = StepBlock.from_dense(np.arange(2_000), np.arange(32),
+                                 **{m: np.full((2_000, 32), value) for m in metrics})
+    assert feed(FACTORIES[name](), iter_blocks(block, 50)) == []
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_missing_is_never_a_value(name, faulty, whole):
+    # Whatever sits in a cell that was not reported (NaN filler, garbage, infinities) is ignored.
+    rng = np.random.default_rng(5)
+    garbage = StepBlock(steps=faulty.steps, ranks=faulty.ranks, values={
+        m: np.where(faulty.present[m], v, rng.choice([np.nan, np.inf, -np.inf, 0.0, -3.0, 1e9], size=v.shape))
+        for m, v in faulty.values.items()}, present={m: p.copy() for m, p in faulty.present.items()})
+    assert feed(FACTORIES[name](), iter_blocks(garbage, 64)) == whole[name]
+    nothing = StepBlock(steps=faulty.steps, ranks=faulty.ranks, values=garbage.values,
+                        present={m: np.zeros_like(p) for m, p in faulty.present.items()})
+    assert feed(FACTORIES[name](), iter_blocks(nothing, 64)) == []
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+@pytest.mark.parametrize("cut", [1, 401, 455, 601, 810, 1_100, 1_451])
+def test_state_round_trip_mid_stream(name, cut, faulty, whole):
+    first = FACTORIES[name]()
+    head = feed(first, iter_blocks(faulty.slice_steps(0, cut), 37))
+    state = json.loads(json.dumps(first.state_dict(), allow_nan=False))   # strict JSON
+    fresh = FACTORIES[name]()
+    fresh.load_state_dict(state)
+    assert head + feed(fresh, iter_blocks(faulty.slice_steps(cut, faulty.n_steps), 37)) == whole[name]
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_reset_forgets_everything(name, faulty, whole):
+    det = FACTORIES[name]()
+    feed(det, [faulty])
+    det.reset()
+    assert feed(det, [faulty]) == whole[name]
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_findings_are_well_formed(name, whole):
+    for f in whole[name]:
+        assert f.kind == name and 0.0 <= f.score <= 1.0 and f.metric
+        assert list(f.ranks) == sorted(set(f.ranks))
+        json.dumps(f.to_dict(), allow_nan=False)
+        if f.status == "firing" and name != "non_finite":
+            assert f.onset_step is None or f.onset_step <= f.step
