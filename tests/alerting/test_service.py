@@ -111,7 +111,7 @@ def test_webhook_crud_and_delivery_status(tmp_path):
 
 def test_silences_through_the_api(tmp_path):
     with Receiver() as rx:
-        app = create_app(settings(tmp_path, rx.url))
+        app = create_app(settings(tmp_path, rx.url, alert_timings={"critical": {"group_interval_s": 0.5}}))
         with TestClient(app) as c:
             r = c.post("/v1/silences", json={"matchers": [{"name": "run", "value": "r3"}], "duration_s": 3600,
                                              "created_by": "ann", "comment": "maintenance"})
