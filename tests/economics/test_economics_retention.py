@@ -172,3 +172,12 @@ def test_unlimited_budget_keeps_the_recent_ones_and_thins_the_rest():
     # holds 1100..900, bucket 3 = [800, 1600) holds 800..100: the oldest of each, 900 and 100.
     assert kept == [100, 900, 1200, 1300, 1400, 1500]
     assert lag_window_steps([], RetentionPolicy(min_lag_window_steps=40)) == 40
+
+
+def test_a_checkpoint_marked_bad_is_deletable_unless_a_guarantee_names_it():
+    ckpts = [CheckpointWrite(step=s, uri=f"c{s}", written_at_s=float(s), known_bad=(s == 300))
+             for s in (100, 200, 300)]
+    plan = plan_retention(ckpts, current_step=300, policy=RetentionPolicy(keep_recent=3))
+    by_step = {d.checkpoint.step: d for d in plan.decisions}
+    assert not by_step[300].keep and by_step[300].reasons == ("known_corrupted",)
+    assert by_step[200].reasons == ("lag_coverage",) and by_step[100].reasons == ("recent",)
