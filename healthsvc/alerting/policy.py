@@ -272,4 +272,3 @@ class PolicyConfig:
 
     timings: Mapping[str, Timing] = field(default_factory=lambda: dict(DEFAULT_TIMINGS))
     inhibit_rules: tuple[InhibitRule, ...] = DEFAULT_INHIBIT_RULES
-    send_resolved: bool = True
