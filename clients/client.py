@@ -175,6 +175,7 @@ class Run:
         self._counters = _Counters()
         self._warned: set[str] = set()
 
+        self._held: tuple[int, float, dict] | None = None  # see _may_still_grow
         self._next_step = 0
         self._step_in_progress: int | None = None
         self._phase = "other"
@@ -249,7 +250,8 @@ class Run:
                     self._wake.set()
                     break
             else:
-                if len(self._rows) >= self.max_batch:
+                # Equality, not >=: one wake per batch; the sender drains everything it finds.
+                if len(self._rows) == self.max_batch:
                     self._wake.set()
         except Exception as exc:  # a bad argument must not stop training
             self._problem("log", f"log() ignored a call: {exc!r}")
@@ -277,7 +279,7 @@ class Run:
                 self._next_step = step + 1
             self._cols.put((-1 if step is None else step, time.time(), block))
             self._counters.columns_logged += 1
-            if len(self._cols) >= self.max_batch:
+            if len(self._cols) == self.max_batch:
                 self._wake.set()
         except Exception as exc:
             self._problem("log_columns", f"log_columns() ignored a call: {exc!r}")
@@ -418,7 +420,8 @@ class Run:
         return ClientStats(**values)
 
     def _pending(self) -> int:
-        return len(self._rows) + len(self._cols) + len(self._control)
+        held = 0 if self._held is None else 1
+        return len(self._rows) + len(self._cols) + len(self._control) + held
 
     def _problem(self, key: str, message: str) -> None:
         self._counters.last_error = message
@@ -435,8 +438,9 @@ class Run:
             self._wake.clear()
             with self._cond:
                 generation = self._flush_requested
+                force = generation > self._flush_done or self._closing.is_set()
             try:
-                self._send_pending()
+                self._send_pending(force)
             except Exception as exc:  # a bug here must not kill delivery for the rest of the run
                 self._problem("sender", f"sender error: {exc!r}")
             with self._cond:
@@ -445,26 +449,59 @@ class Run:
             if self._closing.is_set() and self._pending() == 0:
                 return
 
-    def _send_pending(self) -> None:
-        while rows := self._rows.drain(self.max_batch):
-            self._send_rows(rows)
+    def _send_pending(self, force: bool) -> None:
+        while True:
+            rows = self._rows.drain(self.max_batch)
+            if self._held is not None:
+                rows.insert(0, self._held)
+                self._held = None
+            if not rows:
+                break
+            merged = encode.merge_by_step(rows)
+            if not force and not len(self._rows) and self._may_still_grow(merged):
+                self._held = merged.pop()
+            if merged:
+                self._send_rows(merged)
+            if not len(self._rows):
+                break
         while blocks := self._cols.drain(self.max_batch):
             self._send_columns(blocks)
         for method, suffix, body, _ in self._control.drain():
             self._deliver(method, self._base_path + suffix, body, n_records=0)
 
-    def _send_rows(self, rows: list[tuple[int, float, dict]]) -> None:
+    def _may_still_grow(self, merged: list[tuple[int, float, dict]]) -> bool:
+        """Hold back the newest step's record for one more interval when the training thread may
+        still add fields to it (``log(loss=..)`` then ``log(grad_norm=..)``): the service reads a
+        step a rank already reported as a restart, so one step must not straddle two batches.
+        Never held: a record with a non-finite float (that is flushed now) or one older than the
+        flush interval (a rank stuck after logging it)."""
+        step, ts, metrics = merged[-1]
+        if any(other[0] > step for other in merged):
+            return False
+        if any(v.__class__ is float and (v - v) != 0.0 for v in metrics.values()):
+            return False
+        return time.time() - ts < self.flush_interval_s
+
+    def _send_rows(self, merged: list[tuple[int, float, dict]]) -> None:
+        rank, host, world_size = self.rank, self.host, self.world_size
         records = []
-        for step, ts, metrics in encode.merge_by_step(rows):
-            clean, bad = encode.clean_metrics(metrics)
-            if bad:
-                self._counters.invalid_fields += len(bad)
-                self._problem("invalid_field", f"dropped non-numeric field(s) {bad} at step {step}")
-            record = {"step": step, "rank": self.rank, **clean}
-            record.setdefault("ts", ts)
-            record.setdefault("host", self.host)
-            if self.world_size is not None:
-                record.setdefault("world_size", self.world_size)
+        for step, ts, metrics in merged:
+            record: dict[str, Any] = {"step": step, "rank": rank}
+            for name, value in metrics.items():
+                if value.__class__ in _JSON_SCALARS:
+                    record[name] = value
+                else:  # numpy scalars, tensors: converted here, off the training thread
+                    try:
+                        record[name] = encode.to_scalar(value)
+                    except (TypeError, ValueError, RuntimeError):
+                        self._counters.invalid_fields += 1
+                        self._problem("invalid_field", f"dropped non-numeric field {name!r} at step {step}")
+            if "ts" not in record:
+                record["ts"] = ts
+            if "host" not in record:
+                record["host"] = host
+            if world_size is not None and "world_size" not in record:
+                record["world_size"] = world_size
             records.append(record)
         body = {"batch_id": uuid.uuid4().hex, "records": records}
         self._deliver("POST", self._base_path + "/metrics", body, n_records=len(records))
@@ -521,8 +558,8 @@ class Run:
             retry_after = None
             try:
                 response = self._transport.request(request, timeout_s)  # type: ignore[union-attr]
-            except TransportError as exc:
-                self._problem("transport", f"{method} {path}: {exc}")
+            except TransportError as exc:  # its message names the method and path
+                self._problem("transport", str(exc))
                 continue
             except Exception as exc:  # a transport bug is handled like a network error
                 self._problem("transport", f"{method} {path}: {exc!r}")
@@ -590,9 +627,13 @@ class Run:
         self._spool = None
         self._new_sync_state()
         self._rows.clear()
+        self._held = None
         self._cols.clear()
         self._control.clear()
         self._pid = os.getpid()
+
+
+_JSON_SCALARS = frozenset({float, int, str, bool, type(None)})
 
 
 def _to_list(values: Any) -> list:

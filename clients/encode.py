@@ -17,7 +17,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping  # noqa: F401
 from typing import Any
 
 _PASSTHROUGH = (bool, int, float, str, type(None))
@@ -45,31 +45,22 @@ def is_non_finite(value: Any) -> bool:
     return value.__class__ is float and not math.isfinite(value)
 
 
-def clean_metrics(metrics: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Convert every value with ``to_scalar``; returns (clean, names of fields that were dropped)."""
-    clean: dict[str, Any] = {}
-    dropped: list[str] = []
-    for name, value in metrics.items():
-        try:
-            clean[name] = to_scalar(value)
-        except (TypeError, ValueError, RuntimeError):
-            dropped.append(str(name))
-    return clean, dropped
-
-
-def merge_by_step(rows: Iterable[tuple[int, float, Mapping[str, Any]]]) -> list[tuple[int, float, dict]]:
+def merge_by_step(rows: Iterable[tuple[int, float, dict]]) -> list[tuple[int, float, dict]]:
     """Fold several ``log()`` calls for the same step into one record (later values win).
 
-    ``rows`` are (step, ts, metrics); order of first appearance is kept.
+    ``rows`` are (step, ts, metrics) with ``metrics`` owned by the caller (not copied unless two
+    rows share a step); order of first appearance is kept.
+
+        >>> merge_by_step([(1, 0.0, {"loss": 1.0}), (2, 0.1, {"loss": 2.0}), (1, 0.2, {"lr": 0.1})])
+        [(1, 0.2, {'loss': 1.0, 'lr': 0.1}), (2, 0.1, {'loss': 2.0})]
     """
     merged: dict[int, tuple[int, float, dict]] = {}
     for step, ts, metrics in rows:
         previous = merged.get(step)
         if previous is None:
-            merged[step] = (step, ts, dict(metrics))
+            merged[step] = (step, ts, metrics)
         else:
-            previous[2].update(metrics)
-            merged[step] = (step, max(ts, previous[1]), previous[2])
+            merged[step] = (step, max(ts, previous[1]), {**previous[2], **metrics})
     return list(merged.values())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import time
 
 import pytest
 
@@ -58,6 +59,26 @@ def test_step_defaults_to_previous_plus_one_and_same_step_calls_merge(make_run, 
     records = service.records()
     assert [r["step"] for r in records] == [0, 1, 7, 8]
     assert records[2]["loss"] == 3.0 and records[2]["grad_norm"] == 0.5
+
+
+def test_a_step_logged_in_two_calls_never_straddles_two_batches(make_run, service):
+    # The service reads a (step, rank) it has already seen as a restart, so the client holds the
+    # newest step back for one interval while more fields for it may follow.
+    run = make_run(flush_interval_s=0.3)
+    run.log(loss=1.0, step=5)
+    run._wake.set()            # a sender cycle now, before the interval is over
+    time.sleep(0.1)
+    assert service.requests("metrics") == []
+    run.log(grad_norm=2.0, step=5)
+    assert run.flush(2.0)
+    assert service.records() == [dict(service.records()[0], step=5, loss=1.0, grad_norm=2.0)]
+
+
+def test_a_held_back_step_is_sent_after_the_interval_without_a_flush(make_run, service):
+    run = make_run(flush_interval_s=0.05)
+    run.log(loss=1.0, step=7)  # the last record before the rank hangs
+    assert wait_until(lambda: service.records(), timeout_s=2.0)
+    assert service.records()[0]["step"] == 7
 
 
 def test_numpy_like_and_tensor_like_values_are_converted_on_the_sender(make_run, service):
