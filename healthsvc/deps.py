@@ -13,19 +13,19 @@ from healthsvc.store.sqlite import SQLiteStore
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 
-def _store(request: Request) -> SQLiteStore:
+async def _store(request: Request) -> SQLiteStore:
     return request.app.state.store
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def _metrics(request: Request) -> ServiceMetrics:
+async def _metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
-def _summaries(request: Request) -> RunSummaries:
+async def _summaries(request: Request) -> RunSummaries:
     return request.app.state.summaries
 
 

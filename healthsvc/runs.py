@@ -41,7 +41,7 @@ class RunSummaries:
         ranks_seen = int(len(st.ranks_seen())) if st else 0
         out = {
             "run_id": run_id, "status": row["status"], "created_at": row["created_at"],
-            "last_push": row["last_push"], "finished_at": row["finished_at"],
+            "last_push": st.last_push if st else None, "finished_at": row["finished_at"],
             "attempt": st.attempt if st else 0,
             "last_step": (st.max_step() if st and st.max_step() >= 0 else None),
             "world_size": row["config"].get("world_size") or (ranks_seen or None),

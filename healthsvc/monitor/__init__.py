@@ -11,6 +11,8 @@ def install(app: FastAPI, ctx) -> None:
     from healthsvc.monitor.hub import MonitorHub
 
     settings = ctx.settings
+    if not settings.detect:
+        return
     hub = MonitorHub(ctx.store, ctx.findings, clock=ctx.clock, tick_interval_s=settings.tick_interval_s,
                      snapshot_every_s=settings.snapshot_every_s, align_timeout_s=settings.align_timeout_s)
     app.state.monitor = hub

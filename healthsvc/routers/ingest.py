@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fastapi import APIRouter, Request, status
+import orjson
+from fastapi import APIRouter, Request, Response, status
 
 from healthsvc.deps import MetricsDep, RunId, SettingsDep, StoreDep
 from healthsvc.errors import HealthsvcError
@@ -33,12 +34,15 @@ _METRICS_BODY_DOC = {
                         413: {"description": "Body over the configured limit."},
                         422: {"description": "A field is wrong; `detail[].loc` names it."}},
              summary="Push per-rank step metrics")
-async def post_metrics(run_id: RunId, request: Request, store: StoreDep, settings: SettingsDep,
-                       metrics: MetricsDep) -> dict:
+async def post_metrics(run_id: RunId, request: Request) -> Response:
+    # The hot path: no dependency injection or response-model validation (they cost more than
+    # parsing a small batch); the context comes straight from the app.
+    ctx = request.app.state.ctx
+    store, metrics = ctx.store, ctx.metrics
     started = time.perf_counter()
     try:
         raw = await request.body()
-        body = decode_body(raw, request.headers.get("content-encoding"), settings.max_body_bytes)
+        body = decode_body(raw, request.headers.get("content-encoding"), ctx.settings.max_body_bytes)
         batch, digest = parse_metrics(body)
     except HealthsvcError:
         metrics.ingest_requests.labels("rejected").inc()
@@ -52,7 +56,8 @@ async def post_metrics(run_id: RunId, request: Request, store: StoreDep, setting
         metrics.ingest_records.inc(result.accepted)
         metrics.ingest_points.inc(batch.n_points)
     metrics.ingest_latency.observe(time.perf_counter() - started)
-    return {"accepted": result.accepted, "duplicate": result.duplicate, "attempt": result.attempt}
+    return Response(orjson.dumps({"accepted": result.accepted, "duplicate": result.duplicate,
+                                  "attempt": result.attempt}), status_code=202, media_type="application/json")
 
 
 @router.post("/checkpoints", status_code=status.HTTP_201_CREATED, response_model=Ok,

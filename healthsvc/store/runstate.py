@@ -25,6 +25,14 @@ class RunState:
     host_names: list[str] = field(default_factory=list)
     host_code: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int32))  # by rank
     finished: bool = False
+    attempt_progress: dict[int, list[int]] = field(default_factory=dict)  # attempt -> [last step, records]
+    last_push: float | None = None    # service clock of the last accepted batch
+
+    def record_push(self, step_max: int, n_records: int, now: float) -> None:
+        prog = self.attempt_progress.setdefault(self.attempt, [step_max, 0])
+        prog[0] = max(prog[0], step_max)
+        prog[1] += n_records
+        self.last_push = now
 
     def _grow(self, max_rank: int) -> None:
         if max_rank >= len(self.last_step):

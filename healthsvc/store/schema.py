@@ -8,15 +8,12 @@ CREATE TABLE IF NOT EXISTS runs (
     updated_at  REAL NOT NULL,
     config      TEXT NOT NULL DEFAULT '{}',
     status      TEXT NOT NULL DEFAULT 'running',
-    finished_at REAL,
-    last_push   REAL
+    finished_at REAL
 );
 CREATE TABLE IF NOT EXISTS attempts (
     run_id     TEXT NOT NULL,
     attempt    INTEGER NOT NULL,
     start_step INTEGER NOT NULL,
-    last_step  INTEGER NOT NULL,
-    n_records  INTEGER NOT NULL DEFAULT 0,
     opened_at  REAL NOT NULL,
     PRIMARY KEY (run_id, attempt)
 ) WITHOUT ROWID;

@@ -178,14 +178,14 @@ class SQLiteStore:
         # The in-memory state changes only after the job succeeds, so work on a copy of what
         # could change and swap it in at the end (a failed job leaves the state untouched).
         attempt, start_step, last_step = st.attempt, st.start_step, st.last_step.copy()
+        progress = dict(st.attempt_progress), st.last_push
         host_names, host_code = list(st.host_names), st.host_code.copy()
         try:
             new_attempt = st.needs_new_attempt(batch)
             step_min, step_max = int(batch.steps.min()), int(batch.steps.max())
             if new_attempt:
                 st.open_attempt(step_min)
-                conn.execute("INSERT INTO attempts VALUES (?, ?, ?, ?, 0, ?)",
-                             (run_id, st.attempt, step_min, step_max, now))
+                conn.execute("INSERT INTO attempts VALUES (?, ?, ?, ?)", (run_id, st.attempt, step_min, now))
             st.advance(batch)
             changed = st.changed_hosts(batch)
             if changed:
@@ -198,16 +198,19 @@ class SQLiteStore:
                 (run_id, st.attempt, step_min, step_max, len(batch), n_points, ",".join(batch.values),
                  batch.host_index is not None, now, encode_chunk(batch)))
             chunk_id = cur.lastrowid
-            conn.execute("UPDATE attempts SET last_step = max(last_step, ?), n_records = n_records + ?"
-                         " WHERE run_id=? AND attempt=?", (step_max, len(batch), run_id, st.attempt))
-            conn.execute("UPDATE runs SET last_push=?, updated_at=?, status='running', finished_at=NULL"
-                         " WHERE run_id=?", (now, now, run_id))
-            st.finished = False
+            if st.finished:  # data after finish: the run resumed
+                conn.execute("UPDATE runs SET status='running', finished_at=NULL, updated_at=? WHERE run_id=?",
+                             (now, run_id))
+                st.finished = False
+            # Per-attempt progress and the last push are derivable from the chunks: kept in memory,
+            # rebuilt from the chunks table on open, not written per batch.
+            st.record_push(step_max, len(batch), now)
             if now - self._last_snapshot.get(run_id, 0.0) >= self.snapshot_every_s:
                 self._write_snapshot(conn, run_id, st)
         except BaseException:
             st.attempt, st.start_step, st.last_step = attempt, start_step, last_step
             st.host_names, st.host_code = host_names, host_code
+            st.attempt_progress, st.last_push = progress
             raise
         return IngestResult(run_id, len(batch), False, st.attempt, new_attempt, chunk_id, now, batch)
 
@@ -241,6 +244,11 @@ class SQLiteStore:
                 st.advance(batch)
                 st.changed_hosts(batch)
             st.finished = status == "finished"
+            for attempt, last_step, n_records, last_push in conn.execute(
+                    "SELECT attempt, max(step_max), sum(n_records), max(received_at) FROM chunks WHERE run_id=?"
+                    " GROUP BY attempt", (run_id,)):
+                st.attempt_progress[attempt] = [last_step, n_records]
+                st.last_push = max(st.last_push or 0.0, last_push)
             self._runs[run_id] = st
 
     def submit_run_config(self, run_id: str, config: dict) -> Future:
@@ -312,25 +320,30 @@ class SQLiteStore:
 
     def list_run_rows(self) -> list[dict]:
         rows = self.read_conn().execute(
-            "SELECT run_id, created_at, updated_at, config, status, finished_at, last_push FROM runs ORDER BY created_at")
+            "SELECT run_id, created_at, updated_at, config, status, finished_at FROM runs ORDER BY created_at")
         return [self._run_row(r) for r in rows]
 
     def get_run_row(self, run_id: str) -> dict | None:
         r = self.read_conn().execute(
-            "SELECT run_id, created_at, updated_at, config, status, finished_at, last_push FROM runs WHERE run_id=?",
+            "SELECT run_id, created_at, updated_at, config, status, finished_at FROM runs WHERE run_id=?",
             (run_id,)).fetchone()
         return None if r is None else self._run_row(r)
 
     @staticmethod
     def _run_row(r: tuple) -> dict:
         return {"run_id": r[0], "created_at": r[1], "updated_at": r[2], "config": orjson.loads(r[3]),
-                "status": r[4], "finished_at": r[5], "last_push": r[6]}
+                "status": r[4], "finished_at": r[5]}
 
     def attempts(self, run_id: str) -> list[dict]:
+        st = self._runs.get(run_id)
+        progress = dict(st.attempt_progress) if st else {}
         rows = self.read_conn().execute(
-            "SELECT attempt, start_step, last_step, n_records, opened_at FROM attempts WHERE run_id=? ORDER BY attempt",
-            (run_id,))
-        return [{"attempt": a, "start_step": s, "last_step": l, "n_records": n, "opened_at": t} for a, s, l, n, t in rows]
+            "SELECT attempt, start_step, opened_at FROM attempts WHERE run_id=? ORDER BY attempt", (run_id,))
+        out = []
+        for a, s, t in rows:
+            last_step, n = progress.get(a, (s, 0))
+            out.append({"attempt": a, "start_step": s, "last_step": last_step, "n_records": n, "opened_at": t})
+        return out
 
     def hosts(self, run_id: str) -> dict[int, str]:
         return dict(self.read_conn().execute("SELECT rank, host FROM hosts WHERE run_id=?", (run_id,)))

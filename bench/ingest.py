@@ -1,0 +1,166 @@
+"""Ingest throughput of the real server, per wall second and per server CPU-second.
+
+Starts ``healthsvc serve`` on a fresh SQLite file, pushes pre-serialised batches from client
+threads (rows and columns; 1, 64, 1,024 and 16,384 records per request; six metric points per
+record), and reads the server's CPU time from /proc. Next to each row: the raw decode of the same
+payloads (``orjson.loads``) measured in the same run, so figures can be compared across noisy
+machines as ratios. Then: bytes per stored point, and reading 1 M points back into numpy (store
+API, in process) and into pandas (CSV over HTTP).
+
+    .venv/bin/python bench/ingest.py [--seconds 4] [--threads 4]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+import numpy as np
+import orjson
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from healthsvc.testing import ServerProcess  # noqa: E402
+
+FIELDS = ("loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time")
+RANKS_PER_STEP = 1024
+
+
+def shape(n_records: int) -> tuple[int, int]:
+    """(steps, ranks) per request: one step of up to 1,024 ranks, more steps beyond that."""
+    ranks = min(n_records, RANKS_PER_STEP)
+    return n_records // ranks, ranks
+
+
+def make_payload(form: str, n_records: int, first_step: int, rng: np.random.Generator) -> bytes:
+    n_steps, n_ranks = shape(n_records)
+    steps = np.repeat(np.arange(first_step, first_step + n_steps), n_ranks)
+    ranks = np.tile(np.arange(n_ranks), n_steps)
+    cols = {"step": steps.tolist(), "rank": ranks.tolist()}
+    for f in FIELDS:
+        cols[f] = (1.0 + 0.1 * rng.standard_normal(n_records)).tolist()
+    if form == "columns":
+        return orjson.dumps({"columns": cols})
+    keys = list(cols)
+    records = [dict(zip(keys, vals)) for vals in zip(*cols.values())]
+    return orjson.dumps({"records": records})
+
+
+def run_case(server: ServerProcess, form: str, n_records: int, seconds: float, threads: int) -> dict:
+    rng = np.random.default_rng(n_records)
+    n_steps, _ = shape(n_records)
+    run_id = f"bench-{form}-{n_records}"
+    # Enough distinct payloads for the time budget (each has its own steps: no duplicates).
+    n_payloads = max(8, min(4000, int(60_000 / n_records)))
+    payloads = [make_payload(form, n_records, i * n_steps, rng) for i in range(n_payloads)]
+    t0 = time.process_time()
+    for p in payloads:
+        orjson.loads(p)
+    decode_s = (time.process_time() - t0) / len(payloads)
+
+    lock = threading.Lock()
+    next_index = [0]
+    done = {"requests": 0, "errors": 0}
+    stop = threading.Event()
+
+    def worker() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            while not stop.is_set():
+                with lock:
+                    i = next_index[0]
+                    next_index[0] += 1
+                if i >= len(payloads):
+                    return
+                r = client.post(f"/v1/runs/{run_id}/metrics", content=payloads[i],
+                                headers={"content-type": "application/json"})
+                with lock:
+                    done["requests" if r.status_code == 202 else "errors"] += 1
+
+    cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in pool:
+        t.join()
+    wall = time.perf_counter() - wall0
+    cpu = max(server.cpu_seconds() - cpu0, 1e-9)
+    points = done["requests"] * n_records * len(FIELDS)
+    return {"form": form, "records": n_records, "requests": done["requests"], "errors": done["errors"],
+            "points_per_wall_s": points / wall, "points_per_cpu_s": points / cpu,
+            "requests_per_cpu_s": done["requests"] / cpu,
+            "decode_points_per_cpu_s": n_records * len(FIELDS) / decode_s}
+
+
+def read_back(db_path: str, server: ServerProcess, run_id: str) -> dict:
+    from healthsvc.history import load_history
+    from healthsvc.store.sqlite import SQLiteStore
+    import pandas as pd
+
+    store = SQLiteStore(db_path)
+    store.open()
+    try:
+        t0 = time.perf_counter()
+        hist = load_history(store, run_id)
+        numpy_s = time.perf_counter() - t0
+        points = int(sum(p.sum() for p in hist.present.values()))
+    finally:
+        store.close()
+    t0 = time.perf_counter()
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        text = client.get(f"/v1/runs/{run_id}/metrics", params={"format": "csv"}).content
+    frame = pd.read_csv(io.BytesIO(text))
+    csv_s = time.perf_counter() - t0
+    assert len(frame) == len(hist)
+    return {"points": points, "numpy_s": numpy_s, "pandas_csv_http_s": csv_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=4.0, help="load duration per case")
+    ap.add_argument("--threads", type=int, default=4, help="client threads (concurrent requests)")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="healthsvc-bench-")
+    db = os.path.join(tmp, "bench.db")
+    server = ServerProcess(db)
+    server.start()
+    rows = []
+    try:
+        for form in ("columns", "rows"):
+            for n in (1, 64, 1024, 16384):
+                res = run_case(server, form, n, args.seconds, args.threads)
+                rows.append(res)
+                print(f"  {form:7s} {n:6d} records/request: {res['points_per_cpu_s'] / 1e6:6.2f} M points/CPU-s,"
+                      f" {res['requests_per_cpu_s']:8.0f} req/CPU-s", file=sys.stderr, flush=True)
+        # A run of >= 1 M points to read back.
+        big = run_case(server, "columns", 16384, 6.0, args.threads)
+        read = read_back(db, server, "bench-columns-16384")
+    finally:
+        server.stop()
+    total_points = sum(r["requests"] * r["records"] * len(FIELDS) for r in rows) + \
+        big["requests"] * big["records"] * len(FIELDS)
+    size = sum(os.path.getsize(db + s) for s in ("", "-wal") if os.path.exists(db + s))
+
+    print("\n| form | records/request | requests | M points / wall-s | M points / server CPU-s "
+          "| requests / server CPU-s | raw decode M points / CPU-s | ingest ÷ decode |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['form']} | {r['records']:,} | {r['requests']:,} | {r['points_per_wall_s'] / 1e6:.2f} "
+              f"| {r['points_per_cpu_s'] / 1e6:.2f} | {r['requests_per_cpu_s']:,.0f} "
+              f"| {r['decode_points_per_cpu_s'] / 1e6:.1f} | {r['points_per_cpu_s'] / r['decode_points_per_cpu_s']:.2f} |")
+    print(f"\nstorage: {size / total_points:.2f} bytes per point ({total_points:,} points, {size / 1e6:.1f} MB file)")
+    print(f"read back {read['points']:,} points: {read['numpy_s']:.3f} s into numpy (store API), "
+          f"{read['pandas_csv_http_s']:.3f} s into pandas (CSV over HTTP)")
+    print(f"(machine: {os.cpu_count()} cores; client and server share them; {args.threads} client threads, "
+          f"{args.seconds:.0f} s per case; all requests durable: WAL, synchronous=FULL; detectors running)")
+
+
+if __name__ == "__main__":
+    main()
