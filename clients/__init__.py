@@ -90,9 +90,11 @@ def _run() -> Run | None:
 
 def log(metrics: Mapping[str, Any] | None = None, /, *, step: int | None = None, **fields: Any) -> None:
     """``log({"loss": 2.3}, step=10)`` or ``log(loss=2.3, step=10)``; see ``Run.log``."""
-    run = _run()
+    run = _current  # read directly: this is the one facade call on the hot path
     if run is not None:
         run.log(metrics, step=step, **fields)
+    else:
+        _run()
 
 
 def log_columns(columns: Mapping[str, Any], *, step: int | None = None) -> None:
