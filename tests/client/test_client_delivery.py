@@ -10,7 +10,7 @@ import pytest
 
 from clients.client import Run
 from clients.transport import MockTransport, Response
-from conftest import decode_body, wait_until
+from tests.client.conftest import decode_body, wait_until
 
 
 def test_records_carry_step_rank_host_world_size_and_values(make_run, service):

@@ -7,7 +7,7 @@ import time
 from clients.client import Run
 from clients.spool import read_spool
 from clients.transport import ConnectError, MockTransport, RequestTimeout, Response
-from conftest import wait_until
+from tests.client.conftest import wait_until
 
 # Not a timing assertion: a log() that blocked on the transport would take the hang's full length
 # (seconds); 10k non-blocking calls take milliseconds. The bound only separates the two.

@@ -15,7 +15,7 @@ from clients.client import Run
 from clients.retry import Backoff, is_retryable_status, parse_retry_after_s
 from clients.timing import StepTimer
 from clients.transport import ConnectError, HTTPTransport, Request, RequestTimeout
-from conftest import wait_until
+from tests.client.conftest import wait_until
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

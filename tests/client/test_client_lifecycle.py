@@ -18,7 +18,7 @@ from clients.client import Run
 from clients.spool import SpoolWriter, read_spool
 from clients.sync import upload_spool
 from clients.transport import ConnectError, MockTransport, Response
-from conftest import wait_until
+from tests.client.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
