@@ -222,18 +222,25 @@ class HangDetector(Detector):
     def heartbeat(self, rank: int, step: int, phase: str, now: float) -> list[Finding]:
         """A heartbeat of ``rank`` arrived at ``now``: it is at ``step`` in ``phase``."""
         self._finished = False
-        pos = self._positions(np.asarray([rank], dtype=np.int64), now)
-        j = 0 if pos is None else int(pos[0])
-        if phase not in self._phases:
+        j = int(np.searchsorted(self._ids, rank))
+        if j == len(self._ids) or self._ids[j] != rank:
+            self._positions(np.asarray([rank], dtype=np.int64), now)
+            j = int(np.searchsorted(self._ids, rank))
+        try:
+            code = self._phases.index(phase)
+        except ValueError:
+            code = len(self._phases)
             self._phases.append(phase)
         moved = self._hb_s[j] != _NEVER and int(self._hb_step[j]) != int(step)
-        self._hb_s[j], self._hb_step[j] = now, step
-        self._hb_phase[j] = self._phases.index(phase)
+        self._hb_s[j], self._hb_step[j], self._hb_phase[j] = now, step, code
         self._active[j] = True
         if moved:
             self._progress_s[j] = now
-        self._refresh_deadlines(j)
-        if not moved:
+        interval = float(self._interval_s[j])
+        timeout = (max(self.timeout_floor_s, self.timeout_factor * interval) if interval > 0
+                   else max(self.timeout_floor_s, self.startup_timeout_s))
+        self._deadline_s[j] = float(self._progress_s[j]) + timeout
+        if not moved or not (self._stalled or self._hung[j]):
             return []
         mask = np.zeros(len(self._ids), dtype=bool)
         mask[j] = True
@@ -281,7 +288,8 @@ class HangDetector(Detector):
             kind="stall", step=step, ranks=(), severity="critical",
             score=round(min(1.0, max(0.0, (quiet - float(timeout[act].max())) / float(timeout[act].max()))), 4),
             onset_step=step,
-            evidence={"silent_s": round(quiet, 3), "n_ranks": int(len(act)),
+            evidence={"silent_s": round(quiet, 3), "timeout_s": round(float(timeout[act].max()), 3),
+                      "n_ranks": int(len(act)),
                       "culprits": [int(self._ids[j]) for j in culprits], "reason": reason,
                       "phases": phases})]
         for j in culprits:

@@ -35,7 +35,7 @@ Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
     >>> from detectors.simulate import simulate_run, Straggler
     >>> run = simulate_run(n_steps=600, n_ranks=16, seed=1, faults=[Straggler(step=300, rank=5)])
     >>> [(f.step, f.ranks, f.onset_step, f.evidence["ratio"]) for f in StragglerDetector().update(run.block)]
-    [(305, (5,), 300, 1.2998)]
+    [(306, (5,), 300, 1.2962)]
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class StragglerDetector(Detector):
         self,
         min_ratio: float = 1.05,
         critical_ratio: float = 1.5,
-        cusum_k: float = 1.0,
+        cusum_k: float = 1.5,
         cusum_h: float = 30.0,
         z_clip: float = 6.0,
         level_window: int = 100,

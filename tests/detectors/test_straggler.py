@@ -24,9 +24,9 @@ def _run_all(det, block, size=None):
 
 
 @pytest.mark.parametrize("factor, step, severity", [
-    (1.3, 805, "warning"),
-    (1.1, 810, "warning"),
-    (2.0, 805, "critical"),
+    (1.3, 806, "warning"),
+    (1.1, 811, "warning"),
+    (2.0, 806, "critical"),
 ])
 def test_seeded_straggler_fires_at_pinned_step_with_rank_onset_and_magnitude(factor, step, severity):
     run = simulate_run(n_steps=2000, n_ranks=64, seed=11,
@@ -51,7 +51,7 @@ def test_a_rank_slower_than_min_ratio_is_not_reported_but_one_above_is():
     run = simulate_run(n_steps=1500, n_ranks=32, seed=2, faults=[Straggler(step=300, rank=4, factor=1.03)])
     assert StragglerDetector().update(run.block) == []
     out = StragglerDetector(min_ratio=1.03, resolve_ratio=1.01).update(run.block)
-    assert [(f.step, f.ranks) for f in out] == [(342, (4,))]
+    assert [(f.step, f.ranks) for f in out] == [(467, (4,))]
     assert out[0].evidence["ratio"] == pytest.approx(1.039, abs=0.003)
 
 
@@ -59,7 +59,7 @@ def test_without_compute_time_the_comm_time_asymmetry_names_the_rank():
     run = simulate_run(n_steps=1500, n_ranks=32, seed=4, faults=[Straggler(step=600, rank=9)],
                        metrics=("step_time", "comm_time"))
     out = StragglerDetector().update(run.block)
-    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(605, (9,), 599, "comm_time")]
+    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(606, (9,), 599, "comm_time")]
     assert out[0].evidence["source"] == "comm_time"
 
 
@@ -75,7 +75,7 @@ def test_asynchronous_step_time_is_used():
     own = run.block.values["compute_time"] + 0.05          # each rank's own step: not in lockstep
     block = StepBlock.from_dense(run.block.steps, run.block.ranks, step_time=own)
     out = StragglerDetector().update(block)
-    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(605, (9,), 600, "step_time")]
+    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(606, (9,), 600, "step_time")]
 
 
 def test_recovery_resolves_once_and_a_relapse_fires_again():
@@ -84,7 +84,7 @@ def test_recovery_resolves_once_and_a_relapse_fires_again():
     ct[900:1400, 9] /= 1.3                                  # recovered between 900 and 1400
     out = StragglerDetector().update(run.block)
     assert [(f.step, f.ranks, f.status) for f in out] == [
-        (605, (9,), "firing"), (941, (9,), "resolved"), (1405, (9,), "firing")]
+        (606, (9,), "firing"), (941, (9,), "resolved"), (1406, (9,), "firing")]
     assert out[1].metric == out[0].metric == "compute_time"   # same identity: it resolves that one
 
 
@@ -94,7 +94,7 @@ def test_a_rank_that_joins_late_is_warmed_up_then_judged():
     b.values["compute_time"][:, 70] *= 1.4
     b.present["compute_time"][:500, 70:] = False       # ranks 70, 71 report compute from step 500
     out = StragglerDetector().update(b)
-    assert [(f.step, f.ranks, f.onset_step) for f in out] == [(515, (70,), 510)]
+    assert [(f.step, f.ranks, f.onset_step) for f in out] == [(516, (70,), 510)]
 
 
 def test_blocks_with_changing_rank_sets_keep_per_rank_state_by_id():
@@ -105,7 +105,7 @@ def test_blocks_with_changing_rank_sets_keep_per_rank_state_by_id():
         # Every other block arrives without rank 3 at all (not masked: absent from the block).
         keep = np.arange(16) if i % 2 == 0 else np.delete(np.arange(16), 3)
         out += det.update(b.take_ranks(keep))
-    assert [(f.step, f.ranks) for f in out] == [(f.step, f.ranks) for f in full] == [(405, (9,))]
+    assert [(f.step, f.ranks) for f in out] == [(f.step, f.ranks) for f in full] == [(406, (9,))]
 
 
 def test_too_few_ranks_never_fire():
