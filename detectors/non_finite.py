@@ -74,8 +74,13 @@ class NonFiniteDetector(Detector):
         names = [m for m in (self.metrics or block.values) if m in block.values]
         new: dict[str, np.ndarray] = {}
         for m in names:
-            bad = ~np.isfinite(block.values[m])
-            bad &= block.present[m]
+            v, present = block.values[m], block.present[m]
+            if present.all():
+                # Fast path (the usual case): one pass, nothing non-finite, nothing to mask.
+                if np.isfinite(v).all():
+                    continue
+            bad = ~np.isfinite(v)
+            bad &= present
             if bad.any():
                 new[m] = bad
         if not new:

@@ -43,7 +43,7 @@ from detectors.base import Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.robust import (RankTable, cross_section, excess_score, hysteresis, last_step_where,
-                              log_positive, reference_positions, run_length)
+                              reference_positions, run_length)
 
 _NEVER = -(2 ** 62)   # "no quiet step seen yet"
 
@@ -55,7 +55,7 @@ class RankOutlierDetector(Detector):
     ----------
     metrics: per-rank metrics compared with the peer distribution (log space).
     global_metrics: metrics that must be identical on all ranks.
-    window_steps: memory of the per-rank weighted means, in steps (gain 1 / window_steps).
+    window_steps: memory of the per-rank weighted means, in judged steps (gain 1 / window_steps).
     z_warning, z_critical: weighted-mean z (cross-rank robust sds) for warning and critical.
     z_clip: per-step z is clipped to +-z_clip before averaging.
     min_scale: floor of the cross-rank sd, log units (0.01 ~ 1 %): identical values are not
@@ -67,6 +67,10 @@ class RankOutlierDetector(Detector):
     escalate_steps: observed steps an episode lasts before it turns critical.
     max_reference_ranks: ranks (chosen by id) used for the per-step median and sd.
     min_ranks: fewest reporting ranks for a step to be judged.
+    stride_steps: judge only steps divisible by this (None: 1 up to 4,096 ranks, then
+        ceil(ranks / 4096), so 16k ranks are judged every 4th step). The window and the
+        patience count judged steps (so detection takes ``stride`` times longer), escalate_steps
+        counts steps; firing steps are multiples of the stride.
     """
 
     kind = "rank_outlier"
@@ -75,8 +79,9 @@ class RankOutlierDetector(Detector):
                  global_metrics: tuple[str, ...] = ("grad_norm",), window_steps: int = 100,
                  z_warning: float = 0.6, z_critical: float = 2.0, z_clip: float = 6.0,
                  min_scale: float = 0.01, rel_tol: float = 1e-3, patience_steps: int = 3,
-                 global_critical_share: float = 0.5, escalate_steps: int = 300, max_reference_ranks: int = 256,
-                 min_ranks: int = 8) -> None:
+                 global_critical_share: float = 0.5, escalate_steps: int = 300,
+                 max_reference_ranks: int = 256, min_ranks: int = 8,
+                 stride_steps: int | None = None) -> None:
         self.metrics, self.global_metrics = tuple(metrics), tuple(global_metrics)
         self.window_steps = window_steps
         self.z_warning, self.z_critical, self.z_clip = z_warning, z_critical, z_clip
@@ -84,25 +89,40 @@ class RankOutlierDetector(Detector):
         self.global_critical_share = global_critical_share
         self.escalate_steps = escalate_steps
         self.max_reference_ranks, self.min_ranks = max_reference_ranks, min_ranks
+        self.stride_steps = stride_steps
+        self._alpha, self._escalate_rows = 1.0 / window_steps, escalate_steps
         super().__init__()
 
     def _reset(self) -> None:
-        fields = {"mean": 0.0, "active": False, "critical": False, "run": 0, "quiet": _NEVER}
+        fields = {"mean": np.float32(0.0), "active": False, "critical": False, "run": 0, "quiet": _NEVER}
         self._tables = {m: RankTable(fields) for m in (*self.metrics, *self.global_metrics)}
 
-    @property
-    def _alpha(self) -> float:
-        return 1.0 / self.window_steps
-
-    @property
-    def _global_warning(self) -> float:
-        # The weighted share after patience_steps consecutive disagreements from zero.
-        return 1.0 - (1.0 - self._alpha) ** self.patience_steps - 1e-12
+    def stride_for(self, n_ranks: int) -> int:
+        """Judge every k-th step (by step number): ``stride_steps``, or by default 1 up to 4,096
+        ranks and ceil(n_ranks / 4096) beyond, which keeps the cost per step flat at scale."""
+        if self.stride_steps is not None:
+            return max(1, int(self.stride_steps))
+        return max(1, -(-n_ranks // 4096))
 
     # ------------------------------------------------------------------------------- update
     def update(self, block: StepBlock) -> list[Finding]:
         if block.n_steps == 0:
             return []
+        stride = self.stride_for(block.n_ranks)
+        if stride > 1:
+            rows = np.flatnonzero(block.steps % stride == 0)
+            if len(rows) == 0:
+                return []
+            if block.steps[-1] - block.steps[0] == block.n_steps - 1:
+                rows = slice(int(rows[0]), None, stride)   # consecutive steps: a view, no copy
+            used = [m for m in (*self.metrics, *self.global_metrics) if m in block.values]
+            block = StepBlock(steps=block.steps[rows], ranks=block.ranks,
+                              values={m: block.values[m][rows] for m in used},
+                              present={m: block.present[m][rows] for m in used})
+        # The window counts judged steps (its noise level, hence the thresholds, must not change
+        # with the stride); escalation counts steps.
+        self._alpha = 1.0 / self.window_steps
+        self._escalate_rows = max(1, -(-self.escalate_steps // stride))
         ref = reference_positions(block.ranks, self.max_reference_ranks)
         findings: list[Finding] = []
         for m in self.metrics:
@@ -115,51 +135,86 @@ class RankOutlierDetector(Detector):
         return findings
 
     def _distribution(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
-        y, valid = log_positive(block.values[metric], block.present[metric])
-        centre, scale, count = cross_section(y, valid, ref, self.min_ranks)
-        judged = valid & (count >= self.min_ranks)[:, None]
-        with np.errstate(invalid="ignore"):
-            z = (y - centre[:, None]) / np.maximum(scale, self.min_scale)[:, None]
+        x, present = block.values[metric], block.present[metric]
+        # float32 halves the memory traffic of the passes over all ranks; z-scores need no more.
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            z = np.log(x.astype(np.float32))   # invalid cells (missing, <= 0, inf) masked below
+        ref_valid = present[:, ref] & np.isfinite(z[:, ref])
+        centre, scale, count = cross_section(z[:, ref], ref_valid, np.arange(len(ref)), self.min_ranks)
+        z -= centre.astype(np.float32)[:, None]
+        z *= (1.0 / np.maximum(scale, self.min_scale)).astype(np.float32)[:, None]
+        # Fast path (the usual case): every cell reported and finite, every row judged.
+        if present.all() and np.isfinite(z).all():
+            judged = None
+        else:
+            with np.errstate(invalid="ignore"):
+                judged = present & np.isfinite(z) & (count >= self.min_ranks)[:, None]
+            np.copyto(z, 0.0, where=~judged)
         np.clip(z, -self.z_clip, self.z_clip, out=z)
-        return self._judge(block, metric, z, judged, self.z_warning, self.z_critical,
-                           extra={"centre": centre})
-
-    def _global(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
-        x = block.values[metric]
-        valid = block.present[metric] & np.isfinite(x)
-        centre = cross_section(x, valid, ref, self.min_ranks, with_scale=False)[0]
-        judged = valid & np.isfinite(centre)[:, None]
-        with np.errstate(invalid="ignore"):
-            differs = np.abs(x - centre[:, None]) > self.rel_tol * np.abs(centre)[:, None]
-        return self._judge(block, metric, (differs & judged).astype(np.float64), judged,
-                           self._global_warning, self.global_critical_share,
-                           extra={"centre": centre}, signed=False)
-
-    # ----------------------------------------------------------------------- shared machine
-    def _judge(self, block: StepBlock, metric: str, stat: np.ndarray, judged: np.ndarray,
-               warn: float, crit: float, extra: dict[str, np.ndarray],
-               signed: bool = True) -> list[Finding]:
         table = self._tables[metric]
         pos = table.positions(block.ranks)
-        means = _ewma(stat, judged, self._alpha, table["mean"][pos])
+        means = _ewma(z, judged, self._alpha, table["mean"][pos])
         table["mean"][pos] = means[-1]
-        size = np.abs(means) if signed else means
+        return self._judge(block, metric, pos, np.abs(means), means, np.arange(block.n_ranks), judged,
+                           self.z_warning, self.z_critical, centre=centre, signed=True)
+
+    def _global(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
+        x, present = block.values[metric], block.present[metric]
+        ref_valid = present[:, ref] & np.isfinite(x[:, ref])
+        centre = cross_section(x[:, ref], ref_valid, np.arange(len(ref)), self.min_ranks,
+                               with_scale=False)[0]
+        tol = self.rel_tol * np.abs(centre)
+        with np.errstate(invalid="ignore"):
+            # NaN compares False: a missing or non-finite cell never "differs".
+            differs = (x > (centre + tol)[:, None]) | (x < (centre - tol)[:, None])
+        table = self._tables[metric]
+        pos = table.positions(block.ranks)
+        # The shares are exactly zero for ranks that never disagreed: update only the others.
+        sub = np.flatnonzero(differs.any(axis=0) | (table["mean"][pos] > 0))
+        if len(sub) == 0:
+            table["quiet"][pos] = int(block.steps[-1])
+            return []
+        with np.errstate(invalid="ignore"):
+            judged = present[:, sub] & np.isfinite(x[:, sub]) & np.isfinite(centre)[:, None]
+        means = _ewma(differs[:, sub].astype(np.float32), judged, self._alpha, table["mean"][pos[sub]],
+                      zero_below=1e-12)
+        table["mean"][pos[sub]] = means[-1]
+        return self._judge(block, metric, pos, means, means, sub, judged,
+                           # the weighted share after patience_steps straight disagreements
+                           1.0 - (1.0 - self._alpha) ** self.patience_steps - 1e-6,
+                           self.global_critical_share, centre=centre,
+                           signed=False)
+
+    # ----------------------------------------------------------------------- shared machine
+    def _judge(self, block: StepBlock, metric: str, pos: np.ndarray, size: np.ndarray,
+               means: np.ndarray, sub: np.ndarray, judged: np.ndarray | None, warn: float,
+               crit: float, centre: np.ndarray, signed: bool) -> list[Finding]:
+        """Episodes of ranks ``sub`` (block columns) from their statistic ``size``; ``size``,
+        ``means`` and ``judged`` have one column per entry of ``sub``. Ranks outside ``sub`` are
+        known to sit at zero."""
+        table = self._tables[metric]
         carry_active = table["active"][pos]
         # Only ranks that come near the warning level (or are in an episode) need the machine.
         near = size > warn / 2
-        cols = np.flatnonzero(near.any(axis=0) | carry_active)
+        local = np.flatnonzero(near.any(axis=0) | carry_active[sub])
         quiet_carry = table["quiet"][pos]
         # Ranks quiet on the last row were last unremarkable at the block's last step.
-        table["quiet"][pos] = np.where(near[-1], quiet_carry, int(block.steps[-1]))
-        if len(cols) == 0:
+        quiet_last = np.full(len(pos), int(block.steps[-1]), dtype=np.int64)
+        quiet_last[sub] = np.where(near[-1], quiet_carry[sub], quiet_last[sub])
+        table["quiet"][pos] = quiet_last
+        if len(local) == 0:
             return []
+        cols = sub[local]
         p = pos[cols]
-        s, ok = size[:, cols], judged[:, cols]
-        active = hysteresis(s > warn, ~near[:, cols], carry_active[cols])
+        s = size[:, local]
+        near = near[:, local]
+        means = means[:, local]
+        ok = np.ones_like(near) if judged is None else judged[:, local]   # judged is aligned with sub
+        active = hysteresis(s > warn, ~near, carry_active[cols])
         runs = run_length(active, ok, table["run"][p])
-        long = active & ok & (runs == self.escalate_steps)
+        long = active & ok & (runs >= self._escalate_rows)
         critical = hysteresis((s > crit) | long, ~active, table["critical"][p])
-        quiet = last_step_where(~near[:, cols], block.steps, quiet_carry[cols])
+        quiet = last_step_where(~near, block.steps, quiet_carry[cols])
         prev_active = np.vstack([carry_active[cols][None, :], active[:-1]])
         prev_crit = np.vstack([table["critical"][p][None, :], critical[:-1]])
         table["active"][p], table["critical"][p] = active[-1], critical[-1]
@@ -176,9 +231,9 @@ class RankOutlierDetector(Detector):
             for sev, mask in (("warning", rising[i] & ~severe_at_entry[i]),
                               ("critical", severe_at_entry[i] | escalate[i])):
                 if mask.any():
-                    out.append(self._finding(step, metric, sev, ids[mask], means[i, cols][mask],
+                    out.append(self._finding(step, metric, sev, ids[mask], means[i][mask],
                                              s[i][mask], quiet[i][mask], warn, crit, signed,
-                                             float(extra["centre"][i]), bool(long[i][mask].any())))
+                                             float(centre[i]), bool(long[i][mask].any())))
             if falling[i].any():
                 out.append(Finding(kind=self.kind, step=step, metric=metric, severity="info",
                                    status="resolved", ranks=tuple(sorted(int(r) for r in ids[falling[i]])),
@@ -218,16 +273,28 @@ class RankOutlierDetector(Detector):
                 t.load_state_dict(state[m])
 
 
-def _ewma(x: np.ndarray, observed: np.ndarray, alpha: float, m0: np.ndarray) -> np.ndarray:
+def _ewma(x: np.ndarray, observed: np.ndarray | None, alpha: float, m0: np.ndarray,
+          zero_below: float = 0.0) -> np.ndarray:
     """Per-column weighted mean after each row, ``m = (1 - g) m + g x`` with ``g = alpha`` where
-    observed and 0 elsewhere (a missing cell leaves the mean exactly as it was)."""
-    gain = np.where(observed, alpha, 0.0)
-    gx = gain * np.where(observed, x, 0.0)
-    keep = 1.0 - gain
-    out = np.empty(x.shape, dtype=np.float64)
-    m = m0.astype(np.float64, copy=True)
-    for i in range(x.shape[0]):   # sequential in steps, vectorised over ranks; in place is fastest
-        m *= keep[i]
-        m += gx[i]
-        out[i] = m
+    observed and 0 elsewhere (a missing cell leaves the mean exactly as it was); ``observed=None``
+    means every cell. Means below ``zero_below`` become exactly 0. ``x`` is overwritten."""
+    dtype = x.dtype
+    out = np.empty(x.shape, dtype=dtype)
+    prev = m0.astype(dtype, copy=True)
+    if observed is None:
+        x *= dtype.type(alpha)
+        keep: np.ndarray | float = dtype.type(1.0) - dtype.type(alpha)   # as the masked path rounds it
+        keep_rows = None
+    else:
+        gain = np.where(observed, dtype.type(alpha), dtype.type(0.0))
+        np.copyto(x, 0.0, where=~observed)
+        x *= gain
+        keep_rows = 1.0 - gain
+    for i in range(x.shape[0]):   # sequential in steps, vectorised over ranks, in place
+        row = out[i]
+        np.multiply(prev, keep if keep_rows is None else keep_rows[i], out=row)
+        row += x[i]
+        if zero_below:
+            row[row < zero_below] = 0.0
+        prev = row
     return out

@@ -97,12 +97,13 @@ def cross_section(y: np.ndarray, valid: np.ndarray, ref: np.ndarray, min_count: 
 
 
 def _row_quantiles(x: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarray]:
-    """Linear-rule quantiles of each row, from one ``np.partition`` call (cheaper than np.quantile)."""
+    """Linear-rule quantiles of each row. A full row sort: numpy's SIMD sort beats both
+    ``np.quantile`` and a multi-kth ``np.partition`` by ~10x on rows of a few hundred values."""
     m = x.shape[1]
     h = [(m - 1) * q for q in qs]
     lo = [int(math.floor(v)) for v in h]
     hi = [min(v + 1, m - 1) for v in lo]
-    part = np.partition(x, sorted(set(lo + hi)), axis=1)
+    part = np.sort(x, axis=1)
     return [part[:, a] + (v - a) * (part[:, b] - part[:, a]) for v, a, b in zip(h, lo, hi)]
 
 

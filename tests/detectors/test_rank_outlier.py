@@ -91,3 +91,18 @@ def test_state_round_trip_mid_episode():
     restored = RankOutlierDetector()
     restored.load_state_dict(json.loads(json.dumps(first.state_dict(), allow_nan=False)))
     assert head + feed(restored, block.slice_steps(2_100, 4_000)) == whole and len(whole) == 2
+
+
+def test_stride_judges_every_kth_step_and_still_names_the_rank():
+    block = trace(CorruptRank(step=2_000, rank=20))
+    found = feed(RankOutlierDetector(stride_steps=4), block, size=29)
+    assert summary(found)[:2] == [("local_grad_norm", 2_044, "warning", "firing", (20,), 2_021),
+                                  ("local_grad_norm", 2_164, "critical", "firing", (20,), 2_021)]
+    assert all(f.step % 4 == 0 for f in found)
+    assert feed(RankOutlierDetector(stride_steps=4), block, size=64) == found
+
+
+def test_default_stride_grows_with_the_rank_count():
+    det = RankOutlierDetector()
+    assert [det.stride_for(n) for n in (8, 4_096, 4_097, 16_384, 131_072)] == [1, 1, 2, 4, 32]
+    assert RankOutlierDetector(stride_steps=3).stride_for(16_384) == 3
