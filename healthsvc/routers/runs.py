@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Iterator, Literal
+from typing import Annotated, Literal
 
-import numpy as np
 from fastapi import APIRouter, Query
 from fastapi.responses import Response, StreamingResponse
 
-from healthsvc import encode
+from healthsvc import encode, export
 from healthsvc.deps import RunId, StoreDep, SummariesDep
 from healthsvc.errors import InvalidInput, NotFound
 from healthsvc.monitor.suite import build_suite
@@ -48,11 +47,11 @@ def _parse_int_list(text: str | None, name: str) -> set[int] | None:
 
 
 @router.get("/{run_id}/metrics", summary="A run's history (JSON columns or streamed CSV)",
-            responses={200: {"content": {"text/csv": {}}, "description":
+            responses={200: {"content": {"text/csv": {}, "application/vnd.apache.arrow.stream": {}}, "description":
                              "JSON: {run_id, n, fields, columns: {step, rank, attempt, [host], <field>...}}, "
                              "rows sorted by (step, rank); non-finite values as \"NaN\"/\"Infinity\"/\"-Infinity\", "
-                             "missing as null. CSV: same columns, streamed in arrival order; nan/inf/-inf, "
-                             "missing as an empty field."}})
+                             "missing as null. CSV and Arrow: same columns, streamed in arrival order; CSV writes nan/inf/-inf and "
+                             "a missing value as an empty field; Arrow keeps missing as null and NaN as NaN."}})
 def get_metrics(
     run_id: RunId, store: StoreDep,
     step_min: Annotated[int | None, Query(ge=0, description="First step, inclusive.")] = None,
@@ -61,7 +60,8 @@ def get_metrics(
     fields: Annotated[str | None, Query(description="Comma-separated metric fields. Default: all.")] = None,
     attempt: Annotated[int | None, Query(ge=1, description="Only this attempt. Default: the effective history "
                                                          "(newest attempt wins for each step).")] = None,
-    format: Annotated[Literal["json", "csv"], Query(description="json or csv.")] = "json",
+    format: Annotated[Literal["json", "csv", "arrow"], Query(
+        description="json, csv, or arrow (an Apache Arrow IPC stream: nulls are missing, NaN is NaN).")] = "json",
 ) -> Response:
     if not store.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
@@ -76,9 +76,12 @@ def get_metrics(
     else:
         wanted = known_fields
     filters = dict(step_min=step_min, step_max=step_max, ranks=rank_set, fields=set(wanted), attempt=attempt)
-    if format == "csv":
-        return StreamingResponse(_csv_stream(store, run_id, wanted, has_hosts, filters), media_type="text/csv",
-                                 headers={"content-disposition": f'attachment; filename="{run_id}.csv"'})
+    if format in ("csv", "arrow"):
+        schema = export.arrow_schema(wanted, has_hosts)
+        media = "text/csv" if format == "csv" else export.ARROW_MEDIA_TYPE
+        return StreamingResponse(export.stream(format, schema, iter_history_batches(store, run_id, **filters)),
+                                 media_type=media,
+                                 headers={"content-disposition": f'attachment; filename="{run_id}.{format}"'})
     hist = load_history(store, run_id, **filters)
     columns: dict[str, list] = {"step": hist.steps.tolist(), "rank": hist.ranks.tolist(),
                                 "attempt": hist.attempts.tolist()}
@@ -91,26 +94,6 @@ def get_metrics(
             columns[f] = [None] * len(hist)
     return Response(encode.dumps({"run_id": run_id, "n": len(hist), "fields": wanted, "columns": columns}),
                     media_type="application/json")
-
-
-def _csv_stream(store, run_id: str, wanted: list[str], has_hosts: bool, filters: dict) -> Iterator[str]:
-    header = ["step", "rank", "attempt"] + (["host"] if has_hosts else []) + wanted
-    yield ",".join(header) + "\n"
-    for chunk_attempt, batch in iter_history_batches(store, run_id, **filters):
-        n = len(batch)
-        cols = [batch.steps.astype(str), batch.ranks.astype(str), np.full(n, str(chunk_attempt), dtype=object)]
-        if has_hosts:
-            if batch.host_index is None:
-                cols.append(np.full(n, "", dtype=object))
-            else:
-                lookup = np.array([encode.csv_safe(h) for h in batch.host_names] + [""], dtype=object)
-                cols.append(lookup[batch.host_index])
-        for f in wanted:
-            if f in batch.values:
-                cols.append(encode.csv_float_column(batch.values[f], batch.present[f]))
-            else:
-                cols.append(np.full(n, "", dtype=object))
-        yield from encode.csv_lines(header, cols)
 
 
 @router.get("/{run_id}/checkpoints", response_model=list[Checkpoint], summary="Checkpoints the trainer reported")

@@ -2,6 +2,8 @@
 the effective history is the newest attempt."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 
@@ -70,7 +72,8 @@ def test_run_summary_and_listing(http):
     assert http.get("/v1/runs/cfg").json()["status"] == "finished"
     assert "cfg" in [r["run_id"] for r in http.get("/v1/runs").json()]
     csv_text = http.get("/v1/runs/cfg/metrics", params={"format": "csv"}).text
-    assert csv_text.splitlines()[1].split(",")[:4] == ["0", "0", "1", "node0"]
+    first = next(csv.DictReader(io.StringIO(csv_text)))
+    assert (first["step"], first["rank"], first["attempt"], first["host"]) == ("0", "0", "1", "node0")
 
 
 def test_checkpoints_events_heartbeats(http):

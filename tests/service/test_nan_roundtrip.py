@@ -82,3 +82,12 @@ def test_field_filter_keeps_missing_distinct(http):
     assert "lr" not in ans["columns"]
     ans = http.get("/v1/runs/f/metrics", params={"fields": "lr"}).json()
     assert ans["columns"]["lr"] == [0.1, None]
+
+
+def test_arrow_export_keeps_nan_and_missing_apart(http):
+    import pyarrow.ipc as ipc
+    assert http.post("/v1/runs/ar/metrics", content=rows_body("tokens")).status_code == 202
+    table = ipc.open_stream(http.get("/v1/runs/ar/metrics", params={"format": "arrow"}).content).read_all()
+    got = dict(zip(table.column("rank").to_pylist(), table.column("loss").to_pylist()))
+    assert got[0] == 1.5 and math.isnan(got[1]) and got[2] == math.inf and got[3] == -math.inf
+    assert got[4] is None  # missing is null, not NaN
