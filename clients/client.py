@@ -352,6 +352,7 @@ class Run:
         """
         if self._off or self._finished:
             return False
+        self._closing.set()  # before the finish is queued: the sender's next pass sends everything
         self._enqueue_control("POST", "/finish", {"rank": self.rank, "step": self._next_step - 1})
         return self._close(timeout_s)
 
@@ -458,7 +459,10 @@ class Run:
             if not rows:
                 break
             merged = encode.merge_by_step(rows)
-            if not force and not len(self._rows) and self._may_still_grow(merged):
+            # Never hold a record back while a checkpoint/event/finish waits: it must not overtake
+            # the records logged before it (a finish followed by records re-opens the run).
+            if (not force and not len(self._rows) and not len(self._control)
+                    and self._may_still_grow(merged)):
                 self._held = merged.pop()
             if merged:
                 self._send_rows(merged)

@@ -74,6 +74,17 @@ def test_a_step_logged_in_two_calls_never_straddles_two_batches(make_run, servic
     assert service.records() == [dict(service.records()[0], step=5, loss=1.0, grad_norm=2.0)]
 
 
+def test_finish_never_overtakes_a_held_back_record(make_run, service):
+    run = make_run(flush_interval_s=0.3)
+    run.log(loss=1.0, step=9)
+    run._wake.set()
+    time.sleep(0.1)              # the sender holds step 9 back
+    run.checkpoint(9, "file:///c9")
+    assert run.finish(2.0)
+    order = [r.path.rsplit("/", 1)[-1] for _, r in service.arrivals]
+    assert order == ["metrics", "checkpoints", "finish"]
+
+
 def test_a_held_back_step_is_sent_after_the_interval_without_a_flush(make_run, service):
     run = make_run(flush_interval_s=0.05)
     run.log(loss=1.0, step=7)  # the last record before the rank hangs
