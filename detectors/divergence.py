@@ -36,7 +36,7 @@ import numpy as np
 from detectors.base import Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
-from detectors.robust import cross_section, excess_score, log_positive, reference_positions
+from detectors.robust import cross_section, excess_score, log_positive, ReferenceRanks
 
 # E|y_t - y_{t-1}| = 2 sd / sqrt(pi) for independent normal noise.
 _ABS_DIFF_TO_SD = math.sqrt(math.pi) / 2.0
@@ -73,6 +73,7 @@ class DivergenceDetector(Detector):
         super().__init__()
 
     def _reset(self) -> None:
+        self._reference = ReferenceRanks(self.max_reference_ranks)
         self._n = 0                     # observed steps
         self._level = 0.0               # smoothed log value
         self._prev = 0.0                # previous observed log value
@@ -86,7 +87,7 @@ class DivergenceDetector(Detector):
     def update(self, block: StepBlock) -> list[Finding]:
         if block.n_steps == 0 or self.metric not in block.values:
             return []
-        ref = reference_positions(block.ranks, self.max_reference_ranks)
+        ref = self._reference(block.ranks)
         y, valid = log_positive(block.values[self.metric][:, ref], block.present[self.metric][:, ref])
         series = cross_section(y, valid, np.arange(len(ref)), 1, with_scale=False)[0]
         warn, crit = math.log1p(self.min_rise), math.log1p(self.critical_rise)

@@ -43,7 +43,7 @@ from detectors.base import Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.robust import (RankTable, cross_section, excess_score, hysteresis, last_step_where,
-                              reference_positions, run_length)
+                              ReferenceRanks, run_length)
 
 _NEVER = -(2 ** 62)   # "no quiet step seen yet"
 
@@ -94,6 +94,7 @@ class RankOutlierDetector(Detector):
         super().__init__()
 
     def _reset(self) -> None:
+        self._reference = ReferenceRanks(self.max_reference_ranks)
         fields = {"mean": np.float32(0.0), "active": False, "critical": False, "run": 0, "quiet": _NEVER}
         self._tables = {m: RankTable(fields) for m in (*self.metrics, *self.global_metrics)}
 
@@ -123,7 +124,7 @@ class RankOutlierDetector(Detector):
         # with the stride); escalation counts steps.
         self._alpha = 1.0 / self.window_steps
         self._escalate_rows = max(1, -(-self.escalate_steps // stride))
-        ref = reference_positions(block.ranks, self.max_reference_ranks)
+        ref = self._reference(block.ranks)
         findings: list[Finding] = []
         for m in self.metrics:
             if m in block.values:

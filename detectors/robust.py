@@ -64,6 +64,22 @@ def reference_positions(ranks: np.ndarray, max_ranks: int) -> np.ndarray:
     return order[::stride]
 
 
+class ReferenceRanks:
+    """:func:`reference_positions` with the answer for the last rank set cached (blocks of a run
+    nearly always carry the same ranks). Not learned state: nothing to save."""
+
+    def __init__(self, max_ranks: int) -> None:
+        self.max_ranks = max_ranks
+        self._key: bytes | None = None
+        self._pos = np.zeros(0, dtype=np.int64)
+
+    def __call__(self, ranks: np.ndarray) -> np.ndarray:
+        key = ranks.tobytes()
+        if key != self._key:
+            self._key, self._pos = key, reference_positions(ranks, self.max_ranks)
+        return self._pos
+
+
 def cross_section(y: np.ndarray, valid: np.ndarray, ref: np.ndarray, min_count: int = 1,
                   with_scale: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-row ``(centre, scale, count)`` of ``y[:, ref]`` over valid cells.

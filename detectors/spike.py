@@ -43,7 +43,7 @@ from detectors.base import Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.robust import (RankTable, RobustTrend, cross_section, excess_score, hysteresis,
-                              log_positive, reference_positions, run_length)
+                              log_positive, ReferenceRanks, run_length)
 
 _MAX_LISTED = 32
 
@@ -100,6 +100,7 @@ class SpikeDetector(Detector):
         super().__init__()
 
     def _reset(self) -> None:
+        self._reference = ReferenceRanks(self.max_reference_ranks)
         self._trend = RobustTrend(alpha=self.alpha, beta=self.beta, scale_alpha=self.scale_alpha,
                                   warmup_steps=self.warmup_steps, min_scale=self.min_scale)
         self._episode: dict[str, Any] | None = None   # the job-wide spike in progress
@@ -111,7 +112,7 @@ class SpikeDetector(Detector):
         n = block.n_steps
         if n == 0:
             return []
-        ref = reference_positions(block.ranks, self.max_reference_ranks)
+        ref = self._reference(block.ranks)
         view = None
         if self.rank_metric is not None and self.rank_metric in block.values:
             view = _RankView(self, block, ref)

@@ -116,3 +116,12 @@ def test_state_round_trip_through_json(cut):
     restored = NonFiniteDetector()
     restored.load_state_dict(json.loads(json.dumps(first.state_dict(), allow_nan=False)))
     assert head + restored.update(run.block.slice_steps(cut, 2_000)) == whole
+
+
+def test_the_example_in_the_docs_prints_what_it_says(capsys):
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "detectors-values.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    expected = [line[2:] for line in code.splitlines() if line.startswith("# ")]
+    exec(compile(code, "docs/detectors-values.md", "exec"), {})
+    assert capsys.readouterr().out.splitlines() == expected
