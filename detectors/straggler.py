@@ -18,16 +18,18 @@ Maths, per step ``t`` and rank ``r`` (vectorised over ranks, sequential over ste
   ~6 % of a noise sigma of the full median and costs a 512-element sort);
 - an upper CUSUM in noise units ``S = max(0, S + min((ratio - 1) / scale, z_clip) - cusum_k)``
   gives persistence: a one-step hiccup adds at most ``z_clip - cusum_k``;
-- ``level``: the mean of ``ratio`` since the CUSUM last left zero, turning into an EWMA over
-  about ``level_window`` steps for long runs (step weight ``1 / min(steps since onset,
-  level_window)``), measures the magnitude: exact for a fresh straggler, and a rank that is
-  persistently just under ``min_ratio`` never drifts over it by noise.
+- the magnitude of a CUSUM run: an EWMA ``U`` of ``ratio`` (``level_alpha``) restarted from 0
+  whenever the CUSUM is zero, bias-corrected after ``n`` observations in the run:
+  ``ratio_hat = U / (1 - (1 - level_alpha) ** n)`` — close to the plain mean since onset for a
+  fresh straggler, and a slow EWMA for long runs, so a rank persistently just under
+  ``min_ratio`` does not drift over it by noise. (No masked updates: the restart is a multiply
+  by ``S > 0``, which keeps the per-step cost at a few passes over the ranks.)
 
-A rank fires when ``S >= cusum_h`` and ``level >= min_ratio``; the onset is the first step of
-that CUSUM run. While it fires, a fast EWMA of ``ratio`` (``resolve_alpha``) follows recovery: it
+A rank fires when ``S >= cusum_h`` and ``ratio_hat >= min_ratio``; the onset is the first step of
+that CUSUM run (``step - n + 1``: exact unless values were missing inside the run). While it fires, a fast EWMA of ``ratio`` (``resolve_alpha``) follows recovery: it
 resolves once that EWMA stays under ``resolve_ratio`` for ``resolve_steps`` consecutive
 observations. Severity is ``critical`` from ``critical_ratio`` on, else ``warning``;
-``score = (level - min_ratio) / (critical_ratio - min_ratio)`` clipped to
+``score = (ratio_hat - min_ratio) / (critical_ratio - min_ratio)`` clipped to
 [0, 1]. The host is not known here (blocks are numeric); the service adds it from the rank.
 
 Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
@@ -35,7 +37,7 @@ Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
     >>> from detectors.simulate import simulate_run, Straggler
     >>> run = simulate_run(n_steps=600, n_ranks=16, seed=1, faults=[Straggler(step=300, rank=5)])
     >>> [(f.step, f.ranks, f.onset_step, f.evidence["ratio"]) for f in StragglerDetector().update(run.block)]
-    [(306, (5,), 300, 1.2962)]
+    [(306, (5,), 300, 1.2959)]
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ class StragglerDetector(Detector):
         cusum_k: float = 1.5,
         cusum_h: float = 30.0,
         z_clip: float = 6.0,
-        level_window: int = 100,
+        level_alpha: float = 0.02,
         resolve_alpha: float = 0.1,
         resolve_ratio: float = 1.025,
         resolve_steps: int = 10,
@@ -82,7 +84,7 @@ class StragglerDetector(Detector):
         self.cusum_k = cusum_k
         self.cusum_h = cusum_h
         self.z_clip = z_clip
-        self.level_window = level_window
+        self.level_alpha = level_alpha
         self.resolve_alpha = resolve_alpha
         self.resolve_ratio = resolve_ratio
         self.resolve_steps = resolve_steps
@@ -97,18 +99,17 @@ class StragglerDetector(Detector):
     def _reset(self) -> None:
         self._ids = np.zeros(0, dtype=np.int64)        # known rank ids, sorted
         self._cusum = np.zeros(0)                      # S, noise units
-        self._level = np.ones(0)                       # mean ratio to the peer median in the run
+        self._run_level = np.zeros(0)                  # U: EWMA of ratio since the run started
+        self._run_count = np.zeros(0)                  # n: observations since the run started
         self._recent = np.ones(0)                      # fast EWMA of ratio, firing ranks only
-        self._run_start = np.zeros(0, dtype=np.int64)  # first step of the current CUSUM run
         self._n_obs = np.zeros(0, dtype=np.int64)      # valid observations seen (warm-up)
         self._firing = np.zeros(0, dtype=bool)
         self._source = np.zeros(0, dtype=np.int8)      # index into SOURCES of the open finding
         self._below = np.zeros(0, dtype=np.int64)      # consecutive observations under resolve
         self._warm = True                              # every known rank is past warm-up
         self._ref_cols: np.ndarray | None = None       # cached reference subset positions
-        self._weight_table: np.ndarray | None = None
 
-    _ARRAYS = ("_ids", "_cusum", "_level", "_recent", "_run_start", "_n_obs", "_firing",
+    _ARRAYS = ("_ids", "_cusum", "_run_level", "_run_count", "_recent", "_n_obs", "_firing",
                "_source", "_below")
 
     def state_dict(self) -> dict[str, Any]:
@@ -120,12 +121,12 @@ class StragglerDetector(Detector):
             setattr(self, name, np.asarray(state[name[1:]], dtype=getattr(self, name).dtype))
         self._warm = bool((self._n_obs >= self.warmup_steps).all())
 
-    def _grow(self, ids: np.ndarray, first_step: int) -> None:
+    def _grow(self, ids: np.ndarray) -> None:
         """Add rank ids never seen before (rare: start-up and elastic growth)."""
         merged = np.union1d(self._ids, ids)
         old = np.searchsorted(merged, self._ids)
-        defaults = {"_cusum": 0.0, "_level": 1.0, "_recent": 1.0, "_run_start": first_step, "_n_obs": 0,
-                    "_firing": False, "_source": 0, "_below": 0}
+        defaults = {"_cusum": 0.0, "_run_level": 0.0, "_run_count": 0.0, "_recent": 1.0,
+                    "_n_obs": 0, "_firing": False, "_source": 0, "_below": 0}
         for name, fill in defaults.items():
             cur = getattr(self, name)
             arr = np.full(len(merged), fill, dtype=cur.dtype)
@@ -220,7 +221,7 @@ class StragglerDetector(Detector):
             return []
         if not same:
             if not np.isin(ids, self._ids, assume_unique=True).all():
-                self._grow(ids, int(block.steps[0]))
+                self._grow(ids)
             same = len(ids) == len(self._ids)
         pos = None if same else np.searchsorted(self._ids, ids)
 
@@ -238,47 +239,41 @@ class StragglerDetector(Detector):
             ok = None
 
         # ratio to the peer median; z - k = ratio / scale - 1 / scale - k, clipped; missing
-        # values add nothing to the CUSUM and carry no weight in the level.
+        # values add nothing to the CUSUM and leave the run level alone.
         inv_med = 1.0 / med
-        ratio = v * inv_med[:, None]
-        y = ratio * (1.0 / scale)[:, None]
+        alpha = self.level_alpha
+        y = v * (inv_med / scale)[:, None]
         y += (-1.0 / scale - self.cusum_k)[:, None]
         np.minimum(y, self.z_clip - self.cusum_k, out=y)
+        gain = v * (alpha * inv_med)[:, None]        # alpha * ratio
         if ok is not None:
             y[~ok] = 0.0
-            ratio[~ok] = 0.0
+            gain[~ok] = 0.0
+            keep = 1.0 - alpha * ok                  # the EWMA's decay, 1 where missing
+            count = ok.astype(np.float64)
 
-        if pos is None:
-            start_cusum, start_level, start_run = self._cusum, self._level.copy(), self._run_start.copy()
-            level, run_start = self._level, self._run_start
-        else:
-            start_cusum, start_level, start_run = self._cusum[pos], self._level[pos], self._run_start[pos]
-            level, run_start = start_level.copy(), start_run.copy()
+        sel = slice(None) if pos is None else pos
+        start_cusum = self._cusum[sel]
+        start_level, start_count = self._run_level[sel], self._run_count[sel]
+        level, run_count = start_level.copy(), start_count.copy()
         cusum = start_cusum
-        firing = self._firing if pos is None else self._firing[pos]
 
         n = block.n_steps
         hist = np.empty((n, len(ids)))
-        weights = self._weights()
-        span = np.empty(len(ids), dtype=np.int64)
+        running = np.empty(len(ids))                 # 1.0 while the run goes on, 0.0 at a zero
         for i in range(n):
             np.add(cusum, y[i], out=hist[i])
             np.maximum(hist[i], 0.0, out=hist[i])
             cusum = hist[i]
-            # A run starts at the step after the last zero; level is the mean since then,
-            # an EWMA over about level_window steps for long runs.
-            next_step = int(block.steps[i]) + 1
-            np.copyto(run_start, next_step, where=cusum == 0.0)
-            np.subtract(next_step, run_start, out=span)
-            np.minimum(span, self.level_window, out=span)
-            weight = weights.take(span)
-            if ok is not None:
-                weight *= ok[i]
-            delta = ratio[i] - level
-            delta *= weight
-            level += delta
+            np.greater(cusum, 0.0, out=running)    # a zero restarts the run
+            level *= (1.0 - alpha) if ok is None else keep[i]
+            level += gain[i]
+            level *= running
+            run_count += 1.0 if ok is None else count[i]
+            run_count *= running
 
         # Ranks with something to decide are replayed one by one (few: firing or past h).
+        firing = self._firing[sel]
         reached = (hist[0] if n == 1 else hist.max(axis=0)) >= self.cusum_h
         busy = np.flatnonzero(reached | firing)
         findings: list[Finding] = []
@@ -287,52 +282,43 @@ class StragglerDetector(Detector):
         for j in busy:
             k = j if pos is None else int(pos[j])
             col = _Column(cusum=float(start_cusum[j]), level=float(start_level[j]),
-                          run_start=int(start_run[j]), firing=bool(self._firing[k]),
+                          count=float(start_count[j]), firing=bool(self._firing[k]),
                           below=int(self._below[k]), source=int(self._source[k]),
                           recent=float(self._recent[k]))
-            findings += self._replay(col, int(ids[j]), block.steps, y[:, j], ratio[:, j],
+            findings += self._replay(col, int(ids[j]), block.steps, y[:, j], gain[:, j],
                                      ok_any[:, j], v[:, j], med, src)
-            cusum[j], level[j], run_start[j] = col.cusum, col.level, col.run_start
+            cusum[j], level[j], run_count[j] = col.cusum, col.level, col.count
             self._firing[k], self._below[k] = col.firing, col.below
             self._source[k], self._recent[k] = col.source, col.recent
 
         if pos is None:
-            self._cusum = cusum.copy()
+            self._cusum, self._run_level, self._run_count = cusum.copy(), level, run_count
         else:
-            self._cusum[pos], self._level[pos], self._run_start[pos] = cusum, level, run_start
+            self._cusum[pos], self._run_level[pos], self._run_count[pos] = cusum, level, run_count
         if seen is not None:
-            if pos is None:
-                self._n_obs += seen
-            else:
-                self._n_obs[pos] += seen
+            self._n_obs[sel] += seen
             self._warm = bool((self._n_obs >= self.warmup_steps).all())
         findings.sort(key=lambda f: (f.step, f.ranks))
         return findings
 
-    def _weights(self) -> np.ndarray:
-        """``1 / k`` for ``k = 0 .. level_window`` (k = 0, a step at CUSUM zero, weighs 1)."""
-        if self._weight_table is None or len(self._weight_table) != self.level_window + 1:
-            k = np.arange(self.level_window + 1, dtype=np.float64)
-            k[0] = 1.0
-            self._weight_table = 1.0 / k
-        return self._weight_table
-
     def _replay(self, col: "_Column", rank: int, steps: np.ndarray, y: np.ndarray,
-                ratios: np.ndarray, ok: np.ndarray, v: np.ndarray, med: np.ndarray,
+                gain: np.ndarray, ok: np.ndarray, v: np.ndarray, med: np.ndarray,
                 src: np.ndarray | None) -> list[Finding]:
         """The per-rank state machine over one block column (same arithmetic as the fast path)."""
         out: list[Finding] = []
-        weights = self._weights()
+        a = self.level_alpha
         for i in range(len(steps)):
             step = int(steps[i])
             col.cusum = max(col.cusum + float(y[i]), 0.0)
-            if col.cusum == 0.0:
-                col.run_start = step + 1
             if not ok[i]:
+                if col.cusum == 0.0:
+                    col.level, col.count = 0.0, 0.0
                 continue
-            ratio = float(ratios[i])
-            col.level += (ratio - col.level) * float(weights[min(step + 1 - col.run_start,
-                                                                 self.level_window)])
+            col.level = col.level * (1.0 - a) + float(gain[i])
+            col.count += 1.0
+            if col.cusum == 0.0:
+                col.level, col.count = 0.0, 0.0
+            ratio = float(v[i] / med[i])
             if col.firing:
                 col.recent += self.resolve_alpha * (ratio - col.recent)
                 col.below = col.below + 1 if col.recent < self.resolve_ratio else 0
@@ -342,32 +328,36 @@ class StragglerDetector(Detector):
                         metric=SOURCES[col.source], status="resolved",
                         evidence={"recent_ratio": round(col.recent, 4),
                                   "resolve_ratio": self.resolve_ratio, "below_steps": col.below}))
-                    col.firing, col.below, col.cusum, col.run_start = False, 0, 0.0, step + 1
+                    col.firing, col.below = False, 0
+                    col.cusum, col.level, col.count = 0.0, 0.0, 0.0
                 continue
-            if col.cusum < self.cusum_h or col.level < self.min_ratio:
+            if col.cusum < self.cusum_h:
                 continue
-            col.firing, col.below, col.recent = True, 0, col.level
+            magnitude = col.level / (1.0 - (1.0 - a) ** col.count)
+            if magnitude < self.min_ratio:
+                continue
+            col.firing, col.below, col.recent = True, 0, magnitude
             col.source = 0 if src is None else int(src[i])
-            score = min(1.0, max(0.0, (col.level - self.min_ratio)
+            score = min(1.0, max(0.0, (magnitude - self.min_ratio)
                                  / (self.critical_ratio - self.min_ratio)))
+            n_run = int(col.count)
             out.append(Finding(
                 kind=self.kind, step=step, ranks=(rank,),
-                severity="critical" if col.level >= self.critical_ratio else "warning",
-                score=round(score, 4), metric=SOURCES[col.source], onset_step=col.run_start,
-                evidence={"ratio": round(col.level, 4), "value_s": float(v[i]),
+                severity="critical" if magnitude >= self.critical_ratio else "warning",
+                score=round(score, 4), metric=SOURCES[col.source], onset_step=step - n_run + 1,
+                evidence={"ratio": round(magnitude, 4), "value_s": float(v[i]),
                           "peer_median_s": float(med[i]), "source": SOURCES[col.source],
-                          "cusum": round(col.cusum, 2),
-                          "steps_since_onset": step - col.run_start + 1}))
+                          "cusum": round(col.cusum, 2), "steps_since_onset": n_run}))
         return out
 
 
 class _Column:
     """One rank's scalar state while it is replayed."""
-    __slots__ = ("cusum", "level", "run_start", "firing", "below", "source", "recent")
+    __slots__ = ("cusum", "level", "count", "firing", "below", "source", "recent")
 
-    def __init__(self, cusum: float, level: float, run_start: int, firing: bool, below: int,
-                 source: int, recent: float) -> None:
-        self.cusum, self.level, self.run_start = cusum, level, run_start
+    def __init__(self, cusum: float, level: float, count: float, firing: bool,
+                 below: int, source: int, recent: float) -> None:
+        self.cusum, self.level, self.count = cusum, level, count
         self.firing, self.below, self.source, self.recent = firing, below, source, recent
 
 
