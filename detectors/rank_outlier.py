@@ -139,9 +139,9 @@ class RankOutlierDetector(Detector):
         x, present = block.values[metric], block.present[metric]
         # float32 halves the memory traffic of the passes over all ranks; z-scores need no more.
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            z = np.log(x.astype(np.float32))   # invalid cells (missing, <= 0, inf) masked below
+            z = np.log(x, dtype=np.float32)   # invalid cells (missing, <= 0, inf) masked below
         ref_valid = present[:, ref] & np.isfinite(z[:, ref])
-        centre, scale, count = cross_section(z[:, ref], ref_valid, np.arange(len(ref)), self.min_ranks)
+        centre, scale, count = cross_section(z[:, ref], ref_valid, None, self.min_ranks)
         z -= centre.astype(np.float32)[:, None]
         z *= (1.0 / np.maximum(scale, self.min_scale)).astype(np.float32)[:, None]
         # Fast path (the usual case): every cell reported and finite, every row judged.
@@ -162,7 +162,7 @@ class RankOutlierDetector(Detector):
     def _global(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
         x, present = block.values[metric], block.present[metric]
         ref_valid = present[:, ref] & np.isfinite(x[:, ref])
-        centre = cross_section(x[:, ref], ref_valid, np.arange(len(ref)), self.min_ranks,
+        centre = cross_section(x[:, ref], ref_valid, None, self.min_ranks,
                                with_scale=False)[0]
         tol = self.rel_tol * np.abs(centre)
         with np.errstate(invalid="ignore"):

@@ -109,9 +109,15 @@ class SpikeDetector(Detector):
 
     # ------------------------------------------------------------------------------- update
     def update(self, block: StepBlock) -> list[Finding]:
-        n = block.n_steps
-        if n == 0:
+        if block.n_steps == 0:
             return []
+        # NaN rows (nobody reported) flow through the arithmetic on purpose: one errstate here
+        # instead of one per operation (each costs microseconds on one-step blocks).
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return self._update(block)
+
+    def _update(self, block: StepBlock) -> list[Finding]:
+        n = block.n_steps
         ref = self._reference(block.ranks)
         view = None
         if self.rank_metric is not None and self.rank_metric in block.values:
@@ -121,7 +127,7 @@ class SpikeDetector(Detector):
                 job = view.centre
             else:
                 yj, vj = log_positive(block.values[self.metric][:, ref], block.present[self.metric][:, ref])
-                job = cross_section(yj, vj, np.arange(len(ref)), 1, with_scale=False)[0]
+                job = cross_section(yj, vj, None, 1, with_scale=False)[0]
         else:
             job = np.full(n, np.nan)
         findings, spike_rows = self._judge_job(block, job, view)
@@ -179,8 +185,7 @@ class SpikeDetector(Detector):
         if view is None:
             return (), 0
         z = view.row_z(i)
-        with np.errstate(invalid="ignore"):
-            hot = z > self.rank_z_threshold
+        hot = z > self.rank_z_threshold
         k = int(hot.sum())
         reporting = int(np.isfinite(z).sum())
         if 0 < k <= self.blame_fraction * reporting:
@@ -219,19 +224,17 @@ class SpikeDetector(Detector):
         carry_active = self._ranks["active"][pos]
         # Cheap screen on raw values over all ranks; exact work only on the few columns that
         # pass it or are in a spike already.
-        with np.errstate(invalid="ignore"):
-            screen = block.values[self.rank_metric] > np.where(judged_row, view.enter_value, np.inf)[:, None]
+        screen = block.values[self.rank_metric] > np.where(judged_row, view.enter_value, np.inf)[:, None]
         cols = np.flatnonzero(screen.any(axis=0) | carry_active)
         if len(cols) == 0:
             return []
         y, valid = log_positive(block.values[self.rank_metric][:, cols],
                                 block.present[self.rank_metric][:, cols])
         judged = valid & judged_row[:, None]
-        with np.errstate(invalid="ignore"):
-            rise = y - view.centre[:, None]
-            z = rise / view.scale[:, None]
-            enter = judged & (z > self.rank_z_threshold) & (rise > math.log1p(self.rank_min_rise))
-            leave = judged & ~(z >= self.rank_exit_z)
+        rise = y - view.centre[:, None]
+        z = rise / view.scale[:, None]
+        enter = judged & (z > self.rank_z_threshold) & (rise > math.log1p(self.rank_min_rise))
+        leave = judged & ~(z >= self.rank_exit_z)
         carry = carry_active[cols]
         active = hysteresis(enter, leave, carry)
         prev = np.vstack([carry[None, :], active[:-1]])
@@ -305,12 +308,11 @@ class _RankView:
     def __init__(self, det: SpikeDetector, block: StepBlock, ref: np.ndarray) -> None:
         self.block, self.metric = block, det.rank_metric
         y, valid = log_positive(block.values[self.metric][:, ref], block.present[self.metric][:, ref])
-        self.centre, scale, self.count = cross_section(y, valid, np.arange(len(ref)), det.min_ranks)
+        self.centre, scale, self.count = cross_section(y, valid, None, det.min_ranks)
         self.scale = np.maximum(scale, det.rank_min_scale)
         # Raw value above which a cell may enter a spike (both entry conditions, in one bound).
-        with np.errstate(invalid="ignore"):
-            bound = np.maximum(math.log1p(det.rank_min_rise), det.rank_z_threshold * self.scale)
-            self.enter_value = np.exp(self.centre + bound)
+        bound = np.maximum(math.log1p(det.rank_min_rise), det.rank_z_threshold * self.scale)
+        self.enter_value = np.exp(self.centre + bound)
 
     def row_z(self, i: int) -> np.ndarray:
         y, _ = log_positive(self.block.values[self.metric][i], self.block.present[self.metric][i])
