@@ -1,0 +1,673 @@
+"""Where did the corruption begin? An onset estimate from a run's history up to a detection.
+
+The answer is the step ``s`` of the **first corrupted update**, with an interval ``[low, high]``
+that should contain it, a confidence in [0, 1] and the signals it rests on. Semantics (DESIGN.md):
+a loss reflects the weights *before* its step's update, so a corrupted update at ``s`` shows in
+the gradient norm at ``s`` and in the loss from ``s + 1`` on. A change first seen in the loss at
+step ``t`` therefore means ``s = t - 1`` (poisoned weights), or ``s = t`` when the batch itself was
+bad (its own forward pass shows it): the point is ``t - 1``, the interval keeps both. A change first
+seen in a gradient norm at ``t`` means ``s = t``.
+
+Signals (each used when the history carries it; ``OnsetEstimate.per_signal`` keeps each one):
+
+- ``non_finite``: the first NaN/Inf in the loss, the gradient norm or a rank's local gradient
+  norm. An exact, abrupt onset; it bounds ``high`` even when an earlier drift caused it.
+- ``loss_trend``: a change point in the log loss against its own earlier trend.
+- ``grad_norm``: a change point in the log gradient norm (level shift or spike burst).
+- ``rank_disagreement``: a change point in one rank's deviation from the cross-rank median of
+  ``local_grad_norm`` (or per-rank ``loss``): the silent-corruption suspect of ``rank_outlier``.
+- ``findings``: steps of the findings of this incident; the onset is no later than the earliest.
+
+The change point model (per series ``y``, in log space): a trend (quadratic in ``log(step)`` plus
+linear in ``step``) plus
+either a level shift (abrupt) or a hinge ``max(0, step - tau)`` (gradual, a drift), fitted by
+least squares for *every* ``tau`` at once from suffix sums, so one fit costs O(n). The best
+``tau`` maximises the likelihood ratio ``LR = (RSS_0 - RSS_tau) / sigma^2``; the change counts when
+``LR > 2 ln n + significance`` and its effect at the last sample is at least
+``min_excess_sigma`` noise units; the interval is every ``tau`` (of any shape) whose ``LR`` is
+within ``interval_lr`` of the best. ``sigma^2`` is inflated by the AR(1) long-run factor
+``(1 + rho) / (1 - rho)`` of the residuals, so runs of hard batches and a trend that does not quite
+fit do not pass for changes. A one-sample pulse (a burst already over) is a third shape. The
+analysis starts in a window near the detection and doubles it while the change is not significant
+or has too little history before it; windows longer than ``max_points`` samples are averaged into
+that many bins first. When a finding vouches for a change the history does not show clearly, the
+likeliest change before the finding is *located* instead (score 0; the earliest over all windows,
+which is the conservative choice). The whole estimate is
+O(n log r) for n steps and r ranks: about 0.1 s for 1 M steps (see ``bench/onset.py``).
+
+Combination is conservative: ``high`` is the smallest upper bound of any signal, ``low`` the
+smallest lower bound, ``step`` the earliest point estimate (clipped into the interval).
+
+Example: a gradient burst on every rank at step 3000 of a noisy, decaying loss.
+
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> steps = np.arange(1, 3101)
+>>> loss = 3.0 * steps ** -0.1 * np.exp(rng.normal(0, 0.02, steps.size))
+>>> grad = np.exp(rng.normal(0, 0.1, steps.size)); grad[steps >= 3000] *= 20
+>>> loss[steps >= 3001] *= 1.5
+>>> est = estimate_onset(steps, loss=loss, grad_norm=grad)
+>>> est.step, est.low <= 3000 <= est.high, est.signals_used
+(3000, True, ['loss_trend', 'grad_norm'])
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Literal, Sequence
+
+import numpy as np
+
+from detectors.frame import StepBlock
+
+Shape = Literal["abrupt", "gradual"]
+Origin = Literal["data", "hardware", "unknown"]
+ONSET_SIGNALS: tuple[str, ...] = (
+    "non_finite", "loss_trend", "grad_norm", "rank_disagreement", "findings")
+# Per-rank metrics compared across ranks, in order of preference.
+RANK_METRICS: tuple[str, ...] = ("local_grad_norm", "loss")
+
+
+@dataclass(frozen=True)
+class OnsetParams:
+    """Hyper-parameters of the onset estimate (defaults tuned on the seeded evaluation).
+
+    ``min_window``: samples in the first, most local analysis window.
+    ``max_points``: longer windows are averaged into this many bins.
+    ``significance``: LR needed above ``2 ln n`` for a change to count (unitless, chi^2 scale).
+    ``interval_lr``: LR drop from the best change point that still belongs to the interval.
+    ``min_excess_sigma``: the fitted change at the last sample, in noise standard deviations.
+    ``min_pre_ratio``: samples before the change per sample after it before the window is
+    trusted (the earlier trend must be estimated from enough history).
+    ``rank_score_min``: a rank's deviation from its peers (t-statistic) to be a suspect.
+    ``located_significance``: the ``significance`` used when a finding vouches for a change the
+    history alone does not show; the default accepts the likeliest change point whatever its LR.
+    """
+
+    min_window: int = 512
+    max_points: int = 16384
+    significance: float = 16.0
+    interval_lr: float = 12.0
+    min_excess_sigma: float = 1.5
+    min_pre_ratio: float = 0.5
+    rank_score_min: float = 8.0
+    located_significance: float = -1e9
+
+
+@dataclass(frozen=True)
+class SignalEstimate:
+    """One signal's view of the first corrupted update (steps are update steps, see module doc).
+
+    ``score`` in [0, 1): 0 at the significance threshold, towards 1 as the evidence grows.
+    """
+
+    signal: str
+    step: int
+    low: int
+    high: int
+    shape: Shape
+    score: float
+    ranks: tuple[int, ...] = ()
+    detail: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"signal": self.signal, "step": self.step, "low": self.low, "high": self.high,
+                "shape": self.shape, "score": round(self.score, 4), "ranks": list(self.ranks),
+                "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class OnsetEstimate:
+    """The first corrupted update: ``step`` within ``[low, high]`` (inclusive update steps).
+
+    ``confidence`` in [0, 1] is a heuristic, not a calibrated probability: the strongest signal's
+    score times the share of signals that agree with ``step``. ``origin`` says whether the evidence
+    points at the data (a change on every rank at once) or at hardware (one rank, ``ranks``);
+    ``spike_end`` is the last step of the abrupt excursion that began at ``step`` (data to skip).
+    """
+
+    step: int
+    low: int
+    high: int
+    confidence: float
+    signals_used: list[str]
+    per_signal: dict[str, SignalEstimate]
+    shape: Shape = "abrupt"
+    origin: Origin = "unknown"
+    ranks: tuple[int, ...] = ()
+    spike_end: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "low": self.low, "high": self.high,
+            "confidence": round(self.confidence, 4), "signals_used": list(self.signals_used),
+            "shape": self.shape, "origin": self.origin, "ranks": list(self.ranks),
+            "spike_end": self.spike_end,
+            "per_signal": {k: v.to_dict() for k, v in self.per_signal.items()},
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry points
+# --------------------------------------------------------------------------------------------
+
+def estimate_onset(
+    steps: Sequence[int] | np.ndarray,
+    loss: np.ndarray | None = None,
+    grad_norm: np.ndarray | None = None,
+    *,
+    per_rank: StepBlock | None = None,
+    finding_steps: Iterable[int] = (),
+    first_non_finite_step: int | None = None,
+    params: OnsetParams = OnsetParams(),
+) -> OnsetEstimate | None:
+    """Estimate the first corrupted update from per-step history; None when nothing shows one.
+
+    ``steps``: (n,) increasing step numbers; ``loss``: aggregate loss (say, the median over
+    ranks); ``grad_norm``: the global gradient norm; NaN/Inf are data. ``per_rank``: an optional
+    block with per-rank ``local_grad_norm`` and/or ``loss`` over (a suffix of) the same steps.
+    ``finding_steps``: steps (or onset steps) of this incident's findings;
+    ``first_non_finite_step``: when the caller already knows it.
+    """
+    steps = np.asarray(steps, dtype=np.int64)
+    if steps.size == 0:
+        return None
+    if steps.size > 1 and np.any(np.diff(steps) <= 0):
+        raise ValueError("steps must be strictly increasing (pass the run's effective history)")
+    hints = sorted(int(h) for h in finding_steps)
+    signals: dict[str, SignalEstimate] = {}
+
+    non_finite = _non_finite_signal(steps, loss, grad_norm, per_rank, first_non_finite_step)
+    if non_finite is not None:
+        signals["non_finite"] = non_finite
+    anchors = hints + ([non_finite.step] if non_finite is not None else [])
+    anchor = min(anchors) if anchors else None
+    signals.update(_history_signals(steps, loss, grad_norm, per_rank, anchor, params))
+
+    if hints:
+        h = max(hints[0], int(steps[0]))
+        # A change that starts only after the finding cannot be what the finding saw.
+        for name in [k for k, sig in signals.items() if k != "non_finite" and sig.low > h]:
+            del signals[name]
+        if not any(sig.low <= h for sig in signals.values()):
+            # The finding says a change exists, so locate the likeliest one up to the finding
+            # without asking it to be significant on its own (scores stay 0).
+            upto = int(np.searchsorted(steps, h, side="right"))
+            located = _history_signals(
+                steps[:upto], _head(loss, upto), _head(grad_norm, upto),
+                None if per_rank is None else _block_upto(per_rank, h), h,
+                replace(params, significance=params.located_significance, min_excess_sigma=0.0),
+                located=True)
+            for name, sig in located.items():
+                signals.setdefault(name, replace(
+                    sig, score=0.0, detail={**sig.detail, "located_after_finding": True}))
+        signals["findings"] = SignalEstimate(
+            "findings", step=max(int(steps[0]), h - 1), low=max(int(steps[0]), h - 1), high=h,
+            shape="abrupt", score=0.1, detail={"finding_steps": hints[:20]})
+    if not signals:
+        return None
+    return _combine(signals, steps, grad_norm, per_rank)
+
+
+def _history_signals(steps, loss, grad_norm, per_rank, anchor, params,
+                     located: bool = False) -> dict[str, SignalEstimate]:
+    """The change point signals of the history: loss trend, gradient norm, rank disagreement."""
+    out: dict[str, SignalEstimate] = {}
+    if loss is not None:
+        est = _series_signal("loss_trend", steps, np.asarray(loss, float), anchor, params, lag=1,
+                             located=located)
+        if est is not None:
+            out["loss_trend"] = est
+    if grad_norm is not None:
+        est = _series_signal("grad_norm", steps, np.asarray(grad_norm, float), anchor, params,
+                             lag=0, located=located)
+        if est is not None:
+            out["grad_norm"] = est
+    if per_rank is not None:
+        est = _rank_signal(per_rank, anchor, params, located=located)
+        if est is not None:
+            out["rank_disagreement"] = est
+    return out
+
+
+def _head(values, n: int):
+    return None if values is None else np.asarray(values, float)[:n]
+
+
+def _block_upto(block: StepBlock, step: int) -> StepBlock:
+    return block.slice_steps(0, int(np.searchsorted(block.steps, step, side="right")))
+
+
+def estimate_onset_from_block(
+    block: StepBlock,
+    *,
+    finding_steps: Iterable[int] = (),
+    first_non_finite_step: int | None = None,
+    params: OnsetParams = OnsetParams(),
+) -> OnsetEstimate | None:
+    """Same as :func:`estimate_onset` for a steps x ranks block of the run's history.
+
+    The aggregate loss is the median over the ranks that reported a finite loss at each step, the
+    gradient norm the median of the reported global norms (they agree across ranks when healthy).
+    """
+    loss = _row_median(block.values["loss"], block.present["loss"]) if block.has("loss") else None
+    grad = (_row_median(block.values["grad_norm"], block.present["grad_norm"])
+            if block.has("grad_norm") else None)
+    # A non-finite value on any rank makes the aggregate non-finite: NaN is data.
+    for name, agg in (("loss", loss), ("grad_norm", grad)):
+        if agg is not None:
+            bad = (block.present[name] & ~np.isfinite(block.values[name])).any(axis=1)
+            agg[bad] = np.nan
+    return estimate_onset(block.steps, loss=loss, grad_norm=grad, per_rank=block,
+                          finding_steps=finding_steps,
+                          first_non_finite_step=first_non_finite_step, params=params)
+
+
+# --------------------------------------------------------------------------------------------
+# Signals
+# --------------------------------------------------------------------------------------------
+
+def _non_finite_signal(steps, loss, grad_norm, per_rank, known_step) -> SignalEstimate | None:
+    """The first non-finite value; the loss lags the update by one step, gradients do not."""
+    candidates: list[tuple[int, int, str, tuple[int, ...]]] = []  # (update low, high, metric, ranks)
+    if known_step is not None:
+        candidates.append((int(known_step) - 1, int(known_step), "reported", ()))
+    for name, series, lag in (("loss", loss, 1), ("grad_norm", grad_norm, 0)):
+        if series is None:
+            continue
+        idx = np.flatnonzero(~np.isfinite(np.asarray(series, float)))
+        if idx.size:
+            t = int(steps[idx[0]])
+            # A NaN loss at t: poisoned weights (update t-1) or a poisoned batch (update t).
+            candidates.append((t - lag, t, name, ()))
+    if per_rank is not None:
+        for name in ("local_grad_norm", "loss", "grad_norm"):
+            if not per_rank.has(name):
+                continue
+            bad = per_rank.present[name] & ~np.isfinite(per_rank.values[name])
+            rows = np.flatnonzero(bad.any(axis=1))
+            if rows.size:
+                t = int(per_rank.steps[rows[0]])
+                lag = 1 if name == "loss" else 0
+                # The global norm is the same on every rank: it cannot say where a NaN began.
+                ranks = (() if name == "grad_norm"
+                         else tuple(int(r) for r in per_rank.ranks[bad[rows[0]]]))
+                candidates.append((t - lag, t, name, ranks))
+    if not candidates:
+        return None
+    low = min(c[0] for c in candidates)
+    high = min(c[1] for c in candidates)
+    # Among the earliest, prefer a per-rank metric that names its ranks (the fewest: the origin).
+    first = min(candidates, key=lambda c: (c[1], not c[3], len(c[3])))
+    # The earliest update the values allow: exact when a gradient norm went non-finite first.
+    return SignalEstimate("non_finite", step=min(low, high), low=min(low, high), high=high,
+                          shape="abrupt", score=1.0, ranks=first[3],
+                          detail={"metric": first[2], "first_step": first[1]})
+
+
+def _series_signal(name: str, steps: np.ndarray, values: np.ndarray, anchor: int | None,
+                   params: OnsetParams, lag: int, located: bool = False) -> SignalEstimate | None:
+    """A change point in one aggregate series, converted to update steps (``lag`` = 1 for loss)."""
+    ok = np.isfinite(values)
+    if not ok.any():
+        return None
+    y = values[ok]
+    if np.all(y > 0):
+        y = np.log(y)
+        space = "log"
+    else:
+        space = "linear"
+    change = _scan(steps[ok], y, direction=1.0, anchor=anchor, params=params, located=located)
+    if change is None:
+        return None
+    # A loss first changed at t: poisoned weights (update t - 1) or a poisoned batch whose own
+    # forward pass shows it (update t). Keep both in the interval; the point is the earlier.
+    return SignalEstimate(
+        name, step=change.step - lag, low=change.low - lag, high=change.high,
+        shape=change.shape, score=change.score,
+        detail={**change.detail, "space": space, "lag_steps": lag})
+
+
+def _rank_signal(block: StepBlock, anchor: int | None, params: OnsetParams,
+                 located: bool = False) -> SignalEstimate | None:
+    """One rank's log deviation from the cross-rank median: a change point in that series."""
+    for name in RANK_METRICS:
+        if not block.has(name) or block.n_ranks < 3:
+            continue
+        v, p = block.values[name], block.present[name]
+        valid = p & np.isfinite(v) & (v > 0)
+        logv = np.log(np.where(valid, v, 1.0))
+        med = _row_median(logv, valid)
+        dev = np.where(valid, logv - med[:, None], np.nan)
+        counts = valid.sum(axis=1)
+        dev[counts < 3] = np.nan  # a median of two ranks says nothing about either
+        rows = counts >= 3
+        dev, rank_steps = dev[rows], block.steps[rows]
+        if dev.shape[0] < 24:
+            continue
+        scale = np.nanmedian(np.abs(dev)) * 1.4826
+        if not np.isfinite(scale) or scale <= 0:
+            continue
+        suspect, direction, score, tail = _suspect_rank(dev, scale)
+        if score < params.rank_score_min:
+            continue
+        series = dev[:, suspect]
+        ok = np.isfinite(series)
+        change = _scan(rank_steps[ok], series[ok], direction=direction, anchor=anchor,
+                       params=params, located=located)
+        if change is None:
+            continue
+        tail_means, tail_counts = _column_means(dev[-tail:])
+        blamed = np.flatnonzero(direction * tail_means * np.sqrt(tail_counts) / scale
+                                >= max(params.rank_score_min, 0.5 * score))
+        ranks = tuple(int(r) for r in block.ranks[blamed]) or (int(block.ranks[suspect]),)
+        return SignalEstimate(
+            "rank_disagreement", step=change.step, low=change.low, high=change.high,
+            shape=change.shape, score=change.score, ranks=ranks,
+            detail={**change.detail, "metric": name, "rank_score": round(float(score), 2)})
+    return None
+
+
+def _suspect_rank(dev: np.ndarray, scale: float) -> tuple[int, float, float, int]:
+    """The rank whose recent mean deviation is largest, as a t-statistic over a few tails."""
+    best = (0, 1.0, 0.0, 1)
+    for tail in (8, 64, 512):
+        tail = min(tail, dev.shape[0])
+        means, counts = _column_means(dev[-tail:])
+        stat = np.abs(means) * np.sqrt(counts) / scale
+        r = int(np.argmax(stat))
+        if stat[r] > best[2]:
+            best = (r, float(np.sign(means[r]) or 1.0), float(stat[r]), tail)
+    return best
+
+
+def _column_means(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of the finite entries of each column (0 where none) and their count."""
+    ok = np.isfinite(x)
+    counts = ok.sum(axis=0)
+    sums = np.where(ok, x, 0.0).sum(axis=0)
+    return sums / np.maximum(counts, 1), counts
+
+
+# --------------------------------------------------------------------------------------------
+# Combination and origin
+# --------------------------------------------------------------------------------------------
+
+def _combine(signals: dict[str, SignalEstimate], steps: np.ndarray, grad_norm,
+             per_rank: StepBlock | None) -> OnsetEstimate:
+    # Findings say the problem existed by their step (an upper bound); the lower bound and the
+    # point come from the history itself unless the findings are all there is.
+    evidence = {k: s for k, s in signals.items() if k != "findings"} or signals
+    high = min(s.high for s in signals.values())
+    low = min(s.low for s in evidence.values())
+    if low > high:  # the history shows the change only after a finding did: trust the finding
+        low = min(high, signals["findings"].low) if "findings" in signals else high
+    step = int(np.clip(min(s.step for s in evidence.values()), low, high))
+    agree = [s for s in evidence.values() if s.low <= step <= s.high]
+    confidence = max(s.score for s in evidence.values()) * len(agree) / len(evidence)
+    if "findings" in signals:  # a finding vouches for a problem even when the history is mute
+        confidence = max(confidence, signals["findings"].score)
+    earliest = min(evidence.values(), key=lambda s: (s.step, s.signal))
+    shape = earliest.shape
+    origin, ranks = _origin(signals, step, per_rank)
+    spike_end = _spike_end(steps, grad_norm, step) if shape == "abrupt" else None
+    order = [k for k in ONSET_SIGNALS if k in signals]
+    return OnsetEstimate(step=step, low=int(low), high=int(high),
+                         confidence=float(np.clip(confidence, 0.0, 1.0)), signals_used=order,
+                         per_signal=signals, shape=shape, origin=origin, ranks=ranks,
+                         spike_end=spike_end)
+
+
+def _origin(signals: dict[str, SignalEstimate], step: int,
+            per_rank: StepBlock | None) -> tuple[Origin, tuple[int, ...]]:
+    """Hardware when one rank disagrees with its peers; data when every rank changes at once."""
+    rank_sig = signals.get("rank_disagreement")
+    if rank_sig is not None and len(rank_sig.ranks) <= max(1, _n_ranks(per_rank) // 4):
+        return "hardware", rank_sig.ranks
+    nf = signals.get("non_finite")
+    if nf is not None and nf.ranks and per_rank is not None:
+        if len(nf.ranks) <= max(1, per_rank.n_ranks // 4):
+            return "hardware", nf.ranks
+        if len(nf.ranks) >= 0.75 * per_rank.n_ranks:
+            return "data", ()
+    if per_rank is not None:
+        share = _share_of_ranks_jumping(per_rank, step)
+        if share is not None and share >= 0.75:
+            return "data", ()
+    return "unknown", ()
+
+
+def _n_ranks(block: StepBlock | None) -> int:
+    return 0 if block is None else block.n_ranks
+
+
+def _share_of_ranks_jumping(block: StepBlock, step: int, z_min: float = 4.0) -> float | None:
+    """Share of ranks whose value at ``step..step+2`` leaves their own recent range."""
+    for name in RANK_METRICS:
+        if not block.has(name) or block.n_ranks < 2:
+            continue
+        at = int(np.searchsorted(block.steps, step))
+        if at < 16 or at >= block.n_steps:
+            continue
+        v, p = block.values[name], block.present[name]
+        base_v, base_p = v[max(0, at - 64):at], p[max(0, at - 64):at]
+        ok = base_p & np.isfinite(base_v) & (base_v > 0)
+        logb = np.where(ok, np.log(np.where(ok, base_v, 1.0)), np.nan)
+        med = np.nanmedian(logb, axis=0)
+        mad = np.nanmedian(np.abs(logb - med), axis=0) * 1.4826 + 1e-12
+        now_v, now_p = v[at:at + 3], p[at:at + 3]
+        with np.errstate(all="ignore"):
+            z = (np.log(now_v) - med) / mad
+        jumped = ((now_p & ~np.isfinite(now_v)) | (now_p & (z >= z_min))).any(axis=0)
+        reported = now_p.any(axis=0)
+        if reported.sum() >= 2:
+            return float(jumped[reported].mean())
+    return None
+
+
+def _spike_end(steps: np.ndarray, grad_norm, step: int, z_min: float = 4.0) -> int | None:
+    """Last step of the excursion of the gradient norm that starts at ``step`` (gaps <= 3)."""
+    if grad_norm is None:
+        return None
+    g = np.asarray(grad_norm, float)
+    at = int(np.searchsorted(steps, step))
+    if at < 16 or at >= steps.size:
+        return None
+    base = g[max(0, at - 256):at]
+    base = base[np.isfinite(base) & (base > 0)]
+    if base.size < 8:
+        return None
+    logb = np.log(base)
+    med = np.median(logb)
+    mad = np.median(np.abs(logb - med)) * 1.4826 + 1e-12
+    after = g[at:at + 4096]
+    with np.errstate(all="ignore"):
+        high = ~np.isfinite(after) | (np.log(np.abs(after) + 1e-300) - med >= z_min * mad)
+    if not high[0]:
+        return None
+    quiet = np.flatnonzero(~high)
+    # The excursion ends before the first run of four quiet samples.
+    if quiet.size == 0:
+        return int(steps[at + high.size - 1])
+    runs = np.flatnonzero(np.convolve(~high, np.ones(4, int), mode="valid") == 4)
+    end = (runs[0] if runs.size else high.size) - 1
+    return int(steps[at + max(end, 0)])
+
+
+# --------------------------------------------------------------------------------------------
+# The change point machinery
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Change:
+    step: int      # first step showing the change
+    low: int       # first step that may show it
+    high: int      # last step by which it shows
+    shape: Shape
+    score: float
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Fit:
+    index: int
+    low_index: int
+    high_index: int
+    shape: Shape
+    lr: float
+    threshold: float
+    excess_sigma: float
+
+
+def _scan(steps: np.ndarray, y: np.ndarray, direction: float, anchor: int | None,
+          params: OnsetParams, located: bool = False) -> _Change | None:
+    """Fit change points in windows that end at the last sample and double in length.
+
+    The first window with a significant change whose interval leaves enough history before it
+    wins. ``located`` (a finding vouches for a change the history does not show clearly): every
+    window is tried and the earliest change found is kept, which is the conservative choice.
+    """
+    n = y.size
+    window = params.min_window
+    if anchor is not None:
+        window = max(window, 4 * int(n - np.searchsorted(steps, anchor)))
+    found: list[_Change] = []
+    touching: list[_Change] = []
+    while True:
+        i0 = max(0, n - window)
+        t, v, first, last = _binned(steps[i0:], y[i0:], params.max_points)
+        # A change needs enough history before it to know the trend it departs from. Searching
+        # everywhere and refusing changes in the first 1 / (1 + min_pre_ratio) of the window
+        # keeps a long window's misfit of old transients (the warm-up) from passing for a
+        # change: such a window's strongest feature is early. A located search is restricted to
+        # the later part instead, so it always names a candidate.
+        k_min = max(8, math.ceil(params.min_pre_ratio * v.size / (1.0 + params.min_pre_ratio)))
+        fit = _fit_change(t, v, direction, params, k_min if located else 8)
+        # A located change may touch the boundary (kept as a last resort, smallest window first).
+        if fit is not None and (fit.low_index > k_min or located):
+            low = int(last[fit.low_index - 1]) + 1 if fit.low_index > 0 else int(first[0])
+            (found if fit.low_index > k_min else touching).append(_Change(
+                step=int(first[fit.index]), low=low, high=int(last[fit.high_index]),
+                shape=fit.shape, score=1.0 - fit.threshold / fit.lr,
+                detail={"lr": round(fit.lr, 2), "threshold": round(fit.threshold, 2),
+                        "excess_sigma": round(fit.excess_sigma, 2),
+                        "window": [int(steps[i0]), int(steps[-1])],
+                        "bin_steps": int(max(1, round((n - i0) / v.size)))}))
+            if found and not located:
+                return found[0]
+        if i0 == 0:
+            if found:
+                return min(found, key=lambda c: c.low)
+            return touching[0] if touching else None
+        window *= 2
+
+
+def _binned(steps: np.ndarray, y: np.ndarray, max_points: int):
+    """Means over equal bins aligned to the end (the newest samples matter most)."""
+    n = y.size
+    if n <= max_points:
+        return steps.astype(float), y, steps, steps
+    size = math.ceil(n / max_points)
+    head = n % size
+    starts = np.arange(head, n, size)
+    if head:
+        starts = np.concatenate([[0], starts])
+    counts = np.diff(np.append(starts, n))
+    t = np.add.reduceat(steps.astype(float), starts) / counts
+    v = np.add.reduceat(y, starts) / counts
+    last = np.append(steps[starts[1:] - 1], steps[-1])
+    return t, v, steps[starts], last
+
+
+def _suffix(a: np.ndarray) -> np.ndarray:
+    # Summing from the end keeps the small tail sums accurate.
+    return np.cumsum(a[::-1], axis=0)[::-1]
+
+
+def _fit_change(t: np.ndarray, y: np.ndarray, direction: float, params: OnsetParams,
+                k_min: int = 8) -> _Fit | None:
+    """Best level shift or hinge after a quadratic trend in log(step), for all taus in O(n)."""
+    n = y.size
+    if n < 24:
+        return None
+    span = max(t[-1] - t[0], 1.0)
+    tn = (t - t[0]) / span
+    x = np.log1p(np.maximum(t, 0.0))  # the trend lives in log(step), the shape of loss curves
+    x = (x - x.mean()) / (x.std() or 1.0)
+    q, _ = np.linalg.qr(np.column_stack([np.ones(n), x, x * x, tn]))
+    r0 = y - q @ (q.T @ y)
+    rss0 = float(r0 @ r0)
+    if rss0 <= 1e-18 * max(float(y @ y), 1e-300):  # the trend explains it all (a constant)
+        return None
+    count = np.arange(n, 0, -1, dtype=float)
+    sr, sq = _suffix(r0), _suffix(q)
+    # Level shift at k: column 1[i >= k]; gain = (c' r0)^2 / |c orthogonal to the trend|^2.
+    num_step = sr
+    den_step = count - np.einsum("ij,ij->i", sq, sq)
+    # Hinge at k: column (t_i - t_k)+.
+    st, stt, str_, stq = _suffix(tn), _suffix(tn * tn), _suffix(tn * r0), _suffix(tn[:, None] * q)
+    num_hinge = str_ - tn * sr
+    hq = stq - tn[:, None] * sq
+    hh = stt - 2 * tn * st + tn * tn * count
+    den_hinge = hh - np.einsum("ij,ij->i", hq, hq)
+
+    # One-sample pulse at k (a burst that is over by the next step): column 1[i == k].
+    num_pulse = r0
+    den_pulse = 1.0 - np.einsum("ij,ij->i", q, q)
+
+    gains = []
+    for model, num, den, k_max, scale in (("step", num_step, den_step, n - 1, count),
+                                           ("hinge", num_hinge, den_hinge, n - 3, hh),
+                                           ("pulse", num_pulse, den_pulse, n - 1, np.ones(n))):
+        ok = np.zeros(n, bool)
+        ok[k_min:k_max + 1] = True
+        ok &= (den > 1e-9 * np.maximum(scale, 1e-300)) & (num * direction > 0)
+        gain = np.where(ok, num * num / np.where(ok, den, 1.0), 0.0)
+        gains.append((model, gain, num / np.where(ok, den, 1.0)))
+    model, best_gain, best_coef = max(gains, key=lambda g: g[1].max())
+    k = int(np.argmax(best_gain))
+    gain = float(best_gain[k])
+    if gain <= 0:
+        return None
+    coef = float(best_coef[k])
+    column = {"step": (np.arange(n) >= k).astype(float),
+              "hinge": np.maximum(tn - tn[k], 0.0),
+              "pulse": (np.arange(n) == k).astype(float)}[model]
+    resid = r0 - coef * (column - q @ (q.T @ column))
+    # Autocorrelated residuals (hard batches come in runs; a trend that does not quite fit
+    # leaves slow wiggles) carry less information than white noise: scale sigma^2 up by the
+    # AR(1) long-run factor (1 + rho) / (1 - rho) so neither passes for a change point.
+    rho = float(np.clip((resid[1:] @ resid[:-1]) / max(resid @ resid, 1e-300), 0.0, 0.98))
+    sigma2 = max(rss0 - gain, 1e-300) / max(n - 6, 1) * (1.0 + rho) / (1.0 - rho)
+    lr = gain / sigma2
+    threshold = 2.0 * math.log(n) + params.significance
+    if model == "hinge":
+        excess = abs(coef) * (tn[-1] - tn[k])
+    else:
+        excess = abs(coef)  # the shift, or the pulse's height
+    excess_sigma = excess / math.sqrt(sigma2)
+    if lr <= threshold or excess_sigma < params.min_excess_sigma:
+        return None
+    best_shape: Shape = "gradual" if model == "hinge" else "abrupt"
+    # The interval: every tau, of either shape, whose LR is within interval_lr of the best.
+    inside = np.zeros(n, bool)
+    for _, g, _ in gains:
+        inside |= (gain - g) / sigma2 <= params.interval_lr
+    idx = np.flatnonzero(inside)
+    return _Fit(index=k, low_index=int(idx[0]), high_index=int(idx[-1]), shape=best_shape,
+                lr=float(lr), threshold=float(threshold), excess_sigma=float(excess_sigma))
+
+
+def _row_median(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Median over the finite, present entries of each row; NaN where a row has none."""
+    valid = present & np.isfinite(values)
+    x = np.sort(np.where(valid, values, np.inf), axis=1)
+    count = valid.sum(axis=1)
+    lo = np.maximum((count - 1) // 2, 0)
+    hi = np.maximum(count // 2, 0)
+    hi = np.minimum(hi, np.maximum(count - 1, 0))
+    rows = np.arange(values.shape[0])
+    med = 0.5 * (x[rows, lo] + x[rows, hi])
+    med[count == 0] = np.nan
+    return med
