@@ -128,3 +128,26 @@ def test_findings_are_well_formed(name, whole):
         json.dumps(f.to_dict(), allow_nan=False)
         if f.status == "firing" and name != "non_finite":
             assert f.onset_step is None or f.onset_step <= f.step
+
+
+# ------------------------------------------------------------------ the trace generator itself
+def test_simulated_traces_keep_their_promises():
+    from detectors.simulate import Straggler
+    a = simulate_run(n_steps=3_000, n_ranks=64, seed=8, faults=[Straggler(step=1_000, rank=9, factor=1.3)])
+    b = simulate_run(n_steps=3_000, n_ranks=64, seed=8, faults=[Straggler(step=1_000, rank=9, factor=1.3)])
+    v = a.block.values
+    assert all(np.array_equal(v[m], b.block.values[m], equal_nan=True) for m in v)      # seeded
+    loss = np.median(v["loss"], axis=1)
+    assert loss[:100].mean() > 2 * loss[-100:].mean()                                   # it learns
+    assert np.ptp(v["grad_norm"], axis=1).max() == 0.0                                 # global is global
+    assert np.ptp(v["step_time"], axis=1).max() < 1e-3                                 # synchronous
+    after = slice(1_000, 3_000)
+    assert (v["compute_time"][after].argmax(axis=1) == 9).mean() > 0.99                # the straggler
+    assert (v["comm_time"][after].argmin(axis=1) == 9).mean() > 0.99                   # waits least
+    assert [t.kind for t in a.truth] == ["straggler"] and a.truth[0].ranks == (9,)
+    sizes = [blk.n_steps for blk in iter_blocks(a.block, (1, 7, 64))]
+    assert sum(sizes) == 3_000 and sizes[:4] == [1, 7, 64, 1]
+    assert [blk.n_steps for blk in split_at(a.block, [10, 10, 2_999])] == [10, 2_989, 1]
+    masked = simulate_run(n_steps=500, n_ranks=16, seed=1, missing_fraction=0.25).block
+    share = np.mean([(~p).mean() for p in masked.present.values()])
+    assert 0.2 < share < 0.3 and all(np.isnan(masked.values[m][~masked.present[m]]).all() for m in masked.values)
