@@ -289,6 +289,7 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
 def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Module,
          opt: torch.optim.Optimizer, data: torch.Tensor, start_step: int) -> None:
     params = list(model.parameters())
+    run.set_phase("other", step=start_step)  # heartbeats name the resumed step, not 0
     faults = Faults(cfg, rank)
     timer = StepTimer(run=run)
     skipped = 0

@@ -1,0 +1,205 @@
+"""End to end: examples/train.py runs for real (4 gloo ranks on the CPU) against a real server, one
+fault at a time, and the service must name the right finding kind, step and rank.
+
+Each test configures its run the way a user of a small job would (PUT /v1/runs/{run} before the
+training: 4 ranks, short hang timeouts so the test does not wait a minute), runs the trainer as a
+subprocess, and reads the findings API. Runs share one server per module (distinct run ids).
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "train.py"
+
+
+def train(url: str, run_id: str, workdir: Path, *args: str, timeout_s: float = 240.0) -> dict:
+    """Run the example trainer; returns rank 0's final summary line (JSON)."""
+    cmd = [sys.executable, str(TRAIN), "--url", url, "--run-id", run_id, "--log-every", "0",
+           "--heartbeat-s", "0.5", "--ckpt-dir", str(workdir / f"ckpt-{run_id}"), *args]
+    result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout_s)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"done"')]
+    assert summaries, result.stdout[-2000:]
+    return summaries[-1]
+
+
+def configure(http, run_id: str, **config) -> None:
+    response = http.put(f"/v1/runs/{run_id}", json={"world_size": 4, **config})
+    assert response.status_code == 200, response.text
+
+
+def findings(http, run_id: str, kind: str, *, wait_s: float = 10.0) -> list[dict]:
+    """Findings of ``kind``, waiting up to ``wait_s`` for the monitor to catch up."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        response = http.get(f"/v1/runs/{run_id}/findings", params={"kind": kind})
+        assert response.status_code == 200, response.text
+        found = [f for f in response.json() if f["status"] == "firing"]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.25)
+
+
+def all_findings(http, run_id: str) -> list[dict]:
+    response = http.get(f"/v1/runs/{run_id}/findings")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def url(shared_server) -> str:
+    return shared_server.url
+
+
+def test_healthy_run_reports_every_rank_every_step_and_raises_nothing(url, shared_http, tmp_path):
+    summary = train(url, "e2e-healthy", tmp_path, "--steps", "80", "--ckpt-every", "40")
+    assert summary["delivered"] and summary["client"]["dropped"] == 0
+    run = shared_http.get("/v1/runs/e2e-healthy").json()
+    assert run["status"] == "finished" and run["ranks_seen"] == 4 and run["last_step"] == 79
+    checkpoints = shared_http.get("/v1/runs/e2e-healthy/checkpoints").json()
+    assert [c["step"] for c in checkpoints] == [39, 79]
+    assert [f["kind"] for f in all_findings(shared_http, "e2e-healthy")] == []
+
+
+def test_nan_on_one_rank_is_found_at_its_step_and_rank_and_stays_nan(url, shared_http, tmp_path):
+    configure(shared_http, "e2e-nan")
+    summary = train(url, "e2e-nan", tmp_path, "--steps", "70", "--fault", "nan",
+                    "--fault-rank", "2", "--fault-step", "50")
+    assert summary["skipped_updates"] == 1
+    origin = [f for f in findings(shared_http, "e2e-nan", "non_finite") if f["ranks"] == [2]]
+    assert origin and {f["step"] for f in origin} == {50}
+    # NaN made the whole trip (client -> ingest -> store -> API) as NaN, not as missing.
+    history = shared_http.get("/v1/runs/e2e-nan/metrics",
+                              params={"step_min": 50, "step_max": 50, "fields": "loss"}).json()
+    by_rank = dict(zip(history["columns"]["rank"], history["columns"]["loss"]))
+    assert by_rank[2] == "NaN" and all(isinstance(by_rank[r], float) and math.isfinite(by_rank[r])
+                                       for r in (0, 1, 3))
+
+
+@pytest.fixture(scope="module")
+def spiked_run(url, shared_http, tmp_path_factory) -> list[dict]:
+    """Every rank's loss (and so its gradient) is multiplied by 10 at step 80, once."""
+    configure(shared_http, "e2e-spike")
+    train(url, "e2e-spike", tmp_path_factory.mktemp("spike"), "--steps", "100", "--fault", "loss_spike",
+          "--fault-rank", "-1", "--fault-step", "80", "--spike-factor", "10")
+    findings(shared_http, "e2e-spike", "grad_spike")  # wait for the monitor
+    return all_findings(shared_http, "e2e-spike")
+
+
+def test_loss_spike_is_found_at_its_step(spiked_run):
+    spikes = [f for f in spiked_run if f["kind"] in ("loss_spike", "grad_spike") and f["status"] == "firing"]
+    assert spikes and {f["step"] for f in spikes} == {80}
+
+
+@pytest.mark.xfail(reason="service: a 10x job-wide loss jump at step 80 yields grad_spike only, "
+                          "no loss_spike finding", strict=False)
+def test_loss_spike_is_reported_as_a_loss_spike(spiked_run):
+    assert [f["step"] for f in spiked_run if f["kind"] == "loss_spike" and f["status"] == "firing"] == [80]
+
+
+def test_strong_straggler_is_blamed(url, shared_http, tmp_path):
+    configure(shared_http, "e2e-straggler")
+    train(url, "e2e-straggler", tmp_path, "--steps", "120", "--fault", "straggler",
+          "--fault-rank", "1", "--fault-step", "20", "--slow-factor", "3")
+    stragglers = findings(shared_http, "e2e-straggler", "straggler")
+    assert stragglers and {tuple(f["ranks"]) for f in stragglers} == {(1,)}
+    assert all(f["step"] >= 20 for f in stragglers)
+
+
+HANG_CONFIG = {"hang_timeout_floor_s": 2.0,
+               # Importing torch and starting gloo takes seconds: keep the start-up allowance long.
+               "detectors": {"hang": {"startup_timeout_s": 60.0, "heartbeat_timeout_s": 2.0}}}
+
+
+@pytest.fixture(scope="module")
+def hung_run(url, shared_http, tmp_path_factory) -> list[dict]:
+    """Rank 3 sleeps 10 s in its compute phase at step 40; its peers wait in the all-reduce."""
+    configure(shared_http, "e2e-hang", **HANG_CONFIG)
+    train(url, "e2e-hang", tmp_path_factory.mktemp("hang"), "--steps", "60", "--fault", "hang",
+          "--fault-rank", "3", "--fault-step", "40", "--hang-s", "10", "--hang-where", "outside")
+    return all_findings(shared_http, "e2e-hang")
+
+
+def test_hung_rank_outside_the_collective_is_named(hung_run):
+    stalls = [f for f in hung_run if f["kind"] == "stall" and f["status"] == "firing"]
+    assert [(f["step"], f["evidence"]["culprits"]) for f in stalls] == [(40, [3])]
+    culprits = [f for f in hung_run if f["kind"] == "hang" and f["status"] == "firing"
+                and f["evidence"].get("culprit")]
+    assert [(f["step"], f["ranks"]) for f in culprits] == [(40, [3])]
+
+
+@pytest.mark.xfail(reason="service: when the hung rank resumes, peers whose records arrive a moment "
+                          "later are reported as hung (culprit=false) before their progress lands",
+                   strict=False)
+def test_ranks_waiting_in_the_collective_are_not_reported_hung(hung_run):
+    assert [f["ranks"] for f in hung_run if f["kind"] == "hang" and f["status"] == "firing"] == [[3]]
+
+
+@pytest.fixture(scope="module")
+def corrupted_run(url, shared_http, tmp_path_factory) -> Path:
+    """Rank 2's gradients are scaled and noised before the all-reduce from step 60 on."""
+    workdir = tmp_path_factory.mktemp("corrupt")
+    # A 4-rank job: let the cross-rank detector work with 4 ranks (its default wants 8).
+    configure(shared_http, "e2e-corrupt", detectors={"rank_outlier": {"min_ranks": 4}})
+    train(url, "e2e-corrupt", workdir, "--steps", "100", "--fault", "corrupt_grad",
+          "--fault-rank", "2", "--fault-step", "60", "--ckpt-every", "20")
+    return workdir
+
+
+def test_gradient_corruption_is_blamed_on_its_rank(corrupted_run, shared_http):
+    outliers = findings(shared_http, "e2e-corrupt", "rank_outlier")
+    blamed = [f for f in outliers if f["ranks"] == [2]]
+    assert blamed and min(f["step"] for f in blamed) >= 60
+    assert not [f for f in outliers if f["ranks"] and f["ranks"] != [2]]
+
+
+def test_corruption_rollback_restarts_from_a_clean_checkpoint_and_continues_healthy(
+        corrupted_run, url, shared_http):
+    answer = shared_http.get("/v1/runs/e2e-corrupt/rollback")
+    if answer.status_code == 404 and answer.json().get("detail") == "Not Found":
+        pytest.skip("GET /v1/runs/{run}/rollback is not in this build yet")
+    assert answer.status_code == 200, answer.text
+    target = answer.json()["checkpoint"]
+    assert target is not None and target["step"] < 60  # holds no corrupted update
+
+    summary = train(url, "e2e-corrupt", corrupted_run, "--steps", "120", "--resume-from-rollback")
+    assert summary["start_step"] == target["step"] + 1
+    events = shared_http.get("/v1/runs/e2e-corrupt/events").json()
+    assert [(e["kind"], e["step"]) for e in events if e["kind"] == "rollback"] == [("rollback", target["step"])]
+    run = shared_http.get("/v1/runs/e2e-corrupt").json()
+    assert run["attempt"] == 2 and run["status"] == "finished"
+    new = [f for f in all_findings(shared_http, "e2e-corrupt")
+           if f["attempt"] == 2 and f["status"] == "firing"]
+    assert new == []
+
+
+def test_rank_leaving_restarts_with_fewer_ranks_without_a_false_alarm(url, shared_http, tmp_path):
+    # Rank 3 dies at step 60; the survivors restart from the step-49 checkpoint and run ~300 more
+    # steps, so rank 3 stays silent longer than the hang timeout: only the world-size change tells
+    # the service it is gone. The timeout stays above the restart gap (a few seconds).
+    configure(shared_http, "e2e-leave", hang_timeout_floor_s=15.0)
+    summary = train(url, "e2e-leave", tmp_path, "--steps", "350", "--fault", "leave",
+                    "--fault-rank", "3", "--fault-step", "60", "--ckpt-every", "25")
+    assert summary["start_step"] == 50  # resumed after the newest checkpoint (step 49)
+    events = shared_http.get("/v1/runs/e2e-leave/events").json()
+    changes = [e for e in events if e["kind"] == "world_size_change"]
+    assert len(changes) == 1 and (changes[0]["data"]["old"], changes[0]["data"]["new"]) == (4, 3)
+    assert [e["step"] for e in events if e["kind"] == "restart"] == [49]
+    run = shared_http.get("/v1/runs/e2e-leave").json()
+    assert run["attempt"] == 2 and run["status"] == "finished"
+    found = all_findings(shared_http, "e2e-leave")
+    assert not [f for f in found if f["kind"] == "hang" and 3 in f["ranks"]]
+    assert not [f for f in found if f["kind"] in ("hang", "stall") and f["attempt"] == 2
+                and f["status"] == "firing"]
