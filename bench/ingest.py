@@ -57,7 +57,7 @@ def run_case(server: ServerProcess, form: str, n_records: int, seconds: float, t
     n_steps, _ = shape(n_records)
     run_id = f"bench-{form}-{n_records}"
     # Enough distinct payloads for the time budget (each has its own steps: no duplicates).
-    n_payloads = max(8, min(4000, int(60_000 / n_records)))
+    n_payloads = max(32, min(4000, int(600_000 / n_records)))
     payloads = [make_payload(form, n_records, i * n_steps, rng) for i in range(n_payloads)]
     t0 = time.process_time()
     for p in payloads:
@@ -99,6 +99,30 @@ def run_case(server: ServerProcess, form: str, n_records: int, seconds: float, t
             "decode_points_per_cpu_s": n_records * len(FIELDS) / decode_s}
 
 
+def floor_case(server: ServerProcess, seconds: float, threads: int) -> float:
+    """Requests per server CPU-second of GET /healthz: what the HTTP stack costs doing nothing."""
+    stop = threading.Event()
+    count = [0]
+    lock = threading.Lock()
+
+    def worker() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            while not stop.is_set():
+                client.get("/healthz")
+                with lock:
+                    count[0] += 1
+
+    cpu0 = server.cpu_seconds()
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in pool:
+        t.join()
+    return count[0] / max(server.cpu_seconds() - cpu0, 1e-9)
+
+
 def read_back(db_path: str, server: ServerProcess, run_id: str) -> dict:
     from healthsvc.history import load_history
     from healthsvc.store.sqlite import SQLiteStore
@@ -119,7 +143,14 @@ def read_back(db_path: str, server: ServerProcess, run_id: str) -> dict:
     frame = pd.read_csv(io.BytesIO(text))
     csv_s = time.perf_counter() - t0
     assert len(frame) == len(hist)
-    return {"points": points, "numpy_s": numpy_s, "pandas_csv_http_s": csv_s}
+    import pyarrow.ipc as ipc
+    t0 = time.perf_counter()
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        data = client.get(f"/v1/runs/{run_id}/metrics", params={"format": "arrow"}).content
+    frame = ipc.open_stream(data).read_pandas()
+    arrow_s = time.perf_counter() - t0
+    assert len(frame) == len(hist)
+    return {"points": points, "numpy_s": numpy_s, "pandas_csv_http_s": csv_s, "pandas_arrow_http_s": arrow_s}
 
 
 def main() -> None:
@@ -129,13 +160,16 @@ def main() -> None:
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="healthsvc-bench-")
     db = os.path.join(tmp, "bench.db")
-    server = ServerProcess(db)
-    server.start()
     rows = []
+    # Ingest alone (decode + durable store), as the foundation's targets are stated.
+    server = ServerProcess(db, env={"HEALTHSVC_DETECT": "0"})
+    server.start()
     try:
+        floor = floor_case(server, args.seconds, args.threads)
         for form in ("columns", "rows"):
             for n in (1, 64, 1024, 16384):
                 res = run_case(server, form, n, args.seconds, args.threads)
+                res["detect"] = "off"
                 rows.append(res)
                 print(f"  {form:7s} {n:6d} records/request: {res['points_per_cpu_s'] / 1e6:6.2f} M points/CPU-s,"
                       f" {res['requests_per_cpu_s']:8.0f} req/CPU-s", file=sys.stderr, flush=True)
@@ -147,19 +181,31 @@ def main() -> None:
     total_points = sum(r["requests"] * r["records"] * len(FIELDS) for r in rows) + \
         big["requests"] * big["records"] * len(FIELDS)
     size = sum(os.path.getsize(db + s) for s in ("", "-wal") if os.path.exists(db + s))
+    # The same service with every detector running on what it ingests.
+    server = ServerProcess(os.path.join(tmp, "detect.db"))
+    server.start()
+    try:
+        for form, n in (("columns", 1), ("columns", 1024), ("rows", 1024)):
+            res = run_case(server, form, n, args.seconds, args.threads)
+            res["detect"] = "on"
+            rows.append(res)
+    finally:
+        server.stop()
 
-    print("\n| form | records/request | requests | M points / wall-s | M points / server CPU-s "
+    print(f"\nHTTP floor (GET /healthz): {floor:,.0f} requests / server CPU-s")
+    print("\n| form | records/request | detectors | requests | M points / wall-s | M points / server CPU-s "
           "| requests / server CPU-s | raw decode M points / CPU-s | ingest ÷ decode |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['form']} | {r['records']:,} | {r['requests']:,} | {r['points_per_wall_s'] / 1e6:.2f} "
+        print(f"| {r['form']} | {r['records']:,} | {r['detect']} | {r['requests']:,} | {r['points_per_wall_s'] / 1e6:.2f} "
               f"| {r['points_per_cpu_s'] / 1e6:.2f} | {r['requests_per_cpu_s']:,.0f} "
               f"| {r['decode_points_per_cpu_s'] / 1e6:.1f} | {r['points_per_cpu_s'] / r['decode_points_per_cpu_s']:.2f} |")
     print(f"\nstorage: {size / total_points:.2f} bytes per point ({total_points:,} points, {size / 1e6:.1f} MB file)")
     print(f"read back {read['points']:,} points: {read['numpy_s']:.3f} s into numpy (store API), "
-          f"{read['pandas_csv_http_s']:.3f} s into pandas (CSV over HTTP)")
-    print(f"(machine: {os.cpu_count()} cores; client and server share them; {args.threads} client threads, "
-          f"{args.seconds:.0f} s per case; all requests durable: WAL, synchronous=FULL; detectors running)")
+          f"{read['pandas_csv_http_s']:.3f} s into pandas (CSV over HTTP), "
+          f"{read['pandas_arrow_http_s']:.3f} s into pandas (Arrow over HTTP)")
+    print(f"(machine: {os.cpu_count()} cores shared by client and server; {args.threads} client threads, "
+          f"{args.seconds:.0f} s per case; every request durable: WAL, synchronous=FULL)")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from healthsvc.body_limit import BodyLimitMiddleware
 from healthsvc.errors import HealthsvcError
 from healthsvc.findings import FindingsService
+from healthsvc.ingest.fast_path import IngestFastPath
 from healthsvc.observability import ServiceMetrics
 from healthsvc.routers import findings, ingest, ops, runs
 from healthsvc.runs import RunSummaries
@@ -97,6 +98,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
     app.state.ctx = ctx
     app.state.ready = False
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    if settings.ingest_fast_path:
+        app.add_middleware(IngestFastPath, ctx=ctx)  # added last = outermost: before everything else
     _install_error_handlers(app)
     app.include_router(ingest.router)
     app.include_router(runs.router)

@@ -19,6 +19,7 @@ class Settings(BaseSettings):
                                 description="Largest accepted request body, before and after gzip, bytes.")
     snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
     external_url: str = Field("", description="Public base URL of the service, for links in alerts.")
+    ingest_fast_path: bool = Field(True, description="Serve metrics pushes below the web framework (same code, ~2x cheaper).")
     detect: bool = Field(True, description="Run the detectors on ingested data (off: a storage-only service).")
     tick_interval_s: float = Field(1.0, gt=0, description="How often absence checks (hang, stall) run, seconds.")
     align_timeout_s: float = Field(5.0, gt=0, description="How long a step waits for missing ranks before detectors see it with them masked, seconds.")

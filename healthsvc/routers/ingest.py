@@ -4,14 +4,12 @@ Each handler answers only once its write is committed (durable)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import orjson
 from fastapi import APIRouter, Request, Response, status
 
-from healthsvc.deps import MetricsDep, RunId, SettingsDep, StoreDep
-from healthsvc.errors import HealthsvcError
-from healthsvc.ingest.parse import decode_body, parse_metrics
+from healthsvc.deps import RunId, StoreDep
+from healthsvc.ingest.accept import accept_metrics
 from healthsvc.schemas import Accepted, CheckpointIn, EventIn, HeartbeatIn, MetricsColumnar, MetricsRows, Ok
 
 router = APIRouter(prefix="/v1/runs/{run_id}", tags=["ingest"])
@@ -35,29 +33,10 @@ _METRICS_BODY_DOC = {
                         422: {"description": "A field is wrong; `detail[].loc` names it."}},
              summary="Push per-rank step metrics")
 async def post_metrics(run_id: RunId, request: Request) -> Response:
-    # The hot path: no dependency injection or response-model validation (they cost more than
-    # parsing a small batch); the context comes straight from the app.
-    ctx = request.app.state.ctx
-    store, metrics = ctx.store, ctx.metrics
-    started = time.perf_counter()
-    try:
-        raw = await request.body()
-        body = decode_body(raw, request.headers.get("content-encoding"), ctx.settings.max_body_bytes)
-        batch, digest = parse_metrics(body)
-    except HealthsvcError:
-        metrics.ingest_requests.labels("rejected").inc()
-        raise
-    result = await asyncio.wrap_future(store.submit_metrics(run_id, batch, digest))
-    if result.duplicate:
-        metrics.ingest_duplicates.inc()
-        metrics.ingest_requests.labels("duplicate").inc()
-    else:
-        metrics.ingest_requests.labels("accepted").inc()
-        metrics.ingest_records.inc(result.accepted)
-        metrics.ingest_points.inc(batch.n_points)
-    metrics.ingest_latency.observe(time.perf_counter() - started)
-    return Response(orjson.dumps({"accepted": result.accepted, "duplicate": result.duplicate,
-                                  "attempt": result.attempt}), status_code=202, media_type="application/json")
+    # Served by healthsvc.ingest.fast_path unless it is turned off; both run accept_metrics.
+    answer = await accept_metrics(request.app.state.ctx, run_id, await request.body(),
+                                  request.headers.get("content-encoding"))
+    return Response(orjson.dumps(answer), status_code=202, media_type="application/json")
 
 
 @router.post("/checkpoints", status_code=status.HTTP_201_CREATED, response_model=Ok,

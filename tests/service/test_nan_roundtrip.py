@@ -91,3 +91,17 @@ def test_arrow_export_keeps_nan_and_missing_apart(http):
     got = dict(zip(table.column("rank").to_pylist(), table.column("loss").to_pylist()))
     assert got[0] == 1.5 and math.isnan(got[1]) and got[2] == math.inf and got[3] == -math.inf
     assert got[4] is None  # missing is null, not NaN
+
+
+def test_framework_route_behaves_like_the_fast_path(tmp_path):
+    """With the ASGI fast path off, the documented FastAPI route serves the same contract."""
+    import httpx
+
+    from healthsvc.testing import ServerProcess
+    with ServerProcess(tmp_path / "slow.db", env={"HEALTHSVC_INGEST_FAST_PATH": "0"}) as server, \
+            httpx.Client(base_url=server.url) as http:
+        r = http.post("/v1/runs/rt/metrics", content=rows_body("strings"))
+        assert r.status_code == 202 and r.json() == {"accepted": 5, "duplicate": False, "attempt": 1}
+        assert_json_loss(http.get("/v1/runs/rt/metrics").json())
+        r = http.post("/v1/runs/rt/metrics", content=b'{"records": [{"step": -1, "rank": 0}]}')
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "records", 0, "step"]

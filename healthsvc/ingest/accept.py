@@ -1,0 +1,31 @@
+"""Accepting one metrics push: decode, parse, store durably, count. Shared by the FastAPI route
+(which documents it) and the ASGI fast path (which serves it)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from healthsvc.errors import HealthsvcError
+from healthsvc.ingest.parse import decode_body, parse_metrics
+
+
+async def accept_metrics(ctx, run_id: str, raw: bytes, content_encoding: str | None) -> dict:
+    """Returns the 202 answer once the batch is durable; raises HealthsvcError (4xx) on bad input."""
+    metrics = ctx.metrics
+    started = time.perf_counter()
+    try:
+        body = decode_body(raw, content_encoding, ctx.settings.max_body_bytes)
+        batch, digest = parse_metrics(body)
+    except HealthsvcError:
+        metrics.ingest_requests.labels("rejected").inc()
+        raise
+    result = await asyncio.wrap_future(ctx.store.submit_metrics(run_id, batch, digest))
+    if result.duplicate:
+        metrics.ingest_duplicates.inc()
+        metrics.ingest_requests.labels("duplicate").inc()
+    else:
+        metrics.ingest_requests.labels("accepted").inc()
+        metrics.ingest_records.inc(result.accepted)
+        metrics.ingest_points.inc(batch.n_points)
+    metrics.ingest_latency.observe(time.perf_counter() - started)
+    return {"accepted": result.accepted, "duplicate": result.duplicate, "attempt": result.attempt}
