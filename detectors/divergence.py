@@ -31,8 +31,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from detectors.base import Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
@@ -89,7 +87,7 @@ class DivergenceDetector(Detector):
             return []
         ref = self._reference(block.ranks)
         y, valid = log_positive(block.values[self.metric][:, ref], block.present[self.metric][:, ref])
-        series = cross_section(y, valid, np.arange(len(ref)), 1, with_scale=False)[0]
+        series = cross_section(y, valid, None, 1, with_scale=False)[0]
         warn, crit = math.log1p(self.min_rise), math.log1p(self.critical_rise)
         out: list[Finding] = []
         steps = block.steps.tolist()

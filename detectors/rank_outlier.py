@@ -43,7 +43,7 @@ from detectors.base import Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.robust import (RankTable, cross_section, excess_score, hysteresis, last_step_where,
-                              ReferenceRanks, run_length)
+                              ReferenceRanks, ewma_rows, run_length)
 
 _NEVER = -(2 ** 62)   # "no quiet step seen yet"
 
@@ -154,7 +154,7 @@ class RankOutlierDetector(Detector):
         np.clip(z, -self.z_clip, self.z_clip, out=z)
         table = self._tables[metric]
         pos = table.positions(block.ranks)
-        means = _ewma(z, judged, self._alpha, table["mean"][pos])
+        means = ewma_rows(z, judged, self._alpha, table["mean"][pos])
         table["mean"][pos] = means[-1]
         return self._judge(block, metric, pos, np.abs(means), means, np.arange(block.n_ranks), judged,
                            self.z_warning, self.z_critical, centre=centre, signed=True)
@@ -177,7 +177,7 @@ class RankOutlierDetector(Detector):
             return []
         with np.errstate(invalid="ignore"):
             judged = present[:, sub] & np.isfinite(x[:, sub]) & np.isfinite(centre)[:, None]
-        means = _ewma(differs[:, sub].astype(np.float32), judged, self._alpha, table["mean"][pos[sub]],
+        means = ewma_rows(differs[:, sub].astype(np.float32), judged, self._alpha, table["mean"][pos[sub]],
                       zero_below=1e-12)
         table["mean"][pos[sub]] = means[-1]
         return self._judge(block, metric, pos, means, means, sub, judged,
@@ -272,30 +272,3 @@ class RankOutlierDetector(Detector):
         for m, t in self._tables.items():
             if m in state:
                 t.load_state_dict(state[m])
-
-
-def _ewma(x: np.ndarray, observed: np.ndarray | None, alpha: float, m0: np.ndarray,
-          zero_below: float = 0.0) -> np.ndarray:
-    """Per-column weighted mean after each row, ``m = (1 - g) m + g x`` with ``g = alpha`` where
-    observed and 0 elsewhere (a missing cell leaves the mean exactly as it was); ``observed=None``
-    means every cell. Means below ``zero_below`` become exactly 0. ``x`` is overwritten."""
-    dtype = x.dtype
-    out = np.empty(x.shape, dtype=dtype)
-    prev = m0.astype(dtype, copy=True)
-    if observed is None:
-        x *= dtype.type(alpha)
-        keep: np.ndarray | float = dtype.type(1.0) - dtype.type(alpha)   # as the masked path rounds it
-        keep_rows = None
-    else:
-        gain = np.where(observed, dtype.type(alpha), dtype.type(0.0))
-        np.copyto(x, 0.0, where=~observed)
-        x *= gain
-        keep_rows = 1.0 - gain
-    for i in range(x.shape[0]):   # sequential in steps, vectorised over ranks, in place
-        row = out[i]
-        np.multiply(prev, keep if keep_rows is None else keep_rows[i], out=row)
-        row += x[i]
-        if zero_below:
-            row[row < zero_below] = 0.0
-        prev = row
-    return out

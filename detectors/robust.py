@@ -242,18 +242,37 @@ def last_step_where(mask: np.ndarray, steps: np.ndarray, carry: np.ndarray) -> n
     return np.maximum(np.maximum.accumulate(marked, axis=0), carry[None, :])
 
 
-def ewma_rows(x: np.ndarray, observed: np.ndarray, alpha: float, m0: np.ndarray) -> np.ndarray:
-    """Per-column exponentially weighted mean after each row; unobserved cells leave it unchanged.
+def ewma_rows(x: np.ndarray, observed: np.ndarray | None, alpha: float, m0: np.ndarray,
+          zero_below: float = 0.0) -> np.ndarray:
+    """Per-column exponentially weighted mean after each row: the (n, r) trajectory.
 
-    ``m_t = m_{t-1} + alpha * (x_t - m_{t-1})`` where observed. Returns the (n, r) trajectory.
+    ``m = (1 - g) m + g x`` with ``g = alpha`` where observed and 0 elsewhere (a missing cell
+    leaves the mean exactly as it was); ``observed=None`` means every cell (a faster path that
+    rounds identically). Means below ``zero_below`` become exactly 0. Works in ``x``'s dtype;
+    ``x`` is overwritten.
+
+    >>> ewma_rows(np.array([[1.0], [1.0]]), None, 0.5, np.zeros(1)).ravel().tolist()
+    [0.5, 0.75]
     """
-    out = np.empty_like(x, dtype=np.float64)
-    gain = np.where(observed, alpha, 0.0)
-    xz = np.where(observed, x, 0.0)
-    m = m0.astype(np.float64, copy=True)
-    for i in range(x.shape[0]):   # sequential in steps, vectorised over ranks
-        m += gain[i] * (xz[i] - m)
-        out[i] = m
+    dtype = x.dtype
+    out = np.empty(x.shape, dtype=dtype)
+    prev = m0.astype(dtype, copy=True)
+    if observed is None:
+        x *= dtype.type(alpha)
+        keep: np.ndarray | float = dtype.type(1.0) - dtype.type(alpha)   # as the masked path rounds it
+        keep_rows = None
+    else:
+        gain = np.where(observed, dtype.type(alpha), dtype.type(0.0))
+        np.copyto(x, 0.0, where=~observed)
+        x *= gain
+        keep_rows = 1.0 - gain
+    for i in range(x.shape[0]):   # sequential in steps, vectorised over ranks, in place
+        row = out[i]
+        np.multiply(prev, keep if keep_rows is None else keep_rows[i], out=row)
+        row += x[i]
+        if zero_below:
+            row[row < zero_below] = 0.0
+        prev = row
     return out
 
 

@@ -45,9 +45,6 @@ from detectors.frame import StepBlock
 from detectors.robust import (RankTable, RobustTrend, cross_section, excess_score, hysteresis,
                               log_positive, ReferenceRanks, run_length)
 
-_MAX_LISTED = 32
-
-
 class SpikeDetector(Detector):
     """Sudden jumps of ``metric`` (job-wide) and ``rank_metric`` (per rank); see the module doc.
 

@@ -151,3 +151,11 @@ def test_simulated_traces_keep_their_promises():
     masked = simulate_run(n_steps=500, n_ranks=16, seed=1, missing_fraction=0.25).block
     share = np.mean([(~p).mean() for p in masked.present.values()])
     assert 0.2 < share < 0.3 and all(np.isnan(masked.values[m][~masked.present[m]]).all() for m in masked.values)
+
+
+@pytest.mark.parametrize("module", ["simulate", "robust", "non_finite", "spike", "divergence", "rank_outlier"])
+def test_docstring_examples_hold(module):
+    import doctest
+    import importlib
+    result = doctest.testmod(importlib.import_module(f"detectors.{module}"), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
