@@ -88,6 +88,17 @@ def test_nan_on_one_rank_is_found_at_its_step_and_rank_and_stays_nan(url, shared
                                        for r in (0, 1, 3))
 
 
+def test_aggregator_mode_sends_all_ranks_from_rank_0_and_nan_still_names_its_rank(url, shared_http, tmp_path):
+    configure(shared_http, "e2e-aggregate")
+    summary = train(url, "e2e-aggregate", tmp_path, "--steps", "70", "--aggregate", "--fault", "nan",
+                    "--fault-rank", "1", "--fault-step", "40")
+    assert summary["client"]["columns_logged"] == 70 and summary["client"]["logged"] == 0
+    run = shared_http.get("/v1/runs/e2e-aggregate").json()
+    assert run["ranks_seen"] == 4 and run["last_step"] == 69
+    origin = [f for f in findings(shared_http, "e2e-aggregate", "non_finite") if f["ranks"] == [1]]
+    assert origin and {f["step"] for f in origin} == {40}
+
+
 @pytest.fixture(scope="module")
 def spiked_run(url, shared_http, tmp_path_factory) -> list[dict]:
     """Every rank's loss (and so its gradient) is multiplied by 10 at step 80, once."""
