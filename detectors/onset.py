@@ -83,16 +83,19 @@ class OnsetParams:
     ``rank_score_min``: a rank's deviation from its peers (t-statistic) to be a suspect.
     ``located_significance``: the ``significance`` used when a finding vouches for a change the
     history alone does not show; the default accepts the likeliest change point whatever its LR.
+    ``rank_history_steps``: how many recent steps the per-rank comparison looks at (its cost is
+    steps x ranks; the aggregate series always use the whole history).
     """
 
     min_window: int = 512
-    max_points: int = 16384
+    max_points: int = 8192
     significance: float = 16.0
     interval_lr: float = 12.0
     min_excess_sigma: float = 1.5
     min_pre_ratio: float = 0.5
     rank_score_min: float = 8.0
     located_significance: float = -1e9
+    rank_history_steps: int = 262_144
 
 
 @dataclass(frozen=True)
@@ -335,7 +338,10 @@ def _rank_signal(block: StepBlock, anchor: int | None, params: OnsetParams,
     for name in RANK_METRICS:
         if not block.has(name) or block.n_ranks < 3:
             continue
-        v, p = block.values[name], block.present[name]
+        # Only the recent rows: per-rank work is n x r, and a rank that has disagreed for longer
+        # than this is better told by the loss and gradient norm over the whole history.
+        rows0 = max(0, block.n_steps - params.rank_history_steps)
+        v, p = block.values[name][rows0:], block.present[name][rows0:]
         valid = p & np.isfinite(v) & (v > 0)
         logv = np.log(np.where(valid, v, 1.0))
         med = _row_median(logv, valid)
@@ -343,10 +349,13 @@ def _rank_signal(block: StepBlock, anchor: int | None, params: OnsetParams,
         counts = valid.sum(axis=1)
         dev[counts < 3] = np.nan  # a median of two ranks says nothing about either
         rows = counts >= 3
-        dev, rank_steps = dev[rows], block.steps[rows]
+        dev, rank_steps = dev[rows], block.steps[rows0:][rows]
         if dev.shape[0] < 24:
             continue
-        scale = np.nanmedian(np.abs(dev)) * 1.4826
+        # The typical spread of a rank around the median (recent rows suffice: O(1) in n).
+        recent = dev[-65536:]
+        scale = np.median(np.abs(recent[np.isfinite(recent)])) * 1.4826 if np.isfinite(
+            recent).any() else np.nan
         if not np.isfinite(scale) or scale <= 0:
             continue
         suspect, direction, score, tail = _suspect_rank(dev, scale)
@@ -662,8 +671,8 @@ def _fit_change(t: np.ndarray, y: np.ndarray, direction: float, params: OnsetPar
 def _row_median(values: np.ndarray, present: np.ndarray) -> np.ndarray:
     """Median over the finite, present entries of each row; NaN where a row has none."""
     valid = present & np.isfinite(values)
-    x = np.sort(np.where(valid, values, np.inf), axis=1)
     count = valid.sum(axis=1)
+    x = np.sort(np.where(valid, values, np.inf), axis=1)
     lo = np.maximum((count - 1) // 2, 0)
     hi = np.maximum(count // 2, 0)
     hi = np.minimum(hi, np.maximum(count - 1, 0))
