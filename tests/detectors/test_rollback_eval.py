@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import pytest
 
+from detectors.bisection import Bisection
 from detectors.finding import Finding
 from detectors.onset import OnsetEstimate, estimate_onset_from_block
 from detectors.rollback import Checkpoint, RollbackDecision, choose_rollback
@@ -240,3 +242,83 @@ def test_clean_runs_resume_from_the_newest_checkpoint():
     decision = choose_rollback(ckpts, estimate)
     assert estimate is None
     assert decision.checkpoint.step == 5500
+
+
+# ------------------------------------------------------------------ the decision, case by case
+
+def _ckpts(*steps, **status):
+    """Checkpoints at ``steps``; ``status`` maps 's1200'='deleted' / 'verified', or a verdict."""
+    out = []
+    for s in steps:
+        mark = status.get(f"s{s}", "ok")
+        if mark in ("good", "bad"):
+            out.append(Checkpoint(s, f"mem://{s}", "ok", mark))
+        else:
+            out.append(Checkpoint(s, f"mem://{s}", mark))
+    return out
+
+
+def _onset(step, low, high, origin="unknown", ranks=(), shape="abrupt", spike_end=None):
+    return OnsetEstimate(step=step, low=low, high=high, confidence=0.9,
+                         signals_used=["grad_norm"], per_signal={}, shape=shape, origin=origin,
+                         ranks=ranks, spike_end=spike_end)
+
+
+@pytest.mark.parametrize("ckpts, onset, expected, conservative", [
+    # no corruption: the newest usable checkpoint
+    (_ckpts(100, 200, 300), None, 300, False),
+    (_ckpts(100, 200, 300, s300="deleted"), None, 200, False),
+    # a checkpoint at c holds the update of c: c == s is NOT clean
+    (_ckpts(100, 200, 300), _onset(200, 200, 200), 100, False),
+    (_ckpts(100, 200, 300), _onset(201, 201, 201), 200, False),
+    # never a deleted one
+    (_ckpts(100, 200, 300, s200="deleted"), _onset(250, 250, 250), 100, False),
+    # a wide interval passes over checkpoints before the point estimate, and says so
+    (_ckpts(100, 200, 300, 400), _onset(350, 150, 380), 100, True),
+    # a probe's good verdict wins inside the interval; nothing at or after a bad one
+    (_ckpts(100, 200, 300, 400, s300="good"), _onset(350, 150, 380), 300, False),
+    (_ckpts(100, 200, 300, 400, s300="verified"), _onset(350, 150, 380), 300, False),
+    (_ckpts(100, 200, 300, 400, s200="bad"), None, 100, False),
+    # a good verdict after a bad one contradicts monotone corruption: ignored
+    (_ckpts(100, 200, 300, 400, s200="bad", s300="good"), None, 100, False),
+    # nothing clean at all
+    (_ckpts(100, 200), _onset(50, 40, 60), None, False),
+])
+def test_decision_table(ckpts, onset, expected, conservative):
+    d = choose_rollback(ckpts, onset)
+    assert (None if d.checkpoint is None else d.checkpoint.step) == expected, d.reason
+    assert d.conservative == conservative
+    assert d.reason and "\n" not in d.reason
+
+
+def test_wide_interval_reason_names_the_skipped_checkpoints_and_bisection():
+    d = choose_rollback(_ckpts(100, 200, 300, 400), _onset(350, 150, 380))
+    assert d.evidence["bisect_candidates"] == [200, 300]
+    assert "wide" in d.reason and "200, 300" in d.reason and "bisection" in d.reason
+
+
+def test_bisection_verdicts_become_evidence():
+    b = Bisection.start([100, 200, 300, 400])
+    while (step := b.next_probe()) is not None:
+        b.report(step, good=step <= 300)
+    d = choose_rollback(_ckpts(100, 200, 300, 400), _onset(350, 150, 380), bisection=b)
+    assert d.checkpoint.step == 300 and not d.conservative
+    assert "verified good" in d.reason
+
+
+def test_data_origin_suggests_a_skip_range_and_hardware_names_ranks():
+    data = choose_rollback(_ckpts(100, 200), _onset(250, 250, 250, origin="data", spike_end=254))
+    assert data.skip_data_range == (250, 254) and "skip the batches" in data.reason
+    hw = choose_rollback(_ckpts(100, 200), _onset(250, 250, 250, origin="hardware", ranks=(7,)))
+    assert hw.skip_data_range is None and "rank(s) 7" in hw.reason
+    # Findings alone can tell too: a rank_outlier names hardware, a run-wide spike the data.
+    f_hw = [Finding("rank_outlier", step=251, ranks=(3,))]
+    assert choose_rollback(_ckpts(100), _onset(250, 250, 250), f_hw).evidence["ranks"] == [3]
+    f_data = [Finding("grad_spike", step=250)]
+    assert choose_rollback(_ckpts(100), _onset(250, 248, 250), f_data).skip_data_range == (248, 250)
+
+
+def test_decision_is_json_serialisable():
+    import json
+    d = choose_rollback(_ckpts(100, 200), _onset(150, 140, 160), [Finding("grad_spike", step=150)])
+    json.dumps(d.to_dict())
