@@ -67,8 +67,8 @@ class RankOutlierDetector(Detector):
     escalate_steps: observed steps an episode lasts before it turns critical.
     max_reference_ranks: ranks (chosen by id) used for the per-step median and sd.
     min_ranks: fewest reporting ranks for a step to be judged.
-    stride_steps: judge only steps divisible by this (None: 1 up to 4,096 ranks, then
-        ceil(ranks / 4096), so 16k ranks are judged every 4th step). The window and the
+    stride_steps: judge only steps divisible by this (None: 1 up to 2,048 ranks, then
+        ceil(ranks / 2048), so 16k ranks are judged every 8th step). The window and the
         patience count judged steps (so detection takes ``stride`` times longer), escalate_steps
         counts steps; firing steps are multiples of the stride.
     """
@@ -99,11 +99,11 @@ class RankOutlierDetector(Detector):
         self._tables = {m: RankTable(fields) for m in (*self.metrics, *self.global_metrics)}
 
     def stride_for(self, n_ranks: int) -> int:
-        """Judge every k-th step (by step number): ``stride_steps``, or by default 1 up to 4,096
-        ranks and ceil(n_ranks / 4096) beyond, which keeps the cost per step flat at scale."""
+        """Judge every k-th step (by step number): ``stride_steps``, or by default 1 up to 2,048
+        ranks and ceil(n_ranks / 2048) beyond, which keeps the cost per step flat at scale."""
         if self.stride_steps is not None:
             return max(1, int(self.stride_steps))
-        return max(1, -(-n_ranks // 4096))
+        return max(1, -(-n_ranks // 2048))
 
     # ------------------------------------------------------------------------------- update
     def update(self, block: StepBlock) -> list[Finding]:

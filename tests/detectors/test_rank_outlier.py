@@ -104,5 +104,5 @@ def test_stride_judges_every_kth_step_and_still_names_the_rank():
 
 def test_default_stride_grows_with_the_rank_count():
     det = RankOutlierDetector()
-    assert [det.stride_for(n) for n in (8, 4_096, 4_097, 16_384, 131_072)] == [1, 1, 2, 4, 32]
+    assert [det.stride_for(n) for n in (8, 2_048, 2_049, 16_384, 131_072)] == [1, 1, 2, 8, 64]
     assert RankOutlierDetector(stride_steps=3).stride_for(16_384) == 3
