@@ -108,6 +108,7 @@ class StragglerDetector(Detector):
         self._below = np.zeros(0, dtype=np.int64)      # consecutive observations under resolve
         self._warm = True                              # every known rank is past warm-up
         self._ref_cols: np.ndarray | None = None       # cached reference subset positions
+        self._last_ids: np.ndarray | None = None       # the ids array of the last full block
 
     _ARRAYS = ("_ids", "_cusum", "_run_level", "_run_count", "_recent", "_n_obs", "_firing",
                "_source", "_below")
@@ -133,6 +134,7 @@ class StragglerDetector(Detector):
             arr[old] = cur
             setattr(self, name, arr)
         self._ids = merged
+        self._last_ids = None
         self._warm = bool((self._n_obs >= self.warmup_steps).all())
 
     # ------------------------------------------------------------------------------ input
@@ -211,7 +213,8 @@ class StragglerDetector(Detector):
         if block.n_steps == 0 or block.n_ranks == 0:
             return []
         ids = block.ranks
-        same = len(ids) == len(self._ids) and (ids is self._ids or bool((ids == self._ids).all()))
+        same = ids is self._last_ids or (
+            len(ids) == len(self._ids) and bool((ids == self._ids).all()))
         if not same:
             if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
                 block = block.take_ranks(np.argsort(ids, kind="stable"))
@@ -224,6 +227,7 @@ class StragglerDetector(Detector):
                 self._grow(ids)
             same = len(ids) == len(self._ids)
         pos = None if same else np.searchsorted(self._ids, ids)
+        self._last_ids = ids if same else None
 
         v, ok, src = self._timings(block)
         med, scale, usable = self._reference(v, ok)
@@ -238,62 +242,83 @@ class StragglerDetector(Detector):
         if ok is not None and ok.all():
             ok = None
 
-        # ratio to the peer median; z - k = ratio / scale - 1 / scale - k, clipped; missing
-        # values add nothing to the CUSUM and leave the run level alone.
+        # Per step, z - k = ratio / scale - 1 / scale - k = value * a_y + b_y (clipped), and the
+        # run level gains alpha * ratio = value * a_g. Rows are processed one at a time into
+        # preallocated rank vectors: no (steps x ranks) temporaries, which cost more than the
+        # arithmetic at 10k+ ranks. Missing values add nothing and leave the run level alone.
         inv_med = 1.0 / med
         alpha = self.level_alpha
-        y = v * (inv_med / scale)[:, None]
-        y += (-1.0 / scale - self.cusum_k)[:, None]
-        np.minimum(y, self.z_clip - self.cusum_k, out=y)
-        gain = v * (alpha * inv_med)[:, None]        # alpha * ratio
+        a_y, b_y, a_g = inv_med / scale, -1.0 / scale - self.cusum_k, alpha * inv_med
+        cap = self.z_clip - self.cusum_k
+        okf = None
         if ok is not None:
-            y[~ok] = 0.0
-            gain[~ok] = 0.0
-            keep = 1.0 - alpha * ok                  # the EWMA's decay, 1 where missing
-            count = ok.astype(np.float64)
+            v = np.where(ok, v, 0.0)
+            okf = ok.astype(np.float64)
 
+        n, r = v.shape
         sel = slice(None) if pos is None else pos
-        start_cusum = self._cusum[sel]
-        start_level, start_count = self._run_level[sel], self._run_count[sel]
-        level, run_count = start_level.copy(), start_count.copy()
-        cusum = start_cusum
-
-        n = block.n_steps
-        hist = np.empty((n, len(ids)))
-        running = np.empty(len(ids))                 # 1.0 while the run goes on, 0.0 at a zero
+        if pos is None:
+            cusum, level, run_count = self._cusum, self._run_level, self._run_count  # in place
+        else:
+            cusum, level, run_count = self._cusum[pos], self._run_level[pos], self._run_count[pos]
+        firing = self._firing[sel]
+        # Ranks that may reach h in this block (S rises by at most z_clip - k per step) are
+        # replayed one by one afterwards from their start values; with long blocks that bound is
+        # loose, so then every rank's peak S is tracked instead.
+        track_peak = 2 * n * cap > self.cusum_h
+        if not track_peak:
+            maybe = np.flatnonzero((cusum >= self.cusum_h - n * cap) | firing)
+            track_peak = len(maybe) > max(16, r // 256)
+        if track_peak:
+            start = (cusum.copy(), level.copy(), run_count.copy())
+            peak = cusum.copy()
+        else:
+            start = (cusum[maybe], level[maybe], run_count[maybe])
+        running = np.empty(r)          # 1.0 while the run goes on, 0.0 at a zero
+        tmp = np.empty(r)
         for i in range(n):
-            np.add(cusum, y[i], out=hist[i])
-            np.maximum(hist[i], 0.0, out=hist[i])
-            cusum = hist[i]
+            np.multiply(v[i], a_y[i], out=tmp)
+            tmp += b_y[i]
+            np.minimum(tmp, cap, out=tmp)
+            if okf is not None:
+                tmp *= okf[i]
+            cusum += tmp
+            np.maximum(cusum, 0.0, out=cusum)
+            if track_peak:
+                np.maximum(peak, cusum, out=peak)
             np.greater(cusum, 0.0, out=running)    # a zero restarts the run
-            level *= (1.0 - alpha) if ok is None else keep[i]
-            level += gain[i]
+            level *= (1.0 - alpha) if okf is None else 1.0 - alpha * okf[i]
+            np.multiply(v[i], a_g[i], out=tmp)
+            level += tmp
             level *= running
-            run_count += 1.0 if ok is None else count[i]
+            run_count += 1.0 if okf is None else okf[i]
             run_count *= running
 
         # Ranks with something to decide are replayed one by one (few: firing or past h).
-        firing = self._firing[sel]
-        reached = (hist[0] if n == 1 else hist.max(axis=0)) >= self.cusum_h
-        busy = np.flatnonzero(reached | firing)
+        if track_peak:
+            busy = np.flatnonzero((peak >= self.cusum_h) | firing)
+            starts = [(j, start[0][j], start[1][j], start[2][j]) for j in busy]
+        else:
+            starts = list(zip(maybe, *start))
         findings: list[Finding] = []
-        cusum = hist[-1]
-        ok_any = ok if ok is not None or not len(busy) else np.ones(v.shape, dtype=bool)
-        for j in busy:
+        for j, s0, l0, c0 in starts:
             k = j if pos is None else int(pos[j])
-            col = _Column(cusum=float(start_cusum[j]), level=float(start_level[j]),
-                          count=float(start_count[j]), firing=bool(self._firing[k]),
+            col = _Column(cusum=float(s0), level=float(l0),
+                          count=float(c0), firing=bool(self._firing[k]),
                           below=int(self._below[k]), source=int(self._source[k]),
                           recent=float(self._recent[k]))
-            findings += self._replay(col, int(ids[j]), block.steps, y[:, j], gain[:, j],
-                                     ok_any[:, j], v[:, j], med, src)
+            # The same elementwise arithmetic as the loop above, for one column.
+            y_col = np.minimum(v[:, j] * a_y + b_y, cap)
+            if okf is not None:
+                y_col *= okf[:, j]
+            ok_col = np.ones(n, dtype=bool) if ok is None else ok[:, j]
+            findings += self._replay(col, int(ids[j]), block.steps, y_col, v[:, j] * a_g,
+                                     ok_col, v[:, j], med, src)
             cusum[j], level[j], run_count[j] = col.cusum, col.level, col.count
             self._firing[k], self._below[k] = col.firing, col.below
             self._source[k], self._recent[k] = col.source, col.recent
 
-        if pos is None:
-            self._cusum, self._run_level, self._run_count = cusum.copy(), level, run_count
-        else:
+        if pos is not None:
             self._cusum[pos], self._run_level[pos], self._run_count[pos] = cusum, level, run_count
         if seen is not None:
             self._n_obs[sel] += seen
