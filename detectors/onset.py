@@ -163,6 +163,7 @@ def estimate_onset(
     per_rank: StepBlock | None = None,
     finding_steps: Iterable[int] = (),
     first_non_finite_step: int | None = None,
+    warmup_end_step: int | None = None,
     params: OnsetParams = OnsetParams(),
 ) -> OnsetEstimate | None:
     """Estimate the first corrupted update from per-step history; None when nothing shows one.
@@ -171,7 +172,9 @@ def estimate_onset(
     ranks); ``grad_norm``: the global gradient norm; NaN/Inf are data. ``per_rank``: an optional
     block with per-rank ``local_grad_norm`` and/or ``loss`` over (a suffix of) the same steps.
     ``finding_steps``: steps (or onset steps) of this incident's findings;
-    ``first_non_finite_step``: when the caller already knows it.
+    ``first_non_finite_step``: when the caller already knows it. ``warmup_end_step``: the first
+    step after the learning-rate warm-up; change points are searched only from there on (the
+    warm-up's transients are no trend to compare with), non-finite values everywhere.
     """
     steps = np.asarray(steps, dtype=np.int64)
     if steps.size == 0:
@@ -186,10 +189,19 @@ def estimate_onset(
         signals["non_finite"] = non_finite
     anchors = hints + ([non_finite.step] if non_finite is not None else [])
     anchor = min(anchors) if anchors else None
+    first_step = int(steps[0])
+    if warmup_end_step is not None and warmup_end_step > steps[0]:
+        cut = int(np.searchsorted(steps, warmup_end_step))
+        steps, loss, grad_norm = steps[cut:], _tail(loss, cut), _tail(grad_norm, cut)
+        if per_rank is not None:
+            per_rank = per_rank.slice_steps(int(np.searchsorted(per_rank.steps, warmup_end_step)),
+                                            per_rank.n_steps)
+        if steps.size == 0:
+            return _combine(signals, steps, grad_norm, per_rank) if signals else None
     signals.update(_history_signals(steps, loss, grad_norm, per_rank, anchor, params))
 
     if hints:
-        h = max(hints[0], int(steps[0]))
+        h = max(hints[0], first_step)
         # A change that starts only after the finding cannot be what the finding saw.
         for name in [k for k, sig in signals.items() if k != "non_finite" and sig.low > h]:
             del signals[name]
@@ -206,7 +218,7 @@ def estimate_onset(
                 signals.setdefault(name, replace(
                     sig, score=0.0, detail={**sig.detail, "located_after_finding": True}))
         signals["findings"] = SignalEstimate(
-            "findings", step=max(int(steps[0]), h - 1), low=max(int(steps[0]), h - 1), high=h,
+            "findings", step=max(first_step, h - 1), low=max(first_step, h - 1), high=h,
             shape="abrupt", score=0.1, detail={"finding_steps": hints[:20]})
     if not signals:
         return None
@@ -234,6 +246,28 @@ def _history_signals(steps, loss, grad_norm, per_rank, anchor, params,
     return out
 
 
+def _tail(values, n: int):
+    return None if values is None else np.asarray(values, float)[n:]
+
+
+def warmup_end_from_lr(steps: np.ndarray, lr: np.ndarray) -> int | None:
+    """The first step at which the learning rate reaches 99 % of its peak, if it rose to it.
+
+    >>> warmup_end_from_lr(np.arange(10), np.array([1, 2, 3, 4, 5, 5, 5, 4, 3, 2.0]))
+    4
+    """
+    lr = np.asarray(lr, float)
+    ok = np.isfinite(lr)
+    if ok.sum() < 2:
+        return None
+    peak = lr[ok].max()
+    at = int(np.argmax(ok & (lr >= 0.99 * peak)))
+    first = int(np.argmax(ok))
+    if at <= first or lr[first] >= 0.99 * peak:
+        return None
+    return int(steps[at])
+
+
 def _head(values, n: int):
     return None if values is None else np.asarray(values, float)[:n]
 
@@ -247,9 +281,13 @@ def estimate_onset_from_block(
     *,
     finding_steps: Iterable[int] = (),
     first_non_finite_step: int | None = None,
+    warmup_end_step: int | None = None,
     params: OnsetParams = OnsetParams(),
 ) -> OnsetEstimate | None:
     """Same as :func:`estimate_onset` for a steps x ranks block of the run's history.
+
+    When the block carries ``lr`` and ``warmup_end_step`` is not given, the warm-up's end is read
+    from it (:func:`warmup_end_from_lr`).
 
     The aggregate loss is the median over the ranks that reported a finite loss at each step, the
     gradient norm the median of the reported global norms (they agree across ranks when healthy).
@@ -262,9 +300,13 @@ def estimate_onset_from_block(
         if agg is not None:
             bad = (block.present[name] & ~np.isfinite(block.values[name])).any(axis=1)
             agg[bad] = np.nan
+    if warmup_end_step is None and block.has("lr"):
+        warmup_end_step = warmup_end_from_lr(block.steps,
+                                             _row_median(block.values["lr"], block.present["lr"]))
     return estimate_onset(block.steps, loss=loss, grad_norm=grad, per_rank=block,
                           finding_steps=finding_steps,
-                          first_non_finite_step=first_non_finite_step, params=params)
+                          first_non_finite_step=first_non_finite_step,
+                          warmup_end_step=warmup_end_step, params=params)
 
 
 # --------------------------------------------------------------------------------------------

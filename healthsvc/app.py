@@ -38,6 +38,7 @@ FEATURES: list[str] = [
     "healthsvc.monitor",
     "healthsvc.economics_service",
     "healthsvc.alerting.service",
+    "healthsvc.rollback",
 ]
 
 

@@ -1,0 +1,18 @@
+"""Rollback target and active bisection over checkpoints (a feature of the service).
+
+Adds ``GET /v1/runs/{run_id}/rollback`` and the ``/v1/runs/{run_id}/bisection`` endpoints, a
+``bisections`` table (the persisted state machine of :mod:`detectors.bisection`), and the
+``healthsvc rollback`` / ``healthsvc bisect`` commands (``healthsvc.rollback.cli``). See
+docs/rollback.md.
+"""
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+
+def install(app: FastAPI, ctx) -> None:
+    from healthsvc.rollback.router import router
+    from healthsvc.rollback.service import BISECTION_SCHEMA
+
+    ctx.store.register_schema(BISECTION_SCHEMA)
+    app.include_router(router)

@@ -1,0 +1,132 @@
+"""The rollback answer and active bisection over HTTP, against a real server (uvicorn + SQLite)."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from detectors.simulate import GradSpike, NonFinite, simulate_run
+from healthsvc.cli import main as cli_main
+
+N_RANKS = 4
+
+
+def push_run(http, run_id: str, faults=(), n_steps: int = 900, checkpoints=range(100, 900, 100),
+             seed: int = 0) -> None:
+    block = simulate_run(n_steps=n_steps, n_ranks=N_RANKS, seed=seed, faults=list(faults),
+                         metrics=("loss", "grad_norm", "local_grad_norm", "lr")).block
+    for start in range(0, n_steps, 300):
+        rows = slice(start, min(start + 300, n_steps))
+        steps = np.repeat(block.steps[rows], N_RANKS)
+        ranks = np.tile(block.ranks, len(block.steps[rows]))
+        cols = {"step": steps.tolist(), "rank": ranks.tolist()}
+        for f in ("loss", "grad_norm", "local_grad_norm", "lr"):
+            cols[f] = block.values[f][rows].reshape(-1).tolist()   # NaN stays a NaN token
+        r = http.post(f"/v1/runs/{run_id}/metrics", content=json.dumps({"columns": cols}),
+                      headers={"content-type": "application/json"})
+        assert r.status_code == 202, r.text
+    for c in checkpoints:
+        r = http.post(f"/v1/runs/{run_id}/checkpoints", json={"step": c, "uri": f"mem://{run_id}/{c}"})
+        assert r.status_code < 300, r.text
+
+
+def wait_for_finding(http, run_id: str, kind: str, timeout_s: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = http.get(f"/v1/runs/{run_id}/findings", params={"kind": kind}).json()
+        items = found if isinstance(found, list) else found.get("findings", found.get("items", []))
+        if items:
+            return items[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no {kind} finding for {run_id} within {timeout_s} s")
+
+
+def checkpoint_id(http, run_id: str, step: int) -> int:
+    return next(c["id"] for c in http.get(f"/v1/runs/{run_id}/checkpoints").json() if c["step"] == step)
+
+
+def test_a_clean_run_resumes_from_its_newest_checkpoint(shared_http):
+    push_run(shared_http, "rb-clean")
+    answer = shared_http.get("/v1/runs/rb-clean/rollback").json()
+    assert answer["checkpoint"]["step"] == 800 and answer["checkpoint"]["uri"] == "mem://rb-clean/800"
+    assert answer["onset"] is None and answer["findings"] == []
+    assert "No corruption" in answer["reason"]
+
+
+def test_a_nan_rolls_back_to_the_newest_checkpoint_before_the_onset(shared_http):
+    push_run(shared_http, "rb-nan", [NonFinite(step=650, rank=2)])
+    wait_for_finding(shared_http, "rb-nan", "non_finite")
+    answer = shared_http.get("/v1/runs/rb-nan/rollback").json()
+    assert answer["onset"]["step"] == 650 and answer["onset"]["low"] == 650
+    assert answer["checkpoint"]["step"] == 600
+    assert answer["findings"] and answer["findings"][0]["kind"] == "non_finite"
+    assert answer["evidence"]["origin"] == "hardware" and answer["evidence"]["ranks"] == [2]
+    # A deleted checkpoint is never recommended.
+    cid = checkpoint_id(shared_http, "rb-nan", 600)
+    assert shared_http.patch(f"/v1/runs/rb-nan/checkpoints/{cid}", json={"status": "deleted"}).status_code == 200
+    again = shared_http.get("/v1/runs/rb-nan/rollback").json()
+    assert again["checkpoint"]["step"] == 500 and "deleted" in again["reason"]
+
+
+def test_bisection_narrows_persists_and_becomes_the_rollback_evidence(server, http):
+    push_run(http, "rb-bisect", n_steps=400, checkpoints=range(100, 900, 100))
+    r = http.post("/v1/runs/rb-bisect/bisection", json={"steps": [100, 200, 300, 400, 500, 600, 700, 800]})
+    assert r.status_code == 201, r.text
+    first = r.json()["next_probe"]["step"]
+    http.post("/v1/runs/rb-bisect/bisection/reports", json={"step": first, "good": True, "value": 2.1})
+
+    server.kill()                          # the state survives a crash
+    server.start()
+    status = http.get("/v1/runs/rb-bisect/bisection").json()
+    assert status["probes"] == 1 and status["last_good"] == first
+
+    probes = 1
+    while not status["done"]:
+        step = status["next_probe"]["step"]
+        status = http.post("/v1/runs/rb-bisect/bisection/reports",
+                           json={"step": step, "good": step <= 600}).json()
+        probes += 1
+    assert (status["last_good"], status["first_bad"]) == (600, 700)
+    assert probes <= 4                     # ceil(log2(8 + 1))
+
+    # A contradictory report is refused with both checkpoints named.
+    r = http.post("/v1/runs/rb-bisect/bisection/reports", json={"step": 200, "good": False})
+    assert r.status_code == 409 and "checkpoint 200 reported bad" in r.json()["detail"][0]["msg"]
+
+    # Probe verdicts land on the checkpoints, and the rollback answer rests on them.
+    statuses = {c["step"]: c["status"] for c in http.get("/v1/runs/rb-bisect/checkpoints").json()}
+    assert statuses[first] == "verified" and statuses[700] == "bad"
+    answer = http.get("/v1/runs/rb-bisect/rollback").json()
+    assert answer["checkpoint"]["step"] == 600 and "verified good" in answer["reason"]
+
+    assert http.delete("/v1/runs/rb-bisect/bisection").json() == {"ok": True}
+    assert http.get("/v1/runs/rb-bisect/bisection").status_code == 404
+
+
+def test_bisection_refuses_unknown_checkpoints_and_unproposed_reports(shared_http):
+    push_run(shared_http, "rb-bad-input", n_steps=300, checkpoints=(100, 200, 300))
+    r = shared_http.post("/v1/runs/rb-bad-input/bisection", json={"steps": [100, 150]})
+    assert r.status_code == 422 and "150" in r.json()["detail"][0]["msg"]
+    st = shared_http.post("/v1/runs/rb-bad-input/bisection", json={}).json()
+    other = 100 if st["next_probe"]["step"] != 100 else 300
+    r = shared_http.post("/v1/runs/rb-bad-input/bisection/reports", json={"step": other, "good": True})
+    assert r.status_code == 409 and "was not proposed" in r.json()["detail"][0]["msg"]
+    assert shared_http.get("/v1/runs/no-such-run/rollback").status_code == 404
+
+
+def test_cli_prints_the_target_and_drives_a_bisection(shared_server, shared_http, capsys):
+    push_run(shared_http, "rb-cli", [GradSpike(step=650, factor=50.0, loss_factor=2.0)])
+    wait_for_finding(shared_http, "rb-cli", "grad_spike")
+    assert cli_main(["rollback", "rb-cli", "--url", shared_server.url]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "mem://rb-cli/600"       # first line: the URI alone, for scripts
+    assert any(line.startswith("onset:      step 650") for line in out)
+    assert cli_main(["bisect", "start", "rb-cli", "--steps", "100", "200", "300", "400",
+                     "--url", shared_server.url]) == 0
+    assert "probe checkpoint" in capsys.readouterr().out
+    step = shared_http.get("/v1/runs/rb-cli/bisection").json()["next_probe"]["step"]
+    assert cli_main(["bisect", "report", "rb-cli", str(step), "good", "--url", shared_server.url]) == 0
+    assert cli_main(["bisect", "report", "rb-cli", "100", "bad", "--url", shared_server.url]) == 1
+    assert "409" in capsys.readouterr().err
