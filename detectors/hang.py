@@ -107,6 +107,7 @@ class HangDetector(Detector):
         self._stalled = False
         # Derived, not state: when each rank becomes overdue (inf when not expected).
         self._deadline_s = np.zeros(0)
+        self._all_active = False   # a cache: every known rank is expected
 
     def _refresh_deadlines(self, sel: slice | np.ndarray | int = slice(None)) -> None:
         timeout = self._timeouts(self._interval_s[sel])
@@ -138,6 +139,7 @@ class HangDetector(Detector):
                 arr[old] = getattr(self, "_" + name)
                 setattr(self, "_" + name, arr)
             self._ids = merged
+            self._all_active = False
             new = np.ones(len(merged), dtype=bool)
             new[old] = False
             self._progress_s[new] = now   # a new rank's silence starts when it is first known
@@ -157,6 +159,7 @@ class HangDetector(Detector):
         keep = np.isin(self._ids, ids)
         out = self._resolve_hangs(self._hung & ~keep, now, reason="left the world")
         self._active = keep
+        self._all_active = False
         self._refresh_deadlines()
         return out
 
@@ -166,7 +169,8 @@ class HangDetector(Detector):
         steps = np.asarray(steps, dtype=np.int64)
         if len(ranks) == 0:
             return []
-        if len(ranks) > 1 and not (ranks[1:] > ranks[:-1]).all():
+        whole = len(ranks) == len(self._ids) and bool((ranks == self._ids).all())
+        if not whole and len(ranks) > 1 and not (ranks[1:] > ranks[:-1]).all():
             # Several records per rank: keep each rank's newest (highest) step of this push.
             order = np.lexsort((steps, ranks))
             ranks, steps = ranks[order], steps[order]
@@ -174,7 +178,7 @@ class HangDetector(Detector):
             last[:-1] = ranks[1:] != ranks[:-1]
             ranks, steps = ranks[last], steps[last]
         self._finished = False   # data after finish: the run was resumed and can hang again
-        pos = self._positions(ranks, now)
+        pos = None if whole else self._positions(ranks, now)
         if pos is None and self._steady_push(steps, now):
             return self._on_progress(slice(None), None, now) if self._hung.any() or self._stalled else []
         sel = slice(None) if pos is None else pos
@@ -213,7 +217,9 @@ class HangDetector(Detector):
         interval += capped
         self._last_step[:] = steps
         progress.fill(now)
-        self._active.fill(True)
+        if not self._all_active:
+            self._active.fill(True)
+            self._all_active = True
         np.multiply(interval, self.timeout_factor, out=self._deadline_s)
         np.maximum(self._deadline_s, self.timeout_floor_s, out=self._deadline_s)
         self._deadline_s += now
