@@ -3,7 +3,11 @@
 Ranks push on their own schedules, so records for one step arrive spread over time and across
 requests. The aligner holds records until their step is complete — every expected rank has
 reported — or until the step has waited ``timeout_s`` (the missing ranks are then masked, never
-zero), and emits complete steps in step order. A record for a step already emitted is late: it is
+zero), and emits complete steps in step order. Complete steps are handed on in blocks of at least
+``min_block_steps``, or once the oldest has waited ``max_block_wait_s``: a detector's update has a
+fixed cost of tens of microseconds, so one call per 16 steps instead of one per step cuts the
+detection cost several-fold, for at most a second of extra latency (non-finite values do not wait:
+they are judged on arrival). A record for a step already emitted is late: it is
 counted and dropped from the aligned view (it is still stored, and the non-finite check has
 already seen it on arrival).
 
@@ -39,9 +43,12 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
 
 
 class StepAligner:
-    def __init__(self, timeout_s: float = 5.0, max_pending_steps: int = 512) -> None:
+    def __init__(self, timeout_s: float = 5.0, max_pending_steps: int = 512, min_block_steps: int = 16,
+                 max_block_wait_s: float = 1.0) -> None:
         self.timeout_s = timeout_s
         self.max_pending_steps = max_pending_steps
+        self.min_block_steps = min_block_steps
+        self.max_block_wait_s = max_block_wait_s
         self._reset()
 
     def __repr__(self) -> str:
@@ -104,6 +111,9 @@ class StepAligner:
         n_ready = len(ready) if ready.all() else int(np.argmin(ready))
         if n_ready == 0:
             return []
+        if n_ready < self.min_block_steps and now - float(first[0]) < self.max_block_wait_s \
+                and len(u_steps) <= self.max_pending_steps:
+            return []  # wait for a fuller block (flush_due on the ticker bounds the wait)
         upto = int(u_steps[n_ready - 1])
         out_mask = self._steps <= upto
         block = batch_to_block(self._steps[out_mask], self._ranks[out_mask],
