@@ -130,3 +130,16 @@ def test_cli_prints_the_target_and_drives_a_bisection(shared_server, shared_http
     assert cli_main(["bisect", "report", "rb-cli", str(step), "good", "--url", shared_server.url]) == 0
     assert cli_main(["bisect", "report", "rb-cli", "100", "bad", "--url", shared_server.url]) == 1
     assert "409" in capsys.readouterr().err
+
+
+def test_checkpoints_of_an_abandoned_branch_are_never_recommended(shared_http):
+    push_run(shared_http, "rb-branch", n_steps=900, checkpoints=range(100, 900, 100))
+    # Resume from checkpoint 400: steps 401.. are reported again, as a new attempt.
+    cols = {"step": [401, 401, 402, 402], "rank": [0, 1, 0, 1], "loss": [2.0] * 4}
+    assert shared_http.post("/v1/runs/rb-branch/metrics", json={"columns": cols}).status_code == 202
+    answer = shared_http.get("/v1/runs/rb-branch/rollback").json()
+    assert answer["checkpoint"]["step"] == 400
+    assert answer["evidence"]["superseded"] == [500, 600, 700, 800]
+    shared_http.post("/v1/runs/rb-branch/checkpoints", json={"step": 500, "uri": "mem://rb-branch/500b"})
+    answer = shared_http.get("/v1/runs/rb-branch/rollback").json()
+    assert answer["checkpoint"]["uri"] == "mem://rb-branch/500b"
