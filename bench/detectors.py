@@ -13,7 +13,7 @@ figures can be compared across machines (the ``x median`` column).
 
 Targets (issue 3): <= 20 us per detector per step at 1,024 ranks, <= 100 us at 16,384.
 
-    .venv/bin/python bench/detectors.py            # full table (about a minute)
+    .venv/bin/python bench/detectors.py            # full table (under a minute)
     .venv/bin/python bench/detectors.py --quick    # 8 and 1,024 ranks only
 """
 from __future__ import annotations
@@ -126,7 +126,7 @@ def baseline_median_us(n_ranks: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only 8 and 1,024 ranks")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--timing-only", action="store_true", help="skip the value detectors")
     args = ap.parse_args(argv)
     sizes = (8, 1024) if args.quick else (8, 1024, 16_384, 131_072)
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     for n_ranks in sizes:
         # Fewer timed steps where each costs more, so the whole bench stays near a minute.
         timed_steps = 128 if n_ranks <= 1024 else (48 if n_ranks <= 16_384 else 16)
-        repeats = args.repeats if n_ranks <= 16_384 else 2
+        repeats = args.repeats if n_ranks <= 16_384 else 3
         # Past every warm-up (straggler: 10 steps; slowdown: 150) where memory allows.
         warm_steps = int(np.clip(2_000_000 // n_ranks, 40, 320))
         full = make_block(warm_steps + timed_steps, n_ranks)

@@ -93,6 +93,7 @@ class SlowdownDetector(Detector):
         self._run_start = 0
         self._firing = False
         self._since_fire = 0
+        self._ref_cols: np.ndarray | None = None   # cached positions of the reference subset
 
     _FIELDS = ("seen", "window", "mu", "sigma", "cusum", "recent", "run_start", "firing",
                "since_fire")
@@ -113,11 +114,12 @@ class SlowdownDetector(Detector):
         r, m = block.n_ranks, self.max_reference_ranks
         if r > m:
             ids = block.ranks
-            if (ids[1:] > ids[:-1]).all():
-                cols = np.linspace(0, r - 1, m).astype(np.int64)
-            else:
+            if self._ref_cols is None or len(self._ref_cols) != m or self._ref_cols[-1] != r - 1:
+                self._ref_cols = np.linspace(0, r - 1, m).astype(np.int64)
+            cols = self._ref_cols
+            if not (ids[1:] > ids[:-1]).all():
                 # Id order makes the subset independent of how the caller ordered the columns.
-                cols = np.argsort(ids, kind="stable")[np.linspace(0, r - 1, m).astype(np.int64)]
+                cols = np.argsort(ids, kind="stable")[cols]
             st, ok = st[:, cols], ok[:, cols]
         # min/max propagate NaN: two reductions say "every value usable" without temporaries.
         if ok.all() and st.min() > 0 and st.max() < np.inf:

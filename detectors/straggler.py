@@ -196,7 +196,16 @@ class StragglerDetector(Detector):
         if ref_ok is None or ref_ok.all():
             if ref.shape[1] < self.min_ranks:
                 return np.ones(len(v)), np.ones(len(v)), np.zeros(len(v), dtype=bool)
-            med, iqr = _quantiles(np.sort(ref, axis=1), ref.shape[1])
+            srt = np.sort(ref, axis=1)
+            m = srt.shape[1]
+            if len(srt) == 1:
+                # The streaming case: Python floats beat a dozen tiny numpy calls (same IEEE
+                # arithmetic as the vector path, so block boundaries do not change results).
+                row = srt[0]
+                med1 = 0.5 * (float(row[(m - 1) // 2]) + float(row[m // 2]))
+                iqr1 = float(row[(3 * (m - 1)) // 4]) - float(row[(m - 1) // 4])
+                return np.array([med1]), np.array([max(iqr1 / 1.349 / med1, self.scale_floor)]), None
+            med, iqr = _quantiles(srt, m)
         else:
             n = len(v)
             med, iqr, usable = np.ones(n), np.zeros(n), np.zeros(n, dtype=bool)
