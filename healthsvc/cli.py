@@ -8,7 +8,7 @@ import sys
 COMMANDS: dict[str, "tuple[str, callable, callable]"] = {}
 
 # Modules that register more subcommands with @command on import (a feature's CLI lives with it).
-CLI_MODULES: list[str] = ["healthsvc.rollback.cli"]
+CLI_MODULES: list[str] = ["healthsvc.rollback.cli", "healthsvc.sync_cli"]
 
 
 def command(name: str, help_text: str):
