@@ -1,8 +1,8 @@
 """Fault-injection quality of the timing detectors over realistic traces.
 
 Block-driven detectors (straggler, slowdown) run over 10,000-step, 64/128-rank seeded traces from
-:mod:`detectors.simulate` (warm-up, 2 % jitter, per-rank hardware offsets, a 5x slow step every
-500 steps, some traces with 2 % of values missing), streamed in blocks of 1..64 steps.
+:mod:`detectors.simulate` (warm-up, 2 % jitter — 6 % in three "noisy" traces —, per-rank hardware
+offsets, a 5x slow step every 500 steps, some traces with 2 % of values missing), streamed in blocks of 1..64 steps.
 The hang detector is driven by an event simulation on a fake clock: 64 ranks, 10,000 steps of
 ~0.5 s (log-normal jitter), pushes every 10 steps per rank with per-rank delivery jitter,
 a 20 s checkpoint pause every 2,000 steps, a 1 s service ticker, heartbeats every 10 s; each
@@ -46,13 +46,14 @@ def _alarming(f: Finding) -> bool:
 
 # ----------------------------------------------------------------------------- block scenarios
 def _block_scenario(name: str, seed: int, n_ranks: int, *, straggler: float | None = None,
-                    slowdown: float | None = None, missing: float = 0.0) -> Scenario:
+                    slowdown: float | None = None, missing: float = 0.0,
+                    jitter: float = 0.02) -> Scenario:
     rng = np.random.default_rng(seed)
     onset = int(rng.integers(2_000, 8_000))
     rank = int(rng.integers(0, n_ranks))
     faults = [Straggler(step=onset, rank=rank, factor=straggler)] if straggler else []
     run = simulate_run(n_steps=N_STEPS, n_ranks=n_ranks, seed=seed, faults=faults,
-                       missing_fraction=missing)
+                       missing_fraction=missing, time_jitter=jitter)
     if slowdown:
         run.block.values["step_time"][onset:] *= slowdown
     dets = [StragglerDetector(), SlowdownDetector()]
@@ -176,6 +177,10 @@ def _scenarios() -> list[Scenario]:
         out.append(_block_scenario(f"slowdown1.2/{seed}", 300 + seed, 64, slowdown=1.2))
     out.append(_block_scenario("clean/128r-missing", 7, 128, missing=0.02))
     out.append(_block_scenario("straggler1.1/128r-missing", 207, 128, straggler=1.1, missing=0.02))
+    # 6 % step-to-step jitter: three times the default; the 1.1x delay grows towards its limit.
+    out.append(_block_scenario("clean/noisy", 800, 64, jitter=0.06))
+    out.append(_block_scenario("straggler1.1/noisy", 900, 64, straggler=1.1, jitter=0.06))
+    out.append(_block_scenario("straggler1.3/noisy", 901, 64, straggler=1.3, jitter=0.06))
     for seed in range(2):
         out.append(_hang_scenario(f"hang-clean/{seed}", 400 + seed))
         out.append(_hang_scenario(f"hang/{seed}", 500 + seed, dead_rank=13 + seed))
