@@ -120,11 +120,14 @@ class SpikeDetector(Detector):
         if self.rank_metric is not None and self.rank_metric in block.values:
             view = _RankView(self, block, ref)
         if self.metric in block.values:
-            if view is not None and self.metric == self.rank_metric:
-                job = view.centre
-            else:
+            job = view.centre if view is not None and self.metric == self.rank_metric else None
+            # The per-rank view needs ``min_ranks`` peers; the job-wide median does not (a small
+            # job of 4 ranks still has a loss curve), so rows the view left empty get it directly.
+            few = None if job is None else np.isnan(job)
+            if job is None or few.any():
                 yj, vj = log_positive(block.values[self.metric][:, ref], block.present[self.metric][:, ref])
-                job = cross_section(yj, vj, None, 1, with_scale=False)[0]
+                direct = cross_section(yj, vj, None, 1, with_scale=False)[0]
+                job = direct if job is None else np.where(few, direct, job)
         else:
             job = np.full(n, np.nan)
         findings, spike_rows = self._judge_job(block, job, view)

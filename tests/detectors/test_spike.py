@@ -145,3 +145,11 @@ def test_constant_input_of_identical_ranks():
     block = StepBlock.from_dense(np.arange(500), np.arange(16), loss=np.full((500, 16), 2.5),
                                  grad_norm=np.full((500, 16), 1.0), local_grad_norm=np.full((500, 16), 1.5))
     assert feed(LossSpikeDetector(), block) == [] and feed(GradSpikeDetector(), block) == []
+
+
+def test_a_small_job_below_min_ranks_still_has_a_job_wide_loss_spike():
+    # 4 ranks: too few for the per-rank view (min_ranks=8), but the median loss is a curve.
+    from detectors.simulate import LossSpike, simulate_run
+    run = simulate_run(n_steps=400, n_ranks=4, seed=2, faults=[LossSpike(step=300, factor=5.0)])
+    found = [(f.step, f.status) for f in LossSpikeDetector().update(run.block) if f.kind == "loss_spike"]
+    assert found[0] == (300, "firing")
