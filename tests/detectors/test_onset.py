@@ -165,3 +165,12 @@ def test_empty_history_has_no_onset():
     assert estimate_onset(np.array([], dtype=np.int64)) is None
     empty = StepBlock(steps=np.array([], dtype=np.int64), ranks=np.arange(2))
     assert estimate_onset_from_block(empty) is None
+
+
+@pytest.mark.parametrize("module", ["detectors.onset", "detectors.changepoint",
+                                    "detectors.rollback", "detectors.bisection"])
+def test_docstring_examples_hold(module):
+    import doctest
+    import importlib
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
