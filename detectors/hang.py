@@ -91,6 +91,7 @@ class HangDetector(Detector):
         "ids": (np.int64, 0),
         "last_step": (np.int64, -1),        # last record step (-1: none yet)
         "progress_s": (np.float64, 0.0),    # when the rank last made progress
+        "push_s": (np.float64, 0.0),        # when its last record with a new step arrived
         "interval_s": (np.float64, 0.0),    # EWMA push interval (0: unknown)
         "hb_s": (np.float64, _NEVER),       # when its last heartbeat arrived
         "hb_step": (np.int64, -1),
@@ -187,7 +188,7 @@ class HangDetector(Detector):
         if not moved.any():
             return []
         had = prev >= 0
-        dt = now - self._progress_s[sel]
+        dt = now - self._push_s[sel]
         sample = moved & had & (dt > 0)
         interval = self._interval_s[sel]
         first = sample & (interval == 0)
@@ -198,6 +199,7 @@ class HangDetector(Detector):
         self._interval_s[sel] = interval
         self._last_step[sel] = np.where(moved, steps, prev)
         self._progress_s[sel] = np.where(moved, now, self._progress_s[sel])
+        self._push_s[sel] = np.where(moved, now, self._push_s[sel])
         self._active[sel] = True
         self._refresh_deadlines(sel)
         return self._on_progress(sel, moved, now)
@@ -205,10 +207,10 @@ class HangDetector(Detector):
     def _steady_push(self, steps: np.ndarray, now: float) -> bool:
         """The common case in few array operations: every known rank pushed a new step and
         every push interval is known. Returns False (nothing done) otherwise."""
-        interval, progress = self._interval_s, self._progress_s
+        interval = self._interval_s
         if not len(interval) or interval.min() <= 0 or not (steps != self._last_step).all():
             return False
-        dt = now - progress
+        dt = now - self._push_s
         if dt.min() <= 0:
             return False
         capped = np.minimum(dt, 4.0 * interval)
@@ -216,7 +218,8 @@ class HangDetector(Detector):
         capped *= self.interval_alpha
         interval += capped
         self._last_step[:] = steps
-        progress.fill(now)
+        self._progress_s.fill(now)
+        self._push_s.fill(now)
         if not self._all_active:
             self._active.fill(True)
             self._all_active = True

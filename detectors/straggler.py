@@ -25,11 +25,12 @@ Maths, per step ``t`` and rank ``r`` (vectorised over ranks, sequential over ste
   ``min_ratio`` does not drift over it by noise. (No masked updates: the restart is a multiply
   by ``S > 0``, which keeps the per-step cost at a few passes over the ranks.)
 
-A rank fires when ``S >= cusum_h`` and ``ratio_hat >= min_ratio``; the onset is the first step of
-that CUSUM run (``step - n + 1``: exact unless values were missing inside the run). While it fires, a fast EWMA of ``ratio`` (``resolve_alpha``) follows recovery: it
-resolves once that EWMA stays under ``resolve_ratio`` for ``resolve_steps`` consecutive
-observations. Severity is ``critical`` from ``critical_ratio`` on, else ``warning``;
-``score = (ratio_hat - min_ratio) / (critical_ratio - min_ratio)`` clipped to
+A rank fires when ``S >= cusum_h`` and ``ratio_hat >= min_ratio``; the onset is the first step
+of that CUSUM run (``step - n + 1``: exact unless values were missing inside the run). While it
+fires, a fast EWMA of ``ratio`` (``resolve_alpha``) follows recovery: it resolves once that EWMA
+stays under ``resolve_ratio`` for ``resolve_steps`` consecutive observations. Severity is
+``critical`` from ``critical_ratio`` on, else ``warning`` (decided when it fires; it does not
+escalate later); ``score = (ratio_hat - min_ratio) / (critical_ratio - min_ratio)`` clipped to
 [0, 1]. The host is not known here (blocks are numeric); the service adds it from the rank.
 
 Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
