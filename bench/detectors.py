@@ -24,7 +24,6 @@ import inspect
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

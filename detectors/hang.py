@@ -43,8 +43,9 @@ Example::
 
     >>> import numpy as np
     >>> det = HangDetector(timeout_floor_s=30.0)
-    >>> for t in range(100):                                  # 4 ranks push every second
-    ...     _ = det.observe(np.arange(4) if t < 50 else np.arange(3), np.full(4 if t < 50 else 3, t), float(t))
+    >>> for t in range(100):                    # 4 ranks push every second; rank 3 stops at t=49
+    ...     ranks = np.arange(4 if t < 50 else 3)
+    ...     _ = det.observe(ranks, np.full(len(ranks), t), float(t))
     >>> [(f.kind, f.ranks, f.step) for f in det.tick(100.0)]  # rank 3 silent since t=49
     [('hang', (3,), 50)]
 """
@@ -293,11 +294,12 @@ class HangDetector(Detector):
         for code, count in zip(*np.unique(self._hb_phase[act], return_counts=True)):
             phases["none" if code < 0 else self._phases[code]] = int(count)
         quiet = float(silent[act].min())
+        limit = float(timeout[act].max())
         out = [Finding(
             kind="stall", step=step, ranks=(), severity="critical",
-            score=round(min(1.0, max(0.0, (quiet - float(timeout[act].max())) / float(timeout[act].max()))), 4),
+            score=round(min(1.0, max(0.0, (quiet - limit) / limit)), 4),
             onset_step=step,
-            evidence={"silent_s": round(quiet, 3), "timeout_s": round(float(timeout[act].max()), 3),
+            evidence={"silent_s": round(quiet, 3), "timeout_s": round(limit, 3),
                       "n_ranks": int(len(act)),
                       "culprits": [int(self._ids[j]) for j in culprits], "reason": reason,
                       "phases": phases})]
@@ -351,7 +353,8 @@ class HangDetector(Detector):
         if why is None:
             why = (f"rank {rank} silent for {quiet:.0f} s while its peers progress"
                    if self._hb_s[j] == _NEVER
-                   else self._rank_words(j, now) + f"; no progress for {quiet:.0f} s while its peers progress")
+                   else f"{self._rank_words(j, now)}; no progress for {quiet:.0f} s "
+                        "while its peers progress")
         evidence: dict[str, Any] = {
             "silent_s": round(quiet, 3), "timeout_s": round(limit, 3),
             "last_step": int(self._last_step[j]), "interval_s": round(float(self._interval_s[j]), 3),

@@ -2,9 +2,10 @@
 
 Block-driven detectors (straggler, slowdown) run over 10,000-step, 64/128-rank seeded traces from
 :mod:`detectors.simulate` (warm-up, 2 % jitter — 6 % in three "noisy" traces —, per-rank hardware
-offsets, a 5x slow step every 500 steps, some traces with 2 % of values missing), streamed in blocks of 1..64 steps.
+offsets, a 5x slow step every 500 steps, some traces with 2 % of values missing), streamed in
+blocks of 1..64 steps.
 The hang detector is driven by an event simulation on a fake clock: 64 ranks, 10,000 steps of
-~0.5 s (log-normal jitter), pushes every 10 steps per rank with per-rank delivery jitter,
+~0.5 s (log-normal jitter), pushes every 10 steps (8 requests per round, each with delivery jitter),
 a 20 s checkpoint pause every 2,000 steps, a 1 s service ticker, heartbeats every 10 s; each
 run ends with ``finish``.
 
