@@ -9,6 +9,7 @@ every arrival with its own clock and drives ``tick(now)`` from a timer::
     det.heartbeat(rank, step, phase, now)      # a heartbeat arrived (phase: a plain string)
     det.tick(now)                              # -> new hang / stall findings
     det.finish(now)                            # the run finished: silence is normal from now on
+    det.shift_clock(downtime_s)                # after a restart: downtime is not silence
 
 ``observe``, ``heartbeat``, ``set_world`` and ``finish`` return the *resolved* findings they
 cause; ``tick`` returns the new *firing* ones. ``update(block)`` is a no-op returning ``[]``.
@@ -230,7 +231,8 @@ class HangDetector(Detector):
         return True
 
     def heartbeat(self, rank: int, step: int, phase: str, now: float) -> list[Finding]:
-        """A heartbeat of ``rank`` arrived at ``now``: it is at ``step`` in ``phase``."""
+        """A heartbeat of ``rank`` arrived at ``now``: it is at ``step`` (negative: unknown) in
+        ``phase``."""
         self._finished = False
         j = int(np.searchsorted(self._ids, rank))
         if j == len(self._ids) or self._ids[j] != rank:
@@ -241,8 +243,11 @@ class HangDetector(Detector):
         except ValueError:
             code = len(self._phases)
             self._phases.append(phase)
-        moved = self._hb_s[j] != _NEVER and int(self._hb_step[j]) != int(step)
-        self._hb_s[j], self._hb_step[j], self._hb_phase[j] = now, step, code
+        known = step >= 0   # a negative step means "not told": alive, no progress information
+        moved = known and self._hb_s[j] != _NEVER and int(self._hb_step[j]) != int(step)
+        self._hb_s[j], self._hb_phase[j] = now, code
+        if known:
+            self._hb_step[j] = step
         self._active[j] = True
         if moved:
             self._progress_s[j] = now
@@ -262,6 +267,14 @@ class HangDetector(Detector):
         out += self._resolve_stall(now, reason="run finished")
         self._finished = True
         return out
+
+    def shift_clock(self, shift_s: float) -> None:
+        """Move every remembered time forward by ``shift_s`` seconds (e.g. a service restart's
+        downtime), so time the caller was not watching does not count as the ranks' silence."""
+        self._progress_s += shift_s
+        self._push_s += shift_s
+        self._hb_s[self._hb_s != _NEVER] += shift_s
+        self._deadline_s += shift_s
 
     # ------------------------------------------------------------------------------ decisions
     def _timeouts(self, interval_s: np.ndarray | None = None) -> np.ndarray:

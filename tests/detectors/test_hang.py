@@ -197,6 +197,22 @@ def test_state_round_trips_mid_silence_without_repeating_findings():
         (41.0, "hang", "firing", (5,), 31), (61.0, "hang", "resolved", (5,), 31)]
 
 
+def test_shift_clock_discounts_downtime_after_a_restart():
+    def scenario(shift: bool):
+        det = HangDetector(timeout_floor_s=5.0)
+        c = Cluster(det, n_ranks=4, interval_s=1.0)
+        c.run_until(30.0)
+        saved = det.state_dict()
+        fresh = HangDetector(timeout_floor_s=5.0)
+        fresh.load_state_dict(saved)
+        if shift:
+            fresh.shift_clock(300.0)         # the service was down 300 s
+        c.det, c.now = fresh, 330.0          # ranks' pushes during the downtime were lost
+        return [f.kind for f in fresh.tick(330.5)]
+    assert scenario(shift=False) == ["stall"]   # without it the downtime looks like silence
+    assert scenario(shift=True) == []
+
+
 def test_repeated_ranks_in_one_push_keep_the_newest_step_and_update_is_a_no_op():
     det = HangDetector(timeout_floor_s=5.0)
     det.observe(np.array([1, 0, 1, 0]), np.array([7, 3, 9, 4]), 1.0)
