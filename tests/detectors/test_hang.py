@@ -168,6 +168,18 @@ def test_heartbeats_with_a_standing_step_do_not_keep_a_rank_alive():
     assert hangs == [(31.0, (2,), "compute")]
 
 
+def test_heartbeats_without_a_step_prove_life_not_progress():
+    det = HangDetector(timeout_floor_s=10.0)
+    c = Cluster(det, n_ranks=4, interval_s=1.0)
+    c.run_until(20.0)
+    det.heartbeat(2, 21, "compute", 20.5)   # a known step, then the client stops telling it
+    c.alive[2] = False
+    for t in range(21, 60):
+        det.heartbeat(2, -1, "compute", float(t))
+        c.run_until(float(t))
+    assert [(t, f.kind, f.ranks) for t, f in c.findings] == [(31.0, "hang", (2,))]
+
+
 def test_ranks_that_leave_the_world_are_not_hung():
     det = HangDetector(timeout_floor_s=5.0)
     c = Cluster(det, n_ranks=8, interval_s=1.0)
