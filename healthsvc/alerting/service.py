@@ -11,8 +11,8 @@ Wiring (see INTEGRATION.md of the repository's notes for the extension points):
 - Prometheus: alerts by state, notifications by reason, webhook attempts by outcome, deliveries
   by state (a collector reading current values at scrape time).
 
-The running service is ``app.state.alerting`` (an :class:`AlertingService`); another feature that
-knows the rollback target of a run calls ``app.state.alerting.manager.set_rollback_target``.
+The running service is ``app.state.alerting`` (an :class:`AlertingService`); the rollback feature
+sets its ``rollback_lookup`` so corruption alerts carry the rollback target.
 """
 from __future__ import annotations
 
@@ -59,6 +59,9 @@ class AlertingService:
         self._thread: threading.Thread | None = None
         self.settings_subscriptions = [Subscription.from_dict({**d, "source": "settings"})
                                        for d in settings.alert_webhooks]
+        # Set by the rollback feature: run_id -> {"step", "uri"} | None, for the annotations of
+        # corruption alerts.
+        self.rollback_lookup: Callable[[str], dict | None] | None = None
 
     # -- listeners (store writer thread: enqueue only) ----------------------------------------
 
@@ -81,7 +84,7 @@ class AlertingService:
         self.manager = AlertManager(
             self.outbox, subscriptions=self.settings_subscriptions, policy=policy_from_settings(s),
             lifecycle=LifecyclePolicy(resolve_timeout_s=s.alert_resolve_timeout_s),
-            external_url=s.external_url, on_enqueue=self.worker.wake)
+            external_url=s.external_url, on_enqueue=self.worker.wake, rollback_lookup=self.rollback_lookup)
         self.worker.start()
         self._thread = threading.Thread(target=self._loop, name="alerting", daemon=True)
         self._thread.start()

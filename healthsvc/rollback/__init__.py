@@ -16,3 +16,14 @@ def install(app: FastAPI, ctx) -> None:
 
     ctx.store.register_schema(BISECTION_SCHEMA)
     app.include_router(router)
+    alerting = getattr(app.state, "alerting", None)
+    if alerting is not None:
+        alerting.rollback_lookup = lambda run_id: rollback_target(ctx, run_id)
+    ctx.summaries.add_contributor(lambda run_id: {"rollback": rollback_target(ctx, run_id)})
+
+
+def rollback_target(ctx, run_id: str) -> dict | None:
+    """The checkpoint to resume from, as ``{"id", "step", "uri"}``, or None (no checkpoint)."""
+    from healthsvc.rollback.service import decide
+
+    return decide(ctx, run_id).to_dict(run_id)["checkpoint"]

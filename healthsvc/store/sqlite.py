@@ -262,17 +262,19 @@ class SQLiteStore:
     def submit_checkpoint(self, run_id: str, step: int, uri: str, duration_s: float | None,
                           nbytes: int | None) -> Future:
         def job(conn: sqlite3.Connection) -> RunEvent:
+            # A checkpoint registered before any metrics belongs to the first attempt, which
+            # opens with the first metrics.
             now = self._clock()
             st = self._ensure_run(conn, run_id, now)
             conn.execute(
                 "INSERT INTO checkpoints (run_id, step, uri, attempt, duration_s, bytes, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, step, uri) DO UPDATE SET"
                 " duration_s=coalesce(excluded.duration_s, duration_s), bytes=coalesce(excluded.bytes, bytes)",
-                (run_id, step, uri, st.attempt, duration_s, nbytes, now))
+                (run_id, step, uri, max(st.attempt, 1), duration_s, nbytes, now))
             (ckpt_id,) = conn.execute("SELECT id FROM checkpoints WHERE run_id=? AND step=? AND uri=?",
                                       (run_id, step, uri)).fetchone()
             return RunEvent(run_id, "checkpoint", {"id": ckpt_id, "step": step, "uri": uri,
-                                                   "attempt": st.attempt, "duration_s": duration_s,
+                                                   "attempt": max(st.attempt, 1), "duration_s": duration_s,
                                                    "bytes": nbytes}, now)
         return self.write(job)
 

@@ -143,3 +143,19 @@ def test_checkpoints_of_an_abandoned_branch_are_never_recommended(shared_http):
     shared_http.post("/v1/runs/rb-branch/checkpoints", json={"step": 500, "uri": "mem://rb-branch/500b"})
     answer = shared_http.get("/v1/runs/rb-branch/rollback").json()
     assert answer["checkpoint"]["uri"] == "mem://rb-branch/500b"
+
+
+def test_the_rollback_target_reaches_the_run_summary_and_the_alert(shared_http):
+    for c in range(100, 700, 100):   # checkpoints first: the alert is annotated when it fires
+        shared_http.post("/v1/runs/rb-alert/checkpoints", json={"step": c, "uri": f"mem://rb-alert/{c}"})
+    push_run(shared_http, "rb-alert", [NonFinite(step=650, rank=1)], checkpoints=())
+    wait_for_finding(shared_http, "rb-alert", "non_finite")
+    assert shared_http.get("/v1/runs/rb-alert").json()["rollback"]["step"] == 600
+    deadline = time.monotonic() + 20
+    alerts = []
+    while time.monotonic() < deadline:
+        alerts = shared_http.get("/v1/alerts", params={"run": "rb-alert", "kind": "non_finite"}).json()["alerts"]
+        if alerts and alerts[0].get("rollback_target"):
+            break
+        time.sleep(0.2)
+    assert alerts and alerts[0]["rollback_target"]["step"] == 600
