@@ -385,7 +385,15 @@ class HangDetector(Detector):
                      now: float) -> list[Finding]:
         mask = np.zeros(len(self._ids), dtype=bool)
         mask[sel] = True if moved is None else moved
+        was_stalled = self._stalled
         out = self._resolve_stall(now, reason="progress resumed")
+        if was_stalled:
+            # When a stall ends every rank resumes, but their records arrive one by one: measure
+            # each rank's silence from the end of the stall, or the ranks that waited in the
+            # collective would be reported hung for the moment between two arrivals.
+            act = self._active
+            self._progress_s[act] = np.maximum(self._progress_s[act], now)
+            self._refresh_deadlines()
         return out + self._resolve_hangs(mask & self._hung, now, reason="progress resumed")
 
     def _resolve_hangs(self, mask: np.ndarray, now: float, reason: str) -> list[Finding]:

@@ -236,3 +236,25 @@ def test_repeated_ranks_in_one_push_keep_the_newest_step_and_update_is_a_no_op()
 def test_bad_parameters_are_refused():
     with pytest.raises(ValueError, match="timeout_floor_s"):
         HangDetector(timeout_floor_s=0.0)
+
+
+def test_when_a_stall_ends_the_ranks_that_waited_are_not_reported_hung():
+    # The culprit comes back at t=100 and its records land first; its peers' records for the same
+    # step land a second later, after a tick: they waited in the collective, they did not hang.
+    det = HangDetector(timeout_floor_s=20.0)
+    out = _stuck_job(det, n_ranks=8, culprit=3, culprit_phase="data", t_end=100.0)
+    assert [f.kind for _, f in out if f.status == "firing"] == ["stall", "hang"]
+    resolved = det.observe(np.array([3]), np.array([51]), 100.0)
+    assert {(f.kind, f.status) for f in resolved} == {("stall", "resolved"), ("hang", "resolved")}
+    assert det.tick(100.5) == []
+    det.observe(np.array([0, 1, 2, 4, 5, 6, 7]), np.full(7, 51), 101.0)
+    assert det.tick(101.5) == []
+    # Silence still counts from the end of the stall: a peer that never resumes hangs later.
+    for t in range(102, 140):
+        det.observe(np.array([0, 1, 2, 3, 4, 5, 6]), np.full(7, 52 + t - 102), float(t))
+        late = det.tick(float(t) + 0.5)
+        if late:
+            assert [(f.kind, f.ranks) for f in late] == [("hang", (7,))]
+            break
+    else:
+        raise AssertionError("the rank that never resumed was not reported")
