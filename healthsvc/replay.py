@@ -204,14 +204,15 @@ def _metric_batches(table: pa.Table, batch_s: float) -> Iterator[tuple[float, di
 # ---- replay ------------------------------------------------------------------------------------------
 
 def replay(recorded: RecordedRun, url: str, *, run_id: str | None = None, speed: float = 1.0,
-           batch_s: float = 0.25, settle_s: float = 2.0) -> str:
+           batch_s: float = 0.25, settle_s: float = 2.0, until_s: float | None = None) -> str:
     """Push ``recorded`` into the service at ``url`` under ``run_id`` (default: the recorded id).
 
     Blocks for the run's duration / ``speed``; returns the run id. ``settle_s``: time left at the
-    end for the service's monitor to finish its detections.
+    end for the service's monitor to finish its detections. ``until_s``: stop before the first
+    action at or after this time (the recording's clock): the run as it stood then.
     """
     run_id = run_id or recorded.run_id
-    actions = recorded.actions(batch_s)
+    actions = [a for a in recorded.actions(batch_s) if until_s is None or a.at_s < until_s]
     with httpx.Client(base_url=url, timeout=60) as http:
         config = {k: v for k, v in (recorded.manifest.get("config") or {}).items() if v is not None}
         _ok(http.put(f"/v1/runs/{run_id}", json=config))
@@ -250,6 +251,19 @@ class LoadedService:
     recorded: RecordedRun
     server: ServerProcess | None = None
     _tmp: Any = None
+
+    def as_of(self, event_kind: str = "rollback", *, speed: float = 8.0) -> str:
+        """A second run in the same service: the recording up to (not including) its first
+        ``event_kind`` event, replayed ``speed`` times faster; returns its run id. The run as the
+        on-call engineer saw it then: e.g. ``GET /rollback`` answers for the incident, not for
+        the recovered run. Replayed once; later calls reuse it."""
+        at = [e["ts"] for e in self.recorded.events if e["kind"] == event_kind]
+        if not at:
+            raise ValueError(f"the recording has no {event_kind!r} event")
+        run_id = f"{self.run_id}-before-{event_kind}"
+        if not _has_run(self.url, run_id):
+            replay(self.recorded, self.url, run_id=run_id, speed=speed, until_s=min(at))
+        return run_id
 
     def stop(self) -> None:
         if self.server is not None:
