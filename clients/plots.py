@@ -139,15 +139,25 @@ def rank_heatmap(metrics: "pd.DataFrame", field: str = "compute_time", *, ax: "A
 
 def run_overview(metrics: "pd.DataFrame", findings: "pd.DataFrame | None" = None,
                  checkpoints: "pd.DataFrame | None" = None, timeline: "pd.DataFrame | None" = None, *,
-                 heatmap_field: str | None = None, title: str | None = None) -> "Figure":
+                 all_attempts: "pd.DataFrame | None" = None, heatmap_field: str | None = None,
+                 title: str | None = None) -> "Figure":
     """Loss, gradient norm (log) and the per-rank time heatmap on one step axis, with findings,
-    checkpoints and restarts marked. The heatmap shows ``compute_time`` when reported (in a
+    checkpoints and restarts marked. ``all_attempts`` (``read.metrics(run, attempt="all")``) adds
+    each attempt's own curve in grey underneath: where a later attempt redid steps, the abandoned
+    branch shows (e.g. the corrupted stretch before a rollback). The heatmap shows ``compute_time`` when reported (in a
     synchronous job every rank's ``step_time`` is about the same: the straggler shows in its
     compute time), else ``step_time``."""
     plt = _plt()
     field = heatmap_field or ("compute_time" if "compute_time" in metrics.columns else "step_time")
     fig, axes = plt.subplots(3, 1, figsize=(11, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 3, 2]},
                              layout="constrained")
+    for ax, name in zip(axes[:2], ("loss", "grad_norm")):
+        if all_attempts is None or name not in all_attempts.columns:
+            continue
+        for i, (attempt, part) in enumerate(all_attempts.groupby("attempt")):
+            s = per_step(part, name)
+            ax.plot(s.index, s["median"], color="0.6", lw=1.0, ls="-", gid=f"attempt-curve:{name}:{attempt}",
+                    label="abandoned branch (earlier attempt)" if i == 0 and ax is axes[0] else None)
     plot_metric(metrics, "loss", ax=axes[0], color="C0")
     if "grad_norm" in metrics.columns:
         plot_metric(metrics, "grad_norm", ax=axes[1], log=True, color="C2")
@@ -155,7 +165,7 @@ def run_overview(metrics: "pd.DataFrame", findings: "pd.DataFrame | None" = None
         mark_findings(ax, findings, label=ax is axes[0])
         mark_checkpoints(ax, checkpoints, label=ax is axes[0])
         mark_attempts(ax, timeline, label=ax is axes[0])
-    axes[0].legend(loc="upper right", fontsize=7, ncol=2)
+    axes[0].legend(loc="lower left", fontsize=7, ncol=2)
     if field in metrics.columns:
         rank_heatmap(metrics, field, ax=axes[2])
     axes[2].set_xlabel("step")

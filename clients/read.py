@@ -136,13 +136,14 @@ class Reader:
 
     def metrics(self, run_id: str, steps: int | tuple[int | None, int | None] | None = None,
                 ranks: Iterable[int] | None = None, fields: Sequence[str] | None = None,
-                layout: Literal["long", "wide"] = "long", attempt: int | None = None,
+                layout: Literal["long", "wide"] = "long", attempt: int | Literal["all"] | None = None,
                 format: Literal["arrow", "csv"] | None = None) -> "pd.DataFrame":
         """A run's per-rank history as a DataFrame.
 
         ``steps``: one step or an inclusive ``(lo, hi)`` range (either end None = open);
         ``ranks``, ``fields``: subsets (default all); ``attempt``: one attempt's records (default:
-        the effective history, the newest attempt winning each step); ``format``: the transfer
+        the effective history, the newest attempt winning each step; ``"all"``: every attempt's
+        records, sorted by (attempt, step, rank), long layout only); ``format``: the transfer
         (default Arrow when pyarrow is installed, else CSV).
 
         ``layout="long"``: one row per (step, rank), sorted by (step, rank), columns ``step, rank,
@@ -151,6 +152,14 @@ class Reader:
         """
         if layout not in ("long", "wide"):
             raise ValueError(f"layout must be 'long' or 'wide', not {layout!r}")
+        if attempt == "all":
+            if layout != "long":
+                raise ValueError("attempt='all' repeats steps: use layout='long'")
+            import pandas as pd
+            parts = [self.metrics(run_id, steps, ranks, fields, attempt=a["attempt"], format=format)
+                     for a in self.run(run_id).get("attempts", [])]
+            return pd.concat(parts, ignore_index=True) if parts else self.metrics(run_id, steps, ranks, fields,
+                                                                                  format=format)
         lo = hi = None
         if isinstance(steps, int):
             lo = hi = steps
@@ -342,7 +351,7 @@ def run(run_id: str, *, url: str | None = None) -> dict[str, Any]:
 
 def metrics(run_id: str, steps: int | tuple[int | None, int | None] | None = None,
             ranks: Iterable[int] | None = None, fields: Sequence[str] | None = None,
-            layout: Literal["long", "wide"] = "long", attempt: int | None = None, *,
+            layout: Literal["long", "wide"] = "long", attempt: int | Literal["all"] | None = None, *,
             url: str | None = None, format: Literal["arrow", "csv"] | None = None) -> "pd.DataFrame":
     return _reader(url).metrics(run_id, steps=steps, ranks=ranks, fields=fields, layout=layout,
                                 attempt=attempt, format=format)

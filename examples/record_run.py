@@ -146,7 +146,9 @@ def render_figure(data_dir: str, figure_path: str) -> None:
     try:
         r = read.Reader(svc.url)
         fig = plots.run_overview(r.metrics(svc.run_id), r.findings(svc.run_id), r.checkpoints(svc.run_id),
-                                 r.timeline(svc.run_id, findings=False), title=svc.run_id)
+                                 r.timeline(svc.run_id, findings=False),
+                                 all_attempts=r.metrics(svc.run_id, fields=["loss", "grad_norm"], attempt="all"),
+                                 title=svc.run_id)
         Path(figure_path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(figure_path, dpi=110)
     finally:

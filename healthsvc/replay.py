@@ -20,6 +20,7 @@ the records carry, which skews goodput and the MTBF. The detectors run live in t
 """
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -301,7 +302,9 @@ def connect_or_serve(data_dir: str | os.PathLike, *, url: str | None = None, spe
         server.stop()
         tmp.cleanup()
         raise
-    return LoadedService(server.url, recorded.run_id, recorded, server, tmp)
+    loaded = LoadedService(server.url, recorded.run_id, recorded, server, tmp)
+    atexit.register(loaded.stop)  # the kernel exits: no service left running on its own
+    return loaded
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,6 +81,16 @@ def test_run_overview_marks_findings_checkpoints_and_restarts():
     plt.close(fig)
 
 
+def test_run_overview_draws_each_attempt_underneath():
+    effective = frame()
+    older = frame(seed=1).assign(attempt=1)
+    older = older[older.step >= 30].assign(loss=lambda d: d["loss"] + 5)
+    fig = plots.run_overview(effective, all_attempts=older)
+    curve = [a for a in fig.axes[0].lines if a.get_gid() == "attempt-curve:loss:1"][0]
+    assert curve.get_xdata().min() == 30 and np.nanmin(curve.get_ydata()) > 5
+    plt.close(fig)
+
+
 def test_incident_draws_onset_interval_target_and_blamed_rank():
     answer = {"run_id": "x", "checkpoint": {"step": 19}, "onset": {"step": 31, "low": 29, "high": 33, "ranks": [2]}}
     fig = plots.plot_incident(frame(), answer, pd.DataFrame({"step": [19, 39]}), None, window=(10, 50))

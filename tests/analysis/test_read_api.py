@@ -151,3 +151,15 @@ def test_importing_the_read_api_imports_no_pandas():
     code = "import sys, clients, clients.read; print(sorted(m for m in ('pandas', 'numpy', 'pyarrow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_all_attempts_in_one_frame(shared_server, shared_http):
+    run = "attempts-all"
+    for body in ({"columns": {"step": [0, 1, 2], "rank": [0, 0, 0], "loss": [3.0, 2.0, 1.0]}},
+                 {"columns": {"step": [1, 2], "rank": [0, 0], "loss": [9.0, 8.0]}}):
+        assert shared_http.post(f"/v1/runs/{run}/metrics", json=body).status_code == 202
+    r = Reader(shared_server.url)
+    df = r.metrics(run, attempt="all")
+    assert list(zip(df.attempt, df.step, df.loss)) == [(1, 0, 3.0), (1, 1, 2.0), (1, 2, 1.0), (2, 1, 9.0), (2, 2, 8.0)]
+    with pytest.raises(ValueError, match="long"):
+        r.metrics(run, attempt="all", layout="wide")
