@@ -64,63 +64,59 @@ def run_case(server: ServerProcess, form: str, n_records: int, seconds: float, t
         orjson.loads(p)
     decode_s = (time.process_time() - t0) / len(payloads)
 
+    payload_iter = iter(payloads)
     lock = threading.Lock()
-    next_index = [0]
-    done = {"requests": 0, "errors": 0}
+
+    def request(client: httpx.Client) -> bool | None:
+        with lock:
+            body = next(payload_iter, None)
+        if body is None:
+            return None  # out of payloads: this client is done
+        r = client.post(f"/v1/runs/{run_id}/metrics", content=body, headers={"content-type": "application/json"})
+        return r.status_code == 202
+
+    ok, errors, wall, cpu = load(server, request, seconds, threads)
+    points = ok * n_records * len(FIELDS)
+    return {"form": form, "records": n_records, "requests": ok, "errors": errors,
+            "points_per_wall_s": points / wall, "points_per_cpu_s": points / cpu,
+            "requests_per_cpu_s": ok / cpu,
+            "decode_points_per_cpu_s": n_records * len(FIELDS) / decode_s}
+
+
+def load(server: ServerProcess, request, seconds: float, threads: int) -> tuple[int, int, float, float]:
+    """Run ``request(client) -> ok | None (stop)`` from client threads for ``seconds``.
+
+    Returns (ok requests, failed requests, wall seconds, server CPU seconds)."""
+    lock = threading.Lock()
+    counts = {True: 0, False: 0}
     stop = threading.Event()
 
     def worker() -> None:
         with httpx.Client(base_url=server.url, timeout=60) as client:
             while not stop.is_set():
-                with lock:
-                    i = next_index[0]
-                    next_index[0] += 1
-                if i >= len(payloads):
+                ok = request(client)
+                if ok is None:
                     return
-                r = client.post(f"/v1/runs/{run_id}/metrics", content=payloads[i],
-                                headers={"content-type": "application/json"})
                 with lock:
-                    done["requests" if r.status_code == 202 else "errors"] += 1
+                    counts[ok] += 1
 
     cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
     pool = [threading.Thread(target=worker) for _ in range(threads)]
     for t in pool:
         t.start()
-    time.sleep(seconds)
+    deadline = wall0 + seconds
+    for t in pool:  # until the time is up, or every client ran out of work
+        t.join(max(0.0, deadline - time.perf_counter()))
     stop.set()
     for t in pool:
         t.join()
-    wall = time.perf_counter() - wall0
-    cpu = max(server.cpu_seconds() - cpu0, 1e-9)
-    points = done["requests"] * n_records * len(FIELDS)
-    return {"form": form, "records": n_records, "requests": done["requests"], "errors": done["errors"],
-            "points_per_wall_s": points / wall, "points_per_cpu_s": points / cpu,
-            "requests_per_cpu_s": done["requests"] / cpu,
-            "decode_points_per_cpu_s": n_records * len(FIELDS) / decode_s}
+    return counts[True], counts[False], time.perf_counter() - wall0, max(server.cpu_seconds() - cpu0, 1e-9)
 
 
 def floor_case(server: ServerProcess, seconds: float, threads: int) -> float:
     """Requests per server CPU-second of GET /healthz: what the HTTP stack costs doing nothing."""
-    stop = threading.Event()
-    count = [0]
-    lock = threading.Lock()
-
-    def worker() -> None:
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            while not stop.is_set():
-                client.get("/healthz")
-                with lock:
-                    count[0] += 1
-
-    cpu0 = server.cpu_seconds()
-    pool = [threading.Thread(target=worker) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in pool:
-        t.join()
-    return count[0] / max(server.cpu_seconds() - cpu0, 1e-9)
+    ok, _, _, cpu = load(server, lambda client: client.get("/healthz").status_code == 200, seconds, threads)
+    return ok / cpu
 
 
 def read_back(db_path: str, server: ServerProcess, run_id: str) -> dict:

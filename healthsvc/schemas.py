@@ -112,6 +112,13 @@ class EventIn(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict, description="Details, e.g. {\"old\": 8, \"new\": 6} for world_size_change.")
 
 
+class FinishIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rank: int | None = Field(None, ge=0, description="The rank that finished; omitted: the whole run finished. "
+                                                      "The run is finished once every rank that reported has finished.")
+    step: int | None = Field(None, ge=0, description="The last step the rank completed.")
+
+
 class Event(BaseModel):
     id: int
     kind: str

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response, status
 
 from healthsvc.deps import RunId, StoreDep
 from healthsvc.ingest.accept import accept_metrics
-from healthsvc.schemas import Accepted, CheckpointIn, EventIn, HeartbeatIn, MetricsColumnar, MetricsRows, Ok
+from healthsvc.schemas import Accepted, CheckpointIn, EventIn, FinishIn, HeartbeatIn, MetricsColumnar, MetricsRows, Ok
 
 router = APIRouter(prefix="/v1/runs/{run_id}", tags=["ingest"])
 
@@ -60,7 +60,8 @@ async def post_event(run_id: RunId, body: EventIn, store: StoreDep) -> dict:
     return {"ok": True}
 
 
-@router.post("/finish", response_model=Ok, summary="The run finished: silence from now on is normal")
-async def post_finish(run_id: RunId, store: StoreDep) -> dict:
-    await asyncio.wrap_future(store.submit_finish(run_id))
+@router.post("/finish", response_model=Ok, summary="The run, or one rank, finished: silence from then on is normal")
+async def post_finish(run_id: RunId, store: StoreDep, body: FinishIn | None = None) -> dict:
+    rank = body.rank if body is not None else None
+    await asyncio.wrap_future(store.submit_finish(run_id, rank))
     return {"ok": True}

@@ -24,7 +24,8 @@ class RunState:
     last_step: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int64))  # by rank
     host_names: list[str] = field(default_factory=list)
     host_code: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int32))  # by rank
-    finished: bool = False
+    finished: bool = False            # the whole run finished
+    finished_ranks: set[int] = field(default_factory=set)  # ranks that said finish in this attempt
     attempt_progress: dict[int, list[int]] = field(default_factory=dict)  # attempt -> [last step, records]
     last_push: float | None = None    # service clock of the last accepted batch
 
@@ -54,6 +55,7 @@ class RunState:
         self.start_step = int(start_step)
         self.last_step[:] = -1
         self.finished = False
+        self.finished_ranks.clear()
         return self.attempt
 
     def advance(self, batch: MetricBatch) -> None:
@@ -101,13 +103,15 @@ class RunState:
     def to_dict(self) -> dict:
         seen = np.flatnonzero((self.last_step >= 0) | (self.host_code >= 0))
         return {"attempt": self.attempt, "start_step": self.start_step, "finished": self.finished,
+                "finished_ranks": sorted(self.finished_ranks),
                 "ranks": seen.tolist(), "last_step": self.last_step[seen].tolist(),
                 "host_code": self.host_code[seen].tolist(), "host_names": self.host_names}
 
     @classmethod
     def from_dict(cls, run_id: str, d: dict) -> "RunState":
         st = cls(run_id=run_id, attempt=d["attempt"], start_step=d["start_step"],
-                 finished=d.get("finished", False), host_names=list(d["host_names"]))
+                 finished=d.get("finished", False), host_names=list(d["host_names"]),
+                 finished_ranks=set(d.get("finished_ranks", ())))
         ranks = np.asarray(d["ranks"], dtype=np.int64)
         if len(ranks):
             st._grow(int(ranks.max()))

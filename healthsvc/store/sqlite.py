@@ -198,7 +198,9 @@ class SQLiteStore:
                 (run_id, st.attempt, step_min, step_max, len(batch), n_points, ",".join(batch.values),
                  batch.host_index is not None, now, encode_chunk(batch)))
             chunk_id = cur.lastrowid
-            if st.finished:  # data after finish: the run resumed
+            if st.finished_ranks:  # a rank that said finish and reports again has resumed
+                st.finished_ranks.difference_update(np.unique(batch.ranks).tolist())
+            if st.finished:  # data after the run finished: it resumed
                 conn.execute("UPDATE runs SET status='running', finished_at=NULL, updated_at=? WHERE run_id=?",
                              (now, run_id))
                 st.finished = False
@@ -303,10 +305,17 @@ class SQLiteStore:
             return RunEvent(run_id, "heartbeat", {"rank": rank, "step": step, "phase": phase}, now)
         return self.write(job)
 
-    def submit_finish(self, run_id: str) -> Future:
+    def submit_finish(self, run_id: str, rank: int | None = None) -> Future:
+        """The run (``rank=None``) or one rank finished. The run is finished once every rank that
+        reported in the current attempt has finished: ranks finish one by one, and records of a
+        rank still finishing must not reopen a run another rank has already called finished."""
         def job(conn: sqlite3.Connection) -> RunEvent:
             now = self._clock()
             st = self._ensure_run(conn, run_id, now)
+            if rank is not None:
+                st.finished_ranks.add(rank)
+                if not set(st.ranks_seen().tolist()) <= st.finished_ranks:
+                    return RunEvent(run_id, "rank_finished", {"rank": rank}, now)
             conn.execute("UPDATE runs SET status='finished', finished_at=?, updated_at=? WHERE run_id=?",
                          (now, now, run_id))
             st.finished = True

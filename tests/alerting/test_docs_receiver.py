@@ -1,4 +1,5 @@
-"""The receiver snippet of docs/alerting.md verifies what the delivery worker sends."""
+"""The receiver snippet of docs/alerting.md (and its copy in the README) verifies what the delivery
+worker sends."""
 from __future__ import annotations
 
 import re
@@ -13,11 +14,12 @@ from healthsvc.alerting.delivery import Backoff, DeliveryWorker
 from healthsvc.alerting.outbox import Outbox
 from healthsvc.alerting.signing import generate_secret
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "alerting.md"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(30)
-def test_docs_receiver_accepts_signed_and_rejects_forged(capsys):
+@pytest.mark.parametrize("DOC", [ROOT / "docs" / "alerting.md", ROOT / "README.md"], ids=["docs", "readme"])
+def test_docs_receiver_accepts_signed_and_rejects_forged(capsys, DOC):
     (code,) = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if "class Hook" in b]
     secret = generate_secret()
     code = code.replace('SECRET = "whsec_..."', f"SECRET = {secret!r}")

@@ -90,3 +90,17 @@ def test_checkpoints_events_heartbeats(http):
     assert ev[0]["kind"] == "world_size_change" and ev[0]["data"] == {"old": 2, "new": 1}
     assert http.post("/v1/runs/ck/heartbeats", json={"rank": 1, "step": 5, "phase": "collective"}).status_code == 202
     assert http.get("/v1/runs/ck/heartbeats").json()[0]["phase"] == "collective"
+
+
+def test_a_run_finishes_when_every_rank_has_finished(http):
+    push(http, "fin", steps(0, 5))                                   # ranks 0 and 1
+    assert http.post("/v1/runs/fin/finish", json={"rank": 0, "step": 4}).status_code == 200
+    assert http.get("/v1/runs/fin").json()["status"] == "running"  # rank 1 is still finishing
+    push(http, "fin", steps(5, 6, ranks=(1,)))                       # its last records land later
+    assert http.get("/v1/runs/fin").json()["status"] == "running"
+    http.post("/v1/runs/fin/finish", json={"rank": 1, "step": 5})
+    assert http.get("/v1/runs/fin").json()["status"] == "finished"
+    push(http, "fin", steps(6, 7, ranks=(0,)))                       # data after finish: resumed
+    assert http.get("/v1/runs/fin").json()["status"] == "running"
+    http.post("/v1/runs/fin/finish")                                 # no rank: the whole run
+    assert http.get("/v1/runs/fin").json()["status"] == "finished"
