@@ -25,7 +25,7 @@ from healthsvc.ingest.fast_path import IngestFastPath
 from healthsvc.observability import ServiceMetrics
 from healthsvc.routers import findings, ingest, ops, runs
 from healthsvc.runs import RunSummaries
-from healthsvc.schemas import MetricsColumnar, MetricsRows
+from healthsvc.schemas import ErrorBody, ErrorItem, MetricsColumnar, MetricsRows
 from healthsvc.settings import Settings
 from healthsvc.store.sqlite import SQLiteStore
 
@@ -136,6 +136,11 @@ def _install_openapi(app: FastAPI) -> None:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
+        # Every 4xx answer has one shape (ours and FastAPI's validation errors alike).
+        components["ValidationError"] = components["ErrorItem"] = ErrorItem.model_json_schema()
+        components["HTTPValidationError"] = ErrorBody.model_json_schema(
+            ref_template="#/components/schemas/{model}")
+        components["HTTPValidationError"].pop("$defs", None)
         for model in (MetricsRows, MetricsColumnar):
             js = model.model_json_schema(ref_template="#/components/schemas/{model}")
             for name, sub in js.pop("$defs", {}).items():

@@ -54,6 +54,19 @@ class MetricsColumnar(BaseModel):
     batch_id: str | None = Field(None, max_length=128, description="Idempotency key, as in the rows form.")
 
 
+class ErrorItem(BaseModel):
+    loc: list[str | int] = Field(..., description="Where the problem is: e.g. [\"body\", \"records\", 3, \"loss\"] "
+                                                  "or [\"query\", \"ranks\"].")
+    msg: str = Field(..., description="What is wrong, in words.")
+    type: str = Field(..., description="Kind of error, e.g. invalid_input, payload_too_large, missing.")
+    hint: str | None = Field(None, description="How to fix the call, when there is more to say.")
+
+
+class ErrorBody(BaseModel):
+    """The body of every 4xx answer."""
+    detail: list[ErrorItem] = Field(..., description="One item per problem found.")
+
+
 class Accepted(BaseModel):
     accepted: int = Field(..., description="Records accepted (durable) by this request.")
     duplicate: bool = Field(False, description="True when this batch had already been accepted; nothing was stored again.")
@@ -86,15 +99,15 @@ class CheckpointStatusIn(BaseModel):
 
 
 class Checkpoint(BaseModel):
-    id: int
+    id: int = Field(..., description="Identifier of the checkpoint record (for PATCH).")
     step: int = Field(..., description="Step whose update the checkpoint includes.")
-    uri: str
+    uri: str = Field(..., description="Where the checkpoint lives.")
     attempt: int = Field(..., description="Attempt that wrote it.")
     duration_s: float | None = Field(None, description="Write duration, seconds.")
     bytes: int | None = Field(None, description="Size, bytes.")
     created_at: float = Field(..., description="When the service recorded it, unix seconds.")
     status: str = Field(..., description="ok | verified | bad | deleted.")
-    note: str | None = None
+    note: str | None = Field(None, description="Why its status was set, if someone said.")
 
 
 class HeartbeatIn(BaseModel):
@@ -120,16 +133,23 @@ class FinishIn(BaseModel):
 
 
 class Event(BaseModel):
-    id: int
-    kind: str
-    step: int | None
-    attempt: int
+    id: int = Field(..., description="Identifier, increasing in the order events were recorded.")
+    kind: str = Field(..., description="What happened: " + ", ".join(EVENT_KINDS) + ".")
+    step: int | None = Field(..., description="Step it relates to, if any.")
+    attempt: int = Field(..., description="Attempt current when it was recorded.")
     ts: float = Field(..., description="When the service recorded it, unix seconds.")
-    data: dict[str, Any]
+    data: dict[str, Any] = Field(..., description="Details as sent.")
+
+
+class Heartbeat(BaseModel):
+    rank: int = Field(..., description="The rank.")
+    step: int | None = Field(None, description="Step it was working on.")
+    phase: str | None = Field(None, description="What it was doing: " + ", ".join(HEARTBEAT_PHASES) + ".")
+    ts: float = Field(..., description="When its latest heartbeat arrived, unix seconds (service clock).")
 
 
 class Ok(BaseModel):
-    ok: bool = True
+    ok: bool = Field(True, description="The request was carried out (and is durable).")
 
 
 class AttemptSummary(BaseModel):
@@ -141,8 +161,9 @@ class AttemptSummary(BaseModel):
 
 
 class RunSummary(BaseModel):
+    """A run at a glance. Features add sections (health, active_findings, rollback, timeline)."""
     model_config = ConfigDict(extra="allow")
-    run_id: str
+    run_id: str = Field(..., description="The run's identifier.")
     status: str = Field(..., description="running | finished.")
     created_at: float = Field(..., description="Unix seconds.")
     last_push: float | None = Field(None, description="Last accepted metrics push, unix seconds.")
@@ -151,5 +172,12 @@ class RunSummary(BaseModel):
     last_step: int | None = Field(None, description="Highest step of the current attempt.")
     world_size: int | None = Field(None, description="Configured world size, else ranks seen in the current attempt.")
     ranks_seen: int = Field(..., description="Ranks that reported in the current attempt.")
-    config: RunConfig
-    attempts: list[AttemptSummary] = Field(default_factory=list)
+    config: RunConfig = Field(..., description="The run's configuration (PUT /v1/runs/{run_id}).")
+    attempts: list[AttemptSummary] = Field(default_factory=list, description="Every attempt, oldest first (detail view).")
+    health: str | None = Field(None, description="ok | warning | critical: the worst active finding (detail view).")
+    findings_by_kind: dict[str, int] | None = Field(None, description="Firing findings ever recorded, by kind (detail view).")
+    active_findings: list[dict[str, Any]] | None = Field(
+        None, description="Findings still firing, as in GET .../findings (detail view).")
+    rollback: dict[str, Any] | None = Field(
+        None, description="The checkpoint to resume from now ({id, step, uri}), as in GET .../rollback (detail view).")
+    timeline: Any = Field(None, description="The newest entries of the run timeline, as in GET .../timeline (detail view).")

@@ -16,8 +16,8 @@ Kind = Literal[FINDING_KINDS]  # type: ignore[valid-type]
 
 
 class FindingOut(BaseModel):
-    id: int
-    run_id: str
+    id: int = Field(..., description="Identifier, increasing in the order findings were stored.")
+    run_id: str = Field(..., description="The run.")
     attempt: int = Field(..., description="Attempt in which it was found.")
     kind: str = Field(..., description="One of: " + ", ".join(FINDING_KINDS) + ". Also the alert name.")
     step: int = Field(..., description="First step that shows it (for resolved: the step it cleared at).")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -10,13 +11,18 @@ from healthsvc.deps import MetricsDep, StoreDep
 router = APIRouter(tags=["ops"])
 
 
-@router.get("/healthz", summary="The process is alive")
+class Status(BaseModel):
+    status: str = Field(..., description="ok (healthz); ready or not ready (readyz).")
+    reason: str | None = Field(None, description="Why it is not ready.")
+
+
+@router.get("/healthz", response_model=Status, response_model_exclude_none=True, summary="The process is alive")
 def healthz() -> dict:
     return {"status": "ok"}
 
 
 @router.get("/readyz", summary="The store is open and accepting writes",
-            responses={503: {"description": "Not ready: the store is not open."}})
+            responses={200: {"model": Status}, 503: {"model": Status, "description": "Not ready: the store is not open."}})
 def readyz(request: Request, store: StoreDep) -> Response:
     try:
         store.read_conn().execute("SELECT 1").fetchone()

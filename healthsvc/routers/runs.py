@@ -12,7 +12,7 @@ from healthsvc.deps import RunId, StoreDep, SummariesDep
 from healthsvc.errors import InvalidInput, NotFound
 from healthsvc.monitor.suite import build_suite
 from healthsvc.history import iter_history_batches, load_history
-from healthsvc.schemas import Checkpoint, CheckpointStatusIn, Event, Ok, RunConfig, RunSummary
+from healthsvc.schemas import Checkpoint, CheckpointStatusIn, Event, Heartbeat, Ok, RunConfig, RunSummary
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
@@ -119,7 +119,8 @@ def list_events(run_id: RunId, store: StoreDep) -> list[dict]:
     return store.events(run_id)
 
 
-@router.get("/{run_id}/heartbeats", summary="Each rank's latest heartbeat: step, phase, time")
+@router.get("/{run_id}/heartbeats", response_model=list[Heartbeat],
+            summary="Each rank's latest heartbeat: step, phase, time")
 def list_heartbeats(run_id: RunId, store: StoreDep) -> list[dict]:
     if not store.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
