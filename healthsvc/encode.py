@@ -1,8 +1,9 @@
-"""Encoding stored values for JSON answers: NaN and infinities become the strings "NaN",
-"Infinity", "-Infinity" (JSON has no such numbers, and orjson would write null, which means "not
-reported"). Columnar exports are in ``export``."""
+"""Encoding values for JSON: NaN and infinities become the strings "NaN", "Infinity", "-Infinity"
+(JSON has no such numbers, and orjson or pydantic would write null, which means "not reported").
+Columnar exports are in ``export``."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -22,11 +23,20 @@ def float_column_to_json(values: np.ndarray, present: np.ndarray) -> list[Any]:
     return out
 
 
-def json_value(v: Any) -> Any:
-    """One float for a JSON answer (non-finite as strings)."""
-    if isinstance(v, float) and not np.isfinite(v):
-        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
-    return v
+def jsonable(obj: Any) -> Any:
+    """A structure made JSON-safe without losing non-finite numbers: NaN/±Inf floats (also numpy
+    scalars and arrays) become the wire strings; dict keys become strings."""
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "tolist"):  # numpy scalars and arrays
+        return jsonable(obj.tolist())
+    return obj
 
 
 def dumps(obj: Any) -> bytes:

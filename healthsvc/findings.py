@@ -15,6 +15,7 @@ from typing import Any, Callable
 import orjson
 
 from detectors.finding import SEVERITY_ORDER, Finding
+from healthsvc.encode import jsonable
 from healthsvc.store.sqlite import SQLiteStore
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class FindingsService:
                     " score, onset_step, evidence, created_at, identity) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (run_id, attempt, f.kind, f.metric, orjson.dumps(list(f.ranks)), orjson.dumps(blamed_hosts),
                      int(f.step), f.status, f.severity, float(f.score), f.onset_step,
-                     orjson.dumps(f.evidence, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS),
+                     orjson.dumps(jsonable(f.evidence)),  # a NaN in evidence stays "NaN", not null
                      now, _identity(attempt, f)))
                 if cur.rowcount:
                     stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 import os
 import tempfile
 import time
@@ -35,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as paipc
 
+from healthsvc.encode import float_column_to_json
 from healthsvc.testing import ServerProcess
 
 MANIFEST = "manifest.json"
@@ -143,15 +143,6 @@ class Action:
     body: Any = field(compare=False, repr=False)
 
 
-def _json_column(values: np.ndarray, missing: np.ndarray) -> list:
-    """Floats for JSON: NaN/±inf as the contract's strings, missing as null."""
-    out: list = values.tolist()
-    for i in np.flatnonzero(missing | ~np.isfinite(values)):
-        v = out[i]
-        out[i] = None if missing[i] else ("NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity"))
-    return out
-
-
 def _metric_batches(table: pa.Table, batch_s: float) -> Iterator[tuple[float, dict[str, list]]]:
     """Columnar batches of whole steps, each sent when its newest record was (trainer ``ts``)."""
     if table.num_rows == 0:
@@ -187,7 +178,7 @@ def _metric_batches(table: pa.Table, batch_s: float) -> Iterator[tuple[float, di
             cols["host"] = [hosts[i] for i in rows]
         for n, (values, missing) in numeric.items():
             if not missing[rows].all():
-                cols[n] = _json_column(values[rows].astype(np.float64), missing[rows])
+                cols[n] = float_column_to_json(values[rows].astype(np.float64), ~missing[rows])
         return float(unit_time[units[-1]]), cols
 
     for u in order:

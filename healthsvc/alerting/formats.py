@@ -15,14 +15,15 @@ A firing alert's ``endsAt`` is Go's zero time, as Alertmanager sends it.
 """
 from __future__ import annotations
 
+
 import json
-import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from healthsvc.alerting.model import Alert, run_url
 from healthsvc.alerting.policy import NotifyReason
+from healthsvc.encode import jsonable
 
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"
 MAX_SLACK_ALERTS = 10  # Slack caps a message at 50 blocks; a page needs the first few anyway.
@@ -139,20 +140,6 @@ def render(fmt: str, n: Notification) -> bytes:
     except KeyError:
         raise ValueError(f"unknown body format {fmt!r}; expected one of {tuple(FORMATS)}") from None
     return json.dumps(jsonable(build(n)), separators=(",", ":"), allow_nan=False).encode()
-
-
-def jsonable(obj: Any) -> Any:
-    if isinstance(obj, float):
-        if math.isfinite(obj):
-            return obj
-        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if hasattr(obj, "tolist"):  # numpy scalars and arrays
-        return jsonable(obj.tolist())
-    return obj
 
 
 def _common(maps: list[dict[str, str]]) -> dict[str, str]:

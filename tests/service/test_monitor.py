@@ -170,3 +170,21 @@ def test_aligner_state_round_trip_keeps_nan_apart_from_missing():
     other.load_state_dict(state)
     (block,) = other.flush_all()
     assert block.present["loss"].tolist() == [[True, False]] and np.isnan(block.values["loss"][0, 0])
+
+
+def test_non_finite_evidence_is_stored_as_strings_not_null(tmp_path):
+    from detectors.finding import Finding
+    from healthsvc.findings import FindingsService
+    from healthsvc.store.sqlite import SQLiteStore
+    store = SQLiteStore(str(tmp_path / "f.db"))
+    service = FindingsService(store, clock=lambda: 1.0)
+    store.open()
+    try:
+        f = Finding(kind="non_finite", step=3, ranks=(1,), severity="critical", score=1.0, metric="loss",
+                    evidence={"value": float("nan"), "peak": float("-inf"), "per_rank": [1.5, float("inf")]})
+        (stored,) = service.record("r", 1, [f], {1: "node0"}).result(10).findings
+        (back,) = service.query("r")
+        assert back.finding.evidence == {"value": "NaN", "peak": "-Infinity", "per_rank": [1.5, "Infinity"]}
+        assert back.hosts == ("node0",) and back.id == stored.id
+    finally:
+        store.close()
