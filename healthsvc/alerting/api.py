@@ -2,27 +2,43 @@
 
 Handlers are sync (FastAPI runs them in its threadpool) because the manager's writes wait for the
 store's group commit. Each handler is a few lines over :class:`~healthsvc.alerting.AlertManager`.
+Handlers return the domain objects' dicts; ``response_model`` (models in
+:mod:`healthsvc.alerting.schemas`) documents every field in the OpenAPI schema.
 """
 from __future__ import annotations
 
 import secrets
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Path, Query, Request, Response
 
-from detectors.finding import FINDING_KINDS
 from healthsvc.alerting import manager as mgr
+from healthsvc.alerting import schemas as out
 from healthsvc.alerting.manager import AlertManager
 from healthsvc.alerting.policy import Matcher
+from healthsvc.alerting.schemas import (
+    Actor, DeliveryState, Kind, SeverityName, SilenceIn, WebhookCreate, WebhookIn,
+)
 from healthsvc.alerting.signing import generate_secret
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.errors import Conflict, InvalidInput, NotFound
+from healthsvc.schemas import ErrorBody
 
 router = APIRouter(prefix="/v1", tags=["alerting"])
 
-Kind = Literal[FINDING_KINDS]  # type: ignore[valid-type]
-SeverityName = Literal["info", "warning", "critical"]
+Fingerprint = Annotated[str, Path(description="The alert's fingerprint: 16 hex digits, as in GET /v1/alerts.")]
+SilenceId = Annotated[str, Path(description="The silence's id (sil_<hex>), as returned when it was created.")]
+SubscriptionId = Annotated[str, Path(description="The webhook subscription's id.")]
+WebhookId = Annotated[str, Path(description="The delivery's webhook-id (msg_<hex>), as sent in the webhook-id "
+                                            "header and listed by GET .../deliveries.")]
+
+
+def _errors(why_by_status: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` of error answers: ``{404: "why"}`` -> the error body, described."""
+    return {code: {"model": ErrorBody, "description": why} for code, why in why_by_status.items()}
+
+
+_NOT_STARTED = "Alerting is not started yet: retry once /readyz answers 200."
 
 
 def _service(request: Request):
@@ -50,32 +66,35 @@ def _domain(exc: Exception, loc: tuple = ()) -> Exception:
 
 # -- alerts -------------------------------------------------------------------------------------
 
-class Actor(BaseModel):
-    by: str = Field("", max_length=200, description="Who did it (shown in notifications).")
-
-
 def _alert_view(m: AlertManager, alerts: list, now: float, external_url: str) -> list[dict[str, Any]]:
     muting = m.muting(alerts, now)
     return [{**a.to_dict(external_url), **muting[a.fingerprint]} for a in alerts]
 
 
-@router.get("/alerts", summary="Alerts, newest first")
+@router.get("/alerts", summary="Alerts, newest first", response_model=out.AlertList,
+            response_description="Matching alerts, each with whether its notifications are muted.",
+            responses=_errors({409: _NOT_STARTED}))
 def list_alerts(
     request: Request,
     run: Annotated[str | None, Query(description="Only this run.")] = None,
     kind: Annotated[Kind | None, Query(description="Only this alert name (finding kind).")] = None,
-    status: Annotated[Literal["firing", "resolved"] | None, Query()] = None,
-    min_severity: Annotated[SeverityName | None, Query()] = None,
-    acknowledged: Annotated[bool | None, Query()] = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+    status: Annotated[Literal["firing", "resolved"] | None,
+                      Query(description="Only firing or only resolved alerts (default: both).")] = None,
+    min_severity: Annotated[SeverityName | None,
+                            Query(description="Only alerts at least this severe (info < warning < critical).")] = None,
+    acknowledged: Annotated[bool | None, Query(description="true: only acknowledged alerts; false: only "
+                                                           "unacknowledged ones (default: both).")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="At most this many alerts (the newest), count.")] = 500,
 ) -> dict[str, Any]:
     m = _manager(request)
     alerts = m.alerts(run=run, kind=kind, status=status, min_severity=min_severity, acknowledged=acknowledged)[:limit]
     return {"alerts": _alert_view(m, alerts, _now(request), m.external_url)}
 
 
-@router.get("/alerts/{fingerprint}", summary="One alert")
-def get_alert(fingerprint: str, request: Request) -> dict[str, Any]:
+@router.get("/alerts/{fingerprint}", summary="One alert", response_model=out.AlertView,
+            response_description="The alert, with whether its notifications are muted.",
+            responses=_errors({404: "No alert with this fingerprint.", 409: _NOT_STARTED}))
+def get_alert(fingerprint: Fingerprint, request: Request) -> dict[str, Any]:
     m = _manager(request)
     try:
         a = m.alert(fingerprint)
@@ -84,8 +103,10 @@ def get_alert(fingerprint: str, request: Request) -> dict[str, Any]:
     return _alert_view(m, [a], _now(request), m.external_url)[0]
 
 
-@router.post("/alerts/{fingerprint}/acknowledge", summary="Someone is on it: stops repeat notifications")
-def acknowledge_alert(fingerprint: str, body: Actor, request: Request) -> dict[str, Any]:
+@router.post("/alerts/{fingerprint}/acknowledge", summary="Someone is on it: stops repeat notifications",
+             response_model=out.Alert, response_description="The alert, acknowledged.",
+             responses=_errors({404: "No alert with this fingerprint.", 409: _NOT_STARTED}))
+def acknowledge_alert(fingerprint: Fingerprint, body: Actor, request: Request) -> dict[str, Any]:
     m = _manager(request)
     try:
         a = m.acknowledge(fingerprint, body.by, _now(request))
@@ -94,8 +115,10 @@ def acknowledge_alert(fingerprint: str, body: Actor, request: Request) -> dict[s
     return a.to_dict(m.external_url)
 
 
-@router.post("/alerts/{fingerprint}/resolve", summary="Resolve by hand (latched alerts too)")
-def resolve_alert(fingerprint: str, body: Actor, request: Request) -> dict[str, Any]:
+@router.post("/alerts/{fingerprint}/resolve", summary="Resolve by hand (latched alerts too)",
+             response_model=out.Alert, response_description="The alert, resolved (unchanged if it already was).",
+             responses=_errors({404: "No alert with this fingerprint.", 409: _NOT_STARTED}))
+def resolve_alert(fingerprint: Fingerprint, body: Actor, request: Request) -> dict[str, Any]:
     m = _manager(request)
     try:
         a = m.resolve(fingerprint, body.by, _now(request))
@@ -106,28 +129,16 @@ def resolve_alert(fingerprint: str, body: Actor, request: Request) -> dict[str, 
 
 # -- silences -----------------------------------------------------------------------------------
 
-class MatcherIn(BaseModel):
-    name: str = Field(..., description="Label name: alertname, run, rank, metric or severity.")
-    value: str
-    op: Literal["=", "!=", "=~", "!~"] = "="
-
-
-class SilenceIn(BaseModel):
-    matchers: list[MatcherIn] = Field(..., min_length=1)
-    starts_at: float | None = Field(None, description="Unix seconds; default now.")
-    ends_at: float | None = Field(None, description="Unix seconds; or give duration_s.")
-    duration_s: float | None = Field(None, gt=0, description="Length from starts_at, seconds.")
-    created_by: str = ""
-    comment: str = ""
-
-
-@router.get("/silences", summary="Silences (active, pending and expired)")
+@router.get("/silences", summary="Silences (active, pending and expired)", response_model=out.SilenceList,
+            response_description="Every silence, with its state now.", responses=_errors({409: _NOT_STARTED}))
 def list_silences(request: Request) -> dict[str, Any]:
     now = _now(request)
     return {"silences": [s.to_dict(now) for s in _manager(request).silences()]}
 
 
-@router.post("/silences", status_code=201, summary="Mute notifications of matching alerts until an expiry")
+@router.post("/silences", status_code=201, summary="Mute notifications of matching alerts until an expiry",
+             response_model=out.Silence, response_description="The silence created.",
+             responses=_errors({409: _NOT_STARTED}))
 def create_silence(body: SilenceIn, request: Request) -> dict[str, Any]:
     now = _now(request)
     starts = body.starts_at if body.starts_at is not None else now
@@ -142,8 +153,10 @@ def create_silence(body: SilenceIn, request: Request) -> dict[str, Any]:
     return s.to_dict(now)
 
 
-@router.delete("/silences/{silence_id}", summary="Expire a silence now")
-def expire_silence(silence_id: str, request: Request) -> dict[str, Any]:
+@router.delete("/silences/{silence_id}", summary="Expire a silence now", response_model=out.Silence,
+               response_description="The silence, expired (kept and listed).",
+               responses=_errors({404: "No silence with this id.", 409: _NOT_STARTED}))
+def expire_silence(silence_id: SilenceId, request: Request) -> dict[str, Any]:
     now = _now(request)
     try:
         return _manager(request).expire_silence(silence_id, now).to_dict(now)
@@ -152,22 +165,6 @@ def expire_silence(silence_id: str, request: Request) -> dict[str, Any]:
 
 
 # -- webhooks -----------------------------------------------------------------------------------
-
-class WebhookIn(BaseModel):
-    url: str = Field(..., description="http(s) URL the body is POSTed to.")
-    format: Literal["alertmanager", "slack", "json"] = "json"
-    runs: list[str] = Field(default_factory=list, description="Only these runs (empty: all).")
-    kinds: list[Kind] = Field(default_factory=list, description="Only these alert names (empty: all).")  # type: ignore[valid-type]
-    min_severity: SeverityName = "info"
-    secret: str | None = Field(None, description="whsec_<base64>; omitted: one is generated and returned once;"
-                                                 " empty string: bodies are sent unsigned.")
-    name: str = Field("", description="Receiver name written into bodies (default: the id).")
-    send_resolved: bool = True
-
-
-class WebhookCreate(WebhookIn):
-    id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$", description="Default: generated.")
-
 
 def _subscription_view(request: Request, s: Subscription, reveal: bool = False) -> dict[str, Any]:
     return {**s.to_dict(reveal_secret=reveal), "deliveries": _service(request).outbox.state_counts(s.id)}
@@ -188,12 +185,19 @@ def _put(request: Request, sub_id: str, body: WebhookIn, existing: Subscription 
     return _subscription_view(request, sub, reveal=generated)
 
 
-@router.get("/webhooks", summary="Webhook subscriptions (settings and API), with delivery counts")
+@router.get("/webhooks", summary="Webhook subscriptions (settings and API), with delivery counts",
+            response_model=out.WebhookList, response_description="Every subscription (secrets hidden).",
+            responses=_errors({409: _NOT_STARTED}))
 def list_webhooks(request: Request) -> dict[str, Any]:
     return {"webhooks": [_subscription_view(request, s) for s in _manager(request).subscriptions()]}
 
 
-@router.post("/webhooks", status_code=201, summary="Add a webhook subscription (a generated secret is shown once)")
+@router.post("/webhooks", status_code=201, summary="Add a webhook subscription (a generated secret is shown once)",
+             response_model=out.Webhook,
+             response_description="The subscription; its secret in full when it was generated by this request.",
+             responses=_errors({409: "A subscription with this id exists (PUT replaces it), or alerting is not "
+                                     "started yet.",
+                                422: "A field is wrong (e.g. a url that is not http(s), a secret not whsec_...)."}))
 def create_webhook(body: WebhookCreate, request: Request) -> dict[str, Any]:
     sub_id = body.id or "wh_" + secrets.token_hex(6)
     m = _manager(request)
@@ -202,16 +206,23 @@ def create_webhook(body: WebhookCreate, request: Request) -> dict[str, Any]:
     return _put(request, sub_id, body, None)
 
 
-@router.get("/webhooks/{sub_id}", summary="One subscription with its delivery counts")
-def get_webhook(sub_id: str, request: Request) -> dict[str, Any]:
+@router.get("/webhooks/{sub_id}", summary="One subscription with its delivery counts", response_model=out.Webhook,
+            response_description="The subscription (secret hidden).",
+            responses=_errors({404: "No subscription with this id.", 409: _NOT_STARTED}))
+def get_webhook(sub_id: SubscriptionId, request: Request) -> dict[str, Any]:
     try:
         return _subscription_view(request, _manager(request).subscription(sub_id))
     except mgr.AlertingError as exc:
         raise _domain(exc, ("path", "sub_id")) from None
 
 
-@router.put("/webhooks/{sub_id}", summary="Create or replace a subscription (secret kept when omitted)")
-def put_webhook(sub_id: str, body: WebhookIn, request: Request) -> dict[str, Any]:
+@router.put("/webhooks/{sub_id}", summary="Create or replace a subscription (secret kept when omitted)",
+            response_model=out.Webhook,
+            response_description="The subscription; its secret in full when it was generated by this request.",
+            responses=_errors({409: "The subscription comes from settings (read-only here), or alerting is not "
+                                    "started yet.",
+                               422: "A field is wrong (e.g. a url that is not http(s), a secret not whsec_...)."}))
+def put_webhook(sub_id: SubscriptionId, body: WebhookIn, request: Request) -> dict[str, Any]:
     try:
         existing = _manager(request).subscription(sub_id)
     except mgr.NotFound:
@@ -219,28 +230,38 @@ def put_webhook(sub_id: str, body: WebhookIn, request: Request) -> dict[str, Any
     return _put(request, sub_id, body, existing)
 
 
-@router.delete("/webhooks/{sub_id}", summary="Delete a subscription; its pending deliveries are cancelled")
-def delete_webhook(sub_id: str, request: Request) -> dict[str, Any]:
+@router.delete("/webhooks/{sub_id}", summary="Delete a subscription; its pending deliveries are cancelled",
+               response_model=out.WebhookDeleted, response_description="How many pending deliveries were cancelled.",
+               responses=_errors({404: "No subscription with this id.",
+                                  409: "The subscription comes from settings (remove it there), or alerting is not "
+                                       "started yet."}))
+def delete_webhook(sub_id: SubscriptionId, request: Request) -> dict[str, Any]:
     try:
         return {"cancelled": _manager(request).delete_subscription(sub_id, _now(request))}
     except mgr.AlertingError as exc:
         raise _domain(exc, ("path", "sub_id")) from None
 
 
-@router.get("/webhooks/{sub_id}/deliveries", summary="Delivery status: counts and recent deliveries")
+@router.get("/webhooks/{sub_id}/deliveries", summary="Delivery status: counts and recent deliveries",
+            response_model=out.DeliveryList,
+            response_description="Counts per state and the newest deliveries (an unknown id has none).")
 def list_deliveries(
-    sub_id: str, request: Request,
-    state: Annotated[Literal["pending", "delivered", "failed", "dead", "cancelled"] | None,
-                     Query(description="Only this state; dead = the dead letters.")] = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    sub_id: SubscriptionId, request: Request,
+    state: Annotated[DeliveryState | None, Query(description="Only this state; dead = the dead letters.")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000,
+                                description="At most this many deliveries (the newest), count.")] = 100,
 ) -> dict[str, Any]:
     outbox = _service(request).outbox
     return {"subscription_id": sub_id, "counts": outbox.state_counts(sub_id),
             "deliveries": [d.to_dict() for d in outbox.deliveries(sub_id, state, limit)]}
 
 
-@router.post("/webhooks/{sub_id}/deliveries/{webhook_id}/redeliver", summary="Queue a dead or failed delivery again")
-def redeliver(sub_id: str, webhook_id: str, request: Request) -> Response:
+@router.post("/webhooks/{sub_id}/deliveries/{webhook_id}/redeliver", summary="Queue a dead or failed delivery again",
+             status_code=202, response_class=Response,
+             responses={202: {"description": "Queued again, with the same webhook-id and a fresh max age; no body."},
+                        **_errors({404: "No such delivery for this subscription.",
+                                   409: "The delivery is not dead or failed (pending, delivered or cancelled)."})})
+def redeliver(sub_id: SubscriptionId, webhook_id: WebhookId, request: Request) -> Response:
     service = _service(request)
     d = service.outbox.get(webhook_id)
     if d is None or d.subscription_id != sub_id:
