@@ -1,7 +1,8 @@
 """Run economics over HTTP: timeline, checkpoint interval advice, retention plan, goodput.
 
 Each handler loads the run's facts (``facts.py``) and calls one pure function of
-``healthsvc.economics``; see docs/economics.md for the response shapes and the formulas.
+``healthsvc.economics``; the response models (every field, with its unit) are in ``schemas.py``,
+the formulas in docs/economics.md.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from healthsvc.economics.goodput import compute_goodput
 from healthsvc.economics.retention import RetentionPolicy, plan_retention
 from healthsvc.economics.timeline import build_timeline
 from healthsvc.economics_service.facts import RunFacts, fleet_failures_and_exposure, load_run_facts
+from healthsvc.economics_service.schemas import AdviceOut, GoodputOut, RetentionOut, TimelineOut
 from healthsvc.errors import InvalidInput, NotFound
 
 router = APIRouter(prefix="/v1/runs", tags=["economics"])
@@ -39,25 +41,32 @@ def timeline_dict(facts: RunFacts, *, include_findings: bool = True, limit: int 
     return out
 
 
-@router.get("/{run_id}/timeline", summary="The run's attempts, restarts, world-size changes, checkpoints, "
-                                          "findings and incidents in time order")
+# ``truncated`` is in the answer only when ``limit`` cut entries: exclude_unset keeps it out otherwise.
+@router.get("/{run_id}/timeline", response_model=TimelineOut, response_model_exclude_unset=True,
+            summary="The run's attempts, restarts, world-size changes, checkpoints, findings and "
+                    "incidents in time order")
 def get_timeline(
     run_id: RunId, request: Request, store: StoreDep,
-    findings: Annotated[bool, Query(description="Include every stored finding as an entry.")] = True,
-    limit: Annotated[int | None, Query(ge=1, le=100_000, description="Only the newest this many entries.")] = None,
+    findings: Annotated[bool, Query(description="Include every stored finding as an entry (false: "
+                                                "only the run's shape and incidents).")] = True,
+    limit: Annotated[int | None, Query(ge=1, le=100_000, description="Only the newest this many "
+                                       "entries, count; the answer then has truncated=true.")] = None,
 ) -> dict:
     facts = _facts(request, store, run_id)
     return {"run_id": run_id, **timeline_dict(facts, include_findings=findings, limit=limit)}
 
 
-@router.get("/{run_id}/advice", summary="Checkpoint interval advice: observed C and M, Young and Daly optima, "
-                                        "current interval, expected overhead, warning")
+@router.get("/{run_id}/advice", response_model=AdviceOut,
+            summary="Checkpoint interval advice: observed C and M, Young and Daly optima, current "
+                    "interval, expected overhead, warning")
 def get_advice(
     run_id: RunId, request: Request, store: StoreDep,
     prior_mtbf_s: Annotated[float | None, Query(gt=0, description="Prior MTBF, seconds. Default: the "
                                                 "organisation-wide figure from other runs, else 8 h.")] = None,
-    pseudo_failures: Annotated[float, Query(gt=0, description="Weight of the prior, in failures.")] = 2.0,
-    warn_ratio: Annotated[float, Query(gt=1, description="Warn when current/optimum is above this or below its inverse.")] = 2.0,
+    pseudo_failures: Annotated[float, Query(gt=0, description="Weight of the prior, in failures "
+                                            "(may be fractional).")] = 2.0,
+    warn_ratio: Annotated[float, Query(gt=1, description="Warn when current/optimum interval is above "
+                                       "this ratio or below its inverse, unitless.")] = 2.0,
 ) -> dict:
     facts = _facts(request, store, run_id)
     if prior_mtbf_s is not None:
@@ -72,16 +81,20 @@ def get_advice(
     return {"run_id": run_id, **advice.to_dict()}
 
 
-@router.get("/{run_id}/retention", summary="Which checkpoints to keep and which may be deleted (a plan; "
-                                           "nothing is deleted)")
+@router.get("/{run_id}/retention", response_model=RetentionOut,
+            summary="Which checkpoints to keep and which may be deleted (a plan; nothing is deleted)")
 def get_retention(
     run_id: RunId, request: Request, store: StoreDep,
-    keep_recent: Annotated[int, Query(ge=0, description="Newest checkpoints kept densely.")] = 3,
-    sparse_base: Annotated[float, Query(gt=1, description="Older checkpoints: one per age bucket growing by this factor.")] = 2.0,
-    sparse_unit_steps: Annotated[int | None, Query(gt=0, description="Age unit of the buckets, steps. Default: median checkpoint gap.")] = None,
-    max_count: Annotated[int | None, Query(ge=0, description="Keep at most this many (guarantees win).")] = None,
-    max_bytes: Annotated[int | None, Query(ge=0, description="Keep at most this many bytes (guarantees win).")] = None,
-    lag_margin_factor: Annotated[float, Query(ge=1, description="Multiplier on the longest detection lag seen.")] = 1.5,
+    keep_recent: Annotated[int, Query(ge=0, description="Newest checkpoints kept densely, count.")] = 3,
+    sparse_base: Annotated[float, Query(gt=1, description="Older checkpoints: one per age bucket growing by this "
+                                        "factor, unitless.")] = 2.0,
+    sparse_unit_steps: Annotated[int | None, Query(gt=0, description="Age unit of the buckets, steps. Default: "
+                                                   "median checkpoint gap.")] = None,
+    max_count: Annotated[int | None, Query(ge=0, description="Keep at most this many checkpoints, count "
+                                           "(guarantees win).")] = None,
+    max_bytes: Annotated[int | None, Query(ge=0, description="Keep at most this much, bytes (guarantees win).")] = None,
+    lag_margin_factor: Annotated[float, Query(ge=1, description="Multiplier on the longest detection lag seen, "
+                                              "unitless.")] = 1.5,
     min_lag_window_steps: Annotated[int, Query(ge=0, description="Smallest lag window, steps.")] = 0,
 ) -> dict:
     try:
@@ -98,8 +111,9 @@ def get_retention(
             "corruptions": [c.to_dict() for c in facts.corruptions]}
 
 
-@router.get("/{run_id}/goodput", summary="Wall time split into productive work, checkpoint writes, restarts, "
-                                         "recomputation and progress lost to corruption")
+@router.get("/{run_id}/goodput", response_model=GoodputOut,
+            summary="Wall time split into productive work, checkpoint writes, restarts, "
+                    "recomputation and progress lost to corruption")
 def get_goodput(run_id: RunId, request: Request, store: StoreDep) -> dict:
     facts = _facts(request, store, run_id)
     goodput = compute_goodput(facts.attempts, facts.checkpoints, facts.corruptions)

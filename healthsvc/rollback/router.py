@@ -1,4 +1,5 @@
-"""Rollback target and active bisection over HTTP. Handlers are thin: see ``service.py``.
+"""Rollback target and active bisection over HTTP. Handlers are thin: see ``service.py``; the
+request and response models (fields, units) are in ``schemas.py``.
 
 - ``GET  /v1/runs/{run_id}/rollback``             where to resume from, and why
 - ``POST /v1/runs/{run_id}/bisection``            start (or restart) a bisection over checkpoints
@@ -9,30 +10,14 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
 
 from healthsvc.deps import RunId, StoreDep
 from healthsvc.errors import NotFound
 from healthsvc.rollback import service
+from healthsvc.rollback.schemas import (BisectionDeleted, BisectionOut, BisectionStartIn,
+                                        ProbeReportIn, RollbackOut)
 
 router = APIRouter(prefix="/v1/runs", tags=["rollback"])
-
-
-class BisectionStartIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    steps: list[int] | None = Field(
-        None, max_length=100_000,
-        description="Checkpoint steps to bisect. Default: the checkpoints inside the onset interval, "
-                    "widened to the rollback target and the first checkpoint after the interval.")
-    known_good: int | None = Field(None, description="A step known clean (listed steps at or before it count as good).")
-    known_bad: int | None = Field(None, description="A step known corrupted (listed steps at or after it count as bad).")
-
-
-class ProbeReportIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    step: int = Field(..., ge=0, description="The probed checkpoint's step (the proposed probe).")
-    good: bool = Field(..., description="True when the checkpoint holds no corrupted update.")
-    value: float | None = Field(None, description="The probe's own number (say, the loss of a fixed batch).")
 
 
 def _ctx(request: Request):
@@ -50,13 +35,15 @@ def _status(store, run_id: str, b) -> dict:
     return {"run_id": run_id, **service.bisection_status(b, ids, uris)}
 
 
-@router.get("/{run_id}/rollback", summary="The checkpoint to resume from, the onset estimate, the findings "
-                                          "it rests on, and the reason")
+@router.get("/{run_id}/rollback", response_model=RollbackOut,
+            summary="The checkpoint to resume from, the onset estimate, the findings it rests on, "
+                    "and the reason")
 def get_rollback(run_id: RunId, request: Request) -> dict:
     return service.decide(_ctx(request), run_id).to_dict(run_id)
 
 
-@router.post("/{run_id}/bisection", status_code=201, summary="Start a bisection over checkpoints")
+@router.post("/{run_id}/bisection", status_code=201, response_model=BisectionOut,
+             summary="Start a bisection over checkpoints")
 def start_bisection(run_id: RunId, body: BisectionStartIn, request: Request, store: StoreDep) -> dict:
     _require_run(store, run_id)
     job, ids, uris = service.start_bisection(_ctx(request), run_id, body.steps, body.known_good,
@@ -65,7 +52,8 @@ def start_bisection(run_id: RunId, body: BisectionStartIn, request: Request, sto
     return {"run_id": run_id, **service.bisection_status(b, ids, uris)}
 
 
-@router.get("/{run_id}/bisection", summary="The bisection's state and the next checkpoint to probe")
+@router.get("/{run_id}/bisection", response_model=BisectionOut,
+            summary="The bisection's state and the next checkpoint to probe")
 def get_bisection(run_id: RunId, store: StoreDep) -> dict:
     _require_run(store, run_id)
     b = service.load_bisection(store, run_id)
@@ -75,7 +63,8 @@ def get_bisection(run_id: RunId, store: StoreDep) -> dict:
     return _status(store, run_id, b)
 
 
-@router.post("/{run_id}/bisection/reports", summary="Report a probe: good or bad, with an optional value")
+@router.post("/{run_id}/bisection/reports", response_model=BisectionOut,
+             summary="Report a probe: good or bad, with an optional value")
 def report_probe(run_id: RunId, body: ProbeReportIn, request: Request, store: StoreDep) -> dict:
     _require_run(store, run_id)
     _, ids, _ = service.stored_checkpoints(store, run_id)
@@ -84,7 +73,8 @@ def report_probe(run_id: RunId, body: ProbeReportIn, request: Request, store: St
     return _status(store, run_id, b)
 
 
-@router.delete("/{run_id}/bisection", summary="Abandon the bisection (checkpoint verdicts stay)")
+@router.delete("/{run_id}/bisection", response_model=BisectionDeleted,
+               summary="Abandon the bisection (checkpoint verdicts stay)")
 def delete_bisection(run_id: RunId, store: StoreDep) -> dict:
     _require_run(store, run_id)
 
