@@ -99,8 +99,6 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
     app.state.ctx = ctx
     app.state.ready = False
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    if settings.ingest_fast_path:
-        app.add_middleware(IngestFastPath, ctx=ctx)  # added last = outermost: before everything else
     _install_error_handlers(app)
     app.include_router(ingest.router)
     app.include_router(runs.router)
@@ -111,6 +109,17 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
         importlib.import_module(name).install(app, ctx)
     _install_openapi(app)
     return app
+
+
+def create_asgi(settings: Settings | None = None, *, clock: Callable[[], float] = time.time):
+    """What ``healthsvc serve`` runs: the app, behind the ingest fast path unless it is off.
+
+    The fast path wraps the whole FastAPI app (framework middleware included) so a metrics push
+    costs no framework work at all; everything else goes through to FastAPI unchanged."""
+    app = create_app(settings, clock=clock)
+    if not app.state.settings.ingest_fast_path:
+        return app
+    return IngestFastPath(app, app.state.ctx)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

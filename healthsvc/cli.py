@@ -30,7 +30,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from healthsvc.app import create_app
+    from healthsvc.app import create_asgi
     from healthsvc.settings import Settings
 
     overrides = {k: v for k, v in {"db": args.db, "host": args.host, "port": args.port,
@@ -40,7 +40,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"healthsvc: serving on http://{settings.host}:{settings.port} (store {settings.db}); "
           f"API docs at /docs", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+    uvicorn.run(create_asgi(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
                 access_log=settings.access_log, timeout_graceful_shutdown=5)
     return 0
 

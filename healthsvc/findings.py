@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import orjson
@@ -96,13 +96,15 @@ class FindingsService:
             now = self.clock()
             stored = []
             for f in findings:
+                # What listeners see is what is stored: evidence with NaN as "NaN", never null.
+                f = replace(f, evidence=jsonable(f.evidence))
                 blamed_hosts = tuple(hosts.get(r) for r in f.ranks)
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO findings (run_id, attempt, kind, metric, ranks, hosts, step, status, severity,"
                     " score, onset_step, evidence, created_at, identity) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (run_id, attempt, f.kind, f.metric, orjson.dumps(list(f.ranks)), orjson.dumps(blamed_hosts),
                      int(f.step), f.status, f.severity, float(f.score), f.onset_step,
-                     orjson.dumps(jsonable(f.evidence)),  # a NaN in evidence stays "NaN", not null
+                     orjson.dumps(f.evidence),
                      now, _identity(attempt, f)))
                 if cur.rowcount:
                     stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f))

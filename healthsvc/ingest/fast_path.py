@@ -3,9 +3,10 @@
 Measured on this project's 2-core machine (bench/ingest.py): a bare uvicorn ASGI app answers
 about 10 k requests per CPU-second, the same trivial route through FastAPI's routing, dependency
 solving and middleware about 2 k. Trainers push small batches often, so this middleware answers
-the metrics push itself, before the framework, with the same code the documented FastAPI route
-runs (:func:`accept_metrics`). Everything else, and any request it does not recognise (a bad run
-id, another method), goes on to FastAPI. ``HEALTHSVC_INGEST_FAST_PATH=0`` turns it off.
+the metrics push itself, in front of the whole FastAPI app (see ``create_asgi``), with the same
+code the documented FastAPI route runs (:func:`accept_metrics`). Everything else, and any request
+it does not recognise (a bad run id, another method), goes on to FastAPI.
+``HEALTHSVC_INGEST_FAST_PATH=0`` turns it off.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response, StreamingResponse
 
 from healthsvc import encode, export
@@ -105,7 +105,8 @@ def list_checkpoints(run_id: RunId, store: StoreDep) -> list[dict]:
 
 @router.patch("/{run_id}/checkpoints/{checkpoint_id}", response_model=Ok,
               summary="Mark a checkpoint verified, bad or deleted")
-async def patch_checkpoint(run_id: RunId, checkpoint_id: int, body: CheckpointStatusIn, store: StoreDep) -> dict:
+async def patch_checkpoint(run_id: RunId, body: CheckpointStatusIn, store: StoreDep,
+                           checkpoint_id: Annotated[int, Path(description="The checkpoint's id (from GET .../checkpoints).")]) -> dict:
     changed = await asyncio.wrap_future(store.submit_checkpoint_status(run_id, checkpoint_id, body.status, body.note))
     if not changed:
         raise NotFound(f"run {run_id!r} has no checkpoint {checkpoint_id}", loc=("path", "checkpoint_id"))
