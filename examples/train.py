@@ -443,7 +443,9 @@ def main(argv: list[str] | None = None) -> int:
         # checkpoint, and the fault does not recur.
         survivors = cfg.world_size - 1
         print(f"exit codes {codes}: restarting with {survivors} ranks", flush=True)
-        restarted = dataclasses.replace(cfg, fault="none", resume=None,
+        # Not from the rollback target again: that was this launch's starting point, not a new
+        # rollback (asking again would post a second, spurious rollback event).
+        restarted = dataclasses.replace(cfg, fault="none", resume=None, resume_from_rollback=False,
                                         restart_reason=f"rank {cfg.fault_rank} left")
         codes = launch(restarted, survivors)
     return 0 if not any(codes) else 1
