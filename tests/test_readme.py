@@ -1,0 +1,50 @@
+"""The README is true: its quick-start commands are the ones CI runs and they work.
+
+`./dev test` is what `.ci/run` executes (this very suite); this test starts `./dev serve` the way
+the README says, on a free port and a temporary store, and waits for it to be ready."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from healthsvc.testing import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Quick start.*?```sh\n(.*?)```", readme, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["./dev serve", "./dev test"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "./dev test" in ci
+
+
+def test_dev_serve_starts_the_service(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([str(ROOT / "dev"), "serve", "--port", str(port), "--db", str(tmp_path / "q.db")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240  # the first run may install the server's dependencies
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError("./dev serve did not become ready")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/runs", timeout=5) as r:
+            assert r.read() == b"[]"
+        assert (tmp_path / "q.db").exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
