@@ -64,29 +64,43 @@ class RunState:
         self._grow(int(batch.ranks.max()))
         np.maximum.at(self.last_step, batch.ranks, batch.steps)
 
-    def changed_hosts(self, batch: MetricBatch) -> list[tuple[int, str]]:
-        """(rank, host) pairs that are new or differ from what the run knew; updates the map."""
+    def host_updates(self, batch: MetricBatch) -> list[tuple[int, str]]:
+        """(rank, host) pairs the batch brings that differ from what the run knows (the last
+        report of a rank wins). Reads only: apply them with :meth:`set_hosts`."""
         if batch.host_index is None or len(batch) == 0:
             return []
-        self._grow(int(batch.ranks.max()))
-        codes = np.empty(len(batch.host_names) + 1, dtype=np.int32)
-        codes[-1] = -1  # host_index -1 (absent) maps to "no host"
-        for i, name in enumerate(batch.host_names):
-            if name not in self.host_names:
-                self.host_names.append(name)
-            codes[i] = self.host_names.index(name)
-        batch_codes = codes[batch.host_index]
-        has = batch_codes >= 0
-        ranks, batch_codes = batch.ranks[has], batch_codes[has]
-        changed = batch_codes != self.host_code[ranks]
-        if not changed.any():
+        has = batch.host_index >= 0
+        if not has.any():
             return []
-        ranks, batch_codes = ranks[changed], batch_codes[changed]
-        self.host_code[ranks] = batch_codes
-        # The last report per rank wins.
-        uniq, idx = np.unique(ranks[::-1], return_index=True)
-        last = batch_codes[::-1][idx]
-        return [(int(r), self.host_names[int(c)]) for r, c in zip(uniq, last)]
+        ranks, idx = batch.ranks[has], batch.host_index[has]
+        uniq, pos = np.unique(ranks[::-1], return_index=True)
+        last = idx[::-1][pos]
+        lookup = self._host_lookup()
+        batch_codes = np.array([lookup.get(name, -2) for name in batch.host_names], dtype=np.int32)
+        known = np.full(len(uniq), -1, dtype=np.int32)
+        inside = uniq < len(self.host_code)
+        known[inside] = self.host_code[uniq[inside]]
+        changed = batch_codes[last] != known
+        return [(int(r), batch.host_names[int(i)]) for r, i in zip(uniq[changed], last[changed])]
+
+    def set_hosts(self, pairs: list[tuple[int, str]]) -> None:
+        if not pairs:
+            return
+        self._grow(max(r for r, _ in pairs))
+        lookup = self._host_lookup()
+        for rank, host in pairs:  # only ranks whose host changed: few after the first batch
+            code = lookup.get(host)
+            if code is None:
+                code = lookup[host] = len(self.host_names)
+                self.host_names.append(host)
+            self.host_code[rank] = code
+
+    def _host_lookup(self) -> dict[str, int]:
+        # Derived from host_names (not state); rebuilt when names were added elsewhere.
+        cached = getattr(self, "_lookup", None)
+        if cached is None or len(cached) != len(self.host_names):
+            cached = self._lookup = {name: i for i, name in enumerate(self.host_names)}
+        return cached
 
     def ranks_seen(self) -> np.ndarray:
         return np.flatnonzero(self.last_step >= 0)

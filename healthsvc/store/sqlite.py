@@ -175,45 +175,41 @@ class SQLiteStore:
             return IngestResult(run_id, n, True, st.attempt, False, None, now)
         if len(batch) == 0:
             return IngestResult(run_id, 0, False, st.attempt, False, None, now)
-        # The in-memory state changes only after the job succeeds, so work on a copy of what
-        # could change and swap it in at the end (a failed job leaves the state untouched).
-        attempt, start_step, last_step = st.attempt, st.start_step, st.last_step.copy()
-        progress = dict(st.attempt_progress), st.last_push
-        host_names, host_code = list(st.host_names), st.host_code.copy()
-        try:
-            new_attempt = st.needs_new_attempt(batch)
-            step_min, step_max = int(batch.steps.min()), int(batch.steps.max())
-            if new_attempt:
-                st.open_attempt(step_min)
-                conn.execute("INSERT INTO attempts VALUES (?, ?, ?, ?)", (run_id, st.attempt, step_min, now))
-            st.advance(batch)
-            changed = st.changed_hosts(batch)
-            if changed:
-                conn.executemany("INSERT OR REPLACE INTO hosts VALUES (?, ?, ?)",
-                                 [(run_id, r, h) for r, h in changed])
-            n_points = batch.n_points
-            cur = conn.execute(
-                "INSERT INTO chunks (run_id, attempt, step_min, step_max, n_records, n_points, fields, has_hosts,"
-                " received_at, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, st.attempt, step_min, step_max, len(batch), n_points, ",".join(batch.values),
-                 batch.host_index is not None, now, encode_chunk(batch)))
-            chunk_id = cur.lastrowid
-            if st.finished_ranks:  # a rank that said finish and reports again has resumed
-                st.finished_ranks.difference_update(np.unique(batch.ranks).tolist())
-            if st.finished:  # data after the run finished: it resumed
-                conn.execute("UPDATE runs SET status='running', finished_at=NULL, updated_at=? WHERE run_id=?",
-                             (now, run_id))
-                st.finished = False
-            # Per-attempt progress and the last push are derivable from the chunks: kept in memory,
-            # rebuilt from the chunks table on open, not written per batch.
-            st.record_push(step_max, len(batch), now)
-            if now - self._last_snapshot.get(run_id, 0.0) >= self.snapshot_every_s:
+        # First everything that can fail (the SQL), computed from the state without changing it;
+        # then the in-memory state, which cannot fail. A failed job leaves both untouched.
+        new_attempt = st.needs_new_attempt(batch)
+        attempt = st.attempt + 1 if new_attempt else st.attempt
+        step_min, step_max = int(batch.steps.min()), int(batch.steps.max())
+        hosts = st.host_updates(batch)
+        if new_attempt:
+            conn.execute("INSERT INTO attempts VALUES (?, ?, ?, ?)", (run_id, attempt, step_min, now))
+        if hosts:
+            conn.executemany("INSERT OR REPLACE INTO hosts VALUES (?, ?, ?)", [(run_id, r, h) for r, h in hosts])
+        cur = conn.execute(
+            "INSERT INTO chunks (run_id, attempt, step_min, step_max, n_records, n_points, fields, has_hosts,"
+            " received_at, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, attempt, step_min, step_max, len(batch), batch.n_points, ",".join(batch.values),
+             batch.host_index is not None, now, encode_chunk(batch)))
+        chunk_id = cur.lastrowid
+        if st.finished:  # data after the run finished: it resumed
+            conn.execute("UPDATE runs SET status='running', finished_at=NULL, updated_at=? WHERE run_id=?",
+                         (now, run_id))
+
+        if new_attempt:
+            st.open_attempt(step_min)
+        st.advance(batch)
+        st.set_hosts(hosts)
+        st.finished = False
+        if st.finished_ranks:  # a rank that said finish and reports again has resumed
+            st.finished_ranks.difference_update(np.unique(batch.ranks).tolist())
+        # Per-attempt progress and the last push are derivable from the chunks: kept in memory,
+        # rebuilt from the chunks table on open, not written per batch.
+        st.record_push(step_max, len(batch), now)
+        if now - self._last_snapshot.get(run_id, 0.0) >= self.snapshot_every_s:
+            try:
                 self._write_snapshot(conn, run_id, st)
-        except BaseException:
-            st.attempt, st.start_step, st.last_step = attempt, start_step, last_step
-            st.host_names, st.host_code = host_names, host_code
-            st.attempt_progress, st.last_push = progress
-            raise
+            except sqlite3.Error:  # a snapshot is an optimisation: never fail the batch for it
+                log.exception("snapshot of run %s failed; the next batch tries again", run_id)
         return IngestResult(run_id, len(batch), False, st.attempt, new_attempt, chunk_id, now, batch)
 
     def _write_snapshot(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> None:
@@ -244,7 +240,7 @@ class SQLiteStore:
                     st.open_attempt(attempts[(run_id, attempt)])
                 batch = decode_chunk(payload, fields=set())
                 st.advance(batch)
-                st.changed_hosts(batch)
+                st.set_hosts(st.host_updates(batch))
             st.finished = status == "finished"
             for attempt, last_step, n_records, last_push in conn.execute(
                     "SELECT attempt, max(step_max), sum(n_records), max(received_at) FROM chunks WHERE run_id=?"

@@ -1,0 +1,52 @@
+"""The ingest's per-run state: attempts from steps that go back, hosts by rank, snapshots."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.runstate import RunState
+
+
+def batch(steps, ranks, hosts=None):
+    b = MetricBatch(steps=np.asarray(steps), ranks=np.asarray(ranks))
+    if hosts is not None:
+        b.host_names = sorted({h for h in hosts if h is not None})
+        b.host_index = np.array([-1 if h is None else b.host_names.index(h) for h in hosts], dtype=np.int32)
+    return b
+
+
+def test_attempts_open_when_a_rank_repeats_a_step():
+    st = RunState("r")
+    first = batch([0, 0, 1, 1], [0, 1, 0, 1])
+    assert st.needs_new_attempt(first)          # the first data opens attempt 1
+    st.open_attempt(0)
+    st.advance(first)
+    assert not st.needs_new_attempt(batch([2], [0]))
+    assert not st.needs_new_attempt(batch([0], [5]))   # a new rank is not a restart
+    assert st.needs_new_attempt(batch([1], [1]))       # rank 1 already reported step 1
+
+
+def test_host_updates_are_read_only_and_the_last_report_wins():
+    st = RunState("r")
+    b = batch([0, 0, 1], [0, 1, 0], hosts=["a", "b", "c"])
+    updates = st.host_updates(b)
+    assert updates == [(0, "c"), (1, "b")] and st.host_of(0) is None
+    st.set_hosts(updates)
+    assert (st.host_of(0), st.host_of(1)) == ("c", "b")
+    assert st.host_updates(batch([2, 2], [0, 1], hosts=["c", None])) == []   # nothing new
+    assert st.host_updates(batch([3], [1], hosts=["a"])) == [(1, "a")]
+
+
+def test_snapshot_round_trip():
+    st = RunState("r")
+    st.open_attempt(10)
+    b = batch([10, 11], [3, 3], hosts=["n1", "n1"])
+    st.advance(b)
+    st.set_hosts(st.host_updates(b))
+    st.finished_ranks.add(3)
+    back = RunState.from_dict("r", json.loads(json.dumps(st.to_dict())))
+    assert back.attempt == 1 and back.start_step == 10 and back.max_step() == 11
+    assert back.host_of(3) == "n1" and back.finished_ranks == {3}
+    assert back.needs_new_attempt(batch([11], [3])) and not back.needs_new_attempt(batch([12], [3]))
