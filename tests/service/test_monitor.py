@@ -188,3 +188,29 @@ def test_non_finite_evidence_is_stored_as_strings_not_null(tmp_path):
         assert back.hosts == ("node0",) and back.id == stored.id
     finally:
         store.close()
+
+
+def test_service_downtime_is_not_the_ranks_silence(tmp_path):
+    env = {"HEALTHSVC_TICK_INTERVAL_S": "0.2", "HEALTHSVC_SNAPSHOT_EVERY_S": "0.5"}
+    server = ServerProcess(tmp_path / "down.db", env=env).start()
+    try:
+        with httpx.Client(base_url=server.url) as http:
+            http.put("/v1/runs/d", json={"world_size": 2, "hang_timeout_floor_s": 1.0})
+
+            def push(step):
+                http.post("/v1/runs/d/metrics", json={"records": [{"step": step, "rank": r, "loss": 1.0}
+                                                                  for r in range(2)]})
+            for step in range(40):  # 2 s of pushes: snapshots land meanwhile
+                push(step)
+                time.sleep(0.05)
+            server.kill()           # right after the last push: the ranks were not silent
+            time.sleep(3.0)       # the service is down for 3x the hang timeout
+            server.start()
+            time.sleep(0.5)         # a few ticks before the ranks are heard again (< the timeout)
+            for step in range(40, 80):
+                push(step)
+                time.sleep(0.05)
+            time.sleep(0.5)
+            assert findings(http, "d", kind="stall") == [] and findings(http, "d", kind="hang") == []
+    finally:
+        server.stop()
