@@ -28,6 +28,12 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
     """Scatter (step, rank) records into a dense steps x ranks block with presence masks.
 
     Later records win when a (step, rank) pair repeats."""
+    if len(steps) and steps[0] == steps[-1] and len(ranks) > 1 and (np.diff(ranks) > 0).all() \
+            and (steps == steps[0]).all():
+        # One step of distinct ranks in order (what a rank-0 aggregator sends): no sorting.
+        return StepBlock(steps=steps[:1], ranks=ranks,
+                         values={f: np.where(present[f], v, np.nan)[None, :] for f, v in values.items()},
+                         present={f: p[None, :] for f, p in present.items()})
     u_steps, si = np.unique(steps, return_inverse=True)
     u_ranks, ri = np.unique(ranks, return_inverse=True)
     shape = (len(u_steps), len(u_ranks))

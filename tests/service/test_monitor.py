@@ -214,3 +214,20 @@ def test_service_downtime_is_not_the_ranks_silence(tmp_path):
             assert findings(http, "d", kind="stall") == [] and findings(http, "d", kind="hang") == []
     finally:
         server.stop()
+
+
+def test_batch_to_block_fast_path_equals_the_general_scatter():
+    from healthsvc.monitor.aligner import batch_to_block
+    rng = np.random.default_rng(0)
+    ranks = np.arange(0, 64, 2)
+    values = {"loss": rng.standard_normal(len(ranks))}
+    values["loss"][3] = np.nan
+    present = {"loss": rng.random(len(ranks)) > 0.2}
+    fast = batch_to_block(np.full(len(ranks), 7), ranks, values, present)
+    shuffled = rng.permutation(len(ranks))   # same records, out of order: the general path
+    slow = batch_to_block(np.full(len(ranks), 7), ranks[shuffled], {"loss": values["loss"][shuffled]},
+                          {"loss": present["loss"][shuffled]})
+    assert fast.steps.tolist() == slow.steps.tolist() == [7]
+    assert fast.ranks.tolist() == slow.ranks.tolist()
+    assert np.array_equal(fast.present["loss"], slow.present["loss"])
+    assert np.array_equal(fast.values["loss"], slow.values["loss"], equal_nan=True)
