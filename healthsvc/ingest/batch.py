@@ -5,6 +5,7 @@ reported"). A NaN or infinity with ``present`` True is a real reported value: Na
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,9 +23,10 @@ class MetricBatch:
     def __len__(self) -> int:
         return len(self.steps)
 
-    @property
+    @functools.cached_property
     def n_points(self) -> int:
-        """Reported metric values (NaN included, missing excluded)."""
+        """Reported metric values (NaN included, missing excluded). Counted once: the store and
+        the ingest counters both ask."""
         return int(sum(int(p.sum()) for p in self.present.values()))
 
     def take(self, mask_or_index: np.ndarray) -> "MetricBatch":
