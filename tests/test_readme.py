@@ -48,3 +48,26 @@ def test_dev_serve_starts_the_service(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+
+
+def test_the_readme_webhook_settings_are_valid_settings(monkeypatch):
+    from healthsvc.alerting.subscription import Subscription
+    from healthsvc.settings import Settings
+
+    readme = (ROOT / "README.md").read_text()
+    value = re.search(r"export HEALTHSVC_ALERT_WEBHOOKS='(.*?)'", readme, re.S).group(1)
+    monkeypatch.setenv("HEALTHSVC_ALERT_WEBHOOKS", value)
+    subs = [Subscription.from_dict(d) for d in Settings().alert_webhooks]
+    assert [(s.id, s.format) for s in subs] == [("am", "alertmanager"), ("slack", "slack"), ("ops", "json")]
+
+
+def test_the_readme_restart_snippet_reads_the_uri_from_the_first_line(shared_server, shared_http):
+    shared_http.post("/v1/runs/readme-run/metrics", json={"records": [{"step": s, "rank": 0, "loss": 1.0}
+                                                                      for s in range(5)]})
+    shared_http.post("/v1/runs/readme-run/checkpoints", json={"step": 4, "uri": "file:///ckpt/4"})
+    readme = (ROOT / "README.md").read_text()
+    assert 'CKPT=$(healthsvc rollback "$RUN" | head -n 1)' in readme
+    import sys
+    out = subprocess.run([sys.executable, "-m", "healthsvc", "rollback", "readme-run", "--url", shared_server.url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == "file:///ckpt/4"
