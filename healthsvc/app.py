@@ -63,7 +63,8 @@ async def _call(hook: Hook) -> None:
 
 def create_app(settings: Settings | None = None, *, clock: Callable[[], float] = time.time) -> FastAPI:
     settings = settings or Settings()
-    store = SQLiteStore(settings.db, snapshot_every_s=settings.snapshot_every_s, clock=clock)
+    store = SQLiteStore(settings.db, snapshot_every_s=settings.snapshot_every_s,
+                        dedupe_window_s=settings.dedupe_window_s, clock=clock)
     metrics = ServiceMetrics(store.size_bytes)
     ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store),
                          findings=FindingsService(store, clock), clock=clock)

@@ -17,6 +17,7 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on (0 = any free port).")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024,
                                 description="Largest accepted request body, before and after gzip, bytes.")
+    dedupe_window_s: float = Field(3600.0, gt=0, description="How long a re-sent batch is recognised as a duplicate, seconds.")
     snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
     external_url: str = Field("", description="Public base URL of the service, for links in alerts.")
     ingest_fast_path: bool = Field(True, description="Serve metrics pushes below the web framework (same code, ~2x cheaper).")

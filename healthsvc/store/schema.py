@@ -24,6 +24,7 @@ CREATE TABLE IF NOT EXISTS batches (
     received_at REAL NOT NULL,
     PRIMARY KEY (run_id, digest)
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS batches_by_time ON batches (received_at);
 CREATE TABLE IF NOT EXISTS chunks (
     id          INTEGER PRIMARY KEY,
     run_id      TEXT NOT NULL,

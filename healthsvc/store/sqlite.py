@@ -64,10 +64,14 @@ def sqlite_path_from_uri(uri: str) -> str:
 
 
 class SQLiteStore:
-    def __init__(self, uri: str, *, snapshot_every_s: float = 5.0,
+    def __init__(self, uri: str, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.path = sqlite_path_from_uri(uri)
         self.snapshot_every_s = snapshot_every_s
+        # How long a batch's idempotency key is remembered: retries come within minutes, and one
+        # row per request kept forever would outgrow the data itself at thousands of ranks.
+        self.dedupe_window_s = dedupe_window_s
+        self._last_prune = 0.0
         self._clock = clock
         self._runs: dict[str, RunState] = {}
         self._last_snapshot: dict[str, float] = {}
@@ -205,6 +209,9 @@ class SQLiteStore:
         # Per-attempt progress and the last push are derivable from the chunks: kept in memory,
         # rebuilt from the chunks table on open, not written per batch.
         st.record_push(step_max, len(batch), now)
+        if now - self._last_prune >= min(60.0, self.dedupe_window_s / 4):
+            self._last_prune = now
+            conn.execute("DELETE FROM batches WHERE received_at < ?", (now - self.dedupe_window_s,))
         if now - self._last_snapshot.get(run_id, 0.0) >= self.snapshot_every_s:
             try:
                 self._write_snapshot(conn, run_id, st)

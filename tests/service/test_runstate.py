@@ -50,3 +50,23 @@ def test_snapshot_round_trip():
     assert back.attempt == 1 and back.start_step == 10 and back.max_step() == 11
     assert back.host_of(3) == "n1" and back.finished_ranks == {3}
     assert back.needs_new_attempt(batch([11], [3])) and not back.needs_new_attempt(batch([12], [3]))
+
+
+def test_idempotency_keys_are_forgotten_after_the_dedupe_window(tmp_path):
+    from healthsvc.store.sqlite import SQLiteStore
+    now = [1000.0]
+    store = SQLiteStore(str(tmp_path / "d.db"), dedupe_window_s=100.0, clock=lambda: now[0])
+    store.open()
+    try:
+        def push(step, digest):
+            return store.submit_metrics("r", batch([step], [0]), digest).result(10)
+
+        assert not push(0, "a").duplicate
+        now[0] += 50
+        assert push(0, "a").duplicate                      # a retry within the window
+        now[0] += 60
+        assert not push(1, "b").duplicate                  # this push prunes keys older than 100 s
+        count = store.read_conn().execute("SELECT count(*) FROM batches").fetchone()[0]
+        assert count == 1                                  # "a" (t=1000) is gone, "b" stays
+    finally:
+        store.close()
