@@ -2,7 +2,8 @@
 (``HEALTHSVC_MODE=offline`` or ``init(..., spool=PATH)``) to a running service.
 
 Re-running it after a partial failure is safe: metrics batches carry the ``batch_id`` they were
-spooled with, and the service stores a batch once. Exit status 0 when every line was sent, 1 when
+spooled with, and the service stores a batch once within its dedupe window
+(``HEALTHSVC_DEDUPE_WINDOW_S``, an hour by default; raise it on a service that takes late syncs). Exit status 0 when every line was sent, 1 when
 some were rejected or failed (the message says which), 2 when nothing could be read.
 """
 from __future__ import annotations
@@ -56,7 +57,7 @@ def sync(args: argparse.Namespace) -> int:
             print(f"    {err}", file=sys.stderr)
     print(f"synced {totals['sent']} of {totals['lines']} requests to {args.url}")
     if totals["failed"] or totals["rejected"] or totals["bad"]:
-        print("some requests were not accepted; fix the cause and run sync again (it does not duplicate data)",
+        print("some requests were not accepted; fix the cause and run sync again within the hour (it does not duplicate data)",
               file=sys.stderr)
         return 1
     return 0
