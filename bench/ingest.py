@@ -15,6 +15,7 @@ import argparse
 import io
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -26,7 +27,7 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from healthsvc.testing import ServerProcess  # noqa: E402
+from healthsvc.testing import ServerProcess, free_port  # noqa: E402
 
 FIELDS = ("loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time")
 RANKS_PER_STEP = 1024
@@ -119,6 +120,32 @@ def floor_case(server: ServerProcess, seconds: float, threads: int) -> float:
     return ok / cpu
 
 
+class BareASGI:
+    """uvicorn serving ``bench/bare_asgi.py``: the floor of any Python ASGI service here."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "bare_asgi:app", "--app-dir", os.path.dirname(os.path.abspath(__file__)),
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning", "--no-access-log"])
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/healthz", timeout=1)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise TimeoutError("bare uvicorn did not start")
+
+    cpu_seconds = ServerProcess.cpu_seconds  # the same /proc reading, by pid
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
 def read_back(db_path: str, server: ServerProcess, run_id: str) -> dict:
     from healthsvc.history import load_history
     from healthsvc.store.sqlite import SQLiteStore
@@ -157,6 +184,12 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="healthsvc-bench-")
     db = os.path.join(tmp, "bench.db")
     rows = []
+    # What uvicorn alone costs per request (no framework, no work): the ceiling of this stack.
+    bare = BareASGI()
+    try:
+        bare_floor = floor_case(bare, args.seconds, args.threads)
+    finally:
+        bare.stop()
     # Ingest alone (decode + durable store), as the foundation's targets are stated.
     server = ServerProcess(db, env={"HEALTHSVC_DETECT": "0"})
     server.start()
@@ -165,7 +198,7 @@ def main() -> None:
         for form in ("columns", "rows"):
             for n in (1, 64, 1024, 16384):
                 res = run_case(server, form, n, args.seconds, args.threads)
-                res["detect"] = "off"
+                res["service"] = "ingest"
                 rows.append(res)
                 print(f"  {form:7s} {n:6d} records/request: {res['points_per_cpu_s'] / 1e6:6.2f} M points/CPU-s,"
                       f" {res['requests_per_cpu_s']:8.0f} req/CPU-s", file=sys.stderr, flush=True)
@@ -177,23 +210,34 @@ def main() -> None:
     total_points = sum(r["requests"] * r["records"] * len(FIELDS) for r in rows) + \
         big["requests"] * big["records"] * len(FIELDS)
     size = sum(os.path.getsize(db + s) for s in ("", "-wal") if os.path.exists(db + s))
+    # The same pushes through the documented FastAPI route, without the ASGI fast path.
+    server = ServerProcess(os.path.join(tmp, "slow.db"), env={"HEALTHSVC_DETECT": "0", "HEALTHSVC_INGEST_FAST_PATH": "0"})
+    server.start()
+    try:
+        for form, n in (("columns", 1), ("columns", 1024)):
+            res = run_case(server, form, n, args.seconds, args.threads)
+            res["service"] = "ingest, fast path off"
+            rows.append(res)
+    finally:
+        server.stop()
     # The same service with every detector running on what it ingests.
     server = ServerProcess(os.path.join(tmp, "detect.db"))
     server.start()
     try:
         for form, n in (("columns", 1), ("columns", 1024), ("rows", 1024)):
             res = run_case(server, form, n, args.seconds, args.threads)
-            res["detect"] = "on"
+            res["service"] = "ingest + detectors"
             rows.append(res)
     finally:
         server.stop()
 
-    print(f"\nHTTP floor (GET /healthz): {floor:,.0f} requests / server CPU-s")
-    print("\n| form | records/request | detectors | requests | M points / wall-s | M points / server CPU-s "
+    print(f"\nbare uvicorn ASGI app: {bare_floor:,.0f} requests / server CPU-s")
+    print(f"GET /healthz through FastAPI: {floor:,.0f} requests / server CPU-s")
+    print("\n| form | records/request | service | requests | M points / wall-s | M points / server CPU-s "
           "| requests / server CPU-s | raw decode M points / CPU-s | ingest ÷ decode |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['form']} | {r['records']:,} | {r['detect']} | {r['requests']:,} | {r['points_per_wall_s'] / 1e6:.2f} "
+        print(f"| {r['form']} | {r['records']:,} | {r['service']} | {r['requests']:,} | {r['points_per_wall_s'] / 1e6:.2f} "
               f"| {r['points_per_cpu_s'] / 1e6:.2f} | {r['requests_per_cpu_s']:,.0f} "
               f"| {r['decode_points_per_cpu_s'] / 1e6:.1f} | {r['points_per_cpu_s'] / r['decode_points_per_cpu_s']:.2f} |")
     print(f"\nstorage: {size / total_points:.2f} bytes per point ({total_points:,} points, {size / 1e6:.1f} MB file)")
