@@ -70,3 +70,19 @@ class StepBlock:
         values = {m: np.asarray(v, dtype=np.float64) for m, v in metrics.items()}
         return cls(steps=np.asarray(steps), ranks=np.asarray(ranks), values=values,
                    present={m: np.ones(v.shape, dtype=bool) for m, v in values.items()})
+
+
+def trainer_time(block: StepBlock) -> np.ndarray:
+    """Per step, the trainer's clock (``ts``, seconds): the latest ``ts`` any rank reported for
+    that step; NaN where none did (or the records carry no ``ts``). Timing detectors judge how long
+    something lasted by it, so a replay or a backlog that arrives compressed is judged by when the
+    steps really ran."""
+    if "ts" not in block.values:
+        return np.full(block.n_steps, np.nan)
+    ts = np.where(block.present["ts"], block.values["ts"], np.nan)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(ts).any(axis=1)
+        out = np.full(block.n_steps, np.nan)
+        if ok.any():
+            out[ok] = np.nanmax(ts[ok], axis=1)
+    return out

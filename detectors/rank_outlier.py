@@ -6,9 +6,13 @@ norm should sit, on average, where its peers' do; and the global gradient norm a
 all-reduce should be the very same number on every rank.
 
 **Distribution metrics** (``metrics``, default ``local_grad_norm`` and ``loss``): each step, each
-rank's value in log space becomes a cross-rank robust z against that step's median and IQR-based
-sd (estimated on at most ``max_reference_ranks`` ranks chosen by id), clipped to ``±z_clip`` so one
-wild step counts as a few sds, not a thousand. A per-rank exponentially weighted mean of that z
+rank's value in log space is compared with that step's cross-rank median (estimated on at most
+``max_reference_ranks`` ranks chosen by id) and judged by the rank's own history of deviating from
+its peers (:class:`~detectors.peers.PeerDeviation`: its usual offset and spread, learned over
+``warmup_steps`` values and then slowly): a z in the rank's own sds, so normal offsets are not
+outliers and any world size from 2 up needs no tuning. It is clipped to ``±z_clip`` so one wild
+step counts as a few sds, not a thousand. With two ranks the deviations mirror each other; the
+rank above its usual place is the suspect. A per-rank exponentially weighted mean of that z
 (gain ``1 / window_steps``) is the evidence: under the null it stays within about
 ``sqrt(1 / (2 window_steps))`` sds of zero (0.07 for 100 steps); a rank whose mean passes
 ``z_warning`` in either direction fires ``warning``, past ``z_critical`` ``critical``; it resolves
@@ -30,7 +34,7 @@ the weighted share of disagreeing steps; both clipped to [0, 1].
 >>> from detectors.simulate import simulate_run, CorruptRank
 >>> run = simulate_run(n_steps=1_000, n_ranks=32, seed=2, faults=[CorruptRank(step=600, rank=9)])
 >>> [(f.metric, f.step, f.ranks, f.severity, f.onset_step) for f in RankOutlierDetector().update(run.block)]
-[('local_grad_norm', 612, (9,), 'warning', 606), ('local_grad_norm', 642, (9,), 'critical', 606)]
+[('local_grad_norm', 611, (9,), 'warning', 606), ('local_grad_norm', 641, (9,), 'critical', 606)]
 """
 from __future__ import annotations
 
@@ -42,8 +46,9 @@ import numpy as np
 from detectors.base import Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
+from detectors.peers import PeerDeviation
 from detectors.robust import (RankTable, cross_section, excess_score, hysteresis, last_step_where,
-                              ReferenceRanks, ewma_rows, run_length)
+                              log_positive, ReferenceRanks, ewma_rows, run_length)
 
 _NEVER = -(2 ** 62)   # "no quiet step seen yet"
 
@@ -58,7 +63,8 @@ class RankOutlierDetector(Detector):
     window_steps: memory of the per-rank weighted means, in judged steps (gain 1 / window_steps).
     z_warning, z_critical: weighted-mean z (cross-rank robust sds) for warning and critical.
     z_clip: per-step z is clipped to +-z_clip before averaging.
-    min_scale: floor of the cross-rank sd, log units (0.01 ~ 1 %): identical values are not
+    min_scale: floor of a rank's own sd of deviating from its peers, log units (0.01 ~ 1 %):
+        identical values are not
         outliers of each other because of rounding.
     rel_tol: relative difference from the median at which a global value disagrees.
     patience_steps: consecutive disagreements (equivalently weighted share) to fire for globals.
@@ -66,7 +72,8 @@ class RankOutlierDetector(Detector):
         (0.5 = about half of the recent window; a constant disagreement gets there in ~70 steps).
     escalate_steps: observed steps an episode lasts before it turns critical.
     max_reference_ranks: ranks (chosen by id) used for the per-step median and sd.
-    min_ranks: fewest reporting ranks for a step to be judged.
+    min_ranks: fewest reporting ranks for a step to be judged (2: any job with peers).
+    warmup_steps: values of a rank learned (its usual offset and spread) before it is judged.
     stride_steps: judge only steps divisible by this (None: 1 up to 2,048 ranks, then
         ceil(ranks / 2048), so 16k ranks are judged every 8th step). The window and the
         patience count judged steps (so detection takes ``stride`` times longer), escalate_steps
@@ -80,8 +87,10 @@ class RankOutlierDetector(Detector):
                  z_warning: float = 0.6, z_critical: float = 2.0, z_clip: float = 6.0,
                  min_scale: float = 0.01, rel_tol: float = 1e-3, patience_steps: int = 3,
                  global_critical_share: float = 0.5, escalate_steps: int = 300,
-                 max_reference_ranks: int = 256, min_ranks: int = 8,
+                 max_reference_ranks: int = 256, min_ranks: int = 2, warmup_steps: int = 50,
                  stride_steps: int | None = None) -> None:
+        if min_ranks < 2:
+            raise ValueError(f"min_ranks must be >= 2 (a rank needs a peer), got {min_ranks}")
         self.metrics, self.global_metrics = tuple(metrics), tuple(global_metrics)
         self.window_steps = window_steps
         self.z_warning, self.z_critical, self.z_clip = z_warning, z_critical, z_clip
@@ -90,6 +99,7 @@ class RankOutlierDetector(Detector):
         self.escalate_steps = escalate_steps
         self.max_reference_ranks, self.min_ranks = max_reference_ranks, min_ranks
         self.stride_steps = stride_steps
+        self.warmup_steps = warmup_steps
         self._alpha, self._escalate_rows = 1.0 / window_steps, escalate_steps
         super().__init__()
 
@@ -97,6 +107,8 @@ class RankOutlierDetector(Detector):
         self._reference = ReferenceRanks(self.max_reference_ranks)
         fields = {"mean": np.float32(0.0), "active": False, "critical": False, "run": 0, "quiet": _NEVER}
         self._tables = {m: RankTable(fields) for m in (*self.metrics, *self.global_metrics)}
+        self._peers = {m: PeerDeviation(warmup_steps=self.warmup_steps, min_scale=self.min_scale)
+                       for m in self.metrics}
 
     def stride_for(self, n_ranks: int) -> int:
         """Judge every k-th step (by step number): ``stride_steps``, or by default 1 up to 2,048
@@ -137,26 +149,29 @@ class RankOutlierDetector(Detector):
 
     def _distribution(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
         x, present = block.values[metric], block.present[metric]
-        # float32 halves the memory traffic of the passes over all ranks; z-scores need no more.
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            z = np.log(x, dtype=np.float32)   # invalid cells (missing, <= 0, inf) masked below
-        ref_valid = present[:, ref] & np.isfinite(z[:, ref])
-        centre, scale, count = cross_section(z[:, ref], ref_valid, None, self.min_ranks)
-        z -= centre.astype(np.float32)[:, None]
-        z *= (1.0 / np.maximum(scale, self.min_scale)).astype(np.float32)[:, None]
-        # Fast path (the usual case): every cell reported and finite, every row judged.
-        if present.all() and np.isfinite(z).all():
-            judged = None
+        y, valid = log_positive(x, present)
+        centre, count = PeerDeviation.centre(y, valid, ref)
+        peer_centre = np.where(count >= self.min_ranks, centre, np.nan)
+        # Each rank against its peers, in its own sds of deviating from them: normal offsets are
+        # learned, and a 2-rank job is judged as well as a 16k-rank one.
+        z, _ = self._peers[metric].update(y, valid, block.ranks, ref, centre=(peer_centre, count))
+        judged = np.isfinite(z)
+        if judged.all():
+            judged_mask = None
         else:
-            with np.errstate(invalid="ignore"):
-                judged = present & np.isfinite(z) & (count >= self.min_ranks)[:, None]
-            np.copyto(z, 0.0, where=~judged)
-        np.clip(z, -self.z_clip, self.z_clip, out=z)
+            judged_mask = judged
+            z = np.where(judged, z, 0.0)
+        z = np.clip(z, -self.z_clip, self.z_clip).astype(np.float32)
         table = self._tables[metric]
         pos = table.positions(block.ranks)
-        means = ewma_rows(z, judged, self._alpha, table["mean"][pos])
+        means = ewma_rows(z, judged_mask, self._alpha, table["mean"][pos])
         table["mean"][pos] = means[-1]
-        return self._judge(block, metric, pos, np.abs(means), means, np.arange(block.n_ranks), judged,
+        size = np.abs(means)
+        if block.n_ranks == 2:
+            # Two ranks mirror each other: the one above its usual place is the suspect (a
+            # corrupted replica's loss and gradient norm go up).
+            size = np.where(means > 0, size, 0.0)
+        return self._judge(block, metric, pos, size, means, np.arange(block.n_ranks), judged_mask,
                            self.z_warning, self.z_critical, centre=centre, signed=True)
 
     def _global(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
@@ -266,9 +281,13 @@ class RankOutlierDetector(Detector):
 
     # -------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        return {m: t.state_dict() for m, t in self._tables.items()}
+        return {**{m: t.state_dict() for m, t in self._tables.items()},
+                "peers": {m: p.state_dict() for m, p in self._peers.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for m, t in self._tables.items():
             if m in state:
                 t.load_state_dict(state[m])
+        for m, p in self._peers.items():
+            if m in state.get("peers", {}):
+                p.load_state_dict(state["peers"][m])

@@ -15,7 +15,8 @@ step-by-step recursion would carry.
   machines with a carry from the previous block.
 - :func:`ewma_rows` — an exponentially weighted mean per rank that skips missing cells.
 - :class:`RobustTrend` — a scalar level + trend baseline in log space (Holt's linear smoothing
-  with a robust scale and warm-up) that a detector feeds only the values it judged normal.
+  with a robust scale and warm-up): its level learns only values a detector judged normal, its
+  scale also the others, clipped (:meth:`RobustTrend.learn_scale`).
 - :func:`excess_score` — the common score scale: 0 at the firing threshold, 1 at the level the
   detector calls as bad as it gets.
 """
@@ -342,6 +343,16 @@ class RobustTrend:
         self.trend = self.trend + a * self.beta * r
         self.mean_abs += sa * (abs(r) - self.mean_abs)
         self.n += 1
+
+    def learn_scale(self, y: float) -> None:
+        """Learn only the scale from ``y`` (clipped), leaving level and trend alone: a value judged
+        anomalous still says how noisy the series is, so the scale cannot shrink to its floor by
+        learning only the values below the threshold."""
+        if self.n < 2:
+            return
+        r = y - (self.level + self.trend)
+        lim = self.clip * self.sd()
+        self.mean_abs += self.scale_alpha * (min(abs(r), lim) - self.mean_abs)
 
     def restart(self, y: float) -> None:
         """Re-anchor the level at ``y`` (after a lasting shift), keeping the learned scale."""

@@ -13,7 +13,14 @@ Maths, per step ``t`` (sequential over steps; the only per-rank work is one medi
   inflate it).
 
 It fires when ``S >= cusum_h`` and ``ratio >= min_ratio``; the onset is the first step of that
-CUSUM run. While in control (``S == 0``) the baseline follows slow drift (``baseline_alpha`` per
+CUSUM run. **A shift must last to matter**: when the records carry ``ts`` (the trainer's clock), the
+first finding is ``info`` (recorded, no page) and the episode becomes a ``warning`` (or
+``critical``) only once the job has been slow without a break for ``min_duration_s`` of trainer
+time (an EWMA of ``m - mu``, gain 0.1, above ``log(min_ratio)`` all along; it breaks below
+``log(resolve_ratio)``), so a blip
+of a few seconds on a shared machine never pages, while a replay or backlog that arrives compressed
+is judged by when the steps ran, not when they arrived. Without ``ts`` the first finding already
+carries the severity. While in control (``S == 0``) the baseline follows slow drift (``baseline_alpha`` per
 step). It resolves once the median of the last ``resolve_steps`` steps is below
 ``resolve_ratio`` times the baseline. Severity: ``critical`` from ``critical_ratio`` on, else
 ``warning``; ``score = (ratio - min_ratio) / (critical_ratio - min_ratio)`` clipped to [0, 1].
@@ -24,7 +31,7 @@ straggler names the cause.
 Example (every rank's step time 1.25x from step 400)::
 
     >>> import numpy as np
-    >>> from detectors.frame import StepBlock
+    >>> from detectors.frame import StepBlock, trainer_time
     >>> rng = np.random.default_rng(0)
     >>> st = 0.5 * np.exp(rng.normal(0, 0.01, (800, 8))) * np.where(np.arange(800) >= 400, 1.25, 1.0)[:, None]
     >>> out = SlowdownDetector().update(StepBlock.from_dense(np.arange(800), np.arange(8), step_time=st))
@@ -41,7 +48,7 @@ import numpy as np
 
 from detectors.base import Detector
 from detectors.finding import Finding
-from detectors.frame import StepBlock
+from detectors.frame import StepBlock, trainer_time
 
 
 class SlowdownDetector(Detector):
@@ -64,6 +71,7 @@ class SlowdownDetector(Detector):
         baseline_alpha: float = 0.002,
         scale_floor: float = 0.01,
         max_reference_ranks: int = 512,
+        min_duration_s: float = 300.0,
     ) -> None:
         if not 1.0 < resolve_ratio < min_ratio < critical_ratio:
             raise ValueError("need 1 < resolve_ratio < min_ratio < critical_ratio, got "
@@ -81,6 +89,7 @@ class SlowdownDetector(Detector):
         self.baseline_alpha = baseline_alpha
         self.scale_floor = scale_floor
         self.max_reference_ranks = max_reference_ranks
+        self.min_duration_s = min_duration_s
         super().__init__()
 
     def _reset(self) -> None:
@@ -93,10 +102,14 @@ class SlowdownDetector(Detector):
         self._run_start = 0
         self._firing = False
         self._since_fire = 0
+        self._onset_ts: float | None = None   # trainer time at the onset of the run
+        self._level = 0.0                      # EWMA of m - mu (log units)
+        self._slow_since: float | None = None  # trainer time since which the level stayed slow
+        self._pending: dict[str, Any] | None = None   # an info episode waiting to last
         self._ref_cols: np.ndarray | None = None   # cached positions of the reference subset
 
     _FIELDS = ("seen", "window", "mu", "sigma", "cusum", "recent", "run_start", "firing",
-               "since_fire")
+               "since_fire", "onset_ts", "pending", "level", "slow_since")
 
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, "_" + name) for name in self._FIELDS}
@@ -104,7 +117,8 @@ class SlowdownDetector(Detector):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reset()
         for name in self._FIELDS:
-            setattr(self, "_" + name, state[name])
+            if name in state:
+                setattr(self, "_" + name, state[name])
         self._window = [float(x) for x in self._window]
         self._recent = [float(x) for x in self._recent]
 
@@ -138,16 +152,17 @@ class SlowdownDetector(Detector):
         if block.n_steps == 0 or block.n_ranks == 0 or "step_time" not in block.values:
             return []
         logs = self._log_medians(block)
+        ts = trainer_time(block)
         out: list[Finding] = []
-        for step, m in zip(block.steps.tolist(), logs.tolist()):
+        for step, m, t in zip(block.steps.tolist(), logs.tolist(), ts.tolist()):
             if m != m:  # NaN: nobody reported this step
                 continue
-            finding = self._step(step, m)
+            finding = self._step(step, m, None if t != t else t)
             if finding is not None:
                 out.append(finding)
         return out
 
-    def _step(self, step: int, m: float) -> Finding | None:
+    def _step(self, step: int, m: float, ts: float | None = None) -> Finding | None:
         self._seen += 1
         if self._mu is None:
             if self._seen > self.warmup_steps:
@@ -165,12 +180,29 @@ class SlowdownDetector(Detector):
             del self._recent[0]
         excess = m - self._mu
         z = min(excess / self._sigma, self.z_clip)
+        was_zero = self._cusum == 0.0
         self._cusum = max(self._cusum + z - self.cusum_k, 0.0)
+        if was_zero and self._cusum > 0.0:
+            self._onset_ts = ts
+        self._level += 0.1 * (excess - self._level)
+        if self._level >= math.log(self.min_ratio):
+            if self._slow_since is None:
+                self._slow_since = ts
+        elif self._level < math.log(self.resolve_ratio):
+            self._slow_since = None
         if self._cusum == 0.0:
             self._run_start = step + 1
+            self._onset_ts = None
+            if self._pending is not None:     # the shift ended before it mattered
+                self._pending = None
+                return Finding(kind=self.kind, step=step, severity="info", metric="step_time",
+                               status="resolved", evidence={"reason": "ended before min_duration_s",
+                                                            "min_duration_s": self.min_duration_s})
             if not self._firing:
                 # Follow slow drift only while in control, with the clipped excess.
                 self._mu += self.baseline_alpha * max(-self.z_clip, z) * self._sigma
+        if self._pending is not None:
+            return self._promote(step, m, ts)
         if self._firing:
             self._since_fire += 1
             if self._since_fire < self.resolve_steps:
@@ -190,11 +222,36 @@ class SlowdownDetector(Detector):
         ratio = math.exp(statistics.median(self._recent[-n_run:]) - self._mu)
         if ratio < self.min_ratio:
             return None
+        if ts is not None and (self._slow_since is None or ts - self._slow_since < self.min_duration_s):
+            # Recorded now; a page only if it lasts (see _promote).
+            self._pending = {"onset": self._run_start}
+            return self._finding(step, m, ratio, n_run, "info", ts)
         self._firing, self._since_fire = True, 0
+        return self._finding(step, m, ratio, n_run, self._severity(ratio), ts)
+
+    def _severity(self, ratio: float) -> str:
+        return "critical" if ratio >= self.critical_ratio else "warning"
+
+    def _promote(self, step: int, m: float, ts: float | None) -> Finding | None:
+        """An info episode becomes a page once it has lasted ``min_duration_s`` (and still has
+        the size to matter)."""
+        if ts is None or self._slow_since is None or ts - self._slow_since < self.min_duration_s:
+            return None
+        n_run = min(max(1, step - self._run_start + 1), len(self._recent))
+        ratio = math.exp(statistics.median(self._recent[-n_run:]) - self._mu)
+        if ratio < self.min_ratio:
+            return None
+        self._pending = None
+        self._firing, self._since_fire = True, 0
+        return self._finding(step, m, ratio, n_run, self._severity(ratio), ts)
+
+    def _finding(self, step: int, m: float, ratio: float, n_run: int, severity: str,
+                 ts: float | None) -> Finding:
         score = min(1.0, max(0.0, (ratio - self.min_ratio) / (self.critical_ratio - self.min_ratio)))
-        return Finding(
-            kind=self.kind, step=step, severity="critical" if ratio >= self.critical_ratio else "warning",
-            score=round(score, 4), metric="step_time", onset_step=self._run_start,
-            evidence={"ratio": round(ratio, 4), "baseline_s": round(math.exp(self._mu), 6),
-                      "median_s": round(math.exp(m), 6), "sigma_log": round(self._sigma, 5),
-                      "cusum": round(self._cusum, 2), "steps_since_onset": n_run})
+        evidence = {"ratio": round(ratio, 4), "baseline_s": round(math.exp(self._mu), 6),
+                    "median_s": round(math.exp(m), 6), "sigma_log": round(self._sigma, 5),
+                    "cusum": round(self._cusum, 2), "steps_since_onset": n_run}
+        if ts is not None and self._slow_since is not None:
+            evidence.update(slow_for_s=round(ts - self._slow_since, 3), min_duration_s=self.min_duration_s)
+        return Finding(kind=self.kind, step=step, severity=severity, score=round(score, 4),
+                       metric="step_time", onset_step=self._run_start, evidence=evidence)

@@ -26,7 +26,12 @@ Maths, per step ``t`` and rank ``r`` (vectorised over ranks, sequential over ste
   by ``S > 0``, which keeps the per-step cost at a few passes over the ranks.)
 
 A rank fires when ``S >= cusum_h`` and ``ratio_hat >= min_ratio``; the onset is the first step
-of that CUSUM run (``step - n + 1``: exact unless values were missing inside the run). While it
+of that CUSUM run. **It must last to page**: when the records carry ``ts`` (the trainer's clock),
+that first finding is ``info`` (the rank is named at once, no page) and a ``warning`` (or
+``critical``) follows once the rank is still slow (fast EWMA of its ratio at least ``min_ratio``)
+``min_duration_s`` of trainer time later, so scheduling noise on a shared machine never pages and a
+replay or backlog that arrives compressed is judged by when the steps ran. Without ``ts`` the first
+finding carries the severity (``step - n + 1``: exact unless values were missing inside the run). While it
 fires, a fast EWMA of ``ratio`` (``resolve_alpha``) follows recovery: it resolves once that EWMA
 stays under ``resolve_ratio`` for ``resolve_steps`` consecutive observations. Severity is
 ``critical`` from ``critical_ratio`` on, else ``warning`` (decided when it fires; it does not
@@ -48,7 +53,7 @@ import numpy as np
 
 from detectors.base import Detector
 from detectors.finding import Finding
-from detectors.frame import StepBlock
+from detectors.frame import StepBlock, trainer_time
 
 SOURCES: tuple[str, ...] = ("compute_time", "comm_time", "step_time")
 
@@ -62,8 +67,8 @@ class StragglerDetector(Detector):
         self,
         min_ratio: float = 1.05,
         critical_ratio: float = 1.5,
-        cusum_k: float = 1.5,
-        cusum_h: float = 30.0,
+        cusum_k: float = 1.0,
+        cusum_h: float = 20.0,
         z_clip: float = 6.0,
         level_alpha: float = 0.02,
         resolve_alpha: float = 0.1,
@@ -74,6 +79,7 @@ class StragglerDetector(Detector):
         scale_floor: float = 0.005,
         min_ranks: int = 4,
         max_reference_ranks: int = 512,
+        min_duration_s: float = 30.0,
     ) -> None:
         if not 1.0 < resolve_ratio < min_ratio < critical_ratio:
             raise ValueError("need 1 < resolve_ratio < min_ratio < critical_ratio, got "
@@ -94,6 +100,7 @@ class StragglerDetector(Detector):
         self.scale_floor = scale_floor
         self.min_ranks = min_ranks
         self.max_reference_ranks = max_reference_ranks
+        self.min_duration_s = min_duration_s
         super().__init__()
 
     # ------------------------------------------------------------------------------ state
@@ -107,12 +114,14 @@ class StragglerDetector(Detector):
         self._firing = np.zeros(0, dtype=bool)
         self._source = np.zeros(0, dtype=np.int8)      # index into SOURCES of the open finding
         self._below = np.zeros(0, dtype=np.int64)      # consecutive observations under resolve
+        self._fire_ts = np.zeros(0)                    # trainer time when it fired (-1: unknown)
+        self._paged = np.zeros(0, dtype=bool)          # the open episode reached warning
         self._warm = True                              # every known rank is past warm-up
         self._ref_cols: np.ndarray | None = None       # cached reference subset positions
         self._last_ids: np.ndarray | None = None       # the ids array of the last full block
 
     _ARRAYS = ("_ids", "_cusum", "_run_level", "_run_count", "_recent", "_n_obs", "_firing",
-               "_source", "_below")
+               "_source", "_below", "_fire_ts", "_paged")
 
     def state_dict(self) -> dict[str, Any]:
         return {name[1:]: getattr(self, name).tolist() for name in self._ARRAYS}
@@ -120,7 +129,11 @@ class StragglerDetector(Detector):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reset()
         for name in self._ARRAYS:
-            setattr(self, name, np.asarray(state[name[1:]], dtype=getattr(self, name).dtype))
+            if name[1:] in state:
+                setattr(self, name, np.asarray(state[name[1:]], dtype=getattr(self, name).dtype))
+        n = len(self._ids)
+        if len(self._fire_ts) != n:       # a state saved before these fields existed
+            self._fire_ts, self._paged = np.full(n, -1.0), self._firing.copy()
         self._warm = bool((self._n_obs >= self.warmup_steps).all())
 
     def _grow(self, ids: np.ndarray) -> None:
@@ -128,7 +141,8 @@ class StragglerDetector(Detector):
         merged = np.union1d(self._ids, ids)
         old = np.searchsorted(merged, self._ids)
         defaults = {"_cusum": 0.0, "_run_level": 0.0, "_run_count": 0.0, "_recent": 1.0,
-                    "_n_obs": 0, "_firing": False, "_source": 0, "_below": 0}
+                    "_n_obs": 0, "_firing": False, "_source": 0, "_below": 0,
+                    "_fire_ts": -1.0, "_paged": False}
         for name, fill in defaults.items():
             cur = getattr(self, name)
             arr = np.full(len(merged), fill, dtype=cur.dtype)
@@ -239,6 +253,7 @@ class StragglerDetector(Detector):
         pos = None if same else np.searchsorted(self._ids, ids)
         self._last_ids = ids if same else None
 
+        ts = trainer_time(block)
         v, ok, src = self._timings(block)
         med, scale, usable = self._reference(v, ok)
         if usable is not None:
@@ -316,17 +331,19 @@ class StragglerDetector(Detector):
             col = _Column(cusum=float(s0), level=float(l0),
                           count=float(c0), firing=bool(self._firing[k]),
                           below=int(self._below[k]), source=int(self._source[k]),
-                          recent=float(self._recent[k]))
+                          recent=float(self._recent[k]), fire_ts=float(self._fire_ts[k]),
+                          paged=bool(self._paged[k]))
             # The same elementwise arithmetic as the loop above, for one column.
             y_col = np.minimum(v[:, j] * a_y + b_y, cap)
             if okf is not None:
                 y_col *= okf[:, j]
             ok_col = np.ones(n, dtype=bool) if ok is None else ok[:, j]
             findings += self._replay(col, int(ids[j]), block.steps, y_col, v[:, j] * a_g,
-                                     ok_col, v[:, j], med, src)
+                                     ok_col, v[:, j], med, src, ts)
             cusum[j], level[j], run_count[j] = col.cusum, col.level, col.count
             self._firing[k], self._below[k] = col.firing, col.below
             self._source[k], self._recent[k] = col.source, col.recent
+            self._fire_ts[k], self._paged[k] = col.fire_ts, col.paged
 
         if pos is not None:
             self._cusum[pos], self._run_level[pos], self._run_count[pos] = cusum, level, run_count
@@ -338,7 +355,7 @@ class StragglerDetector(Detector):
 
     def _replay(self, col: "_Column", rank: int, steps: np.ndarray, y: np.ndarray,
                 gain: np.ndarray, ok: np.ndarray, v: np.ndarray, med: np.ndarray,
-                src: np.ndarray | None) -> list[Finding]:
+                src: np.ndarray | None, ts: np.ndarray) -> list[Finding]:
         """The per-rank state machine over one block column (same arithmetic as the fast path)."""
         out: list[Finding] = []
         a = self.level_alpha
@@ -354,8 +371,14 @@ class StragglerDetector(Detector):
             if col.cusum == 0.0:
                 col.level, col.count = 0.0, 0.0
             ratio = float(v[i] / med[i])
+            t = float(ts[i])
             if col.firing:
                 col.recent += self.resolve_alpha * (ratio - col.recent)
+                if (not col.paged and t == t and col.fire_ts >= 0
+                        and t - col.fire_ts >= self.min_duration_s and col.recent >= self.min_ratio):
+                    col.paged = True
+                    out.append(self._finding(step, rank, col, col.recent, int(col.count), v[i], med[i],
+                                             self._severity(col.recent), t))
                 col.below = col.below + 1 if col.recent < self.resolve_ratio else 0
                 if col.below >= self.resolve_steps:
                     out.append(Finding(
@@ -373,27 +396,43 @@ class StragglerDetector(Detector):
                 continue
             col.firing, col.below, col.recent = True, 0, magnitude
             col.source = 0 if src is None else int(src[i])
-            score = min(1.0, max(0.0, (magnitude - self.min_ratio)
-                                 / (self.critical_ratio - self.min_ratio)))
-            n_run = int(col.count)
-            out.append(Finding(
-                kind=self.kind, step=step, ranks=(rank,),
-                severity="critical" if magnitude >= self.critical_ratio else "warning",
-                score=round(score, 4), metric=SOURCES[col.source], onset_step=step - n_run + 1,
-                evidence={"ratio": round(magnitude, 4), "value_s": float(v[i]),
-                          "peer_median_s": float(med[i]), "source": SOURCES[col.source],
-                          "cusum": round(col.cusum, 2), "steps_since_onset": n_run}))
+            col.onset = step - int(col.count) + 1
+            # With the trainer's clock: recorded now (info), a page once it has lasted.
+            col.fire_ts = t if t == t else -1.0
+            col.paged = t != t
+            out.append(self._finding(step, rank, col, magnitude, int(col.count), v[i], med[i],
+                                     self._severity(magnitude) if col.paged else "info", t))
         return out
+
+    def _severity(self, ratio: float) -> str:
+        return "critical" if ratio >= self.critical_ratio else "warning"
+
+    def _finding(self, step: int, rank: int, col: "_Column", ratio: float, n_run: int,
+                 value: float, median: float, severity: str, t: float) -> Finding:
+        score = min(1.0, max(0.0, (ratio - self.min_ratio) / (self.critical_ratio - self.min_ratio)))
+        evidence = {"ratio": round(ratio, 4), "value_s": float(value),
+                    "peer_median_s": float(median), "source": SOURCES[col.source],
+                    "cusum": round(col.cusum, 2), "steps_since_onset": n_run}
+        if t == t and col.fire_ts >= 0:
+            evidence.update(lasted_s=round(t - col.fire_ts, 3), min_duration_s=self.min_duration_s)
+        return Finding(kind=self.kind, step=step, ranks=(rank,), severity=severity,
+                       score=round(score, 4), metric=SOURCES[col.source],
+                       onset_step=col.onset if col.onset is not None else step - n_run + 1,
+                       evidence=evidence)
 
 
 class _Column:
     """One rank's scalar state while it is replayed."""
-    __slots__ = ("cusum", "level", "count", "firing", "below", "source", "recent")
+    __slots__ = ("cusum", "level", "count", "firing", "below", "source", "recent", "fire_ts",
+                 "paged", "onset")
 
     def __init__(self, cusum: float, level: float, count: float, firing: bool,
-                 below: int, source: int, recent: float) -> None:
+                 below: int, source: int, recent: float, fire_ts: float = -1.0,
+                 paged: bool = False) -> None:
         self.cusum, self.level, self.count = cusum, level, count
         self.firing, self.below, self.source, self.recent = firing, below, source, recent
+        self.fire_ts, self.paged = fire_ts, paged
+        self.onset: int | None = None
 
 
 def _quantiles(sorted_rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
