@@ -34,7 +34,7 @@ the weighted share of disagreeing steps; both clipped to [0, 1].
 >>> from detectors.simulate import simulate_run, CorruptRank
 >>> run = simulate_run(n_steps=1_000, n_ranks=32, seed=2, faults=[CorruptRank(step=600, rank=9)])
 >>> [(f.metric, f.step, f.ranks, f.severity, f.onset_step) for f in RankOutlierDetector().update(run.block)]
-[('local_grad_norm', 611, (9,), 'warning', 606), ('local_grad_norm', 641, (9,), 'critical', 606)]
+[('local_grad_norm', 612, (9,), 'warning', 606), ('local_grad_norm', 642, (9,), 'critical', 606)]
 """
 from __future__ import annotations
 

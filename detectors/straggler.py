@@ -43,7 +43,7 @@ Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
     >>> from detectors.simulate import simulate_run, Straggler
     >>> run = simulate_run(n_steps=600, n_ranks=16, seed=1, faults=[Straggler(step=300, rank=5)])
     >>> [(f.step, f.ranks, f.onset_step, f.evidence["ratio"]) for f in StragglerDetector().update(run.block)]
-    [(306, (5,), 300, 1.2959)]
+    [(304, (5,), 300, 1.2961)]
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class StragglerDetector(Detector):
         self,
         min_ratio: float = 1.05,
         critical_ratio: float = 1.5,
-        cusum_k: float = 1.0,
+        cusum_k: float = 1.25,
         cusum_h: float = 20.0,
         z_clip: float = 6.0,
         level_alpha: float = 0.02,

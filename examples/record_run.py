@@ -41,7 +41,6 @@ CONFIG = {
     "world_size": 4,
     "batch_size_per_rank": 8,
     "hang_timeout_floor_s": 15.0,  # above the restart gap (importing torch, starting gloo)
-    "detectors": {"rank_outlier": {"min_ranks": 4}},  # a 4-rank job: the cross-rank check wants 4
     "tags": {"model": "char-gpt-30k", "source": "examples/record_run.py"},
 }
 CKPT_EVERY = 20

@@ -112,11 +112,17 @@ def spiked_run(url, shared_http, tmp_path_factory) -> list[dict]:
 
 def test_loss_spike_is_found_at_its_step(spiked_run):
     spikes = [f for f in spiked_run if f["kind"] in ("loss_spike", "grad_spike") and f["status"] == "firing"]
-    assert spikes and {f["step"] for f in spikes} == {80}
+    assert spikes and {f["onset_step"] for f in spikes} == {80}
+    assert min(f["step"] for f in spikes) == 80
 
 
 def test_loss_spike_is_reported_as_a_loss_spike(spiked_run):
-    assert [f["step"] for f in spiked_run if f["kind"] == "loss_spike" and f["status"] == "firing"] == [80]
+    # A 10x loss is "large" (at least twice its baseline): a warning at once, then it recovers.
+    loss = [f for f in spiked_run if f["kind"] == "loss_spike" and f["status"] == "firing"]
+    assert [(f["step"], f["severity"]) for f in loss] == [(80, "warning")]
+    # The gradient norm jumped with it, but on its own that is a leading signal, not a page.
+    grad = [f for f in spiked_run if f["kind"] == "grad_spike" and f["status"] == "firing"]
+    assert grad and {f["severity"] for f in grad} == {"info"}
 
 
 def test_strong_straggler_is_blamed(url, shared_http, tmp_path):
@@ -128,17 +134,17 @@ def test_strong_straggler_is_blamed(url, shared_http, tmp_path):
     assert all(f["step"] >= 20 for f in stragglers)
 
 
-def test_mild_straggler_is_blamed_on_a_noisy_machine_with_the_run_tuned_for_it(url, shared_http, tmp_path):
+def test_mild_straggler_is_blamed_on_a_noisy_machine_on_default_settings(url, shared_http, tmp_path):
     # Four ranks time-sliced on two shared cores: each rank's compute_time jitters by 20-30 % from
-    # step to step (measured), so the default CUSUM allowance (1.5 noise units) hides a 1.3x
-    # straggler. The run is configured as docs/detectors-timing.md advises for noisy fleets.
-    configure(shared_http, "e2e-straggler-mild", detectors={"straggler": {"cusum_k": 0.5}})
+    # step to step (measured), and the slow rank also loses its share of the cores, so its
+    # measured ratio is 1.3x or more; the defaults must still name it, and only it.
+    configure(shared_http, "e2e-straggler-mild")
     train(url, "e2e-straggler-mild", tmp_path, "--steps", "250", "--fault", "straggler",
           "--fault-rank", "1", "--fault-step", "20", "--slow-factor", "1.3")
     stragglers = findings(shared_http, "e2e-straggler-mild", "straggler")
     assert stragglers and {tuple(f["ranks"]) for f in stragglers} == {(1,)}
     assert all(f["step"] >= 20 for f in stragglers)
-    assert 1.1 < stragglers[0]["evidence"]["ratio"] < 1.6
+    assert stragglers[0]["evidence"]["ratio"] > 1.1
 
 
 HANG_CONFIG = {"hang_timeout_floor_s": 2.0,
@@ -171,8 +177,8 @@ def test_ranks_waiting_in_the_collective_are_not_reported_hung(hung_run):
 def corrupted_run(url, shared_http, tmp_path_factory) -> Path:
     """Rank 2's gradients are scaled and noised before the all-reduce from step 60 on."""
     workdir = tmp_path_factory.mktemp("corrupt")
-    # A 4-rank job: let the cross-rank detector work with 4 ranks (its default wants 8).
-    configure(shared_http, "e2e-corrupt", detectors={"rank_outlier": {"min_ranks": 4}})
+    # A 4-rank job on default settings: each rank is judged against its own history among peers.
+    configure(shared_http, "e2e-corrupt")
     train(url, "e2e-corrupt", workdir, "--steps", "100", "--fault", "corrupt_grad",
           "--fault-rank", "2", "--fault-step", "60", "--ckpt-every", "20")
     return workdir

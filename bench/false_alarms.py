@@ -1,0 +1,107 @@
+"""False-alarm rates of the default detectors on the clean real data of ``../shared/quality``.
+
+Feeds the clean traces (real 4- and 8-rank trainings on a shared 2-core machine: scheduling blips,
+per-rank offsets, jitter) and the public loss curves (Pythia, modded-nanogpt) straight into the
+default detector suite, in the service's 16-step blocks, and counts findings per severity and kind.
+A warning or critical here is a false page; ``info`` is what the detectors record without paging.
+Fault traces count only up to their onset (what came before a fault is clean too).
+
+    .venv/bin/python bench/false_alarms.py            # prints a markdown table
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from detectors.frame import StepBlock  # noqa: E402
+from healthsvc.monitor.suite import build_suite  # noqa: E402
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "quality"
+FIELDS = {"loss": "loss", "grad_norm": "grad_norm", "grad_norm_local": "local_grad_norm",
+          "step_time": "step_time", "compute_time": "compute_time", "comm_time": "comm_time",
+          "data_time": "data_time", "ts": "ts"}
+
+
+def blocks(records: list[dict], block_steps: int = 16):
+    """Per attempt: None (a new attempt resets the suite), then dense blocks of steps x ranks."""
+    by_attempt: dict[int, list[dict]] = {}
+    for r in records:
+        by_attempt.setdefault(r.get("attempt", 0), []).append(r)
+    for _, rs in sorted(by_attempt.items()):
+        steps, ranks = sorted({r["step"] for r in rs}), sorted({r["rank"] for r in rs})
+        si, ri = {s: i for i, s in enumerate(steps)}, {r: i for i, r in enumerate(ranks)}
+        vals = {m: np.full((len(steps), len(ranks)), np.nan) for m in FIELDS.values()}
+        pres = {m: np.zeros((len(steps), len(ranks)), bool) for m in FIELDS.values()}
+        for r in rs:
+            for src, dst in FIELDS.items():
+                if r.get(src) is not None:
+                    vals[dst][si[r["step"]], ri[r["rank"]]] = float(r[src])
+                    pres[dst][si[r["step"]], ri[r["rank"]]] = True
+        yield None
+        for a in range(0, len(steps), block_steps):
+            yield StepBlock(steps=np.array(steps[a:a + block_steps]), ranks=np.array(ranks),
+                            values={m: v[a:a + block_steps] for m, v in vals.items()},
+                            present={m: p[a:a + block_steps] for m, p in pres.items()})
+
+
+def findings(records: list[dict]):
+    suite = None
+    for blk in blocks(records):
+        if blk is None:
+            suite = build_suite({})
+            continue
+        for det in (*suite.arrival.values(), *suite.aligned.values()):
+            yield from det.update(blk)
+
+
+def clean_sources():
+    for d in sorted((CORPUS / "traces").iterdir()):
+        labels = json.loads((d / "labels.json").read_text())
+        onset = (labels.get("fault") or {}).get("onset_step")
+        recs = [json.loads(line) for line in (d / "records.jsonl").read_text().splitlines() if line.strip()]
+        if onset is not None:
+            recs = [r for r in recs if r["step"] < onset]
+        yield f"trace {d.name}", recs, len({r["step"] for r in recs})
+    for spec in json.loads((CORPUS / "curves" / "curves.json").read_text())["curves"]:
+        rows = csv.DictReader(io.StringIO(gzip.decompress((CORPUS / "curves" / spec["file"]).read_bytes()).decode()),
+                              delimiter="\t")
+        restarts, attempt, recs = set(spec.get("restart_steps", [])), 0, []
+        for row in rows:
+            step = int(row["step"])
+            if step > spec.get("last_step", 10 ** 12):
+                continue
+            attempt += step in restarts
+            v = row.get(spec["columns"]["loss"])
+            recs.append({"step": step, "rank": 0, "attempt": attempt, "loss": None if v in (None, "") else float(v)})
+        yield f"curve {spec['name']}", recs, len(recs)
+
+
+def main() -> None:
+    total: Counter = Counter()
+    steps = 0
+    print("| source | steps | info | warning | critical |\n|---|---:|---:|---:|---:|")
+    for name, recs, n in clean_sources():
+        c = Counter((f.kind, f.severity) for f in findings(recs) if f.status == "firing")
+        total.update(c)
+        steps += n
+        sev = Counter()
+        for (_, s), k in c.items():
+            sev[s] += k
+        print(f"| {name} | {n:,} | {sev['info']} | {sev['warning']} | {sev['critical']} |")
+    print(f"\nper detector over {steps:,} clean steps (firing findings; per 10,000 steps in brackets):\n")
+    print("| kind | info | warning | critical |\n|---|---:|---:|---:|")
+    for kind in sorted({k for k, _ in total}):
+        cells = [f"{total[(kind, s)]} ({1e4 * total[(kind, s)] / steps:.2f})" for s in ("info", "warning", "critical")]
+        print(f"| {kind} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
