@@ -8,30 +8,36 @@ with its own history of deviating from its peers instead:
 
 - ``d[t, r] = y[t, r] - c[t]`` where ``y`` is the log value and ``c[t]`` the cross-rank median of
   step ``t`` (of 2 ranks: their mean, so their deviations mirror each other);
-- ``offset[r]``: an exponentially weighted mean of ``d`` (gain ``offset_alpha``; ``1/n`` while the
-  first ``warmup_steps`` values come in), the rank's normal offset;
-- ``scale[r]``: an exponentially weighted mean of ``|d - offset|`` turned into a standard deviation
-  (x sqrt(pi/2)), floored at ``min_scale``;
-- ``z[t, r] = (d - offset) / scale`` — how unusual this step is *for this rank*.
+- ``offset[r]``: the rank's normal offset, an exponentially weighted mean of ``d`` (gain
+  ``offset_alpha`` per step; a plain running mean over the first ``warmup_steps`` values);
+- ``scale[r]``: an exponentially weighted mean of ``|d - offset|`` (gain ``scale_alpha`` per step)
+  turned into a standard deviation (x sqrt(pi/2)), floored at ``min_scale``;
+- ``z[t, r] = (d - offset) / scale``: how unusual this step is *for this rank*, judged from its
+  first ``warmup_steps`` values on.
 
 Both statistics learn every value within ``learn_limit`` of the rank's own sds, clipped at ``clip``
 (Huber): a moderately unusual value still counts, so the scale cannot collapse to its floor, and a
 wild one (a corrupted replica, a garbage batch) is not learned at all, so a lasting fault is not
-absorbed into the rank's "normal". Learning depends only on the tracker's own state, never on a
-detector's decision, so it is exact under any split of the input. Missing or invalid cells
-neither count nor move anything.
+absorbed into the rank's "normal". Missing or invalid cells neither count nor move anything.
+
+Cost: offset and scale are held fixed within a period of ``period_steps`` steps (by step number)
+and updated at its end from the period's sums (the EWMA gain of that many values), so a block is a
+few whole-array passes (float32) instead of a Python loop over its rows; after its warm-up a rank
+learns from every ``learn_stride``-th step only (by step number), plenty for memories of 50 to
+1,000 values. Because periods are defined by step
+numbers and the sums are accumulated in row order, the result is the same however the input is
+split into blocks.
 
 >>> import numpy as np
 >>> rng = np.random.default_rng(0)
 >>> y = rng.normal(0, 0.05, (300, 4)) + np.array([0.0, 0.1, 0.0, -0.1])   # rank offsets
 >>> y[250, 2] += 0.7                                                       # one rank jumps 2x
->>> z, rise = PeerDeviation().update(y, np.ones_like(y, dtype=bool))
+>>> z, rise = PeerDeviation().update(y.astype(np.float32), None, np.arange(300))
 >>> int(np.argmax(z[250])), round(float(z[250, 2]), 1), bool(np.abs(z[200]).max() < 4)
-(2, 18.9, True)
+(2, 22.3, True)
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -43,80 +49,172 @@ class PeerDeviation:
     """Per-rank deviation from the cross-rank median, standardised by the rank's own history."""
 
     def __init__(self, offset_alpha: float = 0.001, scale_alpha: float = 0.02, warmup_steps: int = 50,
-                 clip: float = 3.0, learn_limit: float = 6.0, min_scale: float = 0.01) -> None:
+                 clip: float = 3.0, learn_limit: float = 6.0, min_scale: float = 0.01,
+                 period_steps: int = 16, learn_stride: int = 4) -> None:
         self.offset_alpha, self.scale_alpha = offset_alpha, scale_alpha
         self.warmup_steps, self.clip, self.min_scale = warmup_steps, clip, min_scale
-        self.learn_limit = learn_limit
-        self.table = RankTable({"n": 0, "offset": 0.0, "mean_abs": 0.0})
+        self.learn_limit, self.period_steps = learn_limit, period_steps
+        self.learn_stride = learn_stride
+        self.table = RankTable({"n": 0, "n_scale": 0, "offset": 0.0, "mean_abs": 0.0,
+                                "acc_e": 0.0, "acc_abs": 0.0, "acc_n": 0})
+        self._period: int | None = None      # period (step // period_steps) being accumulated
 
     def __repr__(self) -> str:
         return (f"PeerDeviation(offset_alpha={self.offset_alpha}, scale_alpha={self.scale_alpha}, "
                 f"warmup_steps={self.warmup_steps}, ranks={len(self.table)})")
 
     @staticmethod
-    def centre(y: np.ndarray, valid: np.ndarray, ref: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def centre(y: np.ndarray, valid: np.ndarray | None, ref: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """``(median, count)`` per row over the valid reference cells (median NaN with none)."""
+        if valid is None:
+            valid = np.ones(y.shape, dtype=bool)
         c, _, count = cross_section(y, valid, ref, 1, with_scale=False)
         return c, count
 
-    def update(self, y: np.ndarray, valid: np.ndarray, ranks: np.ndarray | None = None,
-               ref: np.ndarray | None = None,
+    @staticmethod
+    def log_values(x: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(log x as float32, valid)``; ``valid`` is None when every cell is reported, finite and
+        positive (the usual case, checked with two reductions instead of elementwise masks)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            y = np.log(x, dtype=np.float32)
+        if present.all() and x.size and x.min() > 0 and x.max() < np.inf:
+            return y, None
+        valid = present & (x > 0) & (x < np.inf)
+        y[~valid] = np.nan
+        return y, valid
+
+    def update(self, y: np.ndarray, valid: np.ndarray | None, steps: np.ndarray,
+               ranks: np.ndarray | None = None, ref: np.ndarray | None = None,
                centre: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(z, rise)`` (rows x ranks) for log values ``y``, learning from them: ``rise`` is the
-        deviation beyond the rank's usual offset (log units), ``z`` that in its own sds. NaN where
-        not judged:
-        invalid cells, rows with fewer than 2 valid ranks, and a rank's first ``warmup_steps``
-        values (its offset and scale are still being learned)."""
+        """``(z, rise)`` (rows x ranks, float32) for log values ``y`` at ``steps`` (``valid``
+        None: every cell valid), learning from them: ``rise`` is the deviation beyond the rank's
+        usual offset (log units), ``z`` that in its own sds. NaN where not judged: invalid cells,
+        rows with fewer than 2 valid ranks (or the caller's centre is NaN), and a rank's first
+        ``warmup_steps`` values."""
         n, r = y.shape
         ranks = np.arange(r) if ranks is None else ranks
         c, count = self.centre(y, valid, ref) if centre is None else centre
-        ok = valid & (np.isfinite(c) & (count >= 2))[:, None]   # one rank has no peers
-        d = y - c[:, None]
+        row_ok = np.isfinite(c) & (count >= 2)               # one rank has no peers
         pos = self.table.positions(ranks)
-        cnt = self.table["n"][pos].astype(np.float64)
-        off = self.table["offset"][pos].astype(np.float64)
-        mabs = self.table["mean_abs"][pos].astype(np.float64)
-        z = np.full((n, r), np.nan)
-        rise = np.full((n, r), np.nan)
-        a_off, a_sc, warm, clip, floor = self.offset_alpha, self.scale_alpha, self.warmup_steps, self.clip, self.min_scale
-        with np.errstate(invalid="ignore", divide="ignore"):
-            for i in range(n):      # sequential in steps (the state carries), vectorised over ranks
-                m = ok[i]
-                if not m.any():
-                    continue
-                e = d[i] - off
-                sd = np.maximum(mabs * MEAN_ABS_TO_SD, floor)
-                judged = m & (cnt >= warm)
-                zi = e / sd
-                z[i] = np.where(judged, zi, np.nan)
-                rise[i] = np.where(judged, e, np.nan)
-                # After warm-up: clipped learning, and none at all from a wild value.
-                m = m & ~(judged & (np.abs(zi) > self.learn_limit))
-                lim = np.where(cnt >= warm, clip * sd, np.inf)
-                ec = np.clip(e, -lim, lim)
-                cnt_m = np.where(m, cnt + 1.0, cnt)
-                g_off = np.where(m, np.maximum(a_off, 1.0 / np.maximum(cnt_m, 1.0)), 0.0)
-                # The scale starts from the second value: the first defines the offset only.
-                g_sc = np.where(m & (cnt >= 1), np.maximum(a_sc, 1.0 / np.maximum(cnt, 1.0)), 0.0)
-                mabs = mabs + g_sc * (np.abs(ec) - mabs)
-                off = off + g_off * ec
-                cnt = cnt_m
-        self.table["n"][pos] = cnt.astype(self.table["n"].dtype)
-        self.table["offset"][pos] = off
-        self.table["mean_abs"][pos] = mabs
+        if not row_ok.any():
+            nan = np.full((n, r), np.nan, dtype=np.float32)
+            return nan, nan.copy()
+        ok = None
+        if valid is not None or not row_ok.all():
+            ok = (np.ones((n, r), dtype=bool) if valid is None else valid) & row_ok[:, None]
+        periods = np.asarray(steps, dtype=np.int64) // self.period_steps
+        cuts = np.flatnonzero(periods[1:] != periods[:-1]) + 1
+        z = np.empty((n, r), dtype=np.float32)
+        rise = np.empty((n, r), dtype=np.float32)
+        c32 = c.astype(np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
+                self._enter_period(int(periods[a]))
+                self._segment(y[a:b], c32[a:b], None if ok is None else ok[a:b], steps[a:b], pos,
+                              ref, z[a:b], rise[a:b])
         return z, rise
+
+    def _segment(self, y: np.ndarray, c: np.ndarray, ok: np.ndarray | None, steps: np.ndarray,
+                 pos: np.ndarray, ref: np.ndarray | None, z: np.ndarray, rise: np.ndarray) -> None:
+        """Rows of one period: judge with the period's fixed statistics, accumulate the sums.
+        ``ok=None``: every cell valid (the usual case, with fewer passes)."""
+        t = self.table
+        cnt = t["n"][pos]
+        warm = cnt >= self.warmup_steps
+        all_warm = bool(warm.all())
+        sd = np.maximum(t["mean_abs"][pos] * MEAN_ABS_TO_SD, self.min_scale)
+        off32, inv32 = t["offset"][pos].astype(np.float32), (1.0 / sd).astype(np.float32)
+        np.subtract(y, c[:, None], out=rise)
+        rise -= off32
+        np.multiply(rise, inv32, out=z)
+        # A wild rank (a corrupted replica) drags the median of a small job towards it, so its
+        # healthy peers would look off in the other direction: where a row has wild cells, the
+        # centre is taken again without them (with 2 ranks: the other rank's value).
+        wild = np.abs(z) > self.learn_limit
+        if ok is not None:
+            wild &= ok
+        if not all_warm:
+            wild &= warm[None, :]
+        hot_rows = np.flatnonzero(wild.any(axis=1))
+        if len(hot_rows):
+            keep = ~wild[hot_rows] if ok is None else ok[hot_rows] & ~wild[hot_rows]
+            c2, _, n2 = cross_section(y[hot_rows], keep, ref, 1, with_scale=False)
+            c2 = np.where(n2 >= 1, c2, c[hot_rows]).astype(np.float32)
+            rise[hot_rows] = y[hot_rows] - c2[:, None] - off32
+            z[hot_rows] = rise[hot_rows] * inv32
+        e = rise
+        # Learning: every step while a rank warms up; afterwards every learn_stride-th step,
+        # which is plenty for statistics with memories of 50 to 1,000 values.
+        if all_warm:
+            rows = np.flatnonzero(steps % self.learn_stride == 0)
+            e_l, z_l = e[rows], z[rows]
+            ok_l = None if ok is None else ok[rows]
+        else:
+            e_l, z_l, ok_l = e, z, ok
+        if len(e_l):
+            learn = np.abs(z_l) <= self.learn_limit
+            if not all_warm:
+                learn |= ~warm[None, :]
+            if ok_l is not None:
+                learn &= ok_l
+            lim = (np.where(warm, self.clip * sd, np.inf)).astype(np.float32)
+            ec = np.minimum(np.maximum(e_l, -lim), lim)
+            ec[~learn] = 0.0
+            # Sums in row order, starting from the carried sums: the same however blocks are cut.
+            t["acc_e"][pos] = np.add.reduce(np.vstack([t["acc_e"][pos][None, :], ec]), axis=0,
+                                            dtype=np.float64)
+            np.abs(ec, out=ec)
+            t["acc_abs"][pos] = np.add.reduce(np.vstack([t["acc_abs"][pos][None, :], ec]), axis=0,
+                                              dtype=np.float64)
+            t["acc_n"][pos] = t["acc_n"][pos] + np.count_nonzero(learn, axis=0)
+        # Not judged: invalid cells, and ranks still warming up.
+        if ok is not None or not all_warm:
+            judged = np.broadcast_to(warm[None, :], z.shape) if ok is None else ok & warm[None, :]
+            z[~judged] = np.nan
+            rise[~judged] = np.nan
+
+    def _enter_period(self, period: int) -> None:
+        """Close the period being accumulated (if another): fold its sums into offset and scale."""
+        if self._period == period:
+            return
+        self._period = period
+        t = self.table
+        k = t["acc_n"]
+        has = k > 0
+        if not has.any():
+            return
+        cnt = t["n"].astype(np.float64)
+        kf = k.astype(np.float64)
+        total = cnt + kf
+        warm = cnt >= self.warmup_steps
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_e = np.where(has, t["acc_e"] / np.maximum(kf, 1.0), 0.0)
+            mean_abs_e = np.where(has, t["acc_abs"] / np.maximum(kf, 1.0), 0.0)
+            # Running means while warming up; the EWMA gain of k values afterwards.
+            # After warm-up a learned value stands for learn_stride steps: the memories stay the
+            # same in steps.
+            kw = kf * self.learn_stride
+            g_off = np.where(warm, 1.0 - (1.0 - self.offset_alpha) ** kw, kf / np.maximum(total, 1.0))
+            n_sc = t["n_scale"].astype(np.float64)
+            g_sc = np.where(warm, 1.0 - (1.0 - self.scale_alpha) ** kw,
+                            np.where(cnt > 0, kf / np.maximum(n_sc + kf, 1.0), 0.0))
+        g_off, g_sc = np.where(has, g_off, 0.0), np.where(has, g_sc, 0.0)
+        # The scale of a rank's very first period is measured from an offset of 0; it starts
+        # counting from the next one (the offset is known by then).
+        t["mean_abs"] = t["mean_abs"] + g_sc * (mean_abs_e - t["mean_abs"])
+        t["offset"] = t["offset"] + g_off * mean_e
+        t["n_scale"] = np.where(has & (cnt > 0), t["n_scale"] + k, t["n_scale"])
+        t["n"] = (cnt + kf).astype(t["n"].dtype)
+        t["acc_e"], t["acc_abs"] = np.zeros_like(t["acc_e"]), np.zeros_like(t["acc_abs"])
+        t["acc_n"] = np.zeros_like(t["acc_n"])
 
     def offsets(self, ranks: np.ndarray) -> np.ndarray:
         """Each rank's learned offset (log units) from its peers."""
         return self.table["offset"][self.table.positions(ranks)].astype(np.float64)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.table.state_dict()
+        return {"period": self._period, **self.table.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.table.load_state_dict(state)
-
-
-def ratio_to_usual(d_minus_offset: float) -> float:
-    """A log deviation beyond the usual offset as a ratio (1.0 = where the rank usually sits)."""
-    return math.exp(d_minus_offset)
+        self._period = state.get("period")
+        self.table.load_state_dict({k: v for k, v in state.items() if k != "period"})

@@ -34,7 +34,7 @@ the weighted share of disagreeing steps; both clipped to [0, 1].
 >>> from detectors.simulate import simulate_run, CorruptRank
 >>> run = simulate_run(n_steps=1_000, n_ranks=32, seed=2, faults=[CorruptRank(step=600, rank=9)])
 >>> [(f.metric, f.step, f.ranks, f.severity, f.onset_step) for f in RankOutlierDetector().update(run.block)]
-[('local_grad_norm', 612, (9,), 'warning', 606), ('local_grad_norm', 642, (9,), 'critical', 606)]
+[('local_grad_norm', 613, (9,), 'warning', 608), ('local_grad_norm', 643, (9,), 'critical', 608)]
 """
 from __future__ import annotations
 
@@ -149,19 +149,20 @@ class RankOutlierDetector(Detector):
 
     def _distribution(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
         x, present = block.values[metric], block.present[metric]
-        y, valid = log_positive(x, present)
+        y, valid = PeerDeviation.log_values(x, present)
         centre, count = PeerDeviation.centre(y, valid, ref)
         peer_centre = np.where(count >= self.min_ranks, centre, np.nan)
         # Each rank against its peers, in its own sds of deviating from them: normal offsets are
         # learned, and a 2-rank job is judged as well as a 16k-rank one.
-        z, _ = self._peers[metric].update(y, valid, block.ranks, ref, centre=(peer_centre, count))
+        z, _ = self._peers[metric].update(y, valid, block.steps, block.ranks, ref,
+                                          centre=(peer_centre, count))
         judged = np.isfinite(z)
         if judged.all():
             judged_mask = None
         else:
             judged_mask = judged
-            z = np.where(judged, z, 0.0)
-        z = np.clip(z, -self.z_clip, self.z_clip).astype(np.float32)
+            z[~judged] = 0.0
+        np.clip(z, -self.z_clip, self.z_clip, out=z)
         table = self._tables[metric]
         pos = table.positions(block.ranks)
         means = ewma_rows(z, judged_mask, self._alpha, table["mean"][pos])

@@ -289,15 +289,17 @@ class SpikeDetector(Detector):
 
     # ----------------------------------------------------------------------- per-rank view
     def _judge_ranks(self, block: StepBlock, view: "_RankView", spike_rows: set[int]) -> list[Finding]:
-        z, rise = view.z, view.rise
-        judged = np.isfinite(z)
         pos = self._ranks.positions(block.ranks)
         carry_active = self._ranks["active"][pos]
-        enter = judged & (z > self.rank_z_threshold) & (rise > math.log1p(self.rank_min_rise))
-        if not (enter.any() or carry_active.any()):
+        # One pass over all cells (NaN, not judged, compares False); the exact work only on the
+        # few columns that pass it or are in an episode already.
+        hot = (view.z > self.rank_z_threshold).any(axis=0) | carry_active
+        if not hot.any():
             return []
-        cols = np.flatnonzero(enter.any(axis=0) | carry_active)
-        z, rise, judged, enter = z[:, cols], rise[:, cols], judged[:, cols], enter[:, cols]
+        cols = np.flatnonzero(hot)
+        z, rise = view.z[:, cols].astype(np.float64), view.rise[:, cols].astype(np.float64)
+        judged = np.isfinite(z)
+        enter = judged & (z > self.rank_z_threshold) & (rise > math.log1p(self.rank_min_rise))
         p = pos[cols]
         leave = judged & ~(z >= self.rank_exit_z)
         carry = carry_active[cols]
@@ -385,16 +387,17 @@ class SpikeDetector(Detector):
 
 
 class _RankView:
-    """Per row: the cross-rank centre of ``rank_metric``, and each rank's deviation from it
+    """Per row: the cross-rank centre of ``rank_metric`` (log), and each rank's deviation from it
     judged by its own history (``z`` in its own sds, ``rise`` beyond its usual offset)."""
 
     def __init__(self, det: SpikeDetector, block: StepBlock, ref: np.ndarray) -> None:
-        y, valid = log_positive(block.values[det.rank_metric], block.present[det.rank_metric])
+        y, valid = PeerDeviation.log_values(block.values[det.rank_metric], block.present[det.rank_metric])
         centre, count = PeerDeviation.centre(y, valid, ref)
         self.centre = centre
         # Rows with fewer than min_ranks usable ranks are not judged per rank.
         peer_centre = np.where(count >= det.min_ranks, centre, np.nan)
-        self.z, self.rise = det._peers.update(y, valid, block.ranks, ref, centre=(peer_centre, count))
+        self.z, self.rise = det._peers.update(y, valid, block.steps, block.ranks, ref,
+                                              centre=(peer_centre, count))
 
 
 class _FollowSeries:
