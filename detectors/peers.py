@@ -38,11 +38,23 @@ split into blocks.
 """
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from detectors.frame import StepBlock
 from detectors.robust import MEAN_ABS_TO_SD, RankTable, cross_section
+
+
+class PeerView(NamedTuple):
+    """One block of one metric seen through :meth:`PeerDeviation.view` (read-only arrays)."""
+    y: np.ndarray                 # log values, float32 (NaN where invalid)
+    valid: np.ndarray | None      # None: every cell valid
+    centre: np.ndarray            # cross-rank median of y per row (reference ranks)
+    count: np.ndarray             # valid reference cells per row
+    z: np.ndarray                 # deviation beyond the usual offset, in the rank's own sds
+    rise: np.ndarray              # deviation beyond the usual offset, log units
 
 
 class PeerDeviation:
@@ -55,9 +67,37 @@ class PeerDeviation:
         self.warmup_steps, self.clip, self.min_scale = warmup_steps, clip, min_scale
         self.learn_limit, self.period_steps = learn_limit, period_steps
         self.learn_stride = learn_stride
+        self.shared = False
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything learned (a new attempt); a shared tracker stays shared."""
         self.table = RankTable({"n": 0, "n_scale": 0, "offset": 0.0, "mean_abs": 0.0,
                                 "acc_e": 0.0, "acc_abs": 0.0, "acc_n": 0})
         self._period: int | None = None      # period (step // period_steps) being accumulated
+        self._stats_key: tuple | None = None
+        self._stats: tuple[np.ndarray, ...] = ()
+        # Several detectors may watch the same metric through one tracker (the suite shares it
+        # when their settings agree): the view of the last block is kept for the next reader.
+        self._last: tuple[weakref.ref, PeerView] | None = None
+
+    def params(self) -> tuple:
+        return (self.offset_alpha, self.scale_alpha, self.warmup_steps, self.clip, self.learn_limit,
+                self.min_scale, self.period_steps, self.learn_stride)
+
+    def view(self, block: StepBlock, metric: str, ref: np.ndarray | None) -> PeerView:
+        """The block's metric through this tracker, learning from it once: a second call with
+        the same block (another detector sharing the tracker) returns the same view."""
+        if self._last is not None and self._last[0]() is block:
+            return self._last[1]
+        y, valid = self.log_values(block.values[metric], block.present[metric])
+        centre, count = self.centre(y, valid, ref)
+        z, rise = self.update(y, valid, block.steps, block.ranks, ref, centre=(centre, count))
+        out = PeerView(y, valid, centre, count, z, rise)
+        for a in (y, centre, count, z, rise):
+            a.flags.writeable = False
+        self._last = (weakref.ref(block), out)
+        return out
 
     def __repr__(self) -> str:
         return (f"PeerDeviation(offset_alpha={self.offset_alpha}, scale_alpha={self.scale_alpha}, "
@@ -77,9 +117,10 @@ class PeerDeviation:
         positive (the usual case, checked with two reductions instead of elementwise masks)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             y = np.log(x, dtype=np.float32)
-        if present.all() and x.size and x.min() > 0 and x.max() < np.inf:
+        # log x is finite exactly where x is positive and finite (NaN propagates through min/max).
+        if y.size and present.all() and y.min() > -np.inf and y.max() < np.inf:
             return y, None
-        valid = present & (x > 0) & (x < np.inf)
+        valid = present & np.isfinite(y)
         y[~valid] = np.nan
         return y, valid
 
@@ -119,25 +160,35 @@ class PeerDeviation:
         """Rows of one period: judge with the period's fixed statistics, accumulate the sums.
         ``ok=None``: every cell valid (the usual case, with fewer passes)."""
         t = self.table
-        cnt = t["n"][pos]
-        warm = cnt >= self.warmup_steps
+        warm_all, sd_all, off32_all, inv32_all, lim32_all = self._period_statistics()
+        if len(pos) == len(t):            # the block holds every known rank, in order
+            warm, sd, off32, inv32, lim32 = warm_all, sd_all, off32_all, inv32_all, lim32_all
+        else:
+            warm, sd, off32, inv32, lim32 = (warm_all[pos], sd_all[pos], off32_all[pos],
+                                             inv32_all[pos], lim32_all[pos])
         all_warm = bool(warm.all())
-        sd = np.maximum(t["mean_abs"][pos] * MEAN_ABS_TO_SD, self.min_scale)
-        off32, inv32 = t["offset"][pos].astype(np.float32), (1.0 / sd).astype(np.float32)
         np.subtract(y, c[:, None], out=rise)
         rise -= off32
         np.multiply(rise, inv32, out=z)
         # A wild rank (a corrupted replica) drags the median of a small job towards it, so its
         # healthy peers would look off in the other direction: where a row has wild cells, the
         # centre is taken again without them (with 2 ranks: the other rank's value).
-        wild = np.abs(z) > self.learn_limit
-        if ok is not None:
-            wild &= ok
-        if not all_warm:
-            wild &= warm[None, :]
-        hot_rows = np.flatnonzero(wild.any(axis=1))
+        # Two reductions find the rows with a wild cell (NaN, not judged, never counts).
+        with np.errstate(invalid="ignore"):
+            if ok is None and all_warm:   # no NaN possible: plain reductions
+                hi, lo = z.max(axis=1), z.min(axis=1)
+            else:
+                z_hi = np.where(warm[None, :], z, 0.0) if not all_warm else z
+                hi = np.nanmax(z_hi, axis=1, initial=-np.inf)
+                lo = np.nanmin(z_hi, axis=1, initial=np.inf)
+            hot_rows = np.flatnonzero((hi > self.learn_limit) | (lo < -self.learn_limit))
         if len(hot_rows):
-            keep = ~wild[hot_rows] if ok is None else ok[hot_rows] & ~wild[hot_rows]
+            wild = np.abs(z[hot_rows]) > self.learn_limit
+            if ok is not None:
+                wild &= ok[hot_rows]
+            if not all_warm:
+                wild &= warm[None, :]
+            keep = ~wild if ok is None else ok[hot_rows] & ~wild
             c2, _, n2 = cross_section(y[hot_rows], keep, ref, 1, with_scale=False)
             c2 = np.where(n2 >= 1, c2, c[hot_rows]).astype(np.float32)
             rise[hot_rows] = y[hot_rows] - c2[:, None] - off32
@@ -157,8 +208,7 @@ class PeerDeviation:
                 learn |= ~warm[None, :]
             if ok_l is not None:
                 learn &= ok_l
-            lim = (np.where(warm, self.clip * sd, np.inf)).astype(np.float32)
-            ec = np.minimum(np.maximum(e_l, -lim), lim)
+            ec = np.minimum(np.maximum(e_l, -lim32), lim32)
             ec[~learn] = 0.0
             # Sums in row order, starting from the carried sums: the same however blocks are cut.
             t["acc_e"][pos] = np.add.reduce(np.vstack([t["acc_e"][pos][None, :], ec]), axis=0,
@@ -173,6 +223,19 @@ class PeerDeviation:
             z[~judged] = np.nan
             rise[~judged] = np.nan
 
+    def _period_statistics(self) -> tuple[np.ndarray, ...]:
+        """Per known rank, fixed for the period: warm, sd, and the float32 offset, 1/sd and
+        learning clip (computed once per period and rank set, not per block)."""
+        key = (self._period, len(self.table))
+        if self._stats_key != key:
+            t = self.table
+            warm = t["n"] >= self.warmup_steps
+            sd = np.maximum(t["mean_abs"] * MEAN_ABS_TO_SD, self.min_scale)
+            self._stats = (warm, sd, t["offset"].astype(np.float32), (1.0 / sd).astype(np.float32),
+                           np.where(warm, self.clip * sd, np.inf).astype(np.float32))
+            self._stats_key = key
+        return self._stats
+
     def _enter_period(self, period: int) -> None:
         """Close the period being accumulated (if another): fold its sums into offset and scale."""
         if self._period == period:
@@ -180,9 +243,24 @@ class PeerDeviation:
         self._period = period
         t = self.table
         k = t["acc_n"]
-        has = k > 0
-        if not has.any():
+        if not len(k) or k.max() == 0:
             return
+        k_min = int(k.min())
+        if k_min == int(k.max()) and int(t["n"].min()) >= self.warmup_steps:
+            # The steady state: every rank warm and learned the same number of values, so the
+            # gains are scalars.
+            kw = k_min * self.learn_stride
+            g_off = 1.0 - (1.0 - self.offset_alpha) ** kw
+            g_sc = 1.0 - (1.0 - self.scale_alpha) ** kw
+            t["offset"] += g_off / k_min * t["acc_e"]
+            t["mean_abs"] += g_sc * (t["acc_abs"] / k_min - t["mean_abs"])
+            t["n_scale"] += k
+            t["n"] += k
+            t["acc_e"].fill(0.0)
+            t["acc_abs"].fill(0.0)
+            t["acc_n"].fill(0)
+            return
+        has = k > 0
         cnt = t["n"].astype(np.float64)
         kf = k.astype(np.float64)
         total = cnt + kf
@@ -216,5 +294,7 @@ class PeerDeviation:
         return {"period": self._period, **self.table.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._last = None
+        self._stats_key = None
         self._period = state.get("period")
         self.table.load_state_dict({k: v for k, v in state.items() if k != "period"})

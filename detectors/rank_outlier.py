@@ -107,8 +107,22 @@ class RankOutlierDetector(Detector):
         self._reference = ReferenceRanks(self.max_reference_ranks)
         fields = {"mean": np.float32(0.0), "active": False, "critical": False, "run": 0, "quiet": _NEVER}
         self._tables = {m: RankTable(fields) for m in (*self.metrics, *self.global_metrics)}
-        self._peers = {m: PeerDeviation(warmup_steps=self.warmup_steps, min_scale=self.min_scale)
-                       for m in self.metrics}
+        old = getattr(self, "_peers", {})
+        self._peers = {}
+        for m in self.metrics:
+            if m in old and old[m].shared:
+                old[m].reset()
+                self._peers[m] = old[m]
+            else:
+                self._peers[m] = PeerDeviation(warmup_steps=self.warmup_steps, min_scale=self.min_scale)
+
+    def peer_deviations(self) -> dict[str, PeerDeviation]:
+        """The per-rank trackers by metric (the suite may share one with another detector)."""
+        return dict(self._peers)
+
+    def use_peer_deviation(self, metric: str, tracker: PeerDeviation) -> None:
+        if metric in self._peers:
+            self._peers[metric] = tracker
 
     def stride_for(self, n_ranks: int) -> int:
         """Judge every k-th step (by step number): ``stride_steps``, or by default 1 up to 2,048
@@ -122,6 +136,12 @@ class RankOutlierDetector(Detector):
         if block.n_steps == 0:
             return []
         stride = self.stride_for(block.n_ranks)
+        ref = self._reference(block.ranks)
+        # A tracker shared with a spike detector has seen (or will see) every step: read its view
+        # of the whole block, then keep the judged rows. A private one learns the judged rows only.
+        views = {m: self._peers[m].view(block, m, ref) for m in self.metrics
+                 if m in block.values and self._peers[m].shared}
+        rows = slice(None)
         if stride > 1:
             rows = np.flatnonzero(block.steps % stride == 0)
             if len(rows) == 0:
@@ -136,26 +156,30 @@ class RankOutlierDetector(Detector):
         # with the stride); escalation counts steps.
         self._alpha = 1.0 / self.window_steps
         self._escalate_rows = max(1, -(-self.escalate_steps // stride))
-        ref = self._reference(block.ranks)
         findings: list[Finding] = []
         for m in self.metrics:
             if m in block.values:
-                findings += self._distribution(block, m, ref)
+                v = views.get(m)
+                z = v.z[rows] if v is not None else None
+                count = v.count[rows] if v is not None else None
+                centre = v.centre[rows] if v is not None else None
+                findings += self._distribution(block, m, ref, z, centre, count)
         for m in self.global_metrics:
             if m in block.values:
                 findings += self._global(block, m, ref)
         findings.sort(key=lambda f: (f.step, f.status != "firing", f.metric or "", f.severity, f.ranks))
         return findings
 
-    def _distribution(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
-        x, present = block.values[metric], block.present[metric]
-        y, valid = PeerDeviation.log_values(x, present)
-        centre, count = PeerDeviation.centre(y, valid, ref)
-        peer_centre = np.where(count >= self.min_ranks, centre, np.nan)
+    def _distribution(self, block: StepBlock, metric: str, ref: np.ndarray, z: np.ndarray | None,
+                      centre: np.ndarray | None, count: np.ndarray | None) -> list[Finding]:
+        if z is None:
+            v = self._peers[metric].view(block, metric, ref)
+            z, centre, count = v.z, v.centre, v.count
         # Each rank against its peers, in its own sds of deviating from them: normal offsets are
-        # learned, and a 2-rank job is judged as well as a 16k-rank one.
-        z, _ = self._peers[metric].update(y, valid, block.steps, block.ranks, ref,
-                                          centre=(peer_centre, count))
+        # learned, and a 2-rank job is judged as well as a 16k-rank one. (A copy: the view is
+        # shared and read-only.)
+        z = np.array(z, dtype=np.float32)
+        z[count < self.min_ranks] = np.nan
         judged = np.isfinite(z)
         if judged.all():
             judged_mask = None

@@ -129,6 +129,14 @@ class SpikeDetector(Detector):
         self.leading_signal = leading_signal
         super().__init__()
 
+    def peer_deviations(self) -> dict[str, PeerDeviation]:
+        """The per-rank trackers by metric (the suite may share one with another detector)."""
+        return {} if self.rank_metric is None else {self.rank_metric: self._peers}
+
+    def use_peer_deviation(self, metric: str, tracker: PeerDeviation) -> None:
+        if metric == self.rank_metric:
+            self._peers = tracker
+
     def _reset(self) -> None:
         self._reference = ReferenceRanks(self.max_reference_ranks)
         self._trend = RobustTrend(alpha=self.alpha, beta=self.beta, scale_alpha=self.scale_alpha,
@@ -136,7 +144,10 @@ class SpikeDetector(Detector):
         self._episode: dict[str, Any] | None = None   # the job-wide spike in progress
         self._first: float | None = None               # the first job value (initialisation level)
         self._starts: list[int] = []                    # steps of recent job-wide spikes
-        self._peers = PeerDeviation(warmup_steps=self.rank_warmup_steps, min_scale=self.rank_min_scale)
+        if getattr(self, "_peers", None) is not None and self._peers.shared:
+            self._peers.reset()
+        else:
+            self._peers = PeerDeviation(warmup_steps=self.rank_warmup_steps, min_scale=self.rank_min_scale)
         self._ranks = RankTable({"active": False, "run": 0, "covered": False, "warned": False})
 
     # ------------------------------------------------------------------------------- update
@@ -388,16 +399,17 @@ class SpikeDetector(Detector):
 
 class _RankView:
     """Per row: the cross-rank centre of ``rank_metric`` (log), and each rank's deviation from it
-    judged by its own history (``z`` in its own sds, ``rise`` beyond its usual offset)."""
+    judged by its own history (``z`` in its own sds, ``rise`` beyond its usual offset); rows with
+    fewer than ``min_ranks`` usable ranks are not judged per rank."""
 
     def __init__(self, det: SpikeDetector, block: StepBlock, ref: np.ndarray) -> None:
-        y, valid = PeerDeviation.log_values(block.values[det.rank_metric], block.present[det.rank_metric])
-        centre, count = PeerDeviation.centre(y, valid, ref)
-        self.centre = centre
-        # Rows with fewer than min_ranks usable ranks are not judged per rank.
-        peer_centre = np.where(count >= det.min_ranks, centre, np.nan)
-        self.z, self.rise = det._peers.update(y, valid, block.steps, block.ranks, ref,
-                                              centre=(peer_centre, count))
+        v = det._peers.view(block, det.rank_metric, ref)
+        self.centre = v.centre
+        self.z, self.rise = v.z, v.rise
+        few = v.count < det.min_ranks
+        if few.any():
+            self.z, self.rise = self.z.copy(), self.rise.copy()
+            self.z[few], self.rise[few] = np.nan, np.nan
 
 
 class _FollowSeries:

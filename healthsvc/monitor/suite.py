@@ -77,4 +77,22 @@ def build_suite(config: dict[str, Any]) -> DetectorSuite:
             raise InvalidInput(f"bad parameters for detector {name!r}: {exc}",
                                loc=("body", "detectors", name)) from None
         getattr(suite, role)[name] = det
+    share_peer_deviations(list(suite.aligned.values()))
     return suite
+
+
+def share_peer_deviations(detectors: list[Detector]) -> None:
+    """Detectors that compare each rank with its peers by the rank's own history (the spike
+    detectors' per-rank view, ``rank_outlier``) watch the same metric through one tracker when
+    their tracker settings agree: it learns once per block and each reads the same view, so the
+    per-rank work is paid once. A tracker set up differently stays private."""
+    groups: dict[tuple, list[Detector]] = {}
+    for det in detectors:
+        for metric, tracker in getattr(det, "peer_deviations", dict)().items():
+            groups.setdefault((metric, tracker.params()), []).append(det)
+    for (metric, _), users in groups.items():
+        if len(users) > 1:
+            tracker = users[0].peer_deviations()[metric]
+            tracker.shared = True
+            for det in users[1:]:
+                det.use_peer_deviation(metric, tracker)
