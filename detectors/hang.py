@@ -55,7 +55,9 @@ Definitions (times in seconds of the caller's clock):
 - After ``finish(now)`` nothing fires; records arriving later re-open the run.
 - A ``hang`` resolves when its rank progresses again, a ``stall`` when any rank does.
 
-Scores: ``min(1, (silent_s - timeout_s) / timeout_s)`` — 0 just past the timeout, 1 at twice it.
+Scores: ``min(1, (silent_s - timeout_s) / timeout_s)`` — 0 just past the timeout, 1 at twice it
+(on the collective-wait path ``timeout_s`` is its bound). Evidence ``trigger`` says which path
+fired: ``"timeout"`` or ``"collective_wait"``.
 
 Example::
 
@@ -69,6 +71,7 @@ Example::
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Iterable
 
 import numpy as np
@@ -115,8 +118,9 @@ class HangDetector(Detector):
         self.collective_phase = collective_phase
         self.collective_wait_s = None if collective_wait_s is None else float(collective_wait_s)
         self.collective_wait_steps = float(collective_wait_steps)
-        self.pause_phases = tuple(pause_phases)
+        self.pause_phases = (pause_phases,) if isinstance(pause_phases, str) else tuple(pause_phases)
         self.pause_timeout_s = float(pause_timeout_s)
+        self._wait_floor_s = np.inf if collective_wait_s is None else self.collective_wait_s
         super().__init__()
 
     # ------------------------------------------------------------------------------ state
@@ -144,7 +148,7 @@ class HangDetector(Detector):
         # the last advances (the typical step duration is their median).
         self._front_step = -1
         self._front_s = 0.0
-        self._step_samples: list[float] = []
+        self._step_samples: deque[float] = deque(maxlen=_STEP_SAMPLES)
         # Derived, not state: when each rank becomes overdue (inf when not expected), and the
         # latest progress of any rank (the max of _progress_s, kept up to date where it moves).
         self._deadline_s = np.zeros(0)
@@ -173,7 +177,8 @@ class HangDetector(Detector):
         self._held = bool(state.get("held", False))
         self._front_step = int(state.get("front_step", -1))
         self._front_s = float(state.get("front_s", 0.0))
-        self._step_samples = [float(x) for x in state.get("step_samples", [])]
+        self._step_samples = deque((float(x) for x in state.get("step_samples", [])),
+                                   maxlen=_STEP_SAMPLES)
         self._deadline_s = np.zeros(len(self._ids))
         self._last_progress_s = float(self._progress_s.max()) if len(self._ids) else 0.0
         self._refresh_deadlines()
@@ -293,8 +298,6 @@ class HangDetector(Detector):
             return
         if self._front_step >= 0 and now >= self._front_s:
             self._step_samples.append((now - self._front_s) / (top - self._front_step))
-            if len(self._step_samples) > _STEP_SAMPLES:
-                del self._step_samples[0]
         self._front_step, self._front_s = top, now
 
     def heartbeat(self, rank: int, step: int, phase: str, now: float) -> list[Finding]:
@@ -357,8 +360,8 @@ class HangDetector(Detector):
         """New ``hang``/``stall`` findings at ``now`` (seconds, the caller's clock)."""
         if self._finished:
             return []
-        if (self.collective_wait_s is not None and not self._stalled and self._step_samples
-                and now - self._last_progress_s > self.collective_wait_s):
+        if (now - self._last_progress_s > self._wait_floor_s and not self._stalled
+                and self._step_samples):
             out = self._collective_wait(now)   # rare: the whole job has been quiet for a while
             if out:
                 return out
