@@ -36,10 +36,11 @@ Definitions (times in seconds of the caller's clock):
   step while the rest wait inside ``collective_phase``; each culprit also gets a ``hang`` finding
   whose evidence says why.
 - *Collective wait* (the fast path, long before the timeouts): no rank made progress for
-  ``max(collective_wait_s, collective_wait_steps * typical step duration)`` and the heartbeats,
-  every one of them sent after the last progress and fresh, show the job split: peers inside
-  ``collective_phase`` at one step S, and at most as many ranks outside it (another phase at a
-  step <= S, or an unknown step) or behind S. Those are the culprits: a ``stall`` naming them
+  ``max(collective_wait_s, collective_wait_steps * typical step duration)`` and the heartbeats
+  (every rank's latest sent after the last progress and no older than half the silence, nor
+  than ``heartbeat_timeout_s``: each rank kept reporting through it) show the job split:
+  peers inside ``collective_phase`` at one step S, and at most as many ranks outside it
+  (another phase at a step <= S, or an unknown step) or behind S. Those are the culprits: a ``stall`` naming them
   and a ``hang`` for each, at once. A synchronous collective cannot finish without every rank,
   so the ranks outside it hold the others. It never fires when a rank is in one of
   ``pause_phases`` (a checkpoint: rank 0 saving while the others wait is normal), when peers
@@ -403,9 +404,12 @@ class HangDetector(Detector):
         if len(act) < 2 or self.collective_phase not in self._phases:
             return []
         hb_s = self._hb_s[act]
-        # Every expected rank speaks for itself, about the silence: a heartbeat sent after the
-        # last progress (not with it, nor before it) and fresh.
-        if not ((hb_s > self._last_progress_s) & (now - hb_s <= self.heartbeat_timeout_s)).all():
+        # Every expected rank speaks for itself, about the silence: it kept sending heartbeats
+        # through it (one after the last progress, not with it, and none older than half the
+        # silence). A process that died, e.g. a rank leaving an elastic job, sent its last one
+        # early in the silence: the timeouts judge it (and say "process dead?").
+        fresh_s = min(self.heartbeat_timeout_s, quiet / 2)
+        if not ((hb_s > self._last_progress_s) & (now - hb_s <= fresh_s)).all():
             return []
         phase, step = self._hb_phase[act], self._hb_step[act]
         pause = [i for i, p in enumerate(self._phases) if p in self.pause_phases]
