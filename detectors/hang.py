@@ -35,10 +35,30 @@ Definitions (times in seconds of the caller's clock):
   heartbeat for ``heartbeat_timeout_s`` while peers' heartbeats arrive) or behind the others'
   step while the rest wait inside ``collective_phase``; each culprit also gets a ``hang`` finding
   whose evidence says why.
+- *Collective wait* (the fast path, long before the timeouts): no rank made progress for
+  ``max(collective_wait_s, collective_wait_steps * typical step duration)`` and the heartbeats
+  (every rank's latest sent after the last progress and no older than half the silence, nor
+  than ``heartbeat_timeout_s``: each rank kept reporting through it) show the job split:
+  peers inside ``collective_phase`` at one step S, and at most as many ranks outside it
+  (another phase at a step <= S, or an unknown step) or behind S. Those are the culprits: a ``stall`` naming them
+  and a ``hang`` for each, at once. A synchronous collective cannot finish without every rank,
+  so the ranks outside it hold the others. It never fires when a rank is in one of
+  ``pause_phases`` (a checkpoint: rank 0 saving while the others wait is normal), when peers
+  do not tell their step, when a heartbeat is missing or stale, or when a rank outside the
+  collective is ahead of S: then the timeouts decide. The *typical step duration* is the median
+  of the last ``_STEP_SAMPLES`` samples of the job's front (highest record step): seconds
+  between pushes that advanced it, per step advanced; no sample yet, no fast path.
+- *Pause*: while an expected rank's fresh heartbeat says one of ``pause_phases`` and it has been
+  silent for less than ``pause_timeout_s``, no rank is overdue: a checkpoint that pauses every
+  rank for minutes, or rank 0 saving while the others wait for it in a barrier, is no stall.
+  When progress resumes, silence counts from then (as after a stall). A heartbeat that stops
+  ends the pause.
 - After ``finish(now)`` nothing fires; records arriving later re-open the run.
 - A ``hang`` resolves when its rank progresses again, a ``stall`` when any rank does.
 
-Scores: ``min(1, (silent_s - timeout_s) / timeout_s)`` — 0 just past the timeout, 1 at twice it.
+Scores: ``min(1, (silent_s - timeout_s) / timeout_s)`` — 0 just past the timeout, 1 at twice it
+(on the collective-wait path ``timeout_s`` is its bound). Evidence ``trigger`` says which path
+fired: ``"timeout"`` or ``"collective_wait"``.
 
 Example::
 
@@ -52,6 +72,7 @@ Example::
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Iterable
 
 import numpy as np
@@ -61,6 +82,7 @@ from detectors.finding import Finding
 from detectors.frame import StepBlock
 
 _NEVER = -1.0   # "no heartbeat yet" (times are the caller's clock, assumed >= 0)
+_STEP_SAMPLES = 16   # step-duration samples kept for the median (one pause is one sample)
 
 
 class HangDetector(Detector):
@@ -76,16 +98,30 @@ class HangDetector(Detector):
         interval_alpha: float = 0.2,
         heartbeat_timeout_s: float = 30.0,
         collective_phase: str = "collective",
+        collective_wait_s: float | None = 10.0,
+        collective_wait_steps: float = 3.0,
+        pause_phases: Iterable[str] = ("checkpoint",),
+        pause_timeout_s: float = 600.0,
     ) -> None:
         if timeout_floor_s <= 0 or timeout_factor <= 0:
             raise ValueError("timeout_floor_s and timeout_factor must be > 0, got "
                              f"{timeout_floor_s}, {timeout_factor}")
+        if collective_wait_s is not None and collective_wait_s <= 0:
+            raise ValueError(f"collective_wait_s must be > 0 (or null: off), got {collective_wait_s}")
+        if collective_wait_steps < 0 or pause_timeout_s <= 0:
+            raise ValueError("collective_wait_steps must be >= 0 and pause_timeout_s > 0, got "
+                             f"{collective_wait_steps}, {pause_timeout_s}")
         self.timeout_floor_s = timeout_floor_s
         self.timeout_factor = timeout_factor
         self.startup_timeout_s = startup_timeout_s
         self.interval_alpha = interval_alpha
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.collective_phase = collective_phase
+        self.collective_wait_s = None if collective_wait_s is None else float(collective_wait_s)
+        self.collective_wait_steps = float(collective_wait_steps)
+        self.pause_phases = (pause_phases,) if isinstance(pause_phases, str) else tuple(pause_phases)
+        self.pause_timeout_s = float(pause_timeout_s)
+        self._wait_floor_s = np.inf if collective_wait_s is None else self.collective_wait_s
         super().__init__()
 
     # ------------------------------------------------------------------------------ state
@@ -108,8 +144,16 @@ class HangDetector(Detector):
         self._phases: list[str] = []
         self._finished = False
         self._stalled = False
-        # Derived, not state: when each rank becomes overdue (inf when not expected).
+        self._held = False   # a pause excused silence (the job waited for a checkpoint)
+        # The job's front (highest record step) and when it last advanced; seconds per step of
+        # the last advances (the typical step duration is their median).
+        self._front_step = -1
+        self._front_s = 0.0
+        self._step_samples: deque[float] = deque(maxlen=_STEP_SAMPLES)
+        # Derived, not state: when each rank becomes overdue (inf when not expected), and the
+        # latest progress of any rank (the max of _progress_s, kept up to date where it moves).
         self._deadline_s = np.zeros(0)
+        self._last_progress_s = 0.0
         self._all_active = False   # a cache: every known rank is expected
 
     def _refresh_deadlines(self, sel: slice | np.ndarray | int = slice(None)) -> None:
@@ -118,7 +162,10 @@ class HangDetector(Detector):
 
     def state_dict(self) -> dict[str, Any]:
         state = {name: getattr(self, "_" + name).tolist() for name in self._ARRAYS}
-        state.update(phases=list(self._phases), finished=self._finished, stalled=self._stalled)
+        state.update(phases=list(self._phases), finished=self._finished, stalled=self._stalled,
+                     held=self._held,
+                     front_step=self._front_step, front_s=self._front_s,
+                     step_samples=list(self._step_samples))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -127,7 +174,14 @@ class HangDetector(Detector):
             setattr(self, "_" + name, np.asarray(state[name], dtype=dtype))
         self._phases = list(state["phases"])
         self._finished, self._stalled = bool(state["finished"]), bool(state["stalled"])
+        # Snapshots from before the collective-wait path lack these: start without samples.
+        self._held = bool(state.get("held", False))
+        self._front_step = int(state.get("front_step", -1))
+        self._front_s = float(state.get("front_s", 0.0))
+        self._step_samples = deque((float(x) for x in state.get("step_samples", [])),
+                                   maxlen=_STEP_SAMPLES)
         self._deadline_s = np.zeros(len(self._ids))
+        self._last_progress_s = float(self._progress_s.max()) if len(self._ids) else 0.0
         self._refresh_deadlines()
 
     def _positions(self, ids: np.ndarray, now: float) -> np.ndarray | None:
@@ -146,6 +200,7 @@ class HangDetector(Detector):
             new = np.ones(len(merged), dtype=bool)
             new[old] = False
             self._progress_s[new] = now   # a new rank's silence starts when it is first known
+            self._last_progress_s = max(self._last_progress_s, now)
             self._deadline_s = np.zeros(len(merged))
             self._refresh_deadlines()
         return np.searchsorted(self._ids, ids)
@@ -183,12 +238,19 @@ class HangDetector(Detector):
         self._finished = False   # data after finish: the run was resumed and can hang again
         pos = None if whole else self._positions(ranks, now)
         if pos is None and self._steady_push(steps, now):
-            return self._on_progress(slice(None), None, now) if self._hung.any() or self._stalled else []
+            # Every rank moved: the first and last rank stand for the push's front (a
+            # synchronous job's ranks are at one step; a max would be a pass over the ranks).
+            self._advance_front(max(int(steps[0]), int(steps[-1])), now)
+            if self._hung.any() or self._stalled or self._held:
+                return self._on_progress(slice(None), None, now)
+            return []
         sel = slice(None) if pos is None else pos
         prev = self._last_step[sel]
         moved = steps != prev
         if not moved.any():
             return []
+        self._advance_front(int(steps.max()), now)
+        self._last_progress_s = now
         had = prev >= 0
         dt = now - self._push_s[sel]
         sample = moved & had & (dt > 0)
@@ -221,6 +283,7 @@ class HangDetector(Detector):
         interval += capped
         self._last_step[:] = steps
         self._progress_s.fill(now)
+        self._last_progress_s = now
         self._push_s.fill(now)
         if not self._all_active:
             self._active.fill(True)
@@ -229,6 +292,14 @@ class HangDetector(Detector):
         np.maximum(self._deadline_s, self.timeout_floor_s, out=self._deadline_s)
         self._deadline_s += now
         return True
+
+    def _advance_front(self, top: int, now: float) -> None:
+        """A push reached step ``top``: one step-duration sample when it advanced the front."""
+        if top <= self._front_step:
+            return
+        if self._front_step >= 0 and now >= self._front_s:
+            self._step_samples.append((now - self._front_s) / (top - self._front_step))
+        self._front_step, self._front_s = top, now
 
     def heartbeat(self, rank: int, step: int, phase: str, now: float) -> list[Finding]:
         """A heartbeat of ``rank`` arrived at ``now``: it is at ``step`` (negative: unknown) in
@@ -251,11 +322,12 @@ class HangDetector(Detector):
         self._active[j] = True
         if moved:
             self._progress_s[j] = now
+            self._last_progress_s = now
         interval = float(self._interval_s[j])
         timeout = (max(self.timeout_floor_s, self.timeout_factor * interval) if interval > 0
                    else max(self.timeout_floor_s, self.startup_timeout_s))
         self._deadline_s[j] = float(self._progress_s[j]) + timeout
-        if not moved or not (self._stalled or self._hung[j]):
+        if not moved or not (self._stalled or self._held or self._hung[j]):
             return []
         mask = np.zeros(len(self._ids), dtype=bool)
         mask[j] = True
@@ -275,6 +347,8 @@ class HangDetector(Detector):
         self._push_s += shift_s
         self._hb_s[self._hb_s != _NEVER] += shift_s
         self._deadline_s += shift_s
+        self._last_progress_s += shift_s
+        self._front_s += shift_s
 
     # ------------------------------------------------------------------------------ decisions
     def _timeouts(self, interval_s: np.ndarray | None = None) -> np.ndarray:
@@ -285,11 +359,24 @@ class HangDetector(Detector):
 
     def tick(self, now: float) -> list[Finding]:
         """New ``hang``/``stall`` findings at ``now`` (seconds, the caller's clock)."""
-        if self._finished or not (self._deadline_s < now).any():
+        if self._finished:
+            return []
+        if (now - self._last_progress_s > self._wait_floor_s and not self._stalled
+                and self._step_samples):
+            out = self._collective_wait(now)   # rare: the whole job has been quiet for a while
+            if out:
+                return out
+        if not (self._deadline_s < now).any():
             return []   # the common case: one comparison
+        paused = self._pausing(now)
+        if paused is not None and (paused & self._active).any():
+            # A checkpoint holds the job: its silence is not judged until the pause ends (or
+            # outlasts pause_timeout_s); the others may be waiting for it in a barrier.
+            self._held = True
+            return []
+        overdue = self._deadline_s < now
         timeout = self._timeouts()
         silent = now - self._progress_s
-        overdue = self._deadline_s < now
         if overdue[self._active].all():
             return [] if self._stalled else self._stall(now, silent, timeout)
         # The job goes on without a rank when some rank progressed after that rank's deadline.
@@ -298,10 +385,65 @@ class HangDetector(Detector):
         out = [self._hang(j, now, silent, timeout, culprit=False) for j in np.flatnonzero(new)]
         return out
 
-    def _stall(self, now: float, silent: np.ndarray, timeout: np.ndarray) -> list[Finding]:
+    def _pausing(self, now: float) -> np.ndarray | None:
+        """Ranks excused by a pause phase (fresh heartbeat, silent < pause_timeout_s), or None."""
+        codes = [i for i, p in enumerate(self._phases) if p in self.pause_phases]
+        if not codes:
+            return None
+        return (np.isin(self._hb_phase, codes) & (now - self._hb_s <= self.heartbeat_timeout_s)
+                & (now - self._progress_s < self.pause_timeout_s))
+
+    def _collective_wait(self, now: float) -> list[Finding]:
+        """The fast path: a stall named by the heartbeats' split around a collective."""
+        quiet = now - self._last_progress_s
+        typical = float(np.median(self._step_samples))
+        limit = max(float(self.collective_wait_s), self.collective_wait_steps * typical)
+        if quiet <= limit:   # longer than, as for the timeouts
+            return []
+        act = np.flatnonzero(self._active)
+        if len(act) < 2 or self.collective_phase not in self._phases:
+            return []
+        hb_s = self._hb_s[act]
+        # Every expected rank speaks for itself, about the silence: it kept sending heartbeats
+        # through it (one after the last progress, not with it, and none older than half the
+        # silence). A process that died, e.g. a rank leaving an elastic job, sent its last one
+        # early in the silence: the timeouts judge it (and say "process dead?").
+        fresh_s = min(self.heartbeat_timeout_s, quiet / 2)
+        if not ((hb_s > self._last_progress_s) & (now - hb_s <= fresh_s)).all():
+            return []
+        phase, step = self._hb_phase[act], self._hb_step[act]
+        pause = [i for i, p in enumerate(self._phases) if p in self.pause_phases]
+        if pause and np.isin(phase, pause).any():
+            return []   # a checkpoint explains the wait: the timeouts (pause_timeout_s) decide
+        inside = phase == self._phases.index(self.collective_phase)
+        lead = int(step[inside].max()) if inside.any() else -1
+        if lead < 0:
+            return []   # nobody waits in the collective, or the waiting ranks do not tell a step
+        peers = inside & (step == lead)
+        blamed = ~peers
+        if not blamed.any() or blamed.sum() > peers.sum() or (step[blamed] > lead).any():
+            return []   # no culprit, no minority, or a rank ahead of the wait: not this pattern
+        culprits = act[blamed]
+        words = []
+        for j in culprits[:5]:
+            rank, st = int(self._ids[j]), int(self._hb_step[j])
+            words.append(f"rank {rank} in phase '{self._phases[int(self._hb_phase[j])]}' at "
+                         + (f"step {st}" if st >= 0 else "an unknown step"))
+        more = f" (and {len(culprits) - 5} more)" if len(culprits) > 5 else ""
+        reason = (f"peers waiting in the collective at step {lead} ({int(peers.sum())} ranks in "
+                  f"'{self.collective_phase}', no progress for {quiet:.0f} s); "
+                  + "; ".join(words) + more)
+        silent = now - self._progress_s
+        timeout = np.full(len(self._ids), limit)
+        return self._stall(now, silent, timeout, found=(culprits.tolist(), reason),
+                           trigger="collective_wait", extra={"step_s": round(typical, 3)})
+
+    def _stall(self, now: float, silent: np.ndarray, timeout: np.ndarray, *,
+               found: tuple[list[int], str] | None = None, trigger: str = "timeout",
+               extra: dict[str, Any] | None = None) -> list[Finding]:
         self._stalled = True
         act = np.flatnonzero(self._active)
-        culprits, reason = self._culprits(act, now)
+        culprits, reason = self._culprits(act, now) if found is None else found
         step = int(self._last_step[act].min()) + 1
         phases = {}
         for code, count in zip(*np.unique(self._hb_phase[act], return_counts=True)):
@@ -315,10 +457,11 @@ class HangDetector(Detector):
             evidence={"silent_s": round(quiet, 3), "timeout_s": round(limit, 3),
                       "n_ranks": int(len(act)),
                       "culprits": [int(self._ids[j]) for j in culprits], "reason": reason,
-                      "phases": phases})]
+                      "phases": phases, "trigger": trigger, **(extra or {})})]
         for j in culprits:
             if not self._hung[j]:
-                out.append(self._hang(j, now, silent, timeout, culprit=True, why=reason))
+                out.append(self._hang(j, now, silent, timeout, culprit=True, why=reason,
+                                      trigger=trigger))
         return out
 
     def _culprits(self, act: np.ndarray, now: float) -> tuple[list[int], str]:
@@ -358,7 +501,7 @@ class HangDetector(Detector):
         return f"rank {rank} is in '{phase}' at step {int(self._hb_step[j])}"
 
     def _hang(self, j: int, now: float, silent: np.ndarray, timeout: np.ndarray, *, culprit: bool,
-              why: str | None = None) -> Finding:
+              why: str | None = None, trigger: str = "timeout") -> Finding:
         self._hung[j] = True
         rank = int(self._ids[j])
         step = int(self._last_step[j]) + 1
@@ -371,7 +514,7 @@ class HangDetector(Detector):
         evidence: dict[str, Any] = {
             "silent_s": round(quiet, 3), "timeout_s": round(limit, 3),
             "last_step": int(self._last_step[j]), "interval_s": round(float(self._interval_s[j]), 3),
-            "culprit": culprit, "reason": why,
+            "culprit": culprit, "reason": why, "trigger": trigger,
         }
         if self._hb_s[j] != _NEVER:
             evidence.update(phase=self._phases[int(self._hb_phase[j])],
@@ -385,12 +528,13 @@ class HangDetector(Detector):
                      now: float) -> list[Finding]:
         mask = np.zeros(len(self._ids), dtype=bool)
         mask[sel] = True if moved is None else moved
-        was_stalled = self._stalled
+        was_stalled = self._stalled or self._held
+        self._held = False
         out = self._resolve_stall(now, reason="progress resumed")
         if was_stalled:
-            # When a stall ends every rank resumes, but their records arrive one by one: measure
-            # each rank's silence from the end of the stall, or the ranks that waited in the
-            # collective would be reported hung for the moment between two arrivals.
+            # When a stall (or a pause) ends every rank resumes, but their records arrive one by
+            # one: measure each rank's silence from the end of the stall, or the ranks that
+            # waited in the collective would be reported hung for the moment between two arrivals.
             act = self._active
             self._progress_s[act] = np.maximum(self._progress_s[act], now)
             self._refresh_deadlines()

@@ -131,8 +131,10 @@ def _stuck_job(det: HangDetector, n_ranks: int, culprit: int, culprit_phase: str
     return out
 
 
-def test_heartbeats_name_the_rank_outside_the_collective_as_the_culprit():
-    out = _stuck_job(HangDetector(timeout_floor_s=20.0), n_ranks=16, culprit=11, culprit_phase="data")
+def test_heartbeats_name_the_rank_outside_the_collective_as_the_culprit_at_the_timeout():
+    # The timeout path (the collective-wait path off): the stall and its culprit at the timeout.
+    det = HangDetector(timeout_floor_s=20.0, collective_wait_s=None)
+    out = _stuck_job(det, n_ranks=16, culprit=11, culprit_phase="data")
     assert [(t, f.kind, f.ranks, f.step) for t, f in out] == [
         (71.0, "stall", (), 51), (71.0, "hang", (11,), 51)]
     stall, hang = out[0][1], out[1][1]
@@ -145,15 +147,21 @@ def test_heartbeats_name_the_rank_outside_the_collective_as_the_culprit():
 def test_a_rank_whose_heartbeats_stop_while_peers_wait_is_the_culprit():
     det = HangDetector(timeout_floor_s=20.0, heartbeat_timeout_s=10.0)
     out = _stuck_job(det, n_ranks=16, culprit=4, culprit_phase=None)
+    # Its last heartbeat came with the last progress, not after it: it says nothing about the
+    # silence, so the collective-wait path stays out and the timeout decides.
     assert [(t, f.kind, f.ranks) for t, f in out] == [(71.0, "stall", ()), (71.0, "hang", (4,))]
     assert "no heartbeat" in out[1][1].evidence["reason"]
+    assert out[0][1].evidence["trigger"] == "timeout"
 
 
 def test_everyone_inside_the_collective_blames_no_rank():
     out = _stuck_job(HangDetector(timeout_floor_s=20.0), n_ranks=8, culprit=0,
                      culprit_phase="collective")
-    assert [(f.kind, f.ranks) for _, f in out] == [("stall", ())]
+    # No rank outside the collective: no culprit for the collective-wait path; the stall comes
+    # from the timeout (20 s after the last progress at t=50, next tick).
+    assert [(t, f.kind, f.ranks) for t, f in out] == [(71.0, "stall", ())]
     assert "suspect the collective" in out[0][1].evidence["reason"]
+    assert out[0][1].evidence["trigger"] == "timeout"
 
 
 def test_heartbeats_with_a_standing_step_do_not_keep_a_rank_alive():
@@ -258,3 +266,223 @@ def test_when_a_stall_ends_the_ranks_that_waited_are_not_reported_hung():
             break
     else:
         raise AssertionError("the rank that never resumed was not reported")
+
+
+# ------------------------------------------------------------------ the collective-wait path
+class SyncJob:
+    """A synchronous data-parallel job on a fake clock (integer milliseconds, so it is exact).
+
+    Step k (1-based) runs from ``(k-1) * step_s``: rank r computes until ``compute_s + late[r]``
+    into the step, then waits in the collective until the step ends. Records of the finished
+    steps are pushed every ``push_s`` seconds (one push, every rank); each rank sends a heartbeat
+    every ``hb_s`` seconds (ranks staggered) with the step it is in and its phase; the detector
+    ticks every second. ``hang_step``: ``culprit`` stops computing in that step and everyone
+    else waits in its collective for good. ``pause``: (start_s, end_s, phase_of_rank) — every
+    rank stops at ``start_s`` (between steps) and sends that phase until ``end_s``.
+    """
+
+    def __init__(self, det: HangDetector, *, n_ranks=8, step_s=0.5, compute_s=0.4, late=None,
+                 push_s=1.0, hb_s=1.0, hang_step=None, culprit=None, pause=None):
+        self.det, self.n = det, n_ranks
+        self.step_ms, self.compute_ms = round(step_s * 1000), round(compute_s * 1000)
+        self.late_ms = [round((late or {}).get(r, 0.0) * 1000) for r in range(n_ranks)]
+        self.push_ms, self.hb_ms = round(push_s * 1000), round(hb_s * 1000)
+        self.hang_step, self.culprit, self.pause = hang_step, culprit, pause
+        self.pushed = 0              # steps pushed so far
+        self.last_push_s = None      # when records last arrived
+        self.split_s = 0.0           # longest time the heartbeats showed peers waiting on a rank
+        self._split_since = None
+        self.findings: list[tuple[float, object]] = []
+        det.set_world(range(n_ranks), 0.0)
+
+    def _paused_ms(self, ms):
+        """Milliseconds of pause before ``ms`` (the job's own clock stands still meanwhile)."""
+        if self.pause is None:
+            return 0
+        start, end = round(self.pause[0] * 1000), round(self.pause[1] * 1000)
+        return 0 if ms < start else min(ms, end) - start
+
+    def state(self, r, ms):
+        """(step, phase) of rank r at time ms."""
+        if self.pause is not None and self.pause[0] * 1000 <= ms < self.pause[1] * 1000:
+            return self.done(round(self.pause[0] * 1000)), self.pause[2](r)
+        job_ms = ms - self._paused_ms(ms)
+        step = job_ms // self.step_ms + 1
+        if self.hang_step is not None and step >= self.hang_step:
+            return self.hang_step, "compute" if r == self.culprit else "collective"
+        into = job_ms % self.step_ms
+        return step, "compute" if into < self.compute_ms + self.late_ms[r] else "collective"
+
+    def done(self, ms):
+        """Steps every rank has finished by time ms."""
+        job_ms = ms - self._paused_ms(ms)
+        step = job_ms // self.step_ms
+        return step if self.hang_step is None else min(step, self.hang_step - 1)
+
+    def run_until(self, t_end_s):
+        ms = getattr(self, "_ms", 0)
+        while ms < round(t_end_s * 1000):
+            ms += 100
+            now = ms / 1000
+            if ms % self.push_ms == 0 and self.done(ms) > self.pushed:
+                steps = np.arange(self.pushed + 1, self.done(ms) + 1)
+                ranks = np.tile(np.arange(self.n), len(steps))
+                self._emit(now, self.det.observe(ranks, np.repeat(steps, self.n), now))
+                self.pushed, self.last_push_s = int(steps[-1]), now
+            beats = []
+            for r in range(self.n):
+                if (ms - 100 * r) % self.hb_ms == 0:   # staggered by 0.1 s per rank
+                    beats.append(self.state(r, ms))
+                    self._emit(now, self.det.heartbeat(r, *beats[-1], now))
+            self._watch_split(now)
+            if ms % 1000 == 0:
+                self._emit(now, self.det.tick(now))
+        self._ms = ms
+
+    def _watch_split(self, now):
+        """How long the job really was split (some ranks in the collective, some computing)."""
+        phases = {self.state(r, round(now * 1000))[1] for r in range(self.n)}
+        if phases == {"compute", "collective"}:
+            self._split_since = now if self._split_since is None else self._split_since
+            self.split_s = max(self.split_s, now - self._split_since)
+        else:
+            self._split_since = None
+
+    def _emit(self, now, found):
+        self.findings += [(now, f) for f in found]
+
+    def summary(self):
+        return [(t, f.kind, f.status, f.ranks) for t, f in self.findings]
+
+
+@pytest.mark.parametrize("hb_s,push_s", [(1.0, 1.0), (5.0, 1.0), (5.0, 5.0)])
+def test_a_rank_stuck_outside_the_collective_is_named_within_20_s_of_the_last_progress(hb_s, push_s):
+    # Defaults only. 0.5 s steps; rank 5 stops computing in step 120 (t=59.5) while its 7 peers
+    # wait in the all-reduce. The timeouts alone would take 60 s; the collective-wait path names
+    # rank 5 once the job has been quiet for collective_wait_s (10 s).
+    job = SyncJob(HangDetector(), hb_s=hb_s, push_s=push_s, hang_step=120, culprit=5)
+    job.run_until(100.0)
+    firing = [(t, f) for t, f in job.findings if f.status == "firing"]
+    assert [(f.kind, f.ranks) for _, f in firing] == [("stall", ()), ("hang", (5,))]
+    t_found = firing[0][0]
+    assert job.last_push_s is not None and 10.0 <= t_found - job.last_push_s <= 20.0
+    stall, hang = firing[0][1], firing[1][1]
+    assert stall.evidence["culprits"] == [5] and stall.evidence["trigger"] == "collective_wait"
+    assert stall.step == hang.step == 120 and hang.severity == "critical"
+    assert hang.evidence["culprit"] is True and hang.evidence["phase"] == "compute"
+    assert hang.evidence["reason"].startswith("peers waiting in the collective at step 120 (7 ranks")
+    assert "rank 5 in phase 'compute' at step 120" in hang.evidence["reason"]
+    # Nothing more while it stays stuck: the timeout's stall is the same stall, already open.
+    job.run_until(200.0)
+    assert len([f for _, f in job.findings if f.status == "firing"]) == 2
+
+
+def test_the_culprit_resumes_and_the_findings_resolve():
+    det = HangDetector()
+    job = SyncJob(det, hang_step=60, culprit=2)
+    job.run_until(50.0)
+    assert [(k, r) for _, k, s, r in job.summary() if s == "firing"] == [("stall", ()), ("hang", (2,))]
+    out = det.observe(np.arange(8), np.full(8, 60), 50.5)
+    assert {(f.kind, f.status) for f in out} == {("stall", "resolved"), ("hang", "resolved")}
+
+
+def test_clean_run_with_three_minute_steps_and_a_late_rank_raises_nothing():
+    # 3-minute steps; rank 6 reaches the all-reduce 40 s after its peers every step (an uneven
+    # shard), so the heartbeats show the hang's split for 40 s of every step. Quiet for 40 s is
+    # normal when a step takes 180 s: the bound is collective_wait_steps (3) x the step time.
+    def job(det):
+        j = SyncJob(det, step_s=180.0, compute_s=130.0, late={6: 40.0}, push_s=1.0, hb_s=5.0)
+        j.run_until(180.0 * 20)
+        return j
+    clean = job(HangDetector())
+    assert clean.split_s >= 39.0 and clean.findings == []
+    # The barrier for that "nothing": without the relative bound the same heartbeats do fire.
+    floor_only = job(HangDetector(collective_wait_steps=0.0))
+    assert ("hang", (6,)) in [(k, r) for _, k, s, r in floor_only.summary() if s == "firing"]
+
+
+def test_a_checkpoint_pausing_every_rank_for_two_minutes_raises_nothing():
+    def job(det, phase_of_rank):
+        j = SyncJob(det, pause=(100.0, 220.0, phase_of_rank))
+        j.run_until(300.0)
+        return j
+    everyone = job(HangDetector(), lambda r: "checkpoint")
+    assert everyone.pushed == 360 and everyone.findings == []   # it resumed: 200 + 160 steps
+    # Rank 0 writes the checkpoint while the others wait for it in a barrier: normal too.
+    rank0 = job(HangDetector(), lambda r: "checkpoint" if r == 0 else "collective")
+    assert rank0.findings == []
+    # The barrier for that "nothing": with no pause phase the 120 s pause is a stall (60 s floor).
+    no_pause = job(HangDetector(pause_phases=()), lambda r: "checkpoint")
+    assert [(k, s) for _, k, s, _ in no_pause.summary()][:1] == [("stall", "firing")]
+
+
+def test_a_checkpoint_that_never_ends_is_a_stall_after_pause_timeout_s():
+    job = SyncJob(HangDetector(pause_timeout_s=300.0), pause=(100.0, 1e9, lambda r: "checkpoint"))
+    job.run_until(500.0)
+    firing = [(t, k, r) for t, k, s, r in job.summary() if s == "firing"]
+    # The last heartbeats to move (to step 200) came at t=100.0..100.7, one rank every 0.1 s:
+    # the last of them is excused until t=400.7; the next tick reports the stall.
+    assert firing == [(401.0, "stall", ())]
+
+
+def test_everyone_waiting_in_the_collective_is_left_to_the_timeout_stall():
+    job = SyncJob(HangDetector(), hang_step=120, culprit=None)   # no rank stays outside
+    job.run_until(150.0)
+    firing = [(t, f) for t, f in job.findings if f.status == "firing"]
+    assert [(f.kind, f.ranks) for _, f in firing] == [("stall", ())]
+    assert firing[0][1].evidence["trigger"] == "timeout"
+    assert firing[0][0] - job.last_push_s >= 60.0   # the 60 s floor, not the fast path
+    assert "suspect the collective" in firing[0][1].evidence["reason"]
+
+
+@pytest.mark.parametrize("case", ["no step", "culprit ahead", "absent heartbeat", "dead culprit",
+                                  "majority out"])
+def test_heartbeats_that_do_not_show_the_split_leave_it_to_the_timeouts(case):
+    det = HangDetector()
+    ranks = np.arange(4)
+    for t in range(1, 51):                       # 1 s steps, then every rank falls silent
+        det.observe(ranks, np.full(4, t), float(t))
+    for t in range(51, 100):
+        for r in range(4):
+            step, phase = 51, "collective" if r else "compute"
+            if case == "no step":
+                step = -1
+            elif case == "culprit ahead" and r == 0:
+                step = 52
+            elif case == "absent heartbeat" and r == 3:
+                continue                         # rank 3 says nothing about the silence
+            elif case == "dead culprit" and r == 0 and t > 54:
+                continue                         # rank 0's process died 4 s into the silence
+            elif case == "majority out" and r in (1, 2):
+                phase = "data"
+            det.heartbeat(r, step, phase, t + 0.1 * r)
+        for f in det.tick(t + 0.5):
+            assert t + 0.5 >= 110.0, (case, t, f)   # only the timeout (60 s after t=50)
+            assert f.evidence["trigger"] == "timeout"
+
+
+def test_collective_wait_state_round_trips_and_old_snapshots_load():
+    def scenario(save_at):
+        det = HangDetector()
+        job = SyncJob(det, hang_step=60, culprit=3)
+        job.run_until(save_at)
+        fresh = HangDetector()
+        fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
+        job.det = fresh
+        job.run_until(80.0)
+        return job.summary()
+    assert scenario(31.0) == scenario(35.0) == scenario(79.0)
+    assert [k for _, k, s, _ in scenario(35.0) if s == "firing"] == ["stall", "hang"]
+    det = HangDetector()
+    det.observe(np.arange(2), np.ones(2, dtype=np.int64), 1.0)
+    old = det.state_dict()
+    for key in ("front_step", "front_s", "step_samples"):
+        del old[key]
+    HangDetector().load_state_dict(old)          # a snapshot from before the fast path
+
+
+def test_bad_collective_wait_parameters_are_refused():
+    with pytest.raises(ValueError, match="collective_wait_s"):
+        HangDetector(collective_wait_s=0.0)
+    with pytest.raises(ValueError, match="pause_timeout_s"):
+        HangDetector(pause_timeout_s=-1.0)

@@ -141,6 +141,45 @@ def test_hang_from_silence_and_finish_is_not_a_stall(tmp_path):
         assert findings(http, "h", kind="stall") == []
 
 
+def test_a_rank_stuck_outside_the_collective_is_named_within_20_s_of_the_last_metrics(http):
+    # Default settings (1 s ticker) and detector defaults: 4 ranks step every 0.1 s with 1 Hz
+    # heartbeats; then rank 1 stops in step 41 outside the collective while ranks 0, 2 and 3 wait
+    # inside it. Their heartbeats keep coming; no metrics do.
+    http.put("/v1/runs/c", json={"world_size": 4})
+
+    def beat(step, phase_of):
+        for r in range(4):
+            assert http.post("/v1/runs/c/heartbeats",
+                             json={"rank": r, "step": step, "phase": phase_of(r)}).status_code < 300
+
+    last_beat = 0.0
+    for step in range(1, 41):
+        resp = http.post("/v1/runs/c/metrics",
+                         json={"records": [{"step": step, "rank": r, "loss": 1.0} for r in range(4)]})
+        assert resp.status_code < 300
+        if time.monotonic() - last_beat >= 1.0:
+            beat(step + 1, lambda r: "compute")
+            last_beat = time.monotonic()
+        time.sleep(0.1)
+    last_metrics = time.monotonic()
+    hangs: list = []
+    while time.monotonic() - last_metrics < 40.0 and not hangs:
+        if time.monotonic() - last_beat >= 1.0:
+            beat(41, lambda r: "compute" if r == 1 else "collective")
+            last_beat = time.monotonic()
+        hangs = [f for f in findings(http, "c", kind="hang") if f["status"] == "firing"]
+        time.sleep(0.2)
+    delay = time.monotonic() - last_metrics
+    assert [f["ranks"] for f in hangs] == [[1]], hangs
+    assert 9.0 <= delay <= 20.0, delay   # not before collective_wait_s (10 s); within 20 s
+    ev = hangs[0]["evidence"]
+    assert ev["trigger"] == "collective_wait" and ev["phase"] == "compute"
+    assert "peers waiting in the collective at step 41" in ev["reason"]
+    assert "rank 1 in phase 'compute' at step 41" in ev["reason"]
+    stalls = findings(http, "c", kind="stall")
+    assert [(f["status"], f["evidence"]["culprits"]) for f in stalls] == [("firing", [1])]
+
+
 def test_aligner_waits_for_all_ranks_then_times_out():
     al = StepAligner(timeout_s=2.0, min_block_steps=1)
 
