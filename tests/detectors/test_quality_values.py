@@ -9,7 +9,9 @@ detection delay in steps, and assert the product's promises:
 
 - clean runs raise no finding of severity warning or above;
 - a NaN is reported at its exact step, naming the origin rank;
-- loss and gradient spikes within 1 step;
+- loss and gradient spikes within 1 step (any firing finding counts: a transient spike is recorded
+  as ``info``, it pages only when it is large, lasts, recurs or the loss follows);
+- a transient (1..3-step) loss spike of 3x pages (warning) at its step, one of 1.5x or less does not;
 - persistent corruption on one rank is named (by ``rank_outlier`` or ``divergence``) within 300 steps;
 - a slow divergence within 1,000 steps (at 2e-4 .. 5e-4 log-units per step).
 """
@@ -44,6 +46,8 @@ class Rule:
 
 RULES = {
     "non_finite": Rule(frozenset({"non_finite"}), 0, True, frozenset({"non_finite"}), 10**9),
+    # Spikes are *detected* by any firing finding (info included); only warning-or-worse ones
+    # count as alarms (precision, clean runs).
     "loss_spike": Rule(frozenset({"loss_spike"}), 1, True, frozenset({"loss_spike"}), 5),
     "grad_spike": Rule(frozenset({"grad_spike"}), 1, False, frozenset({"grad_spike", "loss_spike"}), 8),
     # The sudden start of a corruption is also a per-rank spike of the local values (named).
@@ -90,7 +94,11 @@ def detectors():
 
 
 def alarms(findings):
-    return [f for f in findings if f.status == "firing" and SEVERITY_ORDER[f.severity] >= 1]
+    return [f for f in findings if f.status == "firing" and SEVERITY_ORDER[f.severity] >= SEVERITY_ORDER["warning"]]
+
+
+# Kinds whose detection counts any firing finding (a transient spike is recorded as info).
+DETECTED_AT_ANY_SEVERITY = frozenset({"loss_spike", "grad_spike"})
 
 
 def catches(f, t: Truth, rule: Rule) -> bool:
@@ -117,6 +125,7 @@ class KindResult:
     alarms: int = 0
     explained: int = 0
     delays: list[int] = field(default_factory=list)
+    severities: list[tuple] = field(default_factory=list)   # (fault, severity of its first finding)
     misses: list[str] = field(default_factory=list)
     unexplained: list[str] = field(default_factory=list)
 
@@ -132,6 +141,7 @@ def quality() -> dict[str, KindResult]:
             dets = detectors()
             found = [f for b in iter_blocks(run.block, 64) for d in dets for f in d.update(b)]
             raised = alarms(found)
+            firing = [f for f in found if f.status == "firing"]
             res.alarms += len(raised)
             for f in raised:
                 if any(explains(t, f) for t in run.truth):
@@ -140,10 +150,13 @@ def quality() -> dict[str, KindResult]:
                     res.unexplained.append(f"seed {seed}: {f.kind} {f.metric} step {f.step} ranks {f.ranks}")
             for t in run.truth:
                 res.faults += 1
-                hits = [f for f in raised if catches(f, t, RULES[t.kind])]
+                pool = firing if t.kind in DETECTED_AT_ANY_SEVERITY else raised
+                hits = [f for f in pool if catches(f, t, RULES[t.kind])]
                 if hits:
                     res.caught += 1
-                    res.delays.append(min(f.step for f in hits) - t.step)
+                    first = min(hits, key=lambda f: (f.step, -SEVERITY_ORDER[f.severity]))
+                    res.delays.append(first.step - t.step)
+                    res.severities.append((t.fault, first.severity))
                 else:
                     res.misses.append(f"seed {seed}: {t.kind} at {t.step} ranks {t.ranks}")
     _print_table(results)
@@ -177,7 +190,28 @@ def test_nan_at_its_exact_step_naming_the_origin_rank(quality):
 def test_spikes_within_one_step(quality):
     for kind in ("loss_spike", "grad_spike"):
         r = quality[kind]
-        assert r.caught == r.faults and max(r.delays) <= 1, (kind, r.misses)
+        assert r.caught == r.faults == 9 and max(r.delays) <= 1, (kind, r.misses)
+
+
+def test_large_loss_spikes_page_at_once_and_transient_small_ones_do_not(quality):
+    # The seeded spikes last 1..3 steps (under confirm_steps): their size alone decides.
+    sev = {(f.step, f.factor, f.ranks): s for f, s in quality["loss_spike"].severities}
+    assert len(sev) == 9
+    for (step, factor, ranks), s in sev.items():
+        if factor >= 3.0:
+            assert s == "warning", (step, factor, ranks, s)
+        elif factor <= 1.5:
+            assert s == "info", (step, factor, ranks, s)
+    assert {s for (_, factor, _), s in sev.items() if factor >= 3.0} == {"warning"}
+    assert {s for (_, factor, _), s in sev.items() if factor <= 1.5} == {"info"}
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): a one-step gradient "
+                   "spike whose loss follows (the simulator's GradSpike: loss 1.6x three steps later) "
+                   "stays info; 'loss followed' is only checked while the gradient episode is open")
+def test_gradient_spikes_whose_loss_follows_page(quality):
+    r = quality["grad_spike"]
+    assert r.alarms >= r.faults, [(f.step, f.factor, s) for f, s in r.severities]
 
 
 def test_corruption_on_one_rank_named_within_300_steps(quality):

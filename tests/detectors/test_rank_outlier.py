@@ -25,22 +25,33 @@ def trace(*faults, seed=5, **kw):
 
 def test_scaled_local_grad_norm_is_named_then_critical():
     found = feed(RankOutlierDetector(), trace(CorruptRank(step=2_000, rank=20)))
-    assert summary(found) == [("local_grad_norm", 2_009, "warning", "firing", (20,), 2_004),
-                              ("local_grad_norm", 2_039, "critical", "firing", (20,), 2_004)]
+    assert summary(found) == [("local_grad_norm", 2_009, "warning", "firing", (20,), 2_003),
+                              ("local_grad_norm", 2_038, "critical", "firing", (20,), 2_003)]
     assert found[0].evidence["direction"] == "high" and found[1].score == 1.0
 
 
 def test_low_local_grad_norm_is_an_outlier_too():
     found = feed(RankOutlierDetector(), trace(CorruptRank(step=2_000, rank=20, local_grad_scale=1 / 3)))
-    assert summary(found)[0] == ("local_grad_norm", 2_011, "warning", "firing", (20,), 2_005)
+    assert summary(found)[0] == ("local_grad_norm", 2_011, "warning", "firing", (20,), 2_006)
     assert found[0].evidence["direction"] == "low"
 
 
 def test_biased_loss_is_caught_by_persistence_and_escalates_by_duration():
     found = feed(RankOutlierDetector(), trace(CorruptRank(step=2_000, rank=20, local_grad_scale=1.0, loss_scale=1.05)))
-    assert summary(found) == [("loss", 2_062, "warning", "firing", (20,), 2_019),
-                              ("loss", 2_361, "critical", "firing", (20,), 2_019)]
-    assert found[1].evidence["persistent"] is True
+    firing = [f for f in found if f.status == "firing"]
+    # z in the rank's own sds of deviating from its peers: ~0.75 per step for this bias, so the
+    # 100-step mean passes 0.6 after ~200 steps (it was ~60 with the cross-rank IQR).
+    assert summary(firing) == [("loss", 2_198, "warning", "firing", (20,), 2_048),
+                               ("loss", 2_497, "critical", "firing", (20,), 2_048)]
+    assert firing[1].evidence["persistent"] is True
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): a lasting 5 % loss "
+                   "bias is learned into the rank's usual offset (offset_alpha 0.001, ~1,000 values): "
+                   "the episode fires at 2,198 and resolves at 3,167 while the rank is still corrupted")
+def test_a_lasting_bias_is_not_absorbed_into_the_ranks_normal():
+    found = feed(RankOutlierDetector(), trace(CorruptRank(step=2_000, rank=20, local_grad_scale=1.0, loss_scale=1.05)))
+    assert [f for f in found if f.status == "resolved"] == []
 
 
 def test_global_grad_norm_that_differs_on_one_rank():
@@ -68,19 +79,36 @@ def test_rank_back_with_its_peers_resolves():
     block.values["local_grad_norm"][2_500:, 20] /= 3.0
     found = feed(RankOutlierDetector(), block)
     # The weighted mean forgets a z of +6 (clipped) in ~300 steps of a 100-step window.
-    assert summary(found)[-1] == ("local_grad_norm", 2_817, "info", "resolved", (20,), None)
+    assert summary(found)[-1] == ("local_grad_norm", 2_815, "info", "resolved", (20,), None)
 
 
-def test_new_ranks_join_with_fresh_state():
+def _joining(bad_from: int):
+    """32 ranks for 300 steps, then 8 more (ids 100..107) join; rank 107's local gradient norm
+    is 3x from row ``bad_from`` of the second block on."""
     det = RankOutlierDetector()
     rng = np.random.default_rng(0)
     base = np.exp(rng.normal(0, 0.05, (300, 32)))
-    det.update(StepBlock.from_dense(np.arange(300), np.arange(32), local_grad_norm=base))
+    assert det.update(StepBlock.from_dense(np.arange(300), np.arange(32), local_grad_norm=base)) == []
     later = np.exp(rng.normal(0, 0.05, (300, 40)))
-    later[:, 39] *= 3.0                      # the newcomer (rank id 100) disagrees from the start
+    later[bad_from:, 39] *= 3.0
     ranks = np.r_[np.arange(32), np.arange(100, 108)]
-    found = det.update(StepBlock.from_dense(np.arange(300, 600), ranks, local_grad_norm=later))
-    assert [(f.step, f.ranks, f.severity) for f in found if f.status == "firing"][0] == (310, (107,), "warning")
+    return det.update(StepBlock.from_dense(np.arange(300, 600), ranks, local_grad_norm=later))
+
+
+def test_new_ranks_join_with_fresh_state():
+    # The newcomers learn their usual place among their peers over warmup_steps (50) values and
+    # are judged from then on: rank 107 goes bad at step 400 (its 101st value) and is named.
+    found = _joining(100)
+    assert [(f.step, f.ranks, f.severity, f.onset_step) for f in found if f.status == "firing"] == [
+        (412, (107,), "warning", 406), (441, (107,), "critical", 406)]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR LIMITATION (reported): each rank is "
+                   "judged against its own history of deviating from its peers, so a rank that is 3x "
+                   "from its first value on learns that as its normal offset and is never named")
+def test_a_rank_that_disagrees_from_the_moment_it_joins_is_named():
+    found = _joining(0)
+    assert [(f.ranks, f.severity) for f in found if f.status == "firing"][:1] == [((107,), "warning")]
 
 
 def test_state_round_trip_mid_episode():
@@ -90,14 +118,15 @@ def test_state_round_trip_mid_episode():
     head = feed(first, block.slice_steps(0, 2_100))
     restored = RankOutlierDetector()
     restored.load_state_dict(json.loads(json.dumps(first.state_dict(), allow_nan=False)))
-    assert head + feed(restored, block.slice_steps(2_100, 4_000)) == whole and len(whole) == 2
+    assert head + feed(restored, block.slice_steps(2_100, 4_000)) == whole
+    assert [(f.step, f.severity) for f in whole if f.status == "firing"] == [(2_229, "warning"), (2_543, "critical")]
 
 
 def test_stride_judges_every_kth_step_and_still_names_the_rank():
     block = trace(CorruptRank(step=2_000, rank=20))
     found = feed(RankOutlierDetector(stride_steps=4), block, size=29)
-    assert summary(found)[:2] == [("local_grad_norm", 2_044, "warning", "firing", (20,), 2_021),
-                                  ("local_grad_norm", 2_164, "critical", "firing", (20,), 2_021)]
+    assert summary(found)[:2] == [("local_grad_norm", 2_040, "warning", "firing", (20,), 2_017),
+                                  ("local_grad_norm", 2_160, "critical", "firing", (20,), 2_017)]
     assert all(f.step % 4 == 0 for f in found)
     assert feed(RankOutlierDetector(stride_steps=4), block, size=64) == found
 
@@ -106,3 +135,61 @@ def test_default_stride_grows_with_the_rank_count():
     det = RankOutlierDetector()
     assert [det.stride_for(n) for n in (8, 2_048, 2_049, 16_384, 131_072)] == [1, 1, 2, 8, 64]
     assert RankOutlierDetector(stride_steps=3).stride_for(16_384) == 3
+
+
+# ------------------------------------------------------------- small jobs, own history (new)
+def _small(n_ranks, seed, faults=(), n_steps=3_000):
+    return simulate_run(n_steps=n_steps, n_ranks=n_ranks, seed=seed, faults=list(faults)).block
+
+
+@pytest.mark.parametrize("n_ranks, seed, expected", [
+    (4, 1, [("local_grad_norm", 1_509, "warning", "firing", (1,), 1_504),
+            ("local_grad_norm", 1_539, "critical", "firing", (1,), 1_504)]),
+    (4, 2, [("local_grad_norm", 1_511, "warning", "firing", (1,), 1_506),
+            ("local_grad_norm", 1_541, "critical", "firing", (1,), 1_506)]),
+    (2, 1, [("local_grad_norm", 1_509, "warning", "firing", (1,), 1_504),
+            ("local_grad_norm", 1_539, "critical", "firing", (1,), 1_504)]),
+])
+def test_a_corrupted_rank_is_named_in_a_small_job(n_ranks, seed, expected):
+    # local_grad_norm x3 on rank 1 from step 1_500: named within ~10 steps at 4 (and 2) ranks.
+    found = feed(RankOutlierDetector(), _small(n_ranks, seed, [CorruptRank(step=1_500, rank=1)]))
+    assert summary(found) == expected
+    assert found[0].evidence["direction"] == "high"
+
+
+@pytest.mark.parametrize("n_ranks", [2, 4])
+def test_a_rank_with_a_constant_normal_offset_is_not_an_outlier(n_ranks):
+    # Rank 1's loss always 10 % above its peers', its local gradient norm 30 %: its normal place.
+    block = _small(n_ranks, 1)
+    block.values["loss"][:, 1] *= 1.1
+    block.values["local_grad_norm"][:, 1] *= 1.3
+    assert feed(RankOutlierDetector(), block) == []
+    # The same rank going bad on top of its offset is still named.
+    block.values["local_grad_norm"][1_500:, 1] *= 3.0
+    assert summary(feed(RankOutlierDetector(), block))[0][2:5] == ("warning", "firing", (1,))
+
+
+def _burst_in_warm_up():
+    # Rank 2's values 3x for 10 steps among its first 50 (its warm-up).
+    block = _small(4, 3, n_steps=1_500)
+    block.values["local_grad_norm"][10:20, 2] *= 3.0
+    block.values["loss"][10:20, 2] *= 3.0
+    return block
+
+
+def test_nothing_is_judged_before_a_rank_has_warmup_steps_values():
+    assert [f for f in feed(RankOutlierDetector(), _burst_in_warm_up()) if f.step < 50] == []
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): warm-up learns the "
+                   "offset as a plain running mean with no clipping, so a 10-step burst among a rank's "
+                   "first 50 values shifts its usual place for ~1,000s of steps and the healthy rank "
+                   "is named afterwards (warning at 261, critical at 560; 249/548 at 64 ranks)")
+def test_a_burst_during_warm_up_does_not_make_the_rank_an_outlier_later():
+    assert feed(RankOutlierDetector(), _burst_in_warm_up()) == []
+
+
+def test_min_ranks_below_two_is_refused():
+    with pytest.raises(ValueError, match="min_ranks"):
+        RankOutlierDetector(min_ranks=1)
+    assert RankOutlierDetector().min_ranks == 2 and RankOutlierDetector().warmup_steps == 50

@@ -1,4 +1,5 @@
-"""StragglerDetector on seeded traces: exact firing steps, sources, resolution, elastic ranks."""
+"""StragglerDetector on seeded traces: exact firing steps, sources, resolution, elastic ranks, and
+the trainer-clock policy (with ``ts``: named at once as ``info``, a page only once it lasts)."""
 from __future__ import annotations
 
 import json
@@ -24,9 +25,9 @@ def _run_all(det, block, size=None):
 
 
 @pytest.mark.parametrize("factor, step, severity", [
-    (1.3, 806, "warning"),
-    (1.1, 811, "warning"),
-    (2.0, 806, "critical"),
+    (1.3, 804, "warning"),
+    (1.1, 807, "warning"),
+    (2.0, 804, "critical"),
 ])
 def test_seeded_straggler_fires_at_pinned_step_with_rank_onset_and_magnitude(factor, step, severity):
     run = simulate_run(n_steps=2000, n_ranks=64, seed=11,
@@ -51,7 +52,7 @@ def test_a_rank_slower_than_min_ratio_is_not_reported_but_one_above_is():
     run = simulate_run(n_steps=1500, n_ranks=32, seed=2, faults=[Straggler(step=300, rank=4, factor=1.03)])
     assert StragglerDetector().update(run.block) == []
     out = StragglerDetector(min_ratio=1.03, resolve_ratio=1.01).update(run.block)
-    assert [(f.step, f.ranks) for f in out] == [(467, (4,))]
+    assert [(f.step, f.ranks, f.onset_step) for f in out] == [(342, (4,), 300)]
     assert out[0].evidence["ratio"] == pytest.approx(1.039, abs=0.003)
 
 
@@ -59,7 +60,7 @@ def test_without_compute_time_the_comm_time_asymmetry_names_the_rank():
     run = simulate_run(n_steps=1500, n_ranks=32, seed=4, faults=[Straggler(step=600, rank=9)],
                        metrics=("step_time", "comm_time"))
     out = StragglerDetector().update(run.block)
-    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(606, (9,), 599, "comm_time")]
+    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(603, (9,), 599, "comm_time")]
     assert out[0].evidence["source"] == "comm_time"
 
 
@@ -75,7 +76,7 @@ def test_asynchronous_step_time_is_used():
     own = run.block.values["compute_time"] + 0.05          # each rank's own step: not in lockstep
     block = StepBlock.from_dense(run.block.steps, run.block.ranks, step_time=own)
     out = StragglerDetector().update(block)
-    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(606, (9,), 600, "step_time")]
+    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(604, (9,), 600, "step_time")]
 
 
 def test_recovery_resolves_once_and_a_relapse_fires_again():
@@ -84,7 +85,7 @@ def test_recovery_resolves_once_and_a_relapse_fires_again():
     ct[900:1400, 9] /= 1.3                                  # recovered between 900 and 1400
     out = StragglerDetector().update(run.block)
     assert [(f.step, f.ranks, f.status) for f in out] == [
-        (606, (9,), "firing"), (941, (9,), "resolved"), (1406, (9,), "firing")]
+        (603, (9,), "firing"), (941, (9,), "resolved"), (1404, (9,), "firing")]
     assert out[1].metric == out[0].metric == "compute_time"   # same identity: it resolves that one
 
 
@@ -94,7 +95,7 @@ def test_a_rank_that_joins_late_is_warmed_up_then_judged():
     b.values["compute_time"][:, 70] *= 1.4
     b.present["compute_time"][:500, 70:] = False       # ranks 70, 71 report compute from step 500
     out = StragglerDetector().update(b)
-    assert [(f.step, f.ranks, f.onset_step) for f in out] == [(516, (70,), 510)]
+    assert [(f.step, f.ranks, f.onset_step) for f in out] == [(514, (70,), 510)]
 
 
 def test_blocks_with_changing_rank_sets_keep_per_rank_state_by_id():
@@ -105,7 +106,7 @@ def test_blocks_with_changing_rank_sets_keep_per_rank_state_by_id():
         # Every other block arrives without rank 3 at all (not masked: absent from the block).
         keep = np.arange(16) if i % 2 == 0 else np.delete(np.arange(16), 3)
         out += det.update(b.take_ranks(keep))
-    assert [(f.step, f.ranks) for f in out] == [(f.step, f.ranks) for f in full] == [(406, (9,))]
+    assert [(f.step, f.ranks) for f in out] == [(f.step, f.ranks) for f in full] == [(404, (9,))]
 
 
 def test_too_few_ranks_never_fire():
@@ -126,11 +127,11 @@ def test_state_is_json_and_a_fresh_instance_continues_identically():
     run = simulate_run(n_steps=1500, n_ranks=32, seed=8, faults=[Straggler(step=700, rank=30)])
     ref = StragglerDetector().update(run.block)
     det = StragglerDetector()
-    first = det.update(run.block.slice_steps(0, 703))       # mid-way through the CUSUM run
+    first = det.update(run.block.slice_steps(0, 703))       # mid-way through the CUSUM run (fires at 704)
     fresh = StragglerDetector()
     fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
     rest = fresh.update(run.block.slice_steps(703, 1500))
-    assert first + rest == ref and len(ref) == 1
+    assert first + rest == ref and [(f.step, f.onset_step) for f in ref] == [(704, 700)] and first == []
 
 
 def test_reset_forgets_everything():
@@ -146,3 +147,59 @@ def test_inconsistent_thresholds_are_refused():
         StragglerDetector(min_ratio=1.02, resolve_ratio=1.05)
     with pytest.raises(ValueError, match="min_ranks"):
         StragglerDetector(min_ranks=2)
+
+
+# ------------------------------------------------------------- it must last to page (new)
+def _with_ts(block, dt=0.5, t0=1_000.0):
+    """The trainer's clock: ``ts`` = t0 + dt x step on every rank (a replay or a backlog may
+    arrive at any pace; only this clock says how long something lasted)."""
+    ts = t0 + dt * block.steps.astype(np.float64)
+    block.values["ts"] = np.repeat(ts[:, None], block.n_ranks, axis=1)
+    block.present["ts"] = np.ones(block.values["ts"].shape, dtype=bool)
+    return block
+
+
+def _summary(out):
+    return [(f.step, f.ranks, f.onset_step, f.severity, f.status) for f in out]
+
+
+@pytest.mark.parametrize("factor, dt, page_step, severity", [
+    (1.3, 0.5, 864, "warning"),    # fires at 804 (as without ts); 30 s = 60 steps of 0.5 s later
+    (1.3, 2.0, 819, "warning"),    # the same trace at 2 s per step: 15 steps later
+    (2.0, 0.5, 864, "critical"),
+    (1.1, 0.5, 867, "warning"),    # fires at 807
+])
+def test_with_the_trainer_clock_the_first_finding_is_info_and_the_page_comes_after_min_duration_s(
+        factor, dt, page_step, severity):
+    run = simulate_run(n_steps=2000, n_ranks=64, seed=11, faults=[Straggler(step=800, rank=17, factor=factor)])
+    out = StragglerDetector().update(_with_ts(run.block, dt))
+    fired = 807 if factor == 1.1 else 804
+    assert _summary(out) == [(fired, (17,), 800, "info", "firing"), (page_step, (17,), 800, severity, "firing")]
+    assert out[0].evidence["lasted_s"] == 0.0 and out[0].evidence["ratio"] == pytest.approx(factor, rel=0.05)
+    assert out[1].evidence["lasted_s"] == pytest.approx(30.0) and out[1].evidence["min_duration_s"] == 30.0
+    assert out[1].evidence["ratio"] == pytest.approx(factor, rel=0.05)
+    # Streamed one step at a time, the same findings.
+    det = StragglerDetector()
+    assert [f for b in iter_blocks(run.block, 1) for f in det.update(b)] == out
+
+
+def test_a_straggler_shorter_than_min_duration_s_never_pages():
+    # 1.3x from 800 to 850 (25 s of trainer time at 0.5 s per step): named as info, resolved.
+    run = simulate_run(n_steps=2000, n_ranks=64, seed=11, faults=[Straggler(step=800, rank=17, factor=1.3)])
+    run.block.values["compute_time"][850:, 17] /= 1.3
+    out = StragglerDetector().update(_with_ts(run.block))
+    assert _summary(out) == [(804, (17,), 800, "info", "firing"), (876, (17,), None, "info", "resolved")]
+    # A longer min_duration_s is a longer wait; a shorter one pages while it is still slow.
+    assert [f.severity for f in StragglerDetector(min_duration_s=20.0).update(run.block)] == ["info", "warning", "info"]
+
+
+def test_the_trainer_clock_survives_a_state_round_trip_between_info_and_page():
+    run = simulate_run(n_steps=2000, n_ranks=64, seed=11, faults=[Straggler(step=800, rank=17, factor=1.3)])
+    block = _with_ts(run.block)
+    ref = StragglerDetector().update(block)
+    det = StragglerDetector()
+    first = det.update(block.slice_steps(0, 830))            # after the info (804), before the page (864)
+    fresh = StragglerDetector()
+    fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
+    assert first + fresh.update(block.slice_steps(830, 2000)) == ref
+    assert [f.severity for f in first] == ["info"]

@@ -34,12 +34,39 @@ def _slowdown_trace() -> StepBlock:
     return run.block
 
 
+def _with_ts(block: StepBlock) -> StepBlock:
+    """The trainer's clock (``ts``): each step's median step time accumulated, on every rank."""
+    st = block.values["step_time"]
+    ts = 1_000.0 + np.cumsum(np.nanmedian(np.where(block.present["step_time"], st, np.nan), axis=1))
+    block.values["ts"] = np.repeat(ts[:, None], block.n_ranks, axis=1)
+    block.present["ts"] = np.ones(st.shape, dtype=bool)
+    return block
+
+
+def _slowdown_ts_trace() -> StepBlock:
+    # 1.3x for 800 steps (~550 s of trainer time): info, then a page after 300 s, then resolved.
+    run = simulate_run(n_steps=N_STEPS, n_ranks=32, seed=22)
+    run.block.values["step_time"][500:1300] *= 1.3
+    return _with_ts(run.block)
+
+
 TRACES = {
     "straggler": (StragglerDetector, _straggler_trace()),
     "slowdown": (SlowdownDetector, _slowdown_trace()),
+    # With the trainer's clock the episodes carry an info -> page transition whose state (when it
+    # fired, since when it is slow) must survive splits, permutations and round trips too.
+    "straggler+ts": (StragglerDetector, _with_ts(_straggler_trace())),
+    "slowdown+ts": (SlowdownDetector, _slowdown_ts_trace()),
 }
-EXPECTED = {"straggler": [("firing", (6,)), ("resolved", (6,)), ("firing", (20,))],
-            "slowdown": [("firing", ()), ("resolved", ())]}
+EXPECTED = {"straggler": [("firing", (6,), "warning"), ("resolved", (6,), "info"), ("firing", (20,), "warning")],
+            "slowdown": [("firing", (), "warning"), ("resolved", (), "info")],
+            "straggler+ts": [("firing", (6,), "info"), ("firing", (6,), "warning"), ("resolved", (6,), "info"),
+                             ("firing", (20,), "info"), ("firing", (20,), "warning")],
+            "slowdown+ts": [("firing", (), "info"), ("firing", (), "warning"), ("resolved", (), "info")]}
+
+
+def _shape(findings):
+    return [(f.status, f.ranks, f.severity) for f in findings]
 
 
 def _feed(det, blocks):
@@ -56,7 +83,7 @@ def reference():
 
 def test_the_property_traces_fire_and_resolve(reference):
     for name, out in reference.items():
-        assert [(f.status, f.ranks) for f in out] == EXPECTED[name]
+        assert _shape(out) == EXPECTED[name]
 
 
 @pytest.mark.parametrize("name", list(TRACES))
@@ -116,7 +143,31 @@ def test_missing_values_are_ignored_whatever_the_filler(name, filler):
                            present=present)
     out = cls().update(holed)
     assert out == cls().update(nan_filled)
-    assert [(f.status, f.ranks) for f in out] == EXPECTED[name]
+    assert _shape(out) == EXPECTED[name]
+
+
+def _holed(block: StepBlock, share: float = 0.1, seed: int = 3) -> StepBlock:
+    rng = np.random.default_rng(seed)
+    present = {m: p & ~(rng.random(p.shape) < share) for m, p in block.present.items()}
+    return StepBlock(steps=block.steps, ranks=block.ranks, present=present,
+                     values={m: np.where(present[m], v, np.nan) for m, v in block.values.items()})
+
+
+@pytest.mark.parametrize("name", [
+    "straggler", "slowdown", "slowdown+ts",
+    pytest.param("straggler+ts", marks=pytest.mark.xfail(
+        strict=True, raises=AssertionError,
+        reason="DETECTOR BUG (reported): the exact onset of an open straggler episode (_Column.onset) is "
+               "not kept in the state; a page in a later block recomputes it as step - count + 1, "
+               "which is later than the real onset when values were missing inside the run")),
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_splitting_input_with_missing_values_gives_the_same_findings(name, seed):
+    cls, block = TRACES[name]
+    holed = _holed(block)
+    ref = cls().update(holed)
+    assert _shape(ref) == EXPECTED[name]
+    assert _feed(cls(), iter_blocks(holed, seed=seed, max_size=97)) == ref
 
 
 def test_a_rank_missing_for_a_long_stretch_is_neither_fast_nor_slow():
@@ -125,7 +176,7 @@ def test_a_rank_missing_for_a_long_stretch_is_neither_fast_nor_slow():
     for p in present.values():
         p[200:800, 11] = False                  # absent, not zero
     gone = StepBlock(steps=block.steps, ranks=block.ranks, values=block.values, present=present)
-    assert [(f.status, f.ranks) for f in StragglerDetector().update(gone)] == EXPECTED["straggler"]
+    assert _shape(StragglerDetector().update(gone)) == EXPECTED["straggler"]
 
 
 @pytest.mark.parametrize("name", list(TRACES))

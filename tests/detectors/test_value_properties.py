@@ -56,6 +56,14 @@ def test_the_faulty_trace_exercises_every_detector(whole):
         assert (name, "firing") in kinds_fired(found), name
     assert any(f.severity == "critical" for name in ("loss_spike", "rank_outlier", "divergence") for f in whole[name])
     assert any(f.status == "resolved" for f in whole["loss_spike"])
+    # The severity policy's states all occur (so split/permute/state properties cover them): a
+    # transient spike (info), a large one, one that lasts, one that escalates; and the per-rank
+    # views (each rank against its own history, with 10 % of cells missing) are live.
+    spikes = whole["loss_spike"] + whole["grad_spike"]
+    assert {"transient", "large", "lasting", "not recovering", "recovered"} <= {f.evidence.get("reason") for f in spikes}
+    assert {"info", "warning", "critical"} <= {f.severity for f in spikes if f.status == "firing"}
+    assert {"job", "ranks"} <= {f.evidence.get("scope") for f in spikes}
+    assert {"loss", "local_grad_norm", "grad_norm"} <= {f.metric for f in whole["rank_outlier"] if f.status == "firing"}
 
 
 @pytest.mark.parametrize("name", FACTORIES)
@@ -68,7 +76,7 @@ def test_splitting_the_input_anywhere_gives_the_same_findings(name, seed, faulty
 def test_one_step_blocks_and_cuts_at_fault_steps_give_the_same_findings(name, faulty, whole):
     assert feed(FACTORIES[name](), iter_blocks(faulty.slice_steps(0, 720), 1)) == \
         [f for f in whole[name] if f.step < 720]
-    cuts = [399, 400, 401, 450, 451, 600, 601, 800, 1_000, 1_449, 1_450, 1_451]
+    cuts = [399, 400, 401, 450, 451, 600, 601, 701, 702, 800, 802, 1_000, 1_449, 1_450, 1_451]
     assert feed(FACTORIES[name](), split_at(faulty, cuts)) == whole[name]
 
 
@@ -102,7 +110,7 @@ def test_missing_is_never_a_value(name, faulty, whole):
 
 
 @pytest.mark.parametrize("name", FACTORIES)
-@pytest.mark.parametrize("cut", [1, 401, 455, 601, 810, 1_100, 1_451])
+@pytest.mark.parametrize("cut", [1, 401, 455, 601, 702, 803, 810, 1_100, 1_451])
 def test_state_round_trip_mid_stream(name, cut, faulty, whole):
     first = FACTORIES[name]()
     head = feed(first, iter_blocks(faulty.slice_steps(0, cut), 37))
