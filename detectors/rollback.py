@@ -269,6 +269,23 @@ def restart_blowup(anchor: int, restarts: Iterable[Restart],
     return r, (max(before) if before else None)
 
 
+def evidence_episodes(eps: Sequence[Episode], restarts: Iterable[Restart] = ()) -> list[Episode]:
+    """The episodes that count as evidence of corruption.
+
+    Those of :attr:`Episode.is_evidence`, and any warning or critical episode that begins within
+    ``RESTART_BLOWUP_STEPS`` steps of a restart even if it recovered: right after a restore a
+    large jump is no hard batch but a sign the state was restored wrong (optimizer moments,
+    schedule or data position), which the loss coming back down does not undo.
+    """
+    firsts = [r.first_step for r in restarts]
+
+    def after_restart(e: Episode) -> bool:
+        return any(0 <= e.upper_bound - f <= RESTART_BLOWUP_STEPS for f in firsts)
+
+    return [e for e in eps if e.is_evidence or (
+        SEVERITY_ORDER.get(e.severity, 0) >= SEVERITY_ORDER["warning"] and after_restart(e))]
+
+
 def decide_rollback(
     block: StepBlock | None,
     findings: Iterable[Finding],
@@ -289,12 +306,14 @@ def decide_rollback(
        :func:`detectors.onset.estimate_onset_near`); recorded non-evidence findings inside that
        window count as hints too (a leading gradient jump).
     4. Evidence in the first ``RESTART_BLOWUP_STEPS`` steps after a restart blames the restore:
-       the answer is the checkpoint the run resumed from.
+       the answer is the checkpoint the run resumed from (such an episode counts even when it
+       recovered, see :func:`evidence_episodes`).
     5. Probe verdicts (``bisection``, checkpoint verdicts) override the statistics as before.
     """
     ckpts = list(checkpoints)
+    restarts = list(restarts)
     eps = episodes(findings)
-    evidence = [e for e in eps if e.is_evidence]
+    evidence = evidence_episodes(eps, restarts)
     onset: OnsetEstimate | None = None
     blowup = None
     if evidence:
@@ -306,7 +325,7 @@ def decide_rollback(
             search_from = max(search_from, blowup[0].first_step)
         hints = sorted({e.upper_bound for e in evidence}
                        | {e.onset for e in eps
-                          if not e.is_evidence and search_from <= e.onset <= anchor})
+                          if e not in evidence and search_from <= e.onset <= anchor})
         if block is not None:
             onset = estimate_onset_near(block, finding_steps=hints, search_from=search_from,
                                         upto=upto, params=params)
@@ -319,7 +338,10 @@ def decide_rollback(
         ckpts, onset, [f for e in evidence for f in e.findings], bisection=bisection,
         resumed_from=None if blowup is None else blowup[1],
         restart_first_step=None if blowup is None else blowup[0].first_step)
-    decision.evidence["episodes"] = [e.to_dict() for e in eps]
+    decision.evidence["episodes"] = [
+        e.to_dict() if e.is_evidence or e not in evidence else
+        {**e.to_dict(), "evidence": True, "why": "evidence (right after a restart)"}
+        for e in eps]
     return decision
 
 

@@ -165,7 +165,8 @@ class EvidenceEpisode(BaseModel):
     resolved_reason: str | None = Field(..., description="Why it resolved, as its detector said.")
     evidence: bool = Field(..., description="True when it counts as evidence of corruption: warning or "
                                             "critical, and not a transient that recovered within "
-                                            "50 steps of its onset (a divergence always counts).")
+                                            "50 steps of its onset (a divergence, and anything in "
+                                            "the first 5 steps after a restart, always counts).")
     why: str = Field(..., description="Why it counts or not, for people.")
 
 

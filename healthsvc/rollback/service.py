@@ -29,7 +29,7 @@ import orjson
 from detectors.bisection import Bisection, BisectionError
 from detectors.frame import StepBlock
 from detectors.rollback import (CORRUPTION_KINDS, Checkpoint, Restart, RollbackDecision,
-                                decide_rollback, episodes)
+                                decide_rollback, episodes, evidence_episodes)
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.history import load_history
 
@@ -180,14 +180,13 @@ def decide(ctx, run_id: str) -> RollbackAnswer:
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
     found, _ = incident_findings(ctx, run_id)
     ckpts, ids, superseded = stored_checkpoints(ctx.store, run_id)
-    rested = {id(f) for e in episodes(sf.finding for sf in found) if e.is_evidence
+    restarts = restart_points(ctx.store, run_id, {c.step for c in ckpts})
+    rested = {id(f) for e in evidence_episodes(episodes(sf.finding for sf in found), restarts)
               for f in e.findings}
     # The history is read only when there is something to date: no evidence, no estimate.
     block = history_block(ctx.store, run_id) if rested else None
-    decision = decide_rollback(
-        block, [sf.finding for sf in found], ckpts,
-        restarts=restart_points(ctx.store, run_id, {c.step for c in ckpts}),
-        bisection=load_bisection(ctx.store, run_id))
+    decision = decide_rollback(block, [sf.finding for sf in found], ckpts, restarts=restarts,
+                               bisection=load_bisection(ctx.store, run_id))
     # The findings the decision rests on: the firing findings of the evidence episodes.
     rested_on = sorted((sf for sf in found if id(sf.finding) in rested),
                        key=lambda sf: (sf.finding.onset_step if sf.finding.onset_step is not None

@@ -147,6 +147,17 @@ def test_a_blow_up_on_the_first_steps_after_a_restart_resumes_from_the_restored_
     assert chosen(d) == 1100 and d.evidence["resumed_from"] == 1100
 
 
+def test_a_blow_up_after_a_restart_counts_even_when_it_recovered():
+    # Away from a restart this episode is a transient; right after one it blames the restore.
+    findings = [spike(1201, "warning"), spike(1210, "info", status="resolved", reason="recovered")]
+    away = decide_rollback(_restart_history(), findings, ckpts(*range(100, 1301, 100)))
+    assert chosen(away) == 1300 and away.onset is None
+    d = decide_rollback(_restart_history(), findings, ckpts(*range(100, 1301, 100)),
+                        restarts=[Restart(first_step=1201)])
+    assert chosen(d) == 1200 and d.evidence["resumed_from"] == 1200
+    assert d.evidence["episodes"][0]["why"] == "evidence (right after a restart)"
+
+
 def test_evidence_later_after_a_restart_is_dated_as_usual():
     first = 1201 + RESTART_BLOWUP_STEPS + 1
     d = decide_rollback(_restart_history(first), [spike(first)], ckpts(*range(100, 1301, 100)),
