@@ -178,7 +178,9 @@ def judge(incident: Incident, interval: int) -> Outcome:
         # A transient that left no evidence has no onset to cover.
         covered=(s is None or (transient and est is None)
                  or (est is not None and est.low <= s <= est.high)),
-        onset_error=(0.0 if s is None else math.inf if est is None else abs(est.step - s)),
+        # No onset to err about: a clean run, or a transient that left no evidence.
+        onset_error=(math.nan if s is None or (transient and est is None)
+                     else math.inf if est is None else abs(est.step - s)),
         checkpoints_lost=lost,
         decision=decision,
     )
@@ -208,11 +210,17 @@ def accuracy_table(outcomes: Sequence[Outcome]) -> list[dict]:
             "clean": np.mean([o.clean for o in group]),
             "newest": np.mean([o.newest for o in group]),
             "covered": np.mean([o.covered for o in group]),
-            "median_onset_error": float(np.median([o.onset_error for o in group])),
+            "median_onset_error": _median([o.onset_error for o in group]),
             "median_checkpoints_lost": float(np.median([o.checkpoints_lost for o in group])),
             "max_checkpoints_lost": int(max(o.checkpoints_lost for o in group)),
         })
     return rows
+
+
+def _median(values: Sequence[float]) -> float:
+    """Median of the values that are not NaN (NaN when none is)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return float(np.median(kept)) if kept else math.nan
 
 
 def format_table(rows: Sequence[dict]) -> str:
@@ -224,7 +232,8 @@ def format_table(rows: Sequence[dict]) -> str:
         lines.append(
             f"| {r['kind']} | {r['magnitude']} | {r['interval']} | {r['runs']} | "
             f"{r['detected']:.0%} | {r['clean']:.0%} | {r['newest']:.0%} | {r['covered']:.0%} | "
-            f"{r['median_onset_error']:g} | {r['median_checkpoints_lost']:g} / "
+            f"{'-' if math.isnan(r['median_onset_error']) else format(r['median_onset_error'], 'g')} | "
+            f"{r['median_checkpoints_lost']:g} / "
             f"{r['max_checkpoints_lost']} |")
     return "\n".join(lines)
 
