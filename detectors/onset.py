@@ -37,7 +37,16 @@ which is the conservative choice). The whole estimate is
 O(n log r) for n steps and r ranks: about 0.1 s for 1 M steps (see ``bench/onset.py``).
 
 Combination is conservative: ``high`` is the smallest upper bound of any signal, ``low`` the
-smallest lower bound, ``step`` the earliest point estimate (clipped into the interval).
+smallest lower bound, ``step`` the earliest point estimate (clipped into the interval) of the
+signals the history shows (a merely located change widens the interval, it does not move the
+point).
+
+Near the evidence only: the rollback does not ask "where did this curve change?" but "where did the
+incident that these findings vouch for begin?". :func:`estimate_onset_near` runs the estimate on
+the history around the findings and ``search_from`` (the earliest update the evidence allows, see
+:func:`detectors.rollback.onset_window`) drops signals that end before it and clips the others, so
+a change point of a clean, smoothly decaying curve against its own trend far from the evidence
+cannot become the onset.
 
 Example: a gradient burst on every rank at step 3000 of a noisy, decaying loss.
 
