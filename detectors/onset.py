@@ -37,7 +37,16 @@ which is the conservative choice). The whole estimate is
 O(n log r) for n steps and r ranks: about 0.1 s for 1 M steps (see ``bench/onset.py``).
 
 Combination is conservative: ``high`` is the smallest upper bound of any signal, ``low`` the
-smallest lower bound, ``step`` the earliest point estimate (clipped into the interval).
+smallest lower bound, ``step`` the earliest point estimate (clipped into the interval) of the
+signals the history shows (a merely located change widens the interval, it does not move the
+point).
+
+Near the evidence only: the rollback does not ask "where did this curve change?" but "where did the
+incident that these findings vouch for begin?". :func:`estimate_onset_near` runs the estimate on
+the history around the findings and ``search_from`` (the earliest update the evidence allows, see
+:func:`detectors.rollback.onset_window`) drops signals that end before it and clips the others, so
+a change point of a clean, smoothly decaying curve against its own trend far from the evidence
+cannot become the onset.
 
 Example: a gradient burst on every rank at step 3000 of a noisy, decaying loss.
 
@@ -163,6 +172,7 @@ def estimate_onset(
     finding_steps: Iterable[int] = (),
     first_non_finite_step: int | None = None,
     warmup_end_step: int | None = None,
+    search_from: int | None = None,
     params: OnsetParams = OnsetParams(),
 ) -> OnsetEstimate | None:
     """Estimate the first corrupted update from per-step history; None when nothing shows one.
@@ -174,6 +184,9 @@ def estimate_onset(
     ``first_non_finite_step``: when the caller already knows it. ``warmup_end_step``: the first
     step after the learning-rate warm-up; change points are searched only from there on (the
     warm-up's transients are no trend to compare with), non-finite values everywhere.
+    ``search_from``: the earliest update the evidence allows (see :func:`estimate_onset_near`):
+    a change the history shows before it is not this incident's and is clipped away, so a
+    change point of a smooth curve against its own trend cannot drag the onset back.
     """
     steps = np.asarray(steps, dtype=np.int64)
     if steps.size == 0:
@@ -195,8 +208,7 @@ def estimate_onset(
         if per_rank is not None:
             per_rank = per_rank.slice_steps(int(np.searchsorted(per_rank.steps, warmup_end_step)),
                                             per_rank.n_steps)
-        if steps.size == 0:
-            return _combine(signals, steps, grad_norm, per_rank) if signals else None
+        # Evidence inside the warm-up still counts (the findings below), with no change points.
     signals.update(_history_signals(steps, loss, grad_norm, per_rank, anchor, params))
 
     if hints:
@@ -219,9 +231,24 @@ def estimate_onset(
         signals["findings"] = SignalEstimate(
             "findings", step=max(first_step, h - 1), low=max(first_step, h - 1), high=h,
             shape="abrupt", score=0.1, detail={"finding_steps": hints[:20]})
+    if search_from is not None:
+        signals = _clip_signals(signals, int(search_from))
     if not signals:
         return None
     return _combine(signals, steps, grad_norm, per_rank)
+
+
+def _clip_signals(signals: dict[str, SignalEstimate], floor: int) -> dict[str, SignalEstimate]:
+    """Signals that end before ``floor`` are dropped; the others start no earlier than it."""
+    out = {}
+    for name, sig in signals.items():
+        if sig.high < floor:
+            continue
+        if sig.low < floor:
+            sig = replace(sig, low=floor, step=max(sig.step, floor),
+                          detail={**sig.detail, "clipped_low_from": sig.low})
+        out[name] = sig
+    return out
 
 
 def _history_signals(steps, loss, grad_norm, per_rank, anchor, params,
@@ -281,6 +308,7 @@ def estimate_onset_from_block(
     finding_steps: Iterable[int] = (),
     first_non_finite_step: int | None = None,
     warmup_end_step: int | None = None,
+    search_from: int | None = None,
     params: OnsetParams = OnsetParams(),
 ) -> OnsetEstimate | None:
     """Same as :func:`estimate_onset` for a steps x ranks block of the run's history.
@@ -305,7 +333,34 @@ def estimate_onset_from_block(
     return estimate_onset(block.steps, loss=loss, grad_norm=grad, per_rank=block,
                           finding_steps=finding_steps,
                           first_non_finite_step=first_non_finite_step,
-                          warmup_end_step=warmup_end_step, params=params)
+                          warmup_end_step=warmup_end_step, search_from=search_from,
+                          params=params)
+
+
+def estimate_onset_near(
+    block: StepBlock,
+    *,
+    finding_steps: Iterable[int],
+    search_from: int,
+    upto: int,
+    params: OnsetParams = OnsetParams(),
+) -> OnsetEstimate | None:
+    """The onset of the incident that the findings at ``finding_steps`` vouch for, from the
+    history around them only.
+
+    The estimate may not start before ``search_from`` (what the evidence allows, see
+    :func:`detectors.rollback.onset_window`) and uses the history up to ``upto``; the trend it
+    compares with is learned from ``2 * min_window`` samples before ``search_from``. Looking only
+    near the evidence keeps a change point of the whole curve against its own trend (clean,
+    smoothly decaying curves have some) and old, recovered events out of the answer.
+    """
+    lo = int(np.searchsorted(block.steps, search_from)) - 2 * params.min_window
+    hi = int(np.searchsorted(block.steps, upto, side="right"))
+    window = block.slice_steps(max(0, lo), hi)
+    if window.n_steps == 0:
+        return None
+    return estimate_onset_from_block(window, finding_steps=finding_steps,
+                                     search_from=search_from, params=params)
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,7 +373,9 @@ def _non_finite_signal(steps, loss, grad_norm, per_rank, known_step) -> SignalEs
     if known_step is not None:
         candidates.append((int(known_step) - 1, int(known_step), "reported", ()))
     for name, series, lag in (("loss", loss, 1), ("grad_norm", grad_norm, 0)):
-        if series is None:
+        # With the per-rank block at hand its masks tell a NaN from a step nobody reported (the
+        # aggregate is NaN in both cases): NaN is data, missing is not.
+        if series is None or (per_rank is not None and per_rank.has(name)):
             continue
         idx = np.flatnonzero(~np.isfinite(np.asarray(series, float)))
         if idx.size:
@@ -453,7 +510,11 @@ def _combine(signals: dict[str, SignalEstimate], steps: np.ndarray, grad_norm,
     low = min(s.low for s in evidence.values())
     if low > high:  # the history shows the change only after a finding did: trust the finding
         low = min(high, signals["findings"].low) if "findings" in signals else high
-    step = int(np.clip(min(s.step for s in evidence.values()), low, high))
+    # The point rests on what the history shows; a change merely *located* because a finding
+    # vouches for one (score 0) widens the interval but does not move the point, the finding does.
+    pointers = ({k: s for k, s in evidence.items() if not s.detail.get("located_after_finding")}
+                or ({"findings": signals["findings"]} if "findings" in signals else evidence))
+    step = int(np.clip(min(s.step for s in pointers.values()), low, high))
     agree = [s for s in evidence.values() if s.low <= step <= s.high]
     confidence = max(s.score for s in evidence.values()) * len(agree) / len(evidence)
     if "findings" in signals:  # a finding vouches for a problem even when the history is mute

@@ -151,6 +151,25 @@ class Onset(BaseModel):
     per_signal: dict[str, SignalOnset] = Field(..., description="Each signal's own estimate, by signal name.")
 
 
+class EvidenceEpisode(BaseModel):
+    """One corruption-kind condition from its first firing finding to its resolution, and whether
+    the decision counted it as evidence."""
+    kind: str = Field(..., description="Finding kind.")
+    metric: str | None = Field(..., description="Metric the findings are about.")
+    ranks: list[int] = Field(..., description="Ranks blamed (empty: run-wide).")
+    onset: int = Field(..., description="Earliest onset_step (else step) of its findings, steps.")
+    first_step: int = Field(..., description="Step of its first firing finding (its detection), steps.")
+    severity: Literal["info", "warning", "critical"] = Field(..., description="Highest severity reached.")
+    resolved_step: int | None = Field(..., description="Step of the resolved finding that cleared it; "
+                                                       "null while firing.")
+    resolved_reason: str | None = Field(..., description="Why it resolved, as its detector said.")
+    evidence: bool = Field(..., description="True when it counts as evidence of corruption: warning or "
+                                            "critical, and not a transient that recovered within "
+                                            "50 steps of its onset (a divergence, and anything in "
+                                            "the first 5 steps after a restart, always counts).")
+    why: str = Field(..., description="Why it counts or not, for people.")
+
+
 class RollbackEvidence(BaseModel):
     """What the decision rests on, beyond the onset estimate."""
     corruption: bool = Field(..., description="True when an onset was estimated or a checkpoint was "
@@ -180,6 +199,14 @@ class RollbackEvidence(BaseModel):
                                                    "abandoned branch; never recommended), steps.")
     history_steps: int = Field(..., description="Steps of history the onset estimate looked at, "
                                                 "count (0 when no estimate was needed).")
+    episodes: list[EvidenceEpisode] = Field(default_factory=list, description=(
+        "Every corruption-kind episode of the current attempt, oldest onset first, with whether "
+        "it counted as evidence (info-only episodes and recovered transients do not)."))
+    resumed_from: int | None = Field(None, description=(
+        "Set when the corruption began within 5 steps of a restart: the checkpoint that restart "
+        "resumed from, which is then the answer (the restore is to blame), steps."))
+    restart_first_step: int | None = Field(None, description=(
+        "The first step after that restart, steps; null unless `resumed_from` is set."))
 
 
 class RollbackOut(BaseModel):

@@ -1,18 +1,21 @@
 """Rollback and bisection in the service: stored history, findings and checkpoints in, decisions out.
 
 The maths is in :mod:`detectors.onset`, :mod:`detectors.rollback` and :mod:`detectors.bisection`;
-this module only gathers their inputs from the store and persists the bisection state.
+this module only gathers their inputs from the store and persists the bisection state. The
+policy (what counts as evidence, the restart rule, the margin) is
+:func:`detectors.rollback.decide_rollback`'s.
 
-- Findings of the incident: the corruption kinds (``detectors.rollback.CORRUPTION_KINDS``) that
-  fired in the current attempt, resolved since or not (a spike that is over still passed through
-  the weights). A finding's ``onset_step`` (when its detector set one) dates it,
-  else its ``step``.
+- Findings of the incident: every corruption-kind finding (``detectors.rollback.CORRUPTION_KINDS``)
+  of the current attempt, firing and resolved, so the decision can tell an episode that is still
+  on (or lasted) from a transient that recovered by itself.
+- Restarts: each attempt after the first (it resumed at its ``start_step``) and each ``restart``
+  or ``rollback`` event (see :func:`restart_points` for how their ``step`` is read).
 - Checkpoints: the stored ones, their status mapped onto the decision's vocabulary (``bad`` is a
   probe verdict). A checkpoint written by an earlier attempt at or after the step a later attempt
   resumed from is *superseded* (that branch of history was abandoned) and never recommended.
-- History: the effective history (latest attempt per step) of ``loss``, ``grad_norm``,
-  ``local_grad_norm`` and ``lr`` (its warm-up is skipped by the change point search), pivoted to
-  steps x ranks; at most ``MAX_CELLS`` cells (the newest steps).
+- History (read only when there is evidence): the effective history (latest attempt per step) of
+  ``loss``, ``grad_norm``, ``local_grad_norm`` and ``lr``, pivoted to steps x ranks; at most
+  ``MAX_CELLS`` cells (the newest steps).
 """
 from __future__ import annotations
 
@@ -25,8 +28,8 @@ import orjson
 
 from detectors.bisection import Bisection, BisectionError
 from detectors.frame import StepBlock
-from detectors.onset import estimate_onset_from_block
-from detectors.rollback import CORRUPTION_KINDS, Checkpoint, RollbackDecision, choose_rollback
+from detectors.rollback import (CORRUPTION_KINDS, Checkpoint, Restart, RollbackDecision,
+                                decide_rollback, episodes, evidence_episodes)
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.history import load_history
 
@@ -71,14 +74,50 @@ class RollbackAnswer:
 
 
 def incident_findings(ctx, run_id: str) -> tuple[list, int | None]:
-    """Corruption findings that fired in the newest attempt, and that attempt."""
+    """Corruption-kind findings (firing and resolved) of the newest attempt, and that attempt."""
     attempts = ctx.store.attempts(run_id)
     current = attempts[-1]["attempt"] if attempts else None
-    # Resolved or not: a spike that is over has still passed through the weights.
-    found = [sf for sf in ctx.findings.query(run_id, status="firing", limit=100_000)
+    found = [sf for sf in ctx.findings.query(run_id, limit=1_000_000)
              if sf.finding.kind in CORRUPTION_KINDS and (current is None or sf.attempt == current)]
-    found.sort(key=lambda sf: (sf.finding.onset_step or sf.finding.step, sf.id))
+    found.sort(key=lambda sf: (sf.finding.step, sf.id))
     return found, current
+
+
+# Keys of a restart event's data that name the checkpoint it resumed from / its first step.
+_FROM_KEYS = ("resume_from_checkpoint_step", "resume_step", "from_step", "checkpoint_step")
+_FIRST_KEYS = ("first_step_after_restart", "first_step")
+
+
+def restart_points(store, run_id: str, checkpoint_steps: set[int]) -> list[Restart]:
+    """Where the run restarted: attempts after the first, ``restart`` and ``rollback`` events.
+
+    A ``rollback`` event's ``step`` is the checkpoint resumed from (the events contract). A
+    ``restart`` event may say which checkpoint and first step in its data (``_FROM_KEYS``,
+    ``_FIRST_KEYS``); otherwise its ``step`` is read as the checkpoint resumed from when a
+    checkpoint has that step (what ``examples/train.py`` sends), else as the first step trained
+    after the restart (what a replay of records sends).
+    """
+    out = [Restart(first_step=int(a["start_step"])) for a in store.attempts(run_id)[1:]
+           if a["start_step"] is not None]
+    for ev in store.events(run_id):
+        if ev["kind"] not in ("restart", "rollback"):
+            continue
+        data = ev.get("data") or {}
+        from_step = next((int(data[k]) for k in _FROM_KEYS if _is_int(data.get(k))), None)
+        first = next((int(data[k]) for k in _FIRST_KEYS if _is_int(data.get(k))), None)
+        step = ev["step"]
+        if from_step is None and step is not None and (
+                ev["kind"] == "rollback" or int(step) in checkpoint_steps):
+            from_step = int(step)
+        if first is None:
+            first = from_step + 1 if from_step is not None else step
+        if first is not None:
+            out.append(Restart(first_step=int(first), from_step=from_step))
+    return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def stored_checkpoints(store, run_id: str) -> tuple[list[Checkpoint], dict[int, int], list[int]]:
@@ -141,17 +180,18 @@ def decide(ctx, run_id: str) -> RollbackAnswer:
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
     found, _ = incident_findings(ctx, run_id)
     ckpts, ids, superseded = stored_checkpoints(ctx.store, run_id)
-    onset = None
-    block = None
-    if found or any(c.known_bad for c in ckpts):
-        block = history_block(ctx.store, run_id)
-        finding_steps = [sf.finding.onset_step if sf.finding.onset_step is not None
-                         else sf.finding.step for sf in found]
-        if block is not None:
-            onset = estimate_onset_from_block(block, finding_steps=finding_steps)
-    decision = choose_rollback(ckpts, onset, [sf.finding for sf in found],
+    restarts = restart_points(ctx.store, run_id, {c.step for c in ckpts})
+    rested = {id(f) for e in evidence_episodes(episodes(sf.finding for sf in found), restarts)
+              for f in e.findings}
+    # The history is read only when there is something to date: no evidence, no estimate.
+    block = history_block(ctx.store, run_id) if rested else None
+    decision = decide_rollback(block, [sf.finding for sf in found], ckpts, restarts=restarts,
                                bisection=load_bisection(ctx.store, run_id))
-    findings = [{"id": sf.id, "attempt": sf.attempt, **sf.finding.to_dict()} for sf in found]
+    # The findings the decision rests on: the firing findings of the evidence episodes.
+    rested_on = sorted((sf for sf in found if id(sf.finding) in rested),
+                       key=lambda sf: (sf.finding.onset_step if sf.finding.onset_step is not None
+                                       else sf.finding.step, sf.id))
+    findings = [{"id": sf.id, "attempt": sf.attempt, **sf.finding.to_dict()} for sf in rested_on]
     return RollbackAnswer(decision, findings, ids, superseded,
                           0 if block is None else block.n_steps)
 

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from detectors.simulate import GradSpike, NonFinite, simulate_run
+from detectors.simulate import GradSpike, LossSpike, NonFinite, simulate_run
 from healthsvc.cli import main as cli_main
 
 N_RANKS = 4
@@ -117,8 +117,9 @@ def test_bisection_refuses_unknown_checkpoints_and_unproposed_reports(shared_htt
 
 
 def test_cli_prints_the_target_and_drives_a_bisection(shared_server, shared_http, capsys):
-    push_run(shared_http, "rb-cli", [GradSpike(step=650, factor=50.0, loss_factor=2.0)])
-    wait_for_finding(shared_http, "rb-cli", "grad_spike")
+    # The loss jumps at step 651 and stays up: the update of step 650 is the first corrupted one.
+    push_run(shared_http, "rb-cli", [LossSpike(step=651, factor=2.0, duration=200)])
+    wait_for_finding(shared_http, "rb-cli", "loss_spike")
     assert cli_main(["rollback", "rb-cli", "--url", shared_server.url]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "mem://rb-cli/600"       # first line: the URI alone, for scripts
@@ -159,3 +160,73 @@ def test_the_rollback_target_reaches_the_run_summary_and_the_alert(shared_http):
             break
         time.sleep(0.2)
     assert alerts and alerts[0]["rollback_target"]["step"] == 600
+
+
+def wait_for_rollback(http, run_id: str, predicate, timeout_s: float = 30.0) -> dict:
+    """Poll the rollback answer until ``predicate(answer)`` holds (findings arrive async)."""
+    deadline = time.monotonic() + timeout_s
+    answer = None
+    while time.monotonic() < deadline:
+        answer = http.get(f"/v1/runs/{run_id}/rollback").json()
+        if predicate(answer):
+            return answer
+        time.sleep(0.2)
+    raise AssertionError(f"rollback of {run_id} never satisfied the condition: {answer}")
+
+
+def test_a_transient_spike_that_recovered_keeps_the_newest_checkpoint(shared_http):
+    # A x50 gradient burst with a loss bump that is over within a few steps: recorded, not
+    # evidence of corruption, so the run carries on from its newest checkpoint.
+    push_run(shared_http, "rb-transient", [GradSpike(step=650, factor=50.0, loss_factor=2.0)])
+    wait_for_finding(shared_http, "rb-transient", "grad_spike")
+    answer = wait_for_rollback(shared_http, "rb-transient",
+                               lambda a: any(e["kind"] == "grad_spike"
+                                             for e in a["evidence"]["episodes"]))
+    assert answer["checkpoint"]["step"] == 800 and answer["onset"] is None
+    assert answer["findings"] == [] and "No corruption" in answer["reason"]
+    spikes = [e for e in answer["evidence"]["episodes"] if e["kind"] == "grad_spike"]
+    assert spikes and not any(e["evidence"] for e in spikes)
+    # Recorded as info, or warned and back within steps: either way no evidence.
+    assert all(e["why"] == "info only" or "recovered" in e["why"] for e in spikes)
+
+
+def _push_rows(http, run_id: str, steps, loss: float | list[float], n_ranks: int = N_RANKS) -> None:
+    losses = loss if isinstance(loss, list) else [loss] * len(steps)
+    cols = {"step": [s for s in steps for _ in range(n_ranks)],
+            "rank": [r for _ in steps for r in range(n_ranks)],
+            "loss": [v for v in losses for _ in range(n_ranks)]}
+    r = http.post(f"/v1/runs/{run_id}/metrics", json={"columns": cols})
+    assert r.status_code == 202, r.text
+
+
+def _blow_up(http, run_id: str, first: int, seed: int) -> None:
+    """The loss back at its initialisation level (ln(50k) ~ 11) for 80 steps from ``first``."""
+    rng = np.random.default_rng(seed)
+    _push_rows(http, run_id, range(first, first + 80),
+               [float(v) for v in 10.8 * np.exp(rng.normal(0, 0.01, 80))])
+
+
+def test_a_blow_up_right_after_a_restart_resumes_from_the_restored_checkpoint(shared_http):
+    # Pythia-style: trained to 400, crashed, resumed from checkpoint 400 (the restart event names
+    # the first step after the restore, as a replay of records does), and the loss is back at its
+    # initialisation level from that very step: the restore is to blame, not checkpoint 400.
+    push_run(shared_http, "rb-restore", n_steps=401, checkpoints=range(100, 401, 100))
+    r = shared_http.post("/v1/runs/rb-restore/events", json={"kind": "restart", "step": 401})
+    assert r.status_code < 300, r.text
+    _blow_up(shared_http, "rb-restore", 401, seed=5)
+    answer = wait_for_rollback(shared_http, "rb-restore", lambda a: a["onset"] is not None)
+    assert answer["checkpoint"]["step"] == 400, answer["reason"]
+    assert answer["evidence"]["resumed_from"] == 400
+    assert answer["evidence"]["restart_first_step"] == 401
+    assert "restore" in answer["reason"]
+
+
+def test_a_restart_event_naming_the_checkpoint_is_read_as_the_checkpoint(shared_http):
+    # examples/train.py reports the restart with step = the checkpoint it resumed from.
+    push_run(shared_http, "rb-restart-ev", n_steps=501, checkpoints=range(100, 501, 100))
+    r = shared_http.post("/v1/runs/rb-restart-ev/events", json={"kind": "restart", "step": 500})
+    assert r.status_code < 300, r.text
+    _blow_up(shared_http, "rb-restart-ev", 501, seed=6)
+    answer = wait_for_rollback(shared_http, "rb-restart-ev", lambda a: a["onset"] is not None)
+    assert answer["checkpoint"]["step"] == 500, answer["reason"]
+    assert answer["evidence"]["resumed_from"] == 500
