@@ -1,0 +1,181 @@
+"""The dashboard in a real headless Chromium against a real server holding a run with a straggler
+(rank 5, 2x compute time from step 100) and a NaN (rank 3's loss at step 300).
+
+Screenshots go to ``$HEALTHSVC_ARTIFACTS`` (default: pytest's tmp dir, path printed).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from healthsvc.alerting.formats import generator_url
+from healthsvc.alerting.model import Alert
+from healthsvc.testing import ServerProcess
+from tests.dashboard import browser, replay
+
+RUN = "llm-straggler-nan"
+OK_RUN = "clean-run"
+N_STEPS = 400
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> Path:
+    out = Path(os.environ.get("HEALTHSVC_ARTIFACTS") or tmp_path_factory.mktemp("dashboard-artifacts"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"\ndashboard screenshots: {out}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc = ServerProcess(tmp_path_factory.mktemp("dash") / "healthsvc.db")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        client.put(f"/v1/runs/{RUN}", json={"world_size": replay.N_RANKS}).raise_for_status()
+        trace = replay.make_trace(N_STEPS + 100)
+        replay.push_steps(client, RUN, trace, 0, N_STEPS)
+        client.post(f"/v1/runs/{OK_RUN}/metrics", json={"records": [
+            {"step": s, "rank": r, "loss": 2.0 - s / 100, "compute_time": 0.4} for s in range(40) for r in range(4)]}
+        ).raise_for_status()
+        client.trace = trace  # the rest, for the live test
+        # Barrier: the detectors have judged what was pushed (both findings stored).
+        browser.poll(lambda: {f["kind"] for f in client.get(f"/v1/runs/{RUN}/findings").json()}
+                     >= {"straggler", "non_finite"}, what="straggler and non_finite findings")
+        yield client
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    why = browser.available()
+    if why:
+        pytest.fail(why)
+    d = browser.start_browser(tmp_path_factory.mktemp("chromium-profile"))
+    yield d
+    d.quit()
+
+
+def open_page(driver, server, path: str) -> None:
+    driver.get(server.url + path)
+    browser.wait_for(driver, "window.dashboard && window.dashboard.ready", what=f"{path} ready")
+
+
+def test_runs_page_lists_the_run_as_critical(driver, server, http, artifacts):
+    open_page(driver, server, "/")
+    health = browser.wait_for(driver, f"(document.querySelector('tr[data-run=\"{RUN}\"]') || {{}}).dataset?.health",
+                              what="the run's row")
+    assert health == "critical"
+    assert driver.execute_script(f"return document.querySelector('tr[data-run=\"{OK_RUN}\"]').dataset.health") == "ok"
+    row = driver.execute_script(f"return document.querySelector('tr[data-run=\"{RUN}\"]').innerText")
+    assert "non_finite" in row and "straggler" in row and str(N_STEPS - 1) in row
+    # The filter keeps only critical runs; the search narrows by name.
+    driver.execute_script("const s = document.getElementById('f-health'); s.value = 'critical';"
+                          " s.dispatchEvent(new Event('change'))")
+    assert driver.execute_script("return [...document.querySelectorAll('#runs tbody tr')].map(r => r.dataset.run)") == [RUN]
+    driver.execute_script("const s = document.getElementById('f-health'); s.value = '';"
+                          " s.dispatchEvent(new Event('change'));"
+                          " const q = document.getElementById('q'); q.value = 'clean'; q.dispatchEvent(new Event('input'))")
+    assert driver.execute_script("return [...document.querySelectorAll('#runs tbody tr')].map(r => r.dataset.run)") == [OK_RUN]
+    driver.save_screenshot(str(artifacts / "runs.png"))
+    assert browser.console_errors(driver) == []
+
+
+def test_run_page_draws_curves_markers_heatmap_and_rollback(driver, server, http, artifacts):
+    open_page(driver, server, f"/runs/{RUN}")
+    browser.wait_for(driver, "window.dashboard.slowLoaded", what="rollback, alerts and economics")
+    charts = driver.execute_script("return window.dashboard.charts")
+    assert charts["loss"]["points"] == N_STEPS and charts["grad_norm"]["points"] == N_STEPS
+    assert charts["loss"]["nonfinite_steps"] == [replay.NAN_STEP]
+    assert driver.execute_script("return document.querySelectorAll('#chart-loss canvas, #chart-grad_norm canvas').length") >= 2
+
+    # Each finding's marker sits at its step: its stored step, at the pixel the chart maps it to.
+    findings = {f["kind"]: f for f in http.get(f"/v1/runs/{RUN}/findings").json()}
+    assert findings["non_finite"]["step"] == replay.NAN_STEP
+    for kind in ("non_finite", "straggler"):
+        f = findings[kind]
+        el = driver.execute_script(
+            "const el = document.querySelector(`#chart-loss .marker[data-finding='${arguments[0]}']`);"
+            "return el && {step: +el.dataset.step, left: parseFloat(el.style.left),"
+            " want: window.dashboard.plots.loss.valToPos(+el.dataset.step, 'x')}", f["id"])
+        assert el is not None, f"no marker for {kind}"
+        assert el["step"] == f["step"]
+        assert abs(el["left"] - el["want"]) < 1.0
+    assert replay.STRAGGLER_STEP <= findings["straggler"]["step"] <= replay.STRAGGLER_STEP + 50
+
+    # The heatmap's hottest row is the slow rank, and it is drawn hotter (redder) than its peers.
+    heat = driver.execute_script("return window.dashboard.heatmap")
+    assert heat["rank_width"] == 1 and heat["n_rows"] == replay.N_RANKS
+    assert heat["hottest"]["rank_lo"] == replay.SLOW_RANK and heat["hottest"]["ratio"] > 1.5
+    reds = driver.execute_script(
+        "const c = document.getElementById('heat'), g = c.getContext('2d'), h = window.dashboard.heatmap;"
+        "const x = Math.floor(c.width * 0.9);"
+        "return [...Array(h.n_rows).keys()].map(r => g.getImageData(x, Math.floor((r + 0.5) * h.rowHeight), 1, 1).data[0]);")
+    assert max(range(len(reds)), key=reds.__getitem__) == replay.SLOW_RANK
+    assert reds[replay.SLOW_RANK] > 200 and sorted(reds)[-2] < 120
+
+    # The rollback answer, as the API gives it, with its reason.
+    answer = http.get(f"/v1/runs/{RUN}/rollback").json()
+    shown = driver.execute_script("return document.getElementById('rollback-checkpoint').dataset.step")
+    assert shown == str(answer["checkpoint"]["step"])
+    assert driver.find_element("id", "rollback-reason").text == answer["reason"]
+    assert "bisection" in driver.find_element("id", "rollback").text
+    assert driver.find_element("id", "advice-recommended").text.startswith("every")
+    assert "%" in driver.find_element("id", "goodput-fraction").text
+    driver.save_screenshot(str(artifacts / "run.png"))
+    assert browser.console_errors(driver) == []
+    assert driver.execute_script("return window.dashboard.errors") == []
+
+
+def test_alert_link_opens_the_run_at_the_finding(driver, server, http, artifacts):
+    # The link an alert body carries (Alertmanager's generatorURL; Slack's "open"), opened.
+    alert = next(a for a in http.get("/v1/alerts", params={"run": RUN}).json()["alerts"]
+                 if a["labels"]["alertname"] == "non_finite")
+    url = generator_url(server.url, Alert.from_dict(alert))
+    assert url == f"{server.url}/runs/{RUN}?kind=non_finite&step={replay.NAN_STEP}"
+    open_page(driver, server, url.removeprefix(server.url))
+    focused = browser.wait_for(driver, "[...document.querySelectorAll('#findings tr.focus')].map(r => [r.dataset.kind, +r.dataset.step])",
+                               what="the focused finding")
+    assert focused == [["non_finite", replay.NAN_STEP]]
+    first, last = browser.wait_for(
+        driver, "window.dashboard.charts.loss && window.dashboard.charts.loss.points < 400"
+                " && [window.dashboard.charts.loss.first, window.dashboard.charts.loss.last]", what="zoom to the finding")
+    assert first < replay.NAN_STEP < last
+    driver.save_screenshot(str(artifacts / "run-at-finding.png"))
+    assert browser.console_errors(driver) == []
+
+
+def test_acknowledge_from_the_page(driver, server, http):
+    open_page(driver, server, f"/runs/{RUN}")
+    browser.wait_for(driver, "document.querySelector('#alerts tr[data-fingerprint] .ack')", what="alert rows")
+    fp = driver.execute_script("const tr = [...document.querySelectorAll('#alerts tr[data-fingerprint]')]"
+                               ".find(r => r.innerText.includes('straggler')); tr.querySelector('.ack').click();"
+                               " return tr.dataset.fingerprint")
+    browser.poll(lambda: http.get(f"/v1/alerts/{fp}").json().get("acknowledged_at"), what="the alert acknowledged")
+    assert "acknowledge: done" in browser.wait_for(driver, "document.getElementById('banner').innerText", what="banner")
+    # Silence the NaN alert for 4 h: a silence matching exactly its identity labels.
+    driver.execute_script("const tr = [...document.querySelectorAll('#alerts tr[data-fingerprint]')]"
+                          ".find(r => r.innerText.includes('non_finite')); tr.querySelector('.sil-dur').value = '14400';"
+                          " tr.querySelector('.silence').click()")
+    silence = browser.poll(lambda: http.get("/v1/silences").json()["silences"], what="a silence")[0]
+    assert {(m["name"], m["value"]) for m in silence["matchers"]} == {
+        ("alertname", "non_finite"), ("run", RUN), ("rank", str(replay.NAN_RANK)), ("metric", "loss")}
+    assert abs(silence["ends_at"] - silence["starts_at"] - 14400) < 1
+
+
+def test_page_follows_a_live_run(driver, server, http):
+    open_page(driver, server, f"/runs/{RUN}")
+    assert driver.find_element("id", "run-last-step").text == str(N_STEPS - 1)
+    replay.push_steps(http, RUN, http.trace, N_STEPS, N_STEPS + 50)
+    browser.wait_for(driver, f"document.getElementById('run-last-step').innerText === '{N_STEPS + 49}'",
+                     timeout_s=10, what="the header to show the new last step")
+    browser.wait_for(driver, f"window.dashboard.charts.loss.last === {N_STEPS + 49}", timeout_s=10,
+                     what="the curves to extend")
+    assert browser.console_errors(driver) == []
