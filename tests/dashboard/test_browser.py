@@ -134,6 +134,50 @@ def test_run_page_draws_curves_markers_heatmap_and_rollback(driver, server, http
     assert driver.execute_script("return window.dashboard.errors") == []
 
 
+def test_dragging_zooms_both_curves_and_the_heatmap_with_server_detail(driver, server, http):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    open_page(driver, server, f"/runs/{RUN}")
+    over = driver.find_element("css selector", "#chart-loss .u-over")
+    w = over.size["width"]
+    # From 40 % to 50 % of the plot's width: about steps 160-200 of 0-399.
+    ActionChains(driver).move_to_element_with_offset(over, int(-0.1 * w), 0).click_and_hold() \
+        .move_by_offset(int(0.1 * w), 0).release().perform()
+    first, last = browser.wait_for(driver, "window.dashboard.charts.loss.points < 100 && "
+                                           "[window.dashboard.charts.loss.first, window.dashboard.charts.loss.last]",
+                                   what="the zoomed series")
+    assert 140 <= first < last <= 220
+    assert driver.execute_script("return [window.dashboard.charts.grad_norm.first, window.dashboard.charts.grad_norm.last]") == [first, last]
+    heat = browser.wait_for(driver, "window.dashboard.heatmap.step_min > 0 && window.dashboard.heatmap", what="zoomed heatmap")
+    assert heat["step_min"] == first and heat["step_width"] == 1
+    # Double-click goes back to the whole run.
+    ActionChains(driver).double_click(over).perform()
+    browser.wait_for(driver, f"window.dashboard.charts.loss.points === {N_STEPS}", what="zoom reset")
+    assert browser.console_errors(driver) == []
+
+
+def test_restart_and_world_size_change_are_marked(driver, server, http):
+    # Attempt 1: 8 ranks to step 199; the job restarts from the checkpoint at 150 on 4 ranks.
+    run_id = "elastic-run"
+    trace = replay.make_trace(250)
+    replay.push_steps(http, run_id, trace, 0, 200)
+    cols = {"step": [s for s in range(150, 250) for _ in range(4)], "rank": list(range(4)) * 100,
+            "loss": trace.values["loss"][150:250, :4].reshape(-1).tolist(),
+            "compute_time": trace.values["compute_time"][150:250, :4].reshape(-1).tolist()}
+    http.post(f"/v1/runs/{run_id}/metrics", json={"columns": cols}).raise_for_status()
+    timeline = browser.poll(lambda: (t := http.get(f"/v1/runs/{run_id}/timeline").json())["world_size_changes"] and t,
+                            what="the world-size change")
+    change = next(e for e in timeline["entries"] if e["kind"] == "world_size_change")
+    open_page(driver, server, f"/runs/{run_id}")
+    browser.wait_for(driver, "window.dashboard.slowLoaded && window.dashboard.charts.loss.last === 249", what="attempt 2 drawn")
+    marks = driver.execute_script("return window.dashboard.markers.filter(m => m.chart === 'loss')"
+                                  ".map(m => [m.kind, m.step])")
+    assert ["restart", 150] in marks
+    assert ["world_size", change["step"]] in marks
+    assert ["checkpoint", 150] in marks
+    assert browser.console_errors(driver) == []
+
+
 def test_alert_link_opens_the_run_at_the_finding(driver, server, http, artifacts):
     # The link an alert body carries (Alertmanager's generatorURL; Slack's "open"), opened.
     alert = next(a for a in http.get("/v1/alerts", params={"run": RUN}).json()["alerts"]

@@ -13,7 +13,9 @@ const dashboard = window.dashboard = { page: null, ready: false, markers: [], ch
 
 const $ = (sel, root = document) => root.querySelector(sel);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
-const fmt = (x, d = 4) => x == null ? "–" : (typeof x === "number" ? (Math.abs(x) >= 1e4 || (x !== 0 && Math.abs(x) < 1e-3) ? x.toExponential(2) : +x.toFixed(d)) : String(x));
+const fmt = (x, d = 4) => x == null ? "–" : typeof x !== "number" ? String(x)
+  : Number.isInteger(x) ? String(x)
+  : (Math.abs(x) >= 1e6 || (x !== 0 && Math.abs(x) < 1e-3)) ? x.toExponential(2) : String(+x.toFixed(d));
 function ago(ts) {
   if (ts == null) return "never";
   const s = Math.max(0, Date.now() / 1000 - ts);
@@ -131,7 +133,7 @@ function runsPage() {
 // ---------------------------------------------------------------------------------- run page
 
 const run = { id: null, detail: null, findings: [], checkpoints: [], timeline: null, rollback: null, zoom: null,
-              series: null, focus: null, lastStep: null, plots: {}, syncing: false };
+              series: null, focus: null, lastStep: null, plots: {} };
 
 function renderRunShell() {
   $("#crumb").innerHTML = `<a href="/">runs</a> / <b>${esc(run.id)}</b>`;
@@ -145,6 +147,7 @@ function renderRunShell() {
         <button id="zoom-reset" type="button">reset zoom</button></div></div>
     <div class="panel"><h2>Compute time per rank <span class="dim" id="heat-scale"></span></h2>
       <div id="heat-wrap"><canvas id="heat" height="240"></canvas><div id="heat-tip" hidden></div></div>
+      <div id="heat-axis" class="dim axis-note"></div>
       <div id="heat-info" class="dim"></div></div>
     <div class="grid">
       <div class="panel" id="rollback"><h2>Where to restart from</h2><div class="dim">loading…</div></div>
@@ -182,7 +185,9 @@ function makePlot(field, el) {
   const width = Math.max(300, el.clientWidth || 800);
   const opts = {
     title: FIELD_TITLES[field], width, height: 220,
-    cursor: { sync: { key: "run", setSeries: false }, drag: { x: true, y: false } },
+    // Dragging selects a range; we zoom by fetching it (uPlot's own zoom would only stretch the
+    // points already here), so the drag does not set the scale itself.
+    cursor: { sync: { key: "run", setSeries: false }, drag: { x: true, y: false, setScale: false } },
     scales: { x: { time: false } },
     series: [
       { label: "step" },
@@ -193,7 +198,7 @@ function makePlot(field, el) {
     bands: [{ series: [3, 2], fill: field === "loss" ? "rgba(88,166,255,.18)" : "rgba(63,185,80,.18)" }],
     axes: [{ stroke: "#8b95a5", grid: { stroke: "#263040" } }, { stroke: "#8b95a5", grid: { stroke: "#263040" }, size: 60 }],
     hooks: {
-      setScale: [(u, key) => { if (key === "x") onScale(u); }],
+      setSelect: [(u) => onSelect(u)],
       draw: [(u) => placeMarkers(field, u)],
     },
   };
@@ -202,14 +207,12 @@ function makePlot(field, el) {
   return u;
 }
 
-function onScale(u) {
-  if (run.syncing) return;
-  const { min, max } = u.scales.x;
-  if (min == null || max == null || !run.series) return;
-  const full = [run.series.step_min, run.series.step_max];
-  if (run.zoom === null && min <= full[0] && max >= full[1]) return;
-  if (run.zoom && Math.round(min) === run.zoom[0] && Math.round(max) === run.zoom[1]) return;
-  setZoom([Math.max(0, Math.round(min)), Math.round(max)]);
+function onSelect(u) {
+  const { left, width } = u.select;
+  if (width < 3) return;
+  const lo = Math.max(0, Math.round(u.posToVal(left, "x"))), hi = Math.round(u.posToVal(left + width, "x"));
+  u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+  if (hi > lo) setZoom([lo, hi]);
 }
 
 // Zoom asks the server for the visible range, so detail appears as the range narrows.
@@ -229,20 +232,19 @@ async function loadSeries() {
   if (run.zoom) { q.set("step_min", run.zoom[0]); q.set("step_max", run.zoom[1]); }
   const s = await api(`/v1/runs/${encodeURIComponent(run.id)}/dashboard/series?${q}`);
   run.series = s;
-  run.syncing = true;
-  try {
-    for (const field of ["loss", "grad_norm"]) {
-      const el = $(`#chart-${field}`);
-      if (!run.plots[field]) run.plots[field] = makePlot(field, el);
-      const fs = s.fields[field];
-      const u = run.plots[field];
-      u.setData(fs ? seriesData(fs) : [[], [], [], []]);
-      if (run.zoom) u.setScale("x", { min: run.zoom[0], max: run.zoom[1] });
-      dashboard.charts[field] = { points: fs ? fs.steps.length : 0, nonfinite_steps: fs ? fs.nonfinite_steps : [],
-                                  first: fs ? fs.steps[0] : null, last: fs ? fs.steps[fs.steps.length - 1] : null };
-      placeMarkers(field, u);
-    }
-  } finally { run.syncing = false; }
+  for (const field of ["loss", "grad_norm"]) {
+    const el = $(`#chart-${field}`);
+    if (!run.plots[field]) run.plots[field] = makePlot(field, el);
+    const fs = s.fields[field];
+    const u = run.plots[field];
+    u.setData(fs ? seriesData(fs) : [[], [], [], []]);
+    // Both charts span the same steps (one field may stop earlier than the other).
+    const [lo, hi] = run.zoom || [s.step_min, s.step_max];
+    if (hi > lo) u.setScale("x", { min: lo, max: hi });
+    dashboard.charts[field] = { points: fs ? fs.steps.length : 0, nonfinite_steps: fs ? fs.nonfinite_steps : [],
+                                first: fs ? fs.steps[0] : null, last: fs ? fs.steps[fs.steps.length - 1] : null };
+    placeMarkers(field, u);
+  }
 }
 
 // Every mark on the curves, from findings, checkpoints, restarts, world-size changes, the onset.
@@ -257,7 +259,7 @@ function markList() {
     marks.push({ kind: "restart", cls: "restart", step: a.start_step, label: `attempt ${a.attempt} resumed at step ${a.start_step}` });
   }
   for (const e of (run.timeline ? run.timeline.entries : [])) {
-    if (e.kind === "world_size_change" && e.step != null) marks.push({ kind: "world_size", cls: "world_size", step: e.step, label: `world size ${e.old ?? ""}→${e.new ?? ""}` });
+    if (e.kind === "world_size_change" && e.step != null) marks.push({ kind: "world_size", cls: "world_size", step: e.step, label: `world size ${e.old_world_size ?? "?"} → ${e.new_world_size ?? "?"}` });
   }
   return marks;
 }
@@ -309,19 +311,26 @@ function heatColour(v) {
   return stops[i].map((c, k) => Math.round(c + (stops[i + 1][k] - c) * f));
 }
 
-async function loadHeatmap() {
-  const q = new URLSearchParams({ field: "compute_time", max_cols: "400" });
+function heatQuery(field = "compute_time") {
+  const q = new URLSearchParams({ field, max_cols: "400" });
   if (run.zoom) { q.set("step_min", run.zoom[0]); q.set("step_max", run.zoom[1]); }
-  let h = await api(`/v1/runs/${encodeURIComponent(run.id)}/dashboard/heatmap?${q}`);
+  return q;
+}
+
+// ``pending``: the request already under way (the first load starts it alongside the curves').
+async function loadHeatmap(pending = null) {
+  let h = await (pending || api(`/v1/runs/${encodeURIComponent(run.id)}/dashboard/heatmap?${heatQuery()}`));
   if (!h.n_rows) {  // no compute_time reported: fall back to step_time
-    q.set("field", "step_time");
-    h = await api(`/v1/runs/${encodeURIComponent(run.id)}/dashboard/heatmap?${q}`);
+    h = await api(`/v1/runs/${encodeURIComponent(run.id)}/dashboard/heatmap?${heatQuery("step_time")}`);
   }
   drawHeatmap(h);
 }
 
 function drawHeatmap(h) {
   const canvas = $("#heat");
+  // Same horizontal extent as the curves' plot area, so a column sits under the steps it covers.
+  const plot = run.plots.loss;
+  if (plot) { canvas.style.marginLeft = `${plot.over.offsetLeft}px`; canvas.style.width = `${plot.over.clientWidth}px`; }
   const cssW = canvas.clientWidth || 800, cssH = Math.max(80, Math.min(320, h.n_rows * 18));
   canvas.width = cssW; canvas.height = cssH; canvas.style.height = `${cssH}px`;
   const ctx = canvas.getContext("2d");
@@ -343,8 +352,15 @@ function drawHeatmap(h) {
   off.getContext("2d").putImageData(img, 0, 0);
   ctx.imageSmoothingEnabled = false;
   ctx.drawImage(off, 0, 0, cssW, cssH);
+  const last = h.step_min + h.n_cols * h.step_width - 1;
+  $("#heat-axis").innerHTML = `<span>rank 0 at the top, rank ${h.n_rows * h.rank_width - 1} at the bottom</span><span>steps ${h.step_min}–${last}</span>`;
   const hot = h.hottest;
   const rankText = (lo, hi) => lo === hi ? `rank ${lo}` : `ranks ${lo}–${hi}`;
+  // An arrow in the margin at the slowest row: at 16,384 ranks a row is about a pixel high.
+  let arrow = $("#heat-arrow");
+  if (!arrow) { arrow = document.createElement("div"); arrow.id = "heat-arrow"; arrow.textContent = "▶"; $("#heat-wrap").appendChild(arrow); }
+  arrow.hidden = !hot;
+  if (hot) { arrow.style.top = `${(hot.row + 0.5) * (cssH / h.n_rows) - 8}px`; arrow.style.left = `${canvas.offsetLeft - 16}px`; arrow.title = rankText(hot.rank_lo, hot.rank_hi); }
   $("#heat-info").innerHTML = hot ? `slowest: <b id="heat-hottest" data-rank-lo="${hot.rank_lo}" data-rank-hi="${hot.rank_hi}">${rankText(hot.rank_lo, hot.rank_hi)}</b>, ${hot.ratio}× its step's median on average over steps ${h.step_min}–${h.step_min + h.n_cols * h.step_width - 1}` : "";
   dashboard.heatmap = { field: h.field, n_rows: h.n_rows, n_cols: h.n_cols, rank_width: h.rank_width, step_width: h.step_width,
                         step_min: h.step_min, hottest: hot, rowHeight: cssH / h.n_rows, colWidth: cssW / h.n_cols };
@@ -452,7 +468,9 @@ function drawEconomics(advice, retention, goodput) {
     <dt>MTBF</dt><dd>${fmt(advice.mtbf.mtbf_s / 3600, 2)} h <span class="dim">(${esc(advice.mtbf.source)})</span></dd>
     ${advice.warning ? `<dt>advice</dt><dd>${esc(advice.warning)}</dd>` : ""}</dl>` : `<div class="dim">unavailable</div>`);
   $("#goodput").innerHTML = `<h2>Goodput</h2>` + (goodput ? `<dl class="kv">
-    <dt>goodput</dt><dd id="goodput-fraction"><b>${fmt(goodput.goodput_fraction * 100, 1)} %</b> of ${fmt(goodput.wall_s, 0)} s wall time</dd>
+    <dt>goodput</dt><dd id="goodput-fraction">${goodput.goodput_fraction >= 0 && goodput.goodput_fraction <= 1
+      ? `<b>${fmt(goodput.goodput_fraction * 100, 1)} %</b> of ${fmt(goodput.wall_s, 0)} s wall time`
+      : `n/a % <span class="dim">(${fmt(goodput.wall_s, 0)} s wall time is shorter than the steps' own time: the data arrived faster than real time, as in a replay)</span>`}</dd>
     <dt>productive</dt><dd>${fmt(goodput.productive_s, 1)} s (${goodput.productive_steps} steps)</dd>
     <dt>checkpoints</dt><dd>${fmt(goodput.checkpoint_s, 1)} s</dd><dt>downtime</dt><dd>${fmt(goodput.downtime_s, 1)} s</dd>
     <dt>recompute</dt><dd>${fmt(goodput.recompute_s, 1)} s (${goodput.recomputed_steps} steps)</dd>
@@ -473,18 +491,32 @@ function drawCheckpoints() {
 
 const orNull = (p) => p.catch((e) => { if (e.status === 401 || e.status === 403) banner(`not authorised to read this (${e.status}): paste a token at the top right`); return null; });
 
-// The slower answers (rollback reads history; economics), after the curves are up.
+// The slower answers, after the curves are up. The rollback answer reads the run's history, so
+// it is asked again only when what it rests on changed (findings, checkpoints, attempts, a
+// bisection), not on every new step; economics at most every ECONOMICS_EVERY_MS; alerts each time.
+const ECONOMICS_EVERY_MS = 15000;
+const slow = { rollbackKey: null, economicsAt: 0 };
+
 async function loadSlow() {
   const base = `/v1/runs/${encodeURIComponent(run.id)}`;
-  const [rollback, alerts, advice, retention, goodput, timeline] = await Promise.all([
-    orNull(api(`${base}/rollback`)), orNull(api(`/v1/alerts?run=${encodeURIComponent(run.id)}`)),
-    orNull(api(`${base}/advice`)), orNull(api(`${base}/retention`)), orNull(api(`${base}/goodput`)),
-    orNull(api(`${base}/timeline`))]);
-  const bisection = run.detail.has_bisection ? await orNull(api(`${base}/bisection`)) : null;
-  run.rollback = rollback; run.timeline = timeline;
-  drawRollback(rollback, bisection);
+  const d = run.detail;
+  const key = [run.findings.length, run.checkpoints.length, d.attempt, d.has_bisection].join(":");
+  const wantRollback = key !== slow.rollbackKey;
+  const wantEconomics = Date.now() - slow.economicsAt >= ECONOMICS_EVERY_MS;
+  const [rollback, bisection, alerts, advice, retention, goodput, timeline] = await Promise.all([
+    wantRollback ? orNull(api(`${base}/rollback`)) : run.rollback,
+    wantRollback && d.has_bisection ? orNull(api(`${base}/bisection`)) : run.bisection || null,
+    orNull(api(`/v1/alerts?run=${encodeURIComponent(run.id)}`)),
+    ...(wantEconomics ? [orNull(api(`${base}/advice`)), orNull(api(`${base}/retention`)), orNull(api(`${base}/goodput`)),
+                         orNull(api(`${base}/timeline`))] : [slow.advice, slow.retention, slow.goodput, run.timeline])]);
+  if (wantRollback) { slow.rollbackKey = key; run.rollback = rollback; run.bisection = bisection; drawRollback(rollback, bisection); }
+  if (wantEconomics) {
+    slow.economicsAt = Date.now();
+    Object.assign(slow, { advice, retention, goodput });
+    run.timeline = timeline;
+    drawEconomics(advice, retention, goodput);
+  }
   drawAlerts(alerts);
-  drawEconomics(advice, retention, goodput);
   redrawMarkers();
   dashboard.slowLoaded = (dashboard.slowLoaded || 0) + 1;
 }
@@ -500,7 +532,10 @@ async function refreshRun(first = false) {
     drawHeader();
     if (changed) {
       drawFindings(); drawCheckpoints();
-      await Promise.all([loadSeries(), loadHeatmap()]);
+      const heat = api(`/v1/runs/${encodeURIComponent(run.id)}/dashboard/heatmap?${heatQuery()}`);
+      heat.catch(() => {});  // handled where it is awaited; this only keeps it from counting as unhandled
+      await loadSeries();
+      await loadHeatmap(heat);
       if (first && run.focus) {
         const f = run.focus.finding != null ? findings.find((x) => x.id === run.focus.finding) : null;
         const step = f ? f.step : run.focus.step;
