@@ -1,20 +1,18 @@
 """The dashboard in a real headless Chromium against a real server holding a run with a straggler
 (rank 5, 2x compute time from step 100) and a NaN (rank 3's loss at step 300).
 
-Screenshots go to ``$HEALTHSVC_ARTIFACTS`` (default: pytest's tmp dir, path printed).
+Screenshots go to ``$HEALTHSVC_ARTIFACTS`` (default: pytest's tmp dir, path printed); one of
+them is docs/dashboard.png.
 """
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import httpx
 import pytest
 
 from healthsvc.alerting.formats import generator_url
 from healthsvc.alerting.model import Alert
-from healthsvc.testing import ServerProcess
 from tests.dashboard import browser, replay
+from tests.dashboard.conftest import open_page
 
 RUN = "llm-straggler-nan"
 OK_RUN = "clean-run"
@@ -22,24 +20,8 @@ N_STEPS = 400
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory) -> Path:
-    out = Path(os.environ.get("HEALTHSVC_ARTIFACTS") or tmp_path_factory.mktemp("dashboard-artifacts"))
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"\ndashboard screenshots: {out}")
-    return out
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    proc = ServerProcess(tmp_path_factory.mktemp("dash") / "healthsvc.db")
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+def http(dash_server):
+    with httpx.Client(base_url=dash_server.url, timeout=30) as client:
         client.put(f"/v1/runs/{RUN}", json={"world_size": replay.N_RANKS}).raise_for_status()
         trace = replay.make_trace(N_STEPS + 100)
         replay.push_steps(client, RUN, trace, 0, N_STEPS)
@@ -53,23 +35,8 @@ def http(server):
         yield client
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    why = browser.available()
-    if why:
-        pytest.fail(why)
-    d = browser.start_browser(tmp_path_factory.mktemp("chromium-profile"))
-    yield d
-    d.quit()
-
-
-def open_page(driver, server, path: str) -> None:
-    driver.get(server.url + path)
-    browser.wait_for(driver, "window.dashboard && window.dashboard.ready", what=f"{path} ready")
-
-
-def test_runs_page_lists_the_run_as_critical(driver, server, http, artifacts):
-    open_page(driver, server, "/")
+def test_runs_page_lists_the_run_as_critical(driver, dash_server, http, artifacts):
+    open_page(driver, dash_server, "/")
     health = browser.wait_for(driver, f"(document.querySelector('tr[data-run=\"{RUN}\"]') || {{}}).dataset?.health",
                               what="the run's row")
     assert health == "critical"
@@ -85,11 +52,15 @@ def test_runs_page_lists_the_run_as_critical(driver, server, http, artifacts):
                           " const q = document.getElementById('q'); q.value = 'clean'; q.dispatchEvent(new Event('input'))")
     assert driver.execute_script("return [...document.querySelectorAll('#runs tbody tr')].map(r => r.dataset.run)") == [OK_RUN]
     driver.save_screenshot(str(artifacts / "runs.png"))
+    # It refreshes itself: a run that starts now appears without a reload.
+    driver.execute_script("const q = document.getElementById('q'); q.value = ''; q.dispatchEvent(new Event('input'))")
+    http.post("/v1/runs/late-run/metrics", json={"records": [{"step": 0, "rank": 0, "loss": 1.0}]}).raise_for_status()
+    browser.wait_for(driver, "document.querySelector('tr[data-run=\"late-run\"]')", timeout_s=10, what="the new run's row")
     assert browser.console_errors(driver) == []
 
 
-def test_run_page_draws_curves_markers_heatmap_and_rollback(driver, server, http, artifacts):
-    open_page(driver, server, f"/runs/{RUN}")
+def test_run_page_draws_curves_markers_heatmap_and_rollback(driver, dash_server, http, artifacts):
+    open_page(driver, dash_server, f"/runs/{RUN}")
     browser.wait_for(driver, "window.dashboard.slowLoaded", what="rollback, alerts and economics")
     charts = driver.execute_script("return window.dashboard.charts")
     assert charts["loss"]["points"] == N_STEPS and charts["grad_norm"]["points"] == N_STEPS
@@ -134,10 +105,10 @@ def test_run_page_draws_curves_markers_heatmap_and_rollback(driver, server, http
     assert driver.execute_script("return window.dashboard.errors") == []
 
 
-def test_dragging_zooms_both_curves_and_the_heatmap_with_server_detail(driver, server, http):
+def test_dragging_zooms_both_curves_and_the_heatmap_with_server_detail(driver, dash_server, http):
     from selenium.webdriver.common.action_chains import ActionChains
 
-    open_page(driver, server, f"/runs/{RUN}")
+    open_page(driver, dash_server, f"/runs/{RUN}")
     over = driver.find_element("css selector", "#chart-loss .u-over")
     w = over.size["width"]
     # From 40 % to 50 % of the plot's width: about steps 160-200 of 0-399.
@@ -156,7 +127,7 @@ def test_dragging_zooms_both_curves_and_the_heatmap_with_server_detail(driver, s
     assert browser.console_errors(driver) == []
 
 
-def test_restart_and_world_size_change_are_marked(driver, server, http):
+def test_restart_and_world_size_change_are_marked(driver, dash_server, http):
     # Attempt 1: 8 ranks to step 199; the job restarts from the checkpoint at 150 on 4 ranks.
     run_id = "elastic-run"
     trace = replay.make_trace(250)
@@ -168,7 +139,7 @@ def test_restart_and_world_size_change_are_marked(driver, server, http):
     timeline = browser.poll(lambda: (t := http.get(f"/v1/runs/{run_id}/timeline").json())["world_size_changes"] and t,
                             what="the world-size change")
     change = next(e for e in timeline["entries"] if e["kind"] == "world_size_change")
-    open_page(driver, server, f"/runs/{run_id}")
+    open_page(driver, dash_server, f"/runs/{run_id}")
     browser.wait_for(driver, "window.dashboard.slowLoaded && window.dashboard.charts.loss.last === 249", what="attempt 2 drawn")
     marks = driver.execute_script("return window.dashboard.markers.filter(m => m.chart === 'loss')"
                                   ".map(m => [m.kind, m.step])")
@@ -178,13 +149,13 @@ def test_restart_and_world_size_change_are_marked(driver, server, http):
     assert browser.console_errors(driver) == []
 
 
-def test_alert_link_opens_the_run_at_the_finding(driver, server, http, artifacts):
+def test_alert_link_opens_the_run_at_the_finding(driver, dash_server, http, artifacts):
     # The link an alert body carries (Alertmanager's generatorURL; Slack's "open"), opened.
     alert = next(a for a in http.get("/v1/alerts", params={"run": RUN}).json()["alerts"]
                  if a["labels"]["alertname"] == "non_finite")
-    url = generator_url(server.url, Alert.from_dict(alert))
-    assert url == f"{server.url}/runs/{RUN}?kind=non_finite&step={replay.NAN_STEP}"
-    open_page(driver, server, url.removeprefix(server.url))
+    url = generator_url(dash_server.url, Alert.from_dict(alert))
+    assert url == f"{dash_server.url}/runs/{RUN}?kind=non_finite&step={replay.NAN_STEP}"
+    open_page(driver, dash_server, url.removeprefix(dash_server.url))
     focused = browser.wait_for(driver, "[...document.querySelectorAll('#findings tr.focus')].map(r => [r.dataset.kind, +r.dataset.step])",
                                what="the focused finding")
     assert focused == [["non_finite", replay.NAN_STEP]]
@@ -196,8 +167,8 @@ def test_alert_link_opens_the_run_at_the_finding(driver, server, http, artifacts
     assert browser.console_errors(driver) == []
 
 
-def test_acknowledge_from_the_page(driver, server, http):
-    open_page(driver, server, f"/runs/{RUN}")
+def test_acknowledge_from_the_page(driver, dash_server, http):
+    open_page(driver, dash_server, f"/runs/{RUN}")
     browser.wait_for(driver, "document.querySelector('#alerts tr[data-fingerprint] .ack')", what="alert rows")
     fp = driver.execute_script("const tr = [...document.querySelectorAll('#alerts tr[data-fingerprint]')]"
                                ".find(r => r.innerText.includes('straggler')); tr.querySelector('.ack').click();"
@@ -214,8 +185,8 @@ def test_acknowledge_from_the_page(driver, server, http):
     assert abs(silence["ends_at"] - silence["starts_at"] - 14400) < 1
 
 
-def test_page_follows_a_live_run(driver, server, http):
-    open_page(driver, server, f"/runs/{RUN}")
+def test_page_follows_a_live_run(driver, dash_server, http):
+    open_page(driver, dash_server, f"/runs/{RUN}")
     assert driver.find_element("id", "run-last-step").text == str(N_STEPS - 1)
     replay.push_steps(http, RUN, http.trace, N_STEPS, N_STEPS + 50)
     browser.wait_for(driver, f"document.getElementById('run-last-step').innerText === '{N_STEPS + 49}'",

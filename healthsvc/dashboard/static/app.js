@@ -4,7 +4,7 @@
 "use strict";
 
 const POLL_MS = 3000;           // live updates: a training run's page follows within a few seconds
-const RUNS_POLL_MS = 5000;
+const RUNS_POLL_MS = 3000;
 const TOKEN_KEY = "healthsvc.token";
 const dashboard = window.dashboard = { page: null, ready: false, markers: [], charts: {}, heatmap: null,
                                        runs: [], errors: [], loads: 0, t0: performance.now() };
