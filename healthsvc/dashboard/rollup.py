@@ -14,7 +14,7 @@ the step aligner emits it) is folded into:
   and keeps their *maximum* ratio (one slow rank among 64 must not be averaged away); a step bin
   holds ``step_width`` steps and keeps the *mean* over them (sum and count). The grid is capped at
   :data:`MAX_RANK_BINS` x :data:`MAX_STEP_BINS`: when a run outgrows it the widths double and
-  neighbouring bins merge, so memory stays bounded (~8 MB per field) for any run length.
+  neighbouring bins merge, so memory stays bounded (at most 4 MB per field) for any run length.
 
 A new attempt (a restart or rollback resuming at step ``s``) truncates everything from ``s`` on:
 the effective history is the newest attempt, as everywhere else in the service.
@@ -33,7 +33,7 @@ LINE_FIELDS = ("loss", "grad_norm", "step_time")
 HEAT_FIELDS = ("compute_time", "step_time")
 STATS = ("median", "min", "max", "nonfinite", "reported")
 MAX_RANK_BINS = 256
-MAX_STEP_BINS = 4096
+MAX_STEP_BINS = 2048  # 5x the 400 columns the page shows: zooming in keeps detail
 _GROW = 1024  # steps added at a time to the line arrays
 
 

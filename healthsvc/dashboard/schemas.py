@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 class DashboardRun(BaseModel):
     """One row of the runs page."""
-    run_id: str
+    run_id: str = Field(..., description="The run's identifier.")
     status: str = Field(..., description="running | finished.")
     health: str = Field(..., description="ok | warning | critical: the worst active finding.")
     last_step: int | None = Field(None, description="Highest step of the current attempt.")
@@ -32,6 +32,7 @@ class DashboardRunDetail(DashboardRun):
 
 
 class FieldSeries(BaseModel):
+    """One field's curve: the kept steps, the median at each, and the band around it."""
     steps: list[int] = Field(..., description="Steps of the kept points (x), ascending.")
     median: list[float | None] = Field(..., description="Cross-rank median of the finite values at each kept "
                                                          "step (LTTB-selected); null where no rank had one.")
@@ -43,7 +44,8 @@ class FieldSeries(BaseModel):
 
 
 class SeriesOut(BaseModel):
-    run_id: str
+    """Per-step curves of a run, downsampled."""
+    run_id: str = Field(..., description="The run.")
     step_min: int = Field(..., description="First step covered.")
     step_max: int = Field(..., description="Last step covered.")
     points: int = Field(..., description="The requested number of points per series.")
@@ -51,7 +53,8 @@ class SeriesOut(BaseModel):
 
 
 class HeatmapOut(BaseModel):
-    run_id: str
+    """A metric per rank over steps, binned: rows are rank bins, columns step bins."""
+    run_id: str = Field(..., description="The run.")
     field: str = Field(..., description="The metric shown.")
     scale: str = Field("ratio to the step's cross-rank median",
                        description="What a value means: 2.0 is twice the median of its step.")
@@ -59,7 +62,7 @@ class HeatmapOut(BaseModel):
     step_width: int = Field(..., description="Steps per column.")
     rank_width: int = Field(..., description="Ranks per row; a row shows the highest ratio among its ranks.")
     n_rows: int = Field(..., description="Rows (rank bins) that hold ranks.")
-    n_cols: int
+    n_cols: int = Field(..., description="Columns (step bins), count.")
     values: list[list[float | None]] = Field(..., description="values[row][col]: mean over the column's steps "
                                                                "of the row's highest ratio; null where nothing was reported.")
     hottest: dict[str, Any] | None = Field(None, description="The row with the highest mean ratio: "

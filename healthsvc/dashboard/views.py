@@ -12,12 +12,12 @@ import numpy as np
 from healthsvc.dashboard.downsample import bucket_envelope, lttb, rebin_heat
 from healthsvc.dashboard.hub import RollupHub
 from healthsvc.dashboard.rollup import LINE_FIELDS, MAX_RANK_BINS, RunRollup
-from healthsvc.errors import InvalidInput, NotFound
+from healthsvc.errors import InvalidInput
 
 MAX_NONFINITE_STEPS = 1000
 
 
-def _row(summaries, findings, base: dict[str, Any]) -> dict[str, Any]:
+def _row(findings, base: dict[str, Any]) -> dict[str, Any]:
     sec = findings.summary(base["run_id"])
     active = sec["active_findings"]
     return {**base, "health": sec["health"], "active_findings": len(active),
@@ -27,20 +27,17 @@ def _row(summaries, findings, base: dict[str, Any]) -> dict[str, Any]:
 def runs(summaries, findings) -> list[dict[str, Any]]:
     """Every run with its health. Not ``GET /v1/runs?detail``: that asks the rollback answer of
     every run, which reads history; the runs page needs only the findings."""
-    return [_row(summaries, findings, base) for base in summaries.list()]
+    return [_row(findings, base) for base in summaries.list()]
 
 
 def run_detail(summaries, findings, hub: RollupHub, run_id: str) -> dict[str, Any]:
-    row = summaries.store.get_run_row(run_id)
-    if row is None:
-        raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
-    base = summaries.summary(run_id, detail=False)
+    base = summaries.summary(run_id, detail=False)  # NotFound (404) for an unknown run
     base["attempts"] = summaries.store.attempts(run_id)
     last = hub.read(run_id, lambda r: r.last_step)
     # Asked here so the page requests GET .../bisection only when there is one (no 404 to log).
     has_bisection = summaries.store.read_conn().execute(
         "SELECT 1 FROM bisections WHERE run_id=?", (run_id,)).fetchone() is not None
-    return {**_row(summaries, findings, base), "rollup_last_step": -1 if last is None else last,
+    return {**_row(findings, base), "rollup_last_step": -1 if last is None else last,
             "catching_up": hub.catching_up, "has_bisection": has_bisection}
 
 
@@ -106,8 +103,8 @@ def heatmap(hub: RollupHub, run_id: str, field: str, step_min: int | None, step_
                 "n_rows": 0, "n_cols": 0, "values": [], "hottest": None}
     grid, rw = got["grid"], got["rank_width"]
     hottest = None
-    with np.errstate(all="ignore"):
-        row_mean = np.array([np.nanmean(r) if np.isfinite(r).any() else np.nan for r in grid])
+    counts = np.isfinite(grid).sum(axis=1)
+    row_mean = np.where(counts > 0, np.nansum(grid, axis=1) / np.maximum(counts, 1), np.nan)
     if np.isfinite(row_mean).any():
         row = int(np.nanargmax(row_mean))
         hottest = {"row": row, "rank_lo": row * rw, "rank_hi": row * rw + rw - 1,

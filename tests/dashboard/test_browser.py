@@ -43,6 +43,7 @@ def test_runs_page_lists_the_run_as_critical(driver, dash_server, http, artifact
     assert driver.execute_script(f"return document.querySelector('tr[data-run=\"{OK_RUN}\"]').dataset.health") == "ok"
     row = driver.execute_script(f"return document.querySelector('tr[data-run=\"{RUN}\"]').innerText")
     assert "non_finite" in row and "straggler" in row and str(N_STEPS - 1) in row
+    driver.save_screenshot(str(artifacts / "runs.png"))
     # The filter keeps only critical runs; the search narrows by name.
     driver.execute_script("const s = document.getElementById('f-health'); s.value = 'critical';"
                           " s.dispatchEvent(new Event('change'))")
@@ -51,7 +52,6 @@ def test_runs_page_lists_the_run_as_critical(driver, dash_server, http, artifact
                           " s.dispatchEvent(new Event('change'));"
                           " const q = document.getElementById('q'); q.value = 'clean'; q.dispatchEvent(new Event('input'))")
     assert driver.execute_script("return [...document.querySelectorAll('#runs tbody tr')].map(r => r.dataset.run)") == [OK_RUN]
-    driver.save_screenshot(str(artifacts / "runs.png"))
     # It refreshes itself: a run that starts now appears without a reload.
     driver.execute_script("const q = document.getElementById('q'); q.value = ''; q.dispatchEvent(new Event('input'))")
     http.post("/v1/runs/late-run/metrics", json={"records": [{"step": 0, "rank": 0, "loss": 1.0}]}).raise_for_status()
@@ -165,6 +165,15 @@ def test_alert_link_opens_the_run_at_the_finding(driver, dash_server, http, arti
     assert first < replay.NAN_STEP < last
     driver.save_screenshot(str(artifacts / "run-at-finding.png"))
     assert browser.console_errors(driver) == []
+    # A finding's own link (the findings table's id) does the same by id.
+    straggler = next(f for f in http.get(f"/v1/runs/{RUN}/findings").json() if f["kind"] == "straggler")
+    open_page(driver, dash_server, f"/runs/{RUN}?finding={straggler['id']}")
+    focused = browser.wait_for(driver, "[...document.querySelectorAll('#findings tr.focus')].map(r => r.id)",
+                               what="the focused finding")
+    assert focused == [f"finding-{straggler['id']}"]
+    browser.wait_for(driver, f"window.dashboard.charts.loss.first <= {straggler['step']} && "
+                             f"{straggler['step']} <= window.dashboard.charts.loss.last && window.dashboard.charts.loss.points < 400",
+                     what="zoom to the straggler")
 
 
 def test_acknowledge_from_the_page(driver, dash_server, http):

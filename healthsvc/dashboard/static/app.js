@@ -352,7 +352,7 @@ function drawHeatmap(h) {
   off.getContext("2d").putImageData(img, 0, 0);
   ctx.imageSmoothingEnabled = false;
   ctx.drawImage(off, 0, 0, cssW, cssH);
-  const last = h.step_min + h.n_cols * h.step_width - 1;
+  const last = Math.min(h.step_min + h.n_cols * h.step_width - 1, run.series ? run.series.step_max : Infinity);
   $("#heat-axis").innerHTML = `<span>rank 0 at the top, rank ${h.n_rows * h.rank_width - 1} at the bottom</span><span>steps ${h.step_min}–${last}</span>`;
   const hot = h.hottest;
   const rankText = (lo, hi) => lo === hi ? `rank ${lo}` : `ranks ${lo}–${hi}`;
@@ -361,7 +361,7 @@ function drawHeatmap(h) {
   if (!arrow) { arrow = document.createElement("div"); arrow.id = "heat-arrow"; arrow.textContent = "▶"; $("#heat-wrap").appendChild(arrow); }
   arrow.hidden = !hot;
   if (hot) { arrow.style.top = `${(hot.row + 0.5) * (cssH / h.n_rows) - 8}px`; arrow.style.left = `${canvas.offsetLeft - 16}px`; arrow.title = rankText(hot.rank_lo, hot.rank_hi); }
-  $("#heat-info").innerHTML = hot ? `slowest: <b id="heat-hottest" data-rank-lo="${hot.rank_lo}" data-rank-hi="${hot.rank_hi}">${rankText(hot.rank_lo, hot.rank_hi)}</b>, ${hot.ratio}× its step's median on average over steps ${h.step_min}–${h.step_min + h.n_cols * h.step_width - 1}` : "";
+  $("#heat-info").innerHTML = hot ? `slowest: <b id="heat-hottest" data-rank-lo="${hot.rank_lo}" data-rank-hi="${hot.rank_hi}">${rankText(hot.rank_lo, hot.rank_hi)}</b>, ${hot.ratio}× its step's median on average over steps ${h.step_min}–${last}` : "";
   dashboard.heatmap = { field: h.field, n_rows: h.n_rows, n_cols: h.n_cols, rank_width: h.rank_width, step_width: h.step_width,
                         step_min: h.step_min, hottest: hot, rowHeight: cssH / h.n_rows, colWidth: cssW / h.n_cols };
   canvas.onmousemove = (ev) => {
