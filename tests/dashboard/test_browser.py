@@ -103,6 +103,10 @@ def test_run_page_draws_curves_markers_heatmap_and_rollback(driver, dash_server,
     driver.save_screenshot(str(artifacts / "run.png"))
     assert browser.console_errors(driver) == []
     assert driver.execute_script("return window.dashboard.errors") == []
+    # Nothing was fetched from anywhere but the service itself.
+    origins = driver.execute_script("return [...new Set(performance.getEntriesByType('resource')"
+                                    ".map(e => new URL(e.name).origin))]")
+    assert origins == [dash_server.url]
 
 
 def test_dragging_zooms_both_curves_and_the_heatmap_with_server_detail(driver, dash_server, http):
