@@ -8,7 +8,7 @@ The Alertmanager v4 body (https://prometheus.io/docs/alerting/latest/configurati
      "commonAnnotations": {...}, "externalURL": "http://healthsvc:8080",
      "alerts": [{"status": "firing", "labels": {...}, "annotations": {...},
                  "startsAt": "2024-05-01T12:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
-                 "generatorURL": "http://healthsvc:8080/v1/runs/r1/findings?kind=non_finite",
+                 "generatorURL": "http://healthsvc:8080/runs/r1?kind=non_finite&step=120",
                  "fingerprint": "3f2a..."}]}
 
 A firing alert's ``endsAt`` is Go's zero time, as Alertmanager sends it.
@@ -20,8 +20,9 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
+from urllib.parse import quote
 
-from healthsvc.alerting.model import Alert, run_url
+from healthsvc.alerting.model import Alert
 from healthsvc.alerting.policy import NotifyReason
 from healthsvc.encode import jsonable
 
@@ -52,7 +53,8 @@ def rfc3339(ts: float) -> str:
 
 
 def generator_url(external_url: str, alert: Alert) -> str:
-    return f"{run_url(external_url, alert.run)}/findings?kind={alert.kind}"
+    """The dashboard's run page, opened at the alert's finding (its kind, at its first step)."""
+    return f"{external_url.rstrip('/')}/runs/{quote(alert.run, safe='')}?kind={alert.kind}&step={alert.first_step}"
 
 
 def alertmanager_body(n: Notification) -> dict[str, Any]:
@@ -99,6 +101,8 @@ def slack_body(n: Notification) -> dict[str, Any]:
         for key in ("onset_step", "ranks", "hosts", "rollback_target"):
             if key in ann:
                 details.append(f"{key.replace('_', ' ')}: {ann[key]}")
+        if n.external_url:
+            details.append(f"<{generator_url(n.external_url, a)}|open>")
         lines.append(" · ".join(details))
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:3000]}})
     shown = min(len(firing), MAX_SLACK_ALERTS) + min(len(resolved), MAX_SLACK_ALERTS)
@@ -107,7 +111,7 @@ def slack_body(n: Notification) -> dict[str, Any]:
             {"type": "mrkdwn", "text": f"and {len(n.alerts) - shown} more"}]})
     if n.external_url:
         blocks.append({"type": "section", "text": {
-            "type": "mrkdwn", "text": f"<{run_url(n.external_url, n.run)}|Open run {n.run}>"}})
+            "type": "mrkdwn", "text": f"<{n.external_url.rstrip('/')}/runs/{quote(n.run, safe='')}|Open run {n.run}>"}})
     text = f"{title}: " + "; ".join(a.summary for a in (firing or resolved)[:3])
     return {"text": text, "blocks": blocks}
 

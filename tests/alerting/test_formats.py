@@ -40,7 +40,7 @@ def test_alertmanager_body_validates_against_the_documented_shape():
                                 "severity": "critical"}
     assert firing["endsAt"] == GO_ZERO_TIME and resolved["endsAt"] != GO_ZERO_TIME
     assert firing["annotations"]["ranks"] == "0-511" and firing["annotations"]["rank_count"] == "512"
-    assert firing["generatorURL"] == "http://healthsvc:8080/v1/runs/run-7/findings?kind=non_finite"
+    assert firing["generatorURL"] == "http://healthsvc:8080/runs/run-7?kind=non_finite&step=41"
     assert resolved["status"] == "resolved"
 
 
@@ -57,7 +57,8 @@ def test_slack_body_is_an_incoming_webhook_message():
     assert body["blocks"][0]["type"] == "header"
     sections = [b["text"]["text"] for b in body["blocks"] if b["type"] == "section"]
     assert any("*non_finite*" in s and "ranks: 0-511" in s for s in sections)
-    assert any("<http://healthsvc:8080/v1/runs/run-7|" in s for s in sections)
+    assert any("<http://healthsvc:8080/runs/run-7|Open run" in s for s in sections)
+    assert any("<http://healthsvc:8080/runs/run-7?kind=non_finite&step=41|open>" in s for s in sections)
 
 
 def test_json_body_carries_our_alerts_and_keeps_nan_distinct_from_missing():

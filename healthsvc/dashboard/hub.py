@@ -1,0 +1,259 @@
+"""Keeps every run's :class:`RunRollup` current: fed by committed ingest, on its own thread.
+
+Like the monitor hub, it hears committed metrics from the store's after-commit hook through a
+queue (the writer thread never waits on it), aligns per-rank pushes into complete steps with the
+same :class:`StepAligner` the detectors use, and folds each aligned block into the run's rollup.
+A ticker flushes steps that waited too long for missing ranks, so a live run's newest steps show
+within a few seconds.
+
+Restarts: a rollup is snapshotted into ``run_state`` (kind ``dashboard``, with the aligner's
+pending records and the id of the last chunk folded in); on start the hub loads it and replays the
+chunks stored after it, in the background (``catching_up`` is true meanwhile).
+"""
+from __future__ import annotations
+
+import io
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from healthsvc.ingest.batch import MetricBatch
+from healthsvc.monitor.aligner import StepAligner
+from healthsvc.store.codec import decode_chunk
+from healthsvc.store.sqlite import IngestResult, RunEvent, SQLiteStore
+from healthsvc.dashboard.rollup import HEAT_FIELDS, LINE_FIELDS, RunRollup
+
+log = logging.getLogger(__name__)
+
+FIELDS = set(LINE_FIELDS) | set(HEAT_FIELDS)
+_STOP = object()
+
+
+class RunFeed:
+    """One run's rollup and the aligner in front of it."""
+
+    def __init__(self, align_timeout_s: float, world_size: int | None) -> None:
+        self.rollup = RunRollup()
+        self.aligner = StepAligner(timeout_s=align_timeout_s)
+        self.attempt = 0
+        self.watermark = 0            # id of the last stored chunk folded in (or pending)
+        self.world_size = world_size
+        self.ranks_seen: set[int] = set()
+        self.dirty = False
+
+    def expected_ranks(self) -> int:
+        return int(self.world_size or len(self.ranks_seen) or 1)
+
+    def add(self, batch: MetricBatch, attempt: int, start_step: int | None, chunk_id: int | None,
+            now: float) -> None:
+        if attempt != self.attempt:
+            self.flush_all()
+            if start_step is not None and self.attempt:
+                self.rollup.truncate(start_step)
+            self.aligner.reset()
+            self.ranks_seen.clear()
+            self.attempt = attempt
+        if chunk_id is not None:
+            self.watermark = max(self.watermark, chunk_id)
+        self.ranks_seen.update(np.unique(batch.ranks).tolist())
+        wanted = {f: v for f, v in batch.values.items() if f in FIELDS}
+        slim = MetricBatch(batch.steps, batch.ranks, wanted, {f: batch.present[f] for f in wanted})
+        for block in self.aligner.add(slim, now, self.expected_ranks()):
+            self.rollup.add_block(block)
+        self.dirty = True
+
+    def tick(self, now: float) -> None:
+        for block in self.aligner.flush_due(now, self.expected_ranks()):
+            self.rollup.add_block(block)
+            self.dirty = True
+
+    def flush_all(self) -> None:
+        for block in self.aligner.flush_all():
+            self.rollup.add_block(block)
+            self.dirty = True
+
+    # -- snapshot -------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        st = self.aligner.state_dict()
+        arrays = {"rollup": np.frombuffer(self.rollup.to_bytes(), np.uint8),
+                  "meta": np.array([self.attempt, self.watermark, st["emitted_upto"], st["late_records"]], np.int64),
+                  "a_steps": np.asarray(st["steps"], np.int64), "a_ranks": np.asarray(st["ranks"], np.int64),
+                  "a_first_step": np.asarray(st["first_seen_step"], np.int64),
+                  "a_first_s": np.asarray(st["first_seen_s"], np.float64),
+                  "ranks_seen": np.asarray(sorted(self.ranks_seen), np.int64)}
+        for f in st["values"]:
+            arrays[f"v:{f}"] = np.asarray(st["values"][f], np.float64)
+            arrays[f"p:{f}"] = np.asarray(st["present"][f], bool)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    def load_bytes(self, blob: bytes) -> None:
+        with np.load(io.BytesIO(blob)) as z:
+            self.rollup = RunRollup.from_bytes(z["rollup"].tobytes())
+            self.attempt, self.watermark, emitted, late = (int(x) for x in z["meta"])
+            fields = [n[2:] for n in z.files if n.startswith("v:")]
+            self.aligner.load_state_dict({
+                "steps": z["a_steps"], "ranks": z["a_ranks"],
+                "values": {f: z[f"v:{f}"] for f in fields}, "present": {f: z[f"p:{f}"] for f in fields},
+                "first_seen_step": z["a_first_step"], "first_seen_s": z["a_first_s"],
+                "emitted_upto": emitted, "late_records": late})
+            self.ranks_seen = set(z["ranks_seen"].tolist())
+
+
+class RollupHub:
+    def __init__(self, store: SQLiteStore, *, clock: Callable[[], float] = time.time, align_timeout_s: float = 5.0,
+                 tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0) -> None:
+        self.store = store
+        self.clock = clock
+        self.align_timeout_s = align_timeout_s
+        self.tick_interval_s = tick_interval_s
+        self.snapshot_every_s = snapshot_every_s
+        self.feeds: dict[str, RunFeed] = {}
+        self.lock = threading.Lock()  # readers (HTTP threads) vs the hub thread
+        self.catching_up = True
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="healthsvc-dashboard", daemon=True)
+        self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-dashboard-ticker", daemon=True)
+        self._stopping = threading.Event()
+        self._last_snapshot: dict[str, float] = {}
+        store.subscribe(self._after_commit)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._queue.put(_STOP)
+        self._thread.join(30)
+        self._ticker.join(5)
+        for run_id in list(self.feeds):
+            self._snapshot(run_id, force=True)
+
+    def drain(self, timeout_s: float = 60.0) -> bool:
+        """Wait until everything queued so far has been folded in (benchmarks, tests)."""
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout_s)
+
+    def flush(self, run_id: str) -> None:
+        """Fold in a run's pending steps now (the run finished: nothing more will complete them)."""
+        self._queue.put(("flush", run_id))
+
+    # -- reading --------------------------------------------------------------------------
+    def read(self, run_id: str, fn: Callable[[RunRollup], Any]) -> Any:
+        """``fn(rollup)`` under the lock (None for an unknown run); keep ``fn`` to array slicing."""
+        with self.lock:
+            feed = self.feeds.get(run_id)
+            return fn(feed.rollup) if feed is not None else None
+
+    # -- input ----------------------------------------------------------------------------
+    def _after_commit(self, results: list[Any]) -> None:
+        for res in results:
+            if isinstance(res, IngestResult) and not res.duplicate and res.batch is not None:
+                self._queue.put(res)
+            elif isinstance(res, RunEvent) and res.kind in ("finish", "config"):
+                self._queue.put(res)
+
+    def _tick_loop(self) -> None:
+        while not self._stopping.wait(self.tick_interval_s):
+            self._queue.put(("tick", None))
+
+    def _loop(self) -> None:
+        try:
+            self._restore()
+        except Exception:
+            log.exception("dashboard rollups could not be restored; they fill from new data")
+        self.catching_up = False
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                with self.lock:
+                    self._handle(item)
+            except Exception:
+                log.exception("dashboard rollup failed on %r", type(item).__name__)
+
+    def _feed(self, run_id: str) -> RunFeed:
+        feed = self.feeds.get(run_id)
+        if feed is None:
+            row = self.store.get_run_row(run_id)
+            feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, (row or {}).get("config", {}).get("world_size"))
+        return feed
+
+    def _start_step(self, run_id: str, attempt: int) -> int | None:
+        for a in self.store.attempts(run_id):
+            if a["attempt"] == attempt:
+                return int(a["start_step"])
+        return None
+
+    def _handle(self, item: Any) -> None:
+        now = self.clock()
+        if isinstance(item, tuple):
+            what, run_id = item
+            for rid, feed in list(self.feeds.items()):
+                if what == "tick":
+                    feed.tick(now)
+                    self._snapshot(rid)
+                elif rid == run_id:
+                    feed.flush_all()
+            return
+        if isinstance(item, IngestResult):
+            feed = self._feed(item.run_id)
+            if item.chunk_id is not None and item.chunk_id <= feed.watermark:
+                return  # already replayed from the store on start
+            start = self._start_step(item.run_id, item.attempt) if item.attempt != feed.attempt else None
+            feed.add(item.batch, item.attempt, start, item.chunk_id, item.received_at)
+        elif item.kind == "finish":
+            self._feed(item.run_id).flush_all()
+        elif item.kind == "config":
+            self._feed(item.run_id).world_size = item.data.get("world_size") or self._feed(item.run_id).world_size
+
+    # -- snapshots ------------------------------------------------------------------------
+    def _snapshot(self, run_id: str, force: bool = False) -> None:
+        feed = self.feeds[run_id]
+        now = self.clock()
+        if not feed.dirty or (not force and now - self._last_snapshot.get(run_id, 0.0) < self.snapshot_every_s):
+            return
+        blob, watermark = feed.to_bytes(), feed.watermark
+        feed.dirty = False
+        self._last_snapshot[run_id] = now
+        try:
+            self.store.write(lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO run_state VALUES (?, 'dashboard', ?, ?)", (run_id, watermark, blob)))
+        except RuntimeError:  # the store is closing: the next start replays from the last snapshot
+            log.warning("dashboard snapshot of run %s skipped: store closed", run_id)
+
+    def _restore(self) -> None:
+        conn = self.store.read_conn()
+        snapshots = {r: s for r, s in conn.execute("SELECT run_id, state FROM run_state WHERE kind='dashboard'")}
+        for row in self.store.list_run_rows():
+            run_id = row["run_id"]
+            with self.lock:
+                feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, row["config"].get("world_size"))
+                if run_id in snapshots:
+                    try:
+                        feed.load_bytes(snapshots[run_id])
+                    except Exception:
+                        log.exception("dashboard snapshot of run %s unreadable; replaying its history", run_id)
+                        feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, row["config"].get("world_size"))
+            starts = {a["attempt"]: int(a["start_step"]) for a in self.store.attempts(run_id)}
+            for chunk_id, attempt, received_at, payload in conn.execute(
+                    "SELECT id, attempt, received_at, payload FROM chunks WHERE run_id=? AND id>? ORDER BY id",
+                    (run_id, feed.watermark)):
+                batch = decode_chunk(payload, FIELDS)
+                with self.lock:
+                    feed.add(batch, attempt, starts.get(attempt), chunk_id, received_at)
+            with self.lock:
+                if row["status"] == "finished":
+                    feed.flush_all()

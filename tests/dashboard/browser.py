@@ -1,0 +1,71 @@
+"""A real headless Chromium (Debian's ``chromium`` + ``chromium-driver``) driven by Selenium.
+
+Selenium is pointed at ``/usr/bin/chromedriver`` so Selenium Manager never downloads a driver;
+the flags keep Chromium off the network (no sync, no component updates, no QUIC) and the fresh
+``--user-data-dir`` keeps runs independent. Console messages are collected (``goog:loggingPrefs``)
+so a test can assert there were no errors.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+CHROMIUM = os.environ.get("HEALTHSVC_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("HEALTHSVC_CHROMEDRIVER", "/usr/bin/chromedriver")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage", "--window-size=1400,1800"]
+
+
+def available() -> str | None:
+    """None when the browser can run here, else why not."""
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not shutil.which(path):
+            return f"{path} is missing: ./dev test installs chromium and chromium-driver"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed: ./dev test installs the test extras"
+    return None
+
+
+def start_browser(profile_dir: Path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in FLAGS:
+        opts.add_argument(flag)
+    opts.add_argument(f"--user-data-dir={profile_dir}")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+
+
+def wait_for(driver, js: str, timeout_s: float = 15.0, what: str = "") -> Any:
+    """Poll ``return <js>`` until it is truthy; its value, or AssertionError with ``what``."""
+    deadline = time.monotonic() + timeout_s
+    value = None
+    while time.monotonic() < deadline:
+        value = driver.execute_script(f"return {js}")
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what or js} (last: {value!r})")
+
+
+def console_errors(driver) -> list[dict]:
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def poll(fn: Callable[[], Any], timeout_s: float = 15.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -1,0 +1,77 @@
+"""The dashboard rollup and its downsampling: what the curves and the heatmap are built from."""
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.frame import StepBlock
+from healthsvc.dashboard.downsample import bucket_envelope, lttb, rebin_heat
+from healthsvc.dashboard.rollup import MAX_RANK_BINS, MAX_STEP_BINS, RunRollup
+
+
+def block(steps, n_ranks, slow_rank=None, nan_at=None, seed=0):
+    rng = np.random.default_rng(seed)
+    steps = np.asarray(steps)
+    ct = 0.4 * (1 + 0.02 * rng.standard_normal((len(steps), n_ranks)))
+    if slow_rank is not None:
+        ct[:, slow_rank] *= 2.0
+    loss = 3.0 + 0.1 * rng.standard_normal((len(steps), n_ranks))
+    if nan_at is not None:
+        loss[nan_at] = np.nan
+    return StepBlock.from_dense(steps, np.arange(n_ranks), loss=loss, compute_time=ct)
+
+
+def test_median_band_and_nonfinite_count_per_step():
+    r = RunRollup()
+    b = block(range(16), 8, nan_at=(5, 3))
+    r.add_block(b)
+    st = r.lines["loss"]
+    finite = np.where(np.isfinite(b.values["loss"]), b.values["loss"], np.nan)
+    assert np.allclose(st["median"][:16], np.nanmedian(finite, axis=1), rtol=1e-6)
+    assert np.allclose(st["max"][:16], np.nanmax(finite, axis=1), rtol=1e-6)
+    assert st["nonfinite"][:16].tolist() == [0] * 5 + [1] + [0] * 10  # the NaN is counted, not dropped
+    assert st["reported"][:16].tolist() == [8] * 16 and r.last_step == 15
+
+
+def test_heatmap_keeps_one_slow_rank_visible_among_many():
+    r = RunRollup()
+    for s0 in range(0, 64, 16):
+        r.add_block(block(range(s0, s0 + 16), 4096, slow_rank=1234, seed=s0))
+    grid = r.heat["compute_time"]
+    assert grid.rank_width == 16  # 4096 ranks in 256 rows
+    mean, _ = rebin_heat(grid.sums, grid.counts, 0, grid.sums.shape[1], 10)
+    row = np.nanargmax(np.nanmean(mean, axis=1))
+    assert row == 1234 // 16 and np.nanmean(mean[row]) > 1.9
+    assert np.nanmax(np.delete(mean, row, axis=0)) < 1.2
+
+
+def test_grids_stay_bounded_as_runs_grow():
+    r = RunRollup()
+    r.add_block(block(range(16), 8, slow_rank=2))
+    r.add_block(block([MAX_STEP_BINS * 3], 600, slow_rank=2))  # far later, and more ranks (elastic)
+    grid = r.heat["compute_time"]
+    assert grid.sums.shape[0] == MAX_RANK_BINS and grid.sums.shape[1] <= MAX_STEP_BINS
+    assert grid.step_width == 4 and grid.rank_width == 4
+    assert np.nanmax(grid.sums[0, :4] / np.maximum(grid.counts[0, :4], 1)) > 1.9  # rank 2 still hot (row 0)
+
+
+def test_new_attempt_truncates_and_snapshot_round_trips():
+    r = RunRollup()
+    r.add_block(block(range(32), 8))
+    r.truncate(20)
+    assert r.last_step == 19 and r.lines["loss"]["reported"][20:32].sum() == 0
+    r2 = RunRollup.from_bytes(r.to_bytes())
+    assert r2.last_step == 19
+    assert np.array_equal(r2.lines["loss"]["median"][:20], r.lines["loss"]["median"][:20])
+    assert np.array_equal(r2.heat["compute_time"].sums, r.heat["compute_time"].sums)
+
+
+def test_lttb_keeps_a_spike_and_the_envelope_its_extremes():
+    x = np.arange(10_000)
+    y = np.sin(x / 300.0)
+    y[7777] = 50.0
+    idx = lttb(x, y, 300)
+    assert len(idx) == 300 and 7777 in idx and idx[0] == 0 and idx[-1] == 9999
+    assert (np.diff(idx) > 0).all()
+    lo, hi = bucket_envelope(y - 1, y + 1, 300)
+    assert np.nanmax(hi) == 51.0 and np.isclose(np.nanmin(lo), -2.0, atol=1e-3)
+    assert len(lo) == 300
