@@ -252,7 +252,7 @@ class AlertManager:
                 raise ReadOnly(f"subscription {sub.id!r} comes from settings; change it there")
             sub = replace(sub, source="api")
             self._api_subs[sub.id] = sub
-            self.outbox.put_record("subscription", sub.id, sub.to_dict(reveal_secret=True), now)
+            self.outbox.put_record("subscription", sub.id, sub.to_record(), now)
             return sub
 
     def delete_subscription(self, sub_id: str, now: float) -> int:

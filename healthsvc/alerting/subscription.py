@@ -86,8 +86,9 @@ class Subscription:
             raise ValueError("bearer_token contains a line break")
         if not 1.0 <= self.resend_interval_s <= 3600.0:
             raise ValueError(f"resend_interval_s must be between 1 and 3600 seconds; got {self.resend_interval_s!r}")
-        if self.format == "pagerduty" and not self.routing_key:
-            raise ValueError("format 'pagerduty' needs routing_key (the integration key of a PagerDuty service)")
+        if self.format == "pagerduty" and len(self.routing_key) != 32:
+            raise ValueError("format 'pagerduty' needs routing_key, the 32-character integration key of a "
+                             "PagerDuty service (Events API v2)")
 
     @property
     def delivery_url(self) -> str:
@@ -116,10 +117,17 @@ class Subscription:
         return SEVERITY_ORDER[alert.severity] >= SEVERITY_ORDER[self.min_severity]
 
     def to_dict(self, reveal_secret: bool = False) -> dict[str, Any]:
-        """The subscription; secrets (``secret``, header values, ``bearer_token``, ``routing_key``)
-        as ``***`` unless ``reveal_secret`` (the store keeps them in full)."""
+        """The API view: ``secret`` in full only with ``reveal_secret`` (once, when generated);
+        the credentials a user gave (header values, ``bearer_token``, ``routing_key``) as ``***``."""
+        return self._dict(reveal_secret, reveal_credentials=False)
+
+    def to_record(self) -> dict[str, Any]:
+        """Everything, for the store (``from_dict`` reads it back)."""
+        return self._dict(True, reveal_credentials=True)
+
+    def _dict(self, reveal_secret: bool, reveal_credentials: bool) -> dict[str, Any]:
         def hide(value: str) -> str:
-            return value if reveal_secret or not value else HIDDEN
+            return value if reveal_credentials or not value else HIDDEN
         return {
             "id": self.id, "url": self.url, "format": self.format, "runs": list(self.runs),
             "kinds": list(self.kinds), "min_severity": self.min_severity,
