@@ -113,9 +113,9 @@ def _build_callback_class() -> type:
                 self._local = LocalGradNorm.attach(trainer.strategy.model)
 
         def _wrap_save_checkpoint(self, trainer: Any) -> None:
-            if getattr(trainer.save_checkpoint, "_healthsvc", False):
+            original = getattr(trainer, "save_checkpoint", None)
+            if original is None or getattr(original, "_healthsvc", False):
                 return
-            original = trainer.save_checkpoint
             callback = self
 
             def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
