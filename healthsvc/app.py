@@ -39,6 +39,7 @@ FEATURES: list[str] = [
     "healthsvc.economics_service",
     "healthsvc.alerting.service",
     "healthsvc.rollback",
+    "healthsvc.run_metrics",
 ]
 
 

@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     align_timeout_s: float = Field(5.0, gt=0, description="How long a step waits for missing ranks before detectors see it with them masked, seconds.")
     log_level: str = Field("info", description="Log level: debug, info, warning, error.")
     access_log: bool = Field(False, description="Log every request (off: ingest is high-rate).")
+    # Per-run series on /metrics (healthsvc.run_metrics).
+    metrics_run_window_s: float = Field(3600.0, gt=0, description="A running run has per-run series on /metrics "
+                                                                  "while its last push is this recent, seconds.")
+    metrics_max_runs: int = Field(100, ge=0, description="At most this many runs (the most recently pushed) have "
+                                                         "per-run series on /metrics (bounded cardinality).")
     # Alerting (healthsvc.alerting; docs/alerting.md).
     alert_webhooks: list[dict] = Field(
         default_factory=list,
