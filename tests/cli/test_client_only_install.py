@@ -31,7 +31,7 @@ def client_venv(tmp_path_factory) -> Path:
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     readme = (ROOT / "README.md").read_text()
-    assert "(`pip install .` in the checkout" in readme   # the line this fixture runs
+    assert "`python -m venv venv && venv/bin/pip install .`" in readme   # what this fixture runs
     out = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "."], cwd=checkout,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
