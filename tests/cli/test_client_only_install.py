@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -159,3 +160,20 @@ def test_the_token_goes_out_as_a_bearer_header(client_venv):
     finally:
         server.shutdown()
     assert [h.get("Authorization") for h in _Recorder.seen] == ["Bearer s3cret", None]
+
+
+def test_status_lists_active_findings_and_exit_status_says_critical(client_venv, shared_server, shared_http):
+    records = [{"step": s, "rank": r, "loss": "NaN" if (s, r) == (8, 1) else 1.0, "local_grad_norm": 1.0}
+               for s in range(10) for r in range(2)]
+    assert shared_http.post("/v1/runs/cli-nan/metrics", json={"records": records}).status_code == 202
+    url = ["--url", shared_server.url]
+    deadline = time.monotonic() + 30
+    while (out := cli(client_venv, "status", "cli-nan", "--exit-status", *url)).returncode != 4:
+        assert out.returncode == 0 and time.monotonic() < deadline, out.stderr
+        time.sleep(0.2)
+    head, findings = out.stdout.split("\n\n")
+    assert "health:     critical" in head
+    header, *rows = findings.splitlines()
+    assert header.split() == ["FINDING", "SEVERITY", "STEP", "RANKS"]
+    assert any(r.split() == ["non_finite", "critical", "8", "1"] for r in rows), rows
+    assert cli(client_venv, "status", "cli-nan", *url).returncode == 0    # without the flag: answered
