@@ -34,7 +34,7 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _error_message(status: int, raw: bytes) -> str:
+def _error_message(raw: bytes) -> str:
     try:
         detail = json.loads(raw).get("detail")
     except (ValueError, AttributeError):
@@ -57,7 +57,7 @@ def call(method: str, url: str, path: str, body: dict | None = None,
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             raw = resp.read()
     except urllib.error.HTTPError as exc:
-        print(f"healthsvc: {exc.code}: {_error_message(exc.code, exc.read())}", file=sys.stderr)
+        print(f"healthsvc: {exc.code}: {_error_message(exc.read())}", file=sys.stderr)
         return None, REFUSED
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
