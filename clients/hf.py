@@ -20,7 +20,15 @@ The callback (``HealthCallback``) then logs, at ``on_step_end``, with ``step = s
 checkpoint at step N holds the state after the update of step N): ``loss``, ``grad_norm``, ``lr``,
 ``step_time``, ``data_time`` (previous step end to this step's begin) and ``compute_time`` (time in
 ``training_step``: forward and backward, including the all-reduce DDP overlaps with backward). On
-rank 0, ``on_save`` registers ``{output_dir}/checkpoint-{N}``.
+rank 0, ``on_save`` registers ``{output_dir}/checkpoint-{N}`` with ``duration_s`` (the wall time
+of the Trainer's ``_save_checkpoint``, which ``attach`` also wraps: model, optimizer, scheduler and
+RNG state; without it, the time from the step's end to ``on_save``) and ``bytes`` (the files in
+the directory).
+
+``accelerate``: a loop written with ``accelerate.Accelerator`` needs no integration; see
+``examples/accelerate_train.py`` (``clients.init`` with the accelerator's process index and count,
+``accelerator.clip_grad_norm_`` for ``grad_norm``, ``clients.grad_hooks.LocalGradNorm`` for
+``local_grad_norm``).
 
 Usage::
 
@@ -77,8 +85,25 @@ def attach(trainer: Any, url: str | None = None, run_id: str | None = None, *, r
             return norm
 
         accelerator.clip_grad_norm_ = clip_grad_norm_
+    original_save = getattr(trainer, "_save_checkpoint", None)  # private; absent in some versions
+    if original_save is not None:
+        def _save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original_save(*args, **kwargs)
+            finally:
+                callback._save_s = time.perf_counter() - start
+
+        trainer._save_checkpoint = _save_checkpoint
     trainer.add_callback(callback)
     return callback
+
+
+def _dir_bytes(path: str) -> int | None:
+    """Total size of the files under ``path``; None when it is not a local directory."""
+    if not os.path.isdir(path):
+        return None
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 def _build_callback_class() -> type:
@@ -103,6 +128,7 @@ def _build_callback_class() -> type:
             self._step_begin_s: float | None = None
             self._last_end_s: float | None = None
             self._data_s = 0.0
+            self._save_s: float | None = None  # set by attach's _save_checkpoint wrapper
 
         def __repr__(self) -> str:
             return f"HealthCallback(run={self.run!r})"
@@ -144,9 +170,13 @@ def _build_callback_class() -> type:
             self._last_end_s = now
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            duration_s = self._save_s
+            if duration_s is None and self._last_end_s is not None:
+                duration_s = time.perf_counter() - self._last_end_s
+            self._save_s = None
             if self.run is not None and state.is_world_process_zero:
-                uri = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-                self.run.checkpoint(state.global_step, uri)
+                uri = os.path.abspath(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+                self.run.checkpoint(state.global_step, uri, duration_s=duration_s, bytes=_dir_bytes(uri))
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.run is not None and self._owns_run and self.finish_on_end:

@@ -2,8 +2,10 @@
 
 Lightning's loggers run on rank 0 and see ``self.log(..., sync_dist=True)`` averages; a NaN or a
 straggler on rank 5 is invisible there. This callback runs on every rank and pushes that rank's
-record (``loss`` of its own micro-batch, the global ``grad_norm`` the optimizer sees before
-clipping, ``lr``, ``step_time``, ``data_time``, ``compute_time``) through ``clients.Run``.
+record (``loss`` of its own micro-batch, ``local_grad_norm`` of its own gradients before the
+all-reduce, the global ``grad_norm`` the optimizer sees before clipping, ``lr``, ``step_time``,
+``data_time``, ``compute_time``) through ``clients.Run``, and registers every checkpoint
+``ModelCheckpoint`` (or anything else) saves through ``trainer.save_checkpoint``.
 
 Usage::
 
@@ -14,15 +16,24 @@ Steps: ``step`` is ``trainer.global_step`` before the optimizer update, so it st
 checkpoint saved after N updates holds the state after the update of step N-1. With gradient
 accumulation the loss is the mean over the micro-batches of the step. ``compute_time`` includes the
 gradient all-reduce, which DDP overlaps with backward; use ``clients.timing.StepTimer`` in a plain
-loop when you need ``comm_time``. Checkpoints are not registered automatically (Lightning does
-not tell a callback where the file landed): call ``callback.run.checkpoint(step, uri)`` after
-saving, from rank 0.
+loop when you need ``comm_time``.
+
+``local_grad_norm``: under DDP, a communication hook (``clients.grad_hooks.LocalGradNorm``) takes
+each gradient bucket's norm before DDP all-reduces it, so the rank a NaN came from is named. It is
+left out when the strategy already registered a hook of its own (DDP allows one). In a
+one-process run it equals ``grad_norm`` (there is no all-reduce).
+
+Checkpoints: the callback wraps ``trainer.save_checkpoint``, which ``ModelCheckpoint`` calls, and
+rank 0 registers each file with ``step = trainer.global_step - 1`` (the state after that step's
+update), ``duration_s`` (the wall time the save blocked training, the barrier included) and
+``bytes``.
 
 Importing this module is cheap; ``lightning`` (or ``pytorch_lightning``) is imported the first time
 ``HealthCallback`` is used.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -58,6 +69,7 @@ def grad_total_norm(parameters: Any) -> Any:
 def _build_callback_class() -> type:
     Callback = _lightning_callback_base()
     from clients.client import Run
+    from clients.grad_hooks import LocalGradNorm
 
     class HealthCallback(Callback):
         """Per-rank health reporting. Pass ``run=`` to reuse a ``clients.Run`` you created, or
@@ -74,6 +86,8 @@ def _build_callback_class() -> type:
             self._run_options = run_options
             self._owns_run = run is None
             self._last_end_s: float | None = None
+            self._local: LocalGradNorm | None = None
+            self._single_process = False
             self._reset_step()
 
         def __repr__(self) -> str:
@@ -84,11 +98,44 @@ def _build_callback_class() -> type:
             self._data_s = 0.0
             self._losses: list[Any] = []
             self._grad_norm: Any = None
+            self._local_grad_norm: Any = None
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             if self.run is None:
                 self.run = Run(self.url, self.run_id or "", trainer.global_rank,
                                world_size=trainer.world_size, **self._run_options)
+            self._wrap_save_checkpoint(trainer)
+
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            # After the strategy wrapped the model: the DDP module exists now.
+            self._single_process = trainer.world_size == 1
+            if self.log_grad_norm and not self._single_process and self._local is None:
+                self._local = LocalGradNorm.attach(trainer.strategy.model)
+
+        def _wrap_save_checkpoint(self, trainer: Any) -> None:
+            original = getattr(trainer, "save_checkpoint", None)
+            if original is None or getattr(original, "_healthsvc", False):
+                return
+            callback = self
+
+            def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                result = original(filepath, *args, **kwargs)
+                callback._register_checkpoint(trainer, str(filepath), time.perf_counter() - start)
+                return result
+
+            save_checkpoint._healthsvc = True  # type: ignore[attr-defined]
+            trainer.save_checkpoint = save_checkpoint
+
+        def _register_checkpoint(self, trainer: Any, path: str, duration_s: float) -> None:
+            if self.run is None or not trainer.is_global_zero or trainer.global_step < 1:
+                return
+            try:
+                size = os.path.getsize(path)
+            except OSError:  # a remote filesystem or a directory checkpoint: no size
+                size = None
+            self.run.checkpoint(trainer.global_step - 1, os.path.abspath(path) if "://" not in path else path,
+                                duration_s=duration_s, bytes=size)
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             now = time.perf_counter()
@@ -104,6 +151,10 @@ def _build_callback_class() -> type:
             # Called after the gradients are accumulated (and all-reduced) and before clipping.
             if self.log_grad_norm:
                 self._grad_norm = grad_total_norm(pl_module.parameters())
+                if self._local is not None:
+                    self._local_grad_norm = self._local.take()
+                elif self._single_process:
+                    self._local_grad_norm = self._grad_norm
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
@@ -124,6 +175,8 @@ def _build_callback_class() -> type:
                                       else torch.stack(self._losses).float().mean())
                 if self._grad_norm is not None:
                     record["grad_norm"] = self._grad_norm
+                if self._local_grad_norm is not None:
+                    record["local_grad_norm"] = self._local_grad_norm
                 if trainer.optimizers:
                     record["lr"] = trainer.optimizers[0].param_groups[0]["lr"]
                 step_time = now - (self._step_start_s or now)

@@ -40,6 +40,7 @@ FEATURES: list[str] = [
     "healthsvc.alerting.service",
     "healthsvc.rollback",
     "healthsvc.dashboard",
+    "healthsvc.run_metrics",
 ]
 
 

@@ -8,7 +8,10 @@ import sys
 COMMANDS: dict[str, "tuple[str, callable, callable]"] = {}
 
 # Modules that register more subcommands with @command on import (a feature's CLI lives with it).
-CLI_MODULES: list[str] = ["healthsvc.rollback.cli", "healthsvc.sync_cli"]
+CLI_MODULES: list[str] = ["healthsvc.run_cli", "healthsvc.rollback.cli", "healthsvc.sync_cli"]
+
+SERVER_EXTRA_HINT = ("healthsvc serve needs the server dependencies, which a client-only install "
+                     "leaves out: pip install 'healthsvc[server]'")
 
 
 def command(name: str, help_text: str):
@@ -28,10 +31,14 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        import uvicorn
 
-    from healthsvc.app import create_asgi
-    from healthsvc.settings import Settings
+        from healthsvc.app import create_asgi
+        from healthsvc.settings import Settings
+    except ImportError as exc:  # the client-only install (`pip install .`) has no server stack
+        print(f"{SERVER_EXTRA_HINT} (missing: {exc.name})", file=sys.stderr)
+        return 2
 
     overrides = {k: v for k, v in {"db": args.db, "host": args.host, "port": args.port,
                                    "log_level": args.log_level, "access_log": args.access_log}.items()
@@ -58,12 +65,15 @@ def _load_commands() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _load_commands()
+    from healthsvc import __version__
+
     parser = argparse.ArgumentParser(prog="healthsvc", description="Training-run health service.")
+    parser.add_argument("--version", action="version", version=f"healthsvc {__version__}")
     sub = parser.add_subparsers(dest="command")
     for name, (help_text, add_arguments, _) in COMMANDS.items():
         add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["serve", *argv]
     args = parser.parse_args(argv)
     return COMMANDS[args.command][2](args)

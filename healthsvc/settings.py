@@ -4,6 +4,8 @@ Nothing is read at import time: :func:`healthsvc.app.create_app` takes a :class:
 """
 from __future__ import annotations
 
+import socket
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -19,13 +21,20 @@ class Settings(BaseSettings):
                                 description="Largest accepted request body, before and after gzip, bytes.")
     dedupe_window_s: float = Field(3600.0, gt=0, description="How long a re-sent batch is recognised as a duplicate, seconds.")
     snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
-    external_url: str = Field("", description="Public base URL of the service, for links in alerts.")
+    external_url: str = Field("", description="Public base URL of the service, for links in alerts (Slack links, "
+                                              "generatorURL, externalURL). Default: the address it listens on, "
+                                              "http://<host>:<port>, with this machine's name for 0.0.0.0 / ::.")
     ingest_fast_path: bool = Field(True, description="Serve metrics pushes below the web framework (same code; saves 10-20 % per push, bench/ingest.py).")
     detect: bool = Field(True, description="Run the detectors on ingested data (off: a storage-only service).")
     tick_interval_s: float = Field(1.0, gt=0, description="How often absence checks (hang, stall) run, seconds.")
     align_timeout_s: float = Field(5.0, gt=0, description="How long a step waits for missing ranks before detectors see it with them masked, seconds.")
     log_level: str = Field("info", description="Log level: debug, info, warning, error.")
     access_log: bool = Field(False, description="Log every request (off: ingest is high-rate).")
+    # Per-run series on /metrics (healthsvc.run_metrics).
+    metrics_run_window_s: float = Field(3600.0, gt=0, description="A running run has per-run series on /metrics "
+                                                                  "while its last push is this recent, seconds.")
+    metrics_max_runs: int = Field(100, ge=0, description="At most this many runs (the most recently pushed) have "
+                                                         "per-run series on /metrics (bounded cardinality).")
     # Alerting (healthsvc.alerting; docs/alerting.md).
     alert_webhooks: list[dict] = Field(
         default_factory=list,
@@ -42,3 +51,12 @@ class Settings(BaseSettings):
     alert_retry_base_s: float = Field(1.0, gt=0, description="First webhook retry backoff (full jitter, doubling), seconds.")
     alert_retry_cap_s: float = Field(300.0, gt=0, description="Largest webhook retry backoff, seconds.")
     alert_dead_after_s: float = Field(24 * 3600.0, gt=0, description="A webhook still failing this long after it was queued goes to the dead letters, seconds.")
+
+    def public_url(self) -> str:
+        """``external_url``, else the listening address, so links in alerts are never relative."""
+        if self.external_url:
+            return self.external_url.rstrip("/")
+        host = socket.getfqdn() if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:  # an IPv6 literal
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"

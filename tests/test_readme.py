@@ -58,7 +58,10 @@ def test_the_readme_webhook_settings_are_valid_settings(monkeypatch):
     value = re.search(r"export HEALTHSVC_ALERT_WEBHOOKS='(.*?)'", readme, re.S).group(1)
     monkeypatch.setenv("HEALTHSVC_ALERT_WEBHOOKS", value)
     subs = [Subscription.from_dict(d) for d in Settings().alert_webhooks]
-    assert [(s.id, s.format) for s in subs] == [("am", "alertmanager"), ("slack", "slack"), ("ops", "json")]
+    assert [(s.id, s.format) for s in subs] == [("am", "alertmanager"), ("slack", "slack"), ("ops", "json"),
+                                                ("alertmanager", "alertmanager_api"), ("pagerduty", "pagerduty")]
+    assert subs[2].request_headers() == {"X-Team": "ml-infra", "Authorization": "Bearer ops-token"}
+    assert subs[3].pass_through and subs[3].delivery_url == "http://alertmanager:9093/api/v2/alerts"
 
 
 def test_the_readme_restart_snippet_reads_the_uri_from_the_first_line(shared_server, shared_http):

@@ -7,8 +7,8 @@ Modules, one concept each::
 
     model         Alert, labels, fingerprint, lifecycle (fire / clear / expire / resolve)
     policy        NotifyReason, needs_update, Timing, inhibition, silences   (pure)
-    subscription  Subscription: URL, body format, filters, secret
-    formats       webhook bodies: alertmanager | slack | json
+    subscription  Subscription: URL, body format, filters, secret, headers, bearer token
+    formats       webhook bodies: alertmanager | slack | json | alertmanager_api | pagerduty
     signing       Standard Webhooks headers, sign and verify
     outbox        the durable outbox and the alerting tables (all the SQL)
     delivery      DeliveryWorker: backoff with full jitter, Retry-After, dead letters

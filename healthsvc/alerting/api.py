@@ -175,10 +175,16 @@ def _put(request: Request, sub_id: str, body: WebhookIn, existing: Subscription 
     generated = secret is None and existing is None
     if secret is None:
         secret = existing.secret if existing is not None else generate_secret()
+    def kept(given, field: str, empty):  # secrets: omitted on PUT keeps the stored value
+        return given if given is not None else (getattr(existing, field) if existing is not None else empty)
+    headers = tuple(body.headers.items()) if body.headers is not None else kept(None, "headers", ())
     try:
         sub = Subscription(id=sub_id, url=body.url, format=body.format, runs=tuple(body.runs),
                            kinds=tuple(body.kinds), min_severity=body.min_severity, secret=secret,
-                           name=body.name, send_resolved=body.send_resolved)
+                           name=body.name, send_resolved=body.send_resolved, headers=headers,
+                           bearer_token=kept(body.bearer_token, "bearer_token", ""),
+                           pass_through=body.pass_through, resend_interval_s=body.resend_interval_s,
+                           routing_key=kept(body.routing_key, "routing_key", ""))
         sub = _manager(request).put_subscription(sub, _now(request))
     except (ValueError, mgr.AlertingError) as exc:
         raise _domain(exc, ("body",)) from None

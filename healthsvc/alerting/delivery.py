@@ -99,7 +99,9 @@ class DeliveryWorker:
 
     ``clock`` gives unix seconds (injectable for tests); ``rng`` drives the jitter;
     ``transport`` is an optional httpx transport (tests may use a mock one); ``on_attempt`` is
-    called after each attempt with the delivery and its result (metrics hook).
+    called after each attempt with the delivery and its result (metrics hook); ``headers_for``
+    gives a subscription's own headers (custom headers, bearer token) by subscription id, read
+    at each attempt so a rotated token applies to pending retries too.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class DeliveryWorker:
         rng: random.Random | None = None,
         transport: httpx.BaseTransport | None = None,
         on_attempt: Callable[[Delivery, AttemptResult], None] | None = None,
+        headers_for: Callable[[str], dict[str, str]] | None = None,
     ) -> None:
         self.outbox = outbox
         self.timeout_s = timeout_s
@@ -126,6 +129,7 @@ class DeliveryWorker:
         self._rng = rng or random.Random()
         self._rng_lock = threading.Lock()
         self._on_attempt = on_attempt
+        self._headers_for = headers_for
         self._client = httpx.Client(timeout=timeout_s, transport=transport, follow_redirects=False,
                                     headers={"user-agent": USER_AGENT})
         self._wake = threading.Event()
@@ -212,7 +216,8 @@ class DeliveryWorker:
 
     def _attempt(self, d: Delivery) -> AttemptResult:
         now = self._clock()
-        headers = sign_headers(d.secret, d.webhook_id, int(now), d.body)
+        headers = self._headers_for(d.subscription_id) if self._headers_for is not None else {}
+        headers.update(sign_headers(d.secret, d.webhook_id, int(now), d.body))
         headers["content-type"] = d.content_type
         try:
             response = self._client.post(d.url, content=d.body, headers=headers)

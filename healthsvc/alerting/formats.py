@@ -1,5 +1,6 @@
-"""Webhook bodies: ``alertmanager`` (the v4 webhook body), ``slack`` (incoming webhook) and
-``json`` (our own alert objects).
+"""Webhook bodies: ``alertmanager`` (the v4 webhook body), ``slack`` (incoming webhook),
+``json`` (our own alert objects), ``alertmanager_api`` (postable alerts for an Alertmanager's
+``POST /api/v2/alerts``) and ``pagerduty`` (Events API v2, one event per alert).
 
 The Alertmanager v4 body (https://prometheus.io/docs/alerting/latest/configuration/#webhook_config)::
 
@@ -12,6 +13,17 @@ The Alertmanager v4 body (https://prometheus.io/docs/alerting/latest/configurati
                  "fingerprint": "3f2a..."}]}
 
 A firing alert's ``endsAt`` is Go's zero time, as Alertmanager sends it.
+
+``alertmanager_api`` is what Prometheus sends (https://prometheus.io/docs/alerting/latest/clients/):
+a list of ``{"labels", "annotations", "startsAt", "endsAt", "generatorURL"}``. A firing alert's
+``endsAt`` is ``RESEND_LEAD`` re-send intervals ahead of the post (Prometheus uses 4 too), so an
+Alertmanager keeps it firing between re-sends whatever its ``resolve_timeout``, and lets it lapse
+if healthsvc goes away; a resolved alert's ``endsAt`` is when it resolved (now, or just before).
+
+``pagerduty``: ``event_action`` is ``trigger`` (firing), ``acknowledge`` (firing, acknowledged
+here) or ``resolve``; ``dedup_key`` is the alert's fingerprint, so PagerDuty folds every event of
+one alert into one incident; severities map as ``critical -> critical``, ``warning -> warning``,
+``info -> info`` (``error`` is not used). Validated against ``tests/alerting/pagerduty_event.schema.json``.
 """
 from __future__ import annotations
 
@@ -27,6 +39,8 @@ from healthsvc.alerting.policy import NotifyReason
 from healthsvc.encode import jsonable
 
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"
+RESEND_LEAD = 4  # a firing alert's endsAt is this many re-send intervals ahead
+PAGERDUTY_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 MAX_SLACK_ALERTS = 10  # Slack caps a message at 50 blocks; a page needs the first few anyway.
 
 
@@ -41,6 +55,8 @@ class Notification:
     alerts: tuple[Alert, ...]
     external_url: str
     created_at: float
+    resend_interval_s: float = 60.0   # alertmanager_api: sets how far ahead a firing endsAt is
+    routing_key: str = ""             # pagerduty: the integration key written into each event
 
     @property
     def status(self) -> str:
@@ -129,11 +145,64 @@ def json_body(n: Notification) -> dict[str, Any]:
     }
 
 
-FORMATS: dict[str, Callable[[Notification], dict[str, Any]]] = {
+def alertmanager_api_body(n: Notification) -> list[dict[str, Any]]:
+    ahead = rfc3339(n.created_at + RESEND_LEAD * n.resend_interval_s)
+    return [
+        {
+            "labels": a.routing_labels(),
+            "annotations": a.annotations(n.external_url),
+            "startsAt": rfc3339(a.starts_at),
+            "endsAt": ahead if a.ends_at is None else rfc3339(min(a.ends_at, n.created_at)),
+            "generatorURL": generator_url(n.external_url, a),
+        }
+        for a in n.alerts
+    ]
+
+
+def pagerduty_event(n: Notification, a: Alert) -> dict[str, Any]:
+    """One Events API v2 event for one alert."""
+    if a.status == "resolved":
+        action = "resolve"
+    else:
+        action = "trigger" if a.acknowledged_at is None else "acknowledge"
+    event: dict[str, Any] = {"routing_key": n.routing_key, "event_action": action, "dedup_key": a.fingerprint}
+    if action == "trigger":
+        ann = a.annotations(n.external_url)
+        labels = a.label_dict
+        event["payload"] = {
+            "summary": (a.summary or f"{a.kind} in run {a.run}")[:1024],
+            "source": a.hosts[0] if len(a.hosts) == 1 else f"run {a.run}",
+            "severity": PAGERDUTY_SEVERITY[a.severity],
+            "timestamp": rfc3339(a.starts_at),
+            "component": f"rank {labels['rank']}" if labels["rank"] != "*" else "all ranks",
+            "group": a.run,
+            "class": a.kind,
+            "custom_details": {**ann, "labels": a.routing_labels()},
+        }
+        event["client"] = "healthsvc"
+        event["client_url"] = run_url(n.external_url, a.run)
+        event["links"] = [{"href": generator_url(n.external_url, a), "text": f"{a.kind} findings of run {a.run}"}]
+    return event
+
+
+def pagerduty_bodies(n: Notification) -> list[dict[str, Any]]:
+    return [pagerduty_event(n, a) for a in n.alerts]
+
+
+FORMATS: dict[str, Callable[[Notification], Any]] = {
     "alertmanager": alertmanager_body,
     "slack": slack_body,
     "json": json_body,
+    "alertmanager_api": alertmanager_api_body,
 }
+# Formats whose receiver takes one item per request: a notification becomes one body per alert.
+PER_ALERT_FORMATS: dict[str, Callable[[Notification], list[Any]]] = {
+    "pagerduty": pagerduty_bodies,
+}
+
+
+def _dump(doc: Any) -> bytes:
+    return json.dumps(jsonable(doc), separators=(",", ":"), allow_nan=False).encode()
 
 
 def render(fmt: str, n: Notification) -> bytes:
@@ -143,7 +212,14 @@ def render(fmt: str, n: Notification) -> bytes:
         build = FORMATS[fmt]
     except KeyError:
         raise ValueError(f"unknown body format {fmt!r}; expected one of {tuple(FORMATS)}") from None
-    return json.dumps(jsonable(build(n)), separators=(",", ":"), allow_nan=False).encode()
+    return _dump(build(n))
+
+
+def render_all(fmt: str, n: Notification) -> list[bytes]:
+    """The request bodies of a notification: one, or one per alert for ``PER_ALERT_FORMATS``."""
+    if fmt in PER_ALERT_FORMATS:
+        return [_dump(doc) for doc in PER_ALERT_FORMATS[fmt](n)]
+    return [render(fmt, n)]
 
 
 def _common(maps: list[dict[str, str]]) -> dict[str, str]:

@@ -8,6 +8,12 @@ group has ``group_wait_s=0``, so its first notification is enqueued inside the c
 the finding. :meth:`tick` resolves alerts whose condition stayed clear and flushes groups whose
 wait or interval elapsed; the service calls it every second or so.
 
+Two kinds of subscription bypass part of that: a ``pass_through`` subscription is sent every new
+firing and every resolved alert at once, without grouping, inhibition or silences (its receiver,
+typically an Alertmanager, does those); an ``alertmanager_api`` subscription is re-sent the firing
+alerts it was last sent every ``resend_interval_s`` (:meth:`_resend`). A ``pagerduty``
+subscription is sent an ``acknowledge`` event when an alert it was paged for is acknowledged.
+
 Every method takes ``now`` (unix seconds) from the caller. State that must survive a restart
 (alerts, silences, API subscriptions, the notification log) is written to the outbox's record
 table on change and read back by the constructor.
@@ -31,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 from detectors.finding import SEVERITY_ORDER, Finding
 
 from healthsvc.alerting import model
-from healthsvc.alerting.formats import Notification, render
+from healthsvc.alerting.formats import Notification, render_all
 from healthsvc.alerting.model import Alert, LifecyclePolicy
 from healthsvc.alerting.outbox import Outbox
 from healthsvc.alerting.policy import (
@@ -115,6 +121,10 @@ class AlertManager:
                        for k, v in outbox.records("nflog").items()}
         self._groups: dict[str, _Group] = {}
         self._rebuild_groups()
+        self._changed_runs: set[str] = set(self._groups)   # runs whose alerts changed (pass-through)
+        # (subscription, run) -> last time an alertmanager_api receiver got every firing alert
+        # (memory only: after a restart the first re-send is at once, which is harmless).
+        self._resent_at: dict[tuple[str, str], float] = {}
 
     def __repr__(self) -> str:
         return (f"AlertManager(alerts={len(self._alerts)}, subscriptions={len(self.subscriptions())}, "
@@ -127,7 +137,7 @@ class AlertManager:
         with self._lock:
             for f in findings:
                 self._apply(run_id, f, hosts, now)
-            return self._flush(run_id, now)
+            return self._flush(run_id, now) + self._pass_through(now)
 
     def tick(self, now: float) -> list[str]:
         """Resolve alerts whose condition stayed clear, flush due groups, forget old alerts."""
@@ -142,7 +152,7 @@ class AlertManager:
             enqueued: list[str] = []
             for run in list(self._groups):
                 enqueued += self._flush(run, now)
-            return enqueued
+            return enqueued + self._pass_through(now) + self._resend(now)
 
     def next_flush_at(self) -> float | None:
         """When the earliest group flush is due (unix s), for a caller that sleeps until then."""
@@ -157,6 +167,11 @@ class AlertManager:
         with self._lock:
             a = model.acknowledge(self._get(fp), now, by)
             self._store_alert(a, now)
+            for sub in self.subscriptions():
+                entry = self._nflog.get((sub.id, a.run))
+                if (sub.format == "pagerduty" and a.status == "firing" and entry is not None
+                        and a.fingerprint in entry.firing):
+                    self._enqueue(sub, a.run, NotifyReason.ACKNOWLEDGED, [a], now)
             return a
 
     def resolve(self, fp: str, by: str, now: float) -> Alert:
@@ -166,6 +181,7 @@ class AlertManager:
             a = model.acknowledge(a, now, by) if a.acknowledged_at is None else a
             self._store_alert(a, now)
             self._flush(a.run, now)
+            self._pass_through(now)
             return a
 
     def rollback(self, run_id: str, step: int, now: float) -> list[Alert]:
@@ -180,6 +196,7 @@ class AlertManager:
                     self._store_alert(b, now)
                     done.append(b)
             self._flush(run_id, now)
+            self._pass_through(now)
             return done
 
     def set_rollback_target(self, run_id: str, target: dict[str, Any] | None, now: float) -> None:
@@ -235,7 +252,7 @@ class AlertManager:
                 raise ReadOnly(f"subscription {sub.id!r} comes from settings; change it there")
             sub = replace(sub, source="api")
             self._api_subs[sub.id] = sub
-            self.outbox.put_record("subscription", sub.id, sub.to_dict(reveal_secret=True), now)
+            self.outbox.put_record("subscription", sub.id, sub.to_record(), now)
             return sub
 
     def delete_subscription(self, sub_id: str, now: float) -> int:
@@ -248,6 +265,7 @@ class AlertManager:
             self.outbox.delete_record("subscription", sub_id)
             for key in [k for k in self._nflog if k[0] == sub_id]:
                 del self._nflog[key]
+                self._resent_at.pop(key, None)
                 self.outbox.delete_record("nflog", "|".join(key))
             return self.outbox.cancel_pending(sub_id, now)
 
@@ -315,6 +333,7 @@ class AlertManager:
         before = self._alerts.get(a.fingerprint)
         self._alerts[a.fingerprint] = a
         self.outbox.put_record("alert", a.fingerprint, a.to_dict(), now)
+        self._changed_runs.add(a.run)
         g = self._groups.get(a.run)
         if a.status == "firing" and g is None:
             self._groups[a.run] = _Group(first_alert_at=now)
@@ -341,9 +360,10 @@ class AlertManager:
             return []
         run_alerts = [a for a in self._alerts.values() if a.run == run_id]
         muted = inhibited(run_alerts, self.policy.inhibit_rules) | silenced(members, self._silences.values(), now)
-        gkey = group_key(run_id)
         enqueued = []
         for sub in self.subscriptions():
+            if sub.pass_through:
+                continue  # see _pass_through
             mine = [a for a in members if sub.matches(a)]
             visible = [a for a in mine if a.fingerprint not in muted]
             firing = {a.fingerprint for a in visible if a.status == "firing"}
@@ -357,11 +377,9 @@ class AlertManager:
             )
             if reason.should_notify:
                 shown = [a for a in visible if a.status == "firing" or sub.send_resolved]
-                shown.sort(key=lambda a: (-SEVERITY_ORDER[a.severity], a.starts_at, a.fingerprint))
-                n = Notification(gkey, run_id, sub.receiver, reason, tuple(shown), self.external_url, now)
-                enqueued.append(self.outbox.enqueue(sub.id, sub.url, sub.secret, render(sub.format, n), now,
-                                                    group_key=gkey, reason=reason.value))
-                self.counters.notifications[reason.value] = self.counters.notifications.get(reason.value, 0) + 1
+                enqueued += self._enqueue(sub, run_id, reason, shown, now, wake=False)
+                if firing:
+                    self._resent_at[key] = now  # every visible firing alert was just sent
             if reason.updates_log:
                 entry = NotificationLogEntry(frozenset(firing), frozenset(resolved), now)
                 self._nflog[key] = entry
@@ -372,6 +390,69 @@ class AlertManager:
             del self._groups[run_id]
         if enqueued and self._on_enqueue is not None:
             self._on_enqueue()
+        return enqueued
+
+    def _enqueue(self, sub: Subscription, run_id: str, reason: NotifyReason, alerts: list[Alert], now: float,
+                 wake: bool = True) -> list[str]:
+        """Render one notification for one subscription into the outbox (one row per body)."""
+        alerts = sorted(alerts, key=lambda a: (-SEVERITY_ORDER[a.severity], a.starts_at, a.fingerprint))
+        gkey = group_key(run_id)
+        n = Notification(gkey, run_id, sub.receiver, reason, tuple(alerts), self.external_url, now,
+                         resend_interval_s=sub.resend_interval_s, routing_key=sub.routing_key)
+        ids = [self.outbox.enqueue(sub.id, sub.delivery_url, sub.secret, body, now, group_key=gkey,
+                                   reason=reason.value)
+               for body in render_all(sub.format, n)]
+        self.counters.notifications[reason.value] = self.counters.notifications.get(reason.value, 0) + 1
+        if ids and wake and self._on_enqueue is not None:
+            self._on_enqueue()
+        return ids
+
+    def _pass_through(self, now: float) -> list[str]:
+        """Send pass-through subscriptions what changed in the runs touched since the last call:
+        alerts that began firing, and alerts they were sent that resolved."""
+        runs, self._changed_runs = self._changed_runs, set()
+        subs = [s for s in self.subscriptions() if s.pass_through]
+        enqueued: list[str] = []
+        for run in runs if subs else ():
+            alerts = [a for a in self._alerts.values() if a.run == run]
+            for sub in subs:
+                mine = [a for a in alerts if sub.matches(a)]
+                key = (sub.id, run)
+                entry = self._nflog.get(key)
+                sent = entry.firing if entry is not None else frozenset()
+                new = [a for a in mine if a.status == "firing" and a.fingerprint not in sent]
+                ended = [a for a in mine if a.status == "resolved" and a.fingerprint in sent]
+                if not new and not ended:
+                    continue
+                reason = (NotifyReason.FIRST_NOTIFICATION if entry is None else
+                          NotifyReason.NEW_ALERTS_IN_GROUP if new else NotifyReason.NEW_RESOLVED_ALERTS)
+                shown = new + (ended if sub.send_resolved else [])
+                if shown:
+                    enqueued += self._enqueue(sub, run, reason, shown, now)
+                firing = frozenset(a.fingerprint for a in mine if a.status == "firing")
+                entry = NotificationLogEntry(firing, frozenset(a.fingerprint for a in ended), now)
+                self._nflog[key] = entry
+                self.outbox.put_record("nflog", f"{sub.id}|{run}", entry.to_dict(), now)
+                self._resent_at.setdefault(key, now)
+        return enqueued
+
+    def _resend(self, now: float) -> list[str]:
+        """Re-send ``alertmanager_api`` receivers the firing alerts they were sent, every
+        ``resend_interval_s``, each with a fresh ``endsAt`` ahead (formats.RESEND_LEAD)."""
+        enqueued: list[str] = []
+        for sub in self.subscriptions():
+            if sub.format != "alertmanager_api":
+                continue
+            for key, entry in list(self._nflog.items()):
+                if key[0] != sub.id or not entry.firing:
+                    continue
+                if now - self._resent_at.get(key, entry.sent_at) < sub.resend_interval_s:
+                    continue
+                self._resent_at[key] = now
+                still = [self._alerts[fp] for fp in entry.firing
+                         if fp in self._alerts and self._alerts[fp].status == "firing"]
+                if still:
+                    enqueued += self._enqueue(sub, key[1], NotifyReason.RESEND_INTERVAL_ELAPSED, still, now)
         return enqueued
 
     def _rebuild_groups(self) -> None:

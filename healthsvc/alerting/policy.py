@@ -42,6 +42,11 @@ class NotifyReason(str, enum.Enum):
     # Everything the receiver was shown is still firing but now muted (silenced or inhibited):
     # nothing is sent, the log forgets them, so they are notified again if the mute ends.
     ALL_ALERTS_MUTED = "all_alerts_muted"
+    # Not Alertmanager's: an ``alertmanager_api`` receiver is re-sent its firing alerts every
+    # ``resend_interval_s``, or it would resolve them after its own resolve_timeout.
+    RESEND_INTERVAL_ELAPSED = "resend_interval_elapsed"
+    # Not Alertmanager's: an acknowledgement is forwarded to receivers that track it (PagerDuty).
+    ACKNOWLEDGED = "acknowledged"
 
     @property
     def should_notify(self) -> bool:

@@ -34,7 +34,10 @@ _KINDS = ", ".join(FINDING_KINDS)
 _REASONS = ", ".join(r.value for r in NotifyReason if r.should_notify)
 _SEVERITY = "info < warning < critical"
 _FORMATS = ("alertmanager = the Alertmanager v4 webhook body; slack = a Slack incoming-webhook message; "
-            "json = this service's own alert objects (see docs/alerting.md)")
+            "json = this service's own alert objects; alertmanager_api = postable alerts for an Alertmanager "
+            "(url: the Alertmanager, posted to its /api/v2/alerts, firing alerts re-sent every resend_interval_s); "
+            "pagerduty = PagerDuty Events API v2, one event per alert (routing_key required) "
+            "(see docs/alerting.md)")
 
 
 # -- requests -----------------------------------------------------------------------------------
@@ -71,6 +74,16 @@ class WebhookIn(BaseModel):
                                                  " empty string: bodies are sent unsigned.")
     name: str = Field("", description="Receiver name written into bodies (default: the id).")
     send_resolved: bool = Field(True, description="Also notify when alerts resolve (false: firing notifications only).")
+    headers: dict[str, str] | None = Field(None, description="Extra request headers sent on every attempt (secret: "
+                                                             "values are shown as ***); omitted on PUT: kept.")
+    bearer_token: str | None = Field(None, max_length=4096, description="Sent as Authorization: Bearer <token> on "
+                                                                       "every attempt (secret); omitted on PUT: kept.")
+    pass_through: bool = Field(False, description="Send every new firing and resolved alert at once, with no "
+                                                  "grouping, inhibition or silences here (the receiver does them).")
+    resend_interval_s: float = Field(60.0, ge=1, le=3600, description="alertmanager_api: re-send firing alerts this "
+                                                                      "often, seconds (endsAt is 4 intervals ahead).")
+    routing_key: str | None = Field(None, max_length=256, description="pagerduty: the integration (routing) key of "
+                                                                     "the PagerDuty service (secret); omitted on PUT: kept.")
 
 
 class WebhookCreate(WebhookIn):
@@ -192,6 +205,11 @@ class Webhook(BaseModel):
     source: Literal["settings", "api"] = Field(..., description="Where it comes from: settings "
                                                                 "(HEALTHSVC_ALERT_WEBHOOKS, read-only here) or api.")
     send_resolved: bool = Field(..., description="Whether resolutions are notified too.")
+    headers: dict[str, str] = Field(..., description="Extra request headers, values hidden as ***.")
+    bearer_token: str = Field(..., description="\"***\" when set (hidden), else \"\".")
+    pass_through: bool = Field(..., description="No grouping, inhibition or silences here.")
+    resend_interval_s: float = Field(..., description="alertmanager_api: firing alerts are re-sent this often, seconds.")
+    routing_key: str = Field(..., description="pagerduty: \"***\" when set (hidden), else \"\".")
     deliveries: DeliveryCounts = Field(..., description="Deliveries of this subscription per state, counts.")
 
 

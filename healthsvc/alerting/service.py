@@ -80,11 +80,12 @@ class AlertingService:
         self.worker = DeliveryWorker(
             self.outbox, timeout_s=s.alert_delivery_timeout_s,
             backoff=Backoff(base_s=s.alert_retry_base_s, cap_s=s.alert_retry_cap_s),
-            max_age_s=s.alert_dead_after_s, clock=self.clock, on_attempt=self._count_attempt)
+            max_age_s=s.alert_dead_after_s, clock=self.clock, on_attempt=self._count_attempt,
+            headers_for=self._headers_for)
         self.manager = AlertManager(
             self.outbox, subscriptions=self.settings_subscriptions, policy=policy_from_settings(s),
             lifecycle=LifecyclePolicy(resolve_timeout_s=s.alert_resolve_timeout_s),
-            external_url=s.external_url, on_enqueue=self.worker.wake, rollback_lookup=self.rollback_lookup)
+            external_url=s.public_url(), on_enqueue=self.worker.wake, rollback_lookup=self.rollback_lookup)
         self.worker.start()
         self._thread = threading.Thread(target=self._loop, name="alerting", daemon=True)
         self._thread.start()
@@ -96,6 +97,13 @@ class AlertingService:
             self._thread.join(10.0)
         if self.worker is not None:
             self.worker.stop()
+
+    def _headers_for(self, subscription_id: str) -> dict[str, str]:
+        """A subscription's own request headers at attempt time (none once it was deleted)."""
+        try:
+            return self.manager.subscription(subscription_id).request_headers() if self.manager else {}
+        except Exception:
+            return {}
 
     def _count_attempt(self, d: Delivery, r: AttemptResult) -> None:
         self.attempts["delivered" if r.delivered else ("retryable_error" if r.retryable else "failed")] += 1

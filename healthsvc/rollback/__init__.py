@@ -7,7 +7,10 @@ docs/rollback.md.
 """
 from __future__ import annotations
 
-from fastapi import FastAPI
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the client-only install runs ``healthsvc rollback`` without FastAPI
+    from fastapi import FastAPI
 
 
 def install(app: FastAPI, ctx) -> None:

@@ -6,61 +6,35 @@
     healthsvc bisect report RUN STEP good|bad [--value X]
     healthsvc bisect abandon RUN
 
-Talks to the service over HTTP (``--url``, default env HEALTHSVC_URL or http://127.0.0.1:8080).
+Talks to the service over HTTP with the standard library (``healthsvc.cli_http``: ``--url``,
+default env HEALTHSVC_URL or http://127.0.0.1:8080; ``HEALTHSVC_TOKEN`` is sent as a bearer token).
 Exit status: 0 on success, 1 when the service refuses (the message says why), 2 when it cannot be
-reached. ``rollback`` prints the checkpoint URI alone on its first line, so a restart script can
-``read`` it.
+reached, 3 from ``rollback`` when there is no checkpoint to resume from (its first line is then
+``none``: a restart script under ``set -e`` stops rather than resume from nothing).
+``rollback`` prints the checkpoint URI alone on its first line, so a restart script can ``read`` it.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 from healthsvc.cli import command
-
-DEFAULT_URL = "http://127.0.0.1:8080"
-
-
-def _url_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=os.environ.get("HEALTHSVC_URL", DEFAULT_URL),
-                   help="service base URL (env HEALTHSVC_URL; default %(default)s)")
-
-
-def _call(method: str, url: str, path: str, body: dict | None = None):
-    import httpx
-    try:
-        with httpx.Client(base_url=url, timeout=60) as client:
-            r = client.request(method, path, json=body)
-    except httpx.HTTPError as exc:
-        print(f"healthsvc: cannot reach {url}: {exc}", file=sys.stderr)
-        return None, 2
-    if r.status_code >= 400:
-        try:
-            detail = r.json().get("detail")
-            msg = "; ".join(d.get("msg", "") + (f" ({d['hint']})" if d.get("hint") else "")
-                            for d in detail) if isinstance(detail, list) else str(detail)
-        except ValueError:
-            msg = r.text
-        print(f"healthsvc: {r.status_code}: {msg}", file=sys.stderr)
-        return None, 1
-    return r.json(), 0
+from healthsvc.cli_http import NOTHING, add_url_arg, call, fields
 
 
 def _rollback_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="run id")
     p.add_argument("--json", action="store_true", help="print the whole answer as JSON")
-    _url_arg(p)
+    add_url_arg(p)
 
 
 def rollback(args: argparse.Namespace) -> int:
-    answer, rc = _call("GET", args.url, f"/v1/runs/{args.run}/rollback")
+    answer, rc = call("GET", args.url, f"/v1/runs/{args.run}/rollback")
     if answer is None:
         return rc
     if args.json:
         print(json.dumps(answer, indent=2))
-        return 0
+        return 0 if answer["checkpoint"] else NOTHING
     ckpt, onset = answer["checkpoint"], answer["onset"]
     print(ckpt["uri"] if ckpt else "none")
     where = "none" if ckpt is None else f"step {ckpt['step']} ({ckpt['uri']})"
@@ -76,7 +50,7 @@ def rollback(args: argparse.Namespace) -> int:
     if answer.get("conservative"):
         print("conservative: yes (a bisection can recover the checkpoints passed over)")
     print(f"reason:     {answer['reason']}")
-    return 0
+    return 0 if ckpt else NOTHING
 
 
 rollback.add_arguments = _rollback_args  # type: ignore[attr-defined]
@@ -90,43 +64,54 @@ def _bisect_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--steps", type=int, nargs="+", help="checkpoint steps (default: the onset interval)")
     s.add_argument("--known-good", type=int)
     s.add_argument("--known-bad", type=int)
-    _url_arg(s)
+    add_url_arg(s)
     for name, text in (("status", "next probe, last good, first bad"),
                        ("abandon", "forget the bisection (checkpoint verdicts stay)")):
         q = sub.add_parser(name, help=text)
         q.add_argument("run")
-        _url_arg(q)
+        add_url_arg(q)
     r = sub.add_parser("report", help="report a probe's verdict")
     r.add_argument("run")
     r.add_argument("step", type=int)
     r.add_argument("verdict", choices=("good", "bad"))
     r.add_argument("--value", type=float, help="the probe's own number (say, a loss)")
-    _url_arg(r)
+    add_url_arg(r)
+
+
+def _step(value, unknown: str) -> str:
+    """A checkpoint step, or what its absence means (never "None")."""
+    return unknown if value is None else f"step {value}"
+
+
+def render_bisection(st: dict) -> str:
+    """The bisection state as aligned ``key: value`` lines."""
+    good = _step(st["last_good"], "none (every probed checkpoint was bad)" if st["done"] else "none yet")
+    bad = _step(st["first_bad"], "none (every probed checkpoint was good)" if st["done"] else "none yet")
+    if st["done"]:
+        return fields([("bisection", f"done after {st['probes']} probe(s)"),
+                       ("last good", good), ("first bad", bad)])
+    nxt = st["next_probe"]
+    return fields([("bisection", f"probe checkpoint {nxt['step']} next, at most {st['remaining_probes']} probe(s) left"),
+                   ("probe", f"step {nxt['step']} ({nxt['uri']})"),
+                   ("last good", good), ("first bad", bad)])
 
 
 def _print_status(st: dict) -> None:
-    nxt = st["next_probe"]
-    if st["done"]:
-        print(f"done after {st['probes']} probe(s): last good checkpoint {st['last_good']}, "
-              f"first bad {st['first_bad']}")
-    else:
-        print(f"probe checkpoint {nxt['step']} ({nxt['uri']}) next; "
-              f"at most {st['remaining_probes']} probe(s) left; "
-              f"last good so far {st['last_good']}, first bad {st['first_bad']}")
+    print(render_bisection(st))
 
 
 def bisect(args: argparse.Namespace) -> int:
     base = f"/v1/runs/{args.run}/bisection"
     if args.action == "start":
         body = {"steps": args.steps, "known_good": args.known_good, "known_bad": args.known_bad}
-        st, rc = _call("POST", args.url, base, body)
+        st, rc = call("POST", args.url, base, body)
     elif args.action == "status":
-        st, rc = _call("GET", args.url, base)
+        st, rc = call("GET", args.url, base)
     elif args.action == "report":
-        st, rc = _call("POST", args.url, base + "/reports",
+        st, rc = call("POST", args.url, base + "/reports",
                        {"step": args.step, "good": args.verdict == "good", "value": args.value})
     else:
-        st, rc = _call("DELETE", args.url, base)
+        st, rc = call("DELETE", args.url, base)
         if st is not None:
             print("bisection abandoned")
         return rc

@@ -54,7 +54,7 @@ def test_needs_update(name, log, firing, resolved, now, kw, expected):
 def test_reasons_that_send_and_that_update_the_log():
     assert {r for r in R if r.should_notify} == {
         R.FIRST_NOTIFICATION, R.NEW_ALERTS_IN_GROUP, R.ALL_ALERTS_RESOLVED,
-        R.NEW_RESOLVED_ALERTS, R.REPEAT_INTERVAL_ELAPSED}
+        R.NEW_RESOLVED_ALERTS, R.REPEAT_INTERVAL_ELAPSED, R.RESEND_INTERVAL_ELAPSED, R.ACKNOWLEDGED}
     assert {r for r in R if not r.updates_log} == {R.DO_NOT_NOTIFY}
 
 

@@ -61,6 +61,8 @@ def test_lightning_callback_reports_each_steps_own_loss_and_grad_norm(service):
     assert all(same(r["loss"], c) for r, c in zip(records, computed))
     assert math.isnan(records[3]["loss"]) and math.isfinite(records[2]["loss"])
     assert all(r["grad_norm"] > 0 for r in records[:3]) and math.isnan(records[3]["grad_norm"])
+    # One process: no all-reduce, so this rank's local norm is the global one.
+    assert all(same(r["local_grad_norm"], r["grad_norm"]) for r in records)
     assert all(r["lr"] == 0.1 and r["step_time"] >= r["compute_time"] >= 0 for r in records)
 
 

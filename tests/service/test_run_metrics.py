@@ -1,0 +1,85 @@
+"""Per-run series on /metrics against the real server: they parse with prometheus_client's text
+parser, cover active runs only (not a finished run, not one silent past the window, at most
+HEALTHSVC_METRICS_MAX_RUNS), and docs/grafana-dashboard.json queries only series that exist."""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from healthsvc.testing import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+WINDOW_S = 3.0
+
+
+def scrape(c: httpx.Client) -> dict[str, list]:
+    text = c.get("/metrics").text
+    return {fam.name: fam.samples for fam in text_string_to_metric_families(text)}
+
+
+def runs_in(families: dict[str, list], name: str) -> set[str]:
+    return {s.labels["run"] for s in families.get(name, [])}
+
+
+def push(c: httpx.Client, run: str, steps: range, step_time=lambda s, r: 0.5, nan_at: int | None = None) -> None:
+    records = [{"step": s, "rank": r, "loss": "NaN" if s == nan_at and r == 1 else 2.0,
+                "step_time": step_time(s, r)} for s in steps for r in range(2)]
+    assert c.post(f"/v1/runs/{run}/metrics", json={"records": records}).status_code == 202
+
+
+def test_per_run_series_cover_active_runs_only(tmp_path):
+    env = {"HEALTHSVC_METRICS_RUN_WINDOW_S": str(WINDOW_S), "HEALTHSVC_METRICS_MAX_RUNS": "2"}
+    with ServerProcess(tmp_path / "svc.db", env=env) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        push(c, "old", range(5))
+        push(c, "done", range(5))
+        assert c.post("/v1/runs/done/finish", json={}).status_code < 300
+        # Barrier: "old" leaves the series once its last push is older than the window.
+        deadline = time.monotonic() + 20
+        while "old" in runs_in(scrape(c), "healthsvc_run_last_step"):
+            assert time.monotonic() < deadline, "the silent run never dropped out"
+            time.sleep(0.2)
+
+        push(c, "a", range(3))
+        push(c, "b", range(3))
+        times = lambda s, r: 0.4 + 0.1 * r + 0.01 * s   # noqa: E731
+        push(c, "live", range(12), step_time=times, nan_at=10)
+        deadline = time.monotonic() + 20
+        while True:  # barrier: the NaN has become a finding
+            fams = scrape(c)
+            if any(s.labels.get("run") == "live" for s in fams.get("healthsvc_run_active_findings", [])):
+                break
+            assert time.monotonic() < deadline, "no finding for the live run"
+            time.sleep(0.2)
+
+        for name in ("healthsvc_run_health", "healthsvc_run_last_step", "healthsvc_run_step_time_median_seconds",
+                     "healthsvc_run_last_push_timestamp_seconds"):
+            assert runs_in(fams, name) == {"live", "b"}, name     # at most 2: the newest; never old/done
+        value = {(s.name, s.labels.get("run")): s.value for s in fams["healthsvc_run_health"]
+                 + fams["healthsvc_run_last_step"] + fams["healthsvc_run_step_time_median_seconds"]}
+        assert value[("healthsvc_run_health", "live")] == 2 and value[("healthsvc_run_health", "b")] == 0
+        assert value[("healthsvc_run_last_step", "live")] == 11
+        pushed = [times(s, r) for s in range(12) for r in range(2)]
+        assert abs(value[("healthsvc_run_step_time_median_seconds", "live")] - statistics.median(pushed)) < 1e-9
+        live = {(s.labels["kind"], s.labels["severity"]): s.value
+                for s in fams["healthsvc_run_active_findings"] if s.labels["run"] == "live"}
+        assert live.get(("non_finite", "critical"), 0) >= 1
+        assert [s.value for s in fams["healthsvc_runs_exported"]] == [2]
+
+
+def test_the_grafana_dashboard_uses_the_series_the_service_exports(server, http):
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+              for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    used = {m for e in exprs for m in re.findall(r"\bhealthsvc_[a-z_]+", e)}
+    push(http, "g", range(3))
+    exported = set(scrape(http))
+    assert used and used <= exported, used - exported
+    assert {"healthsvc_run_health", "healthsvc_run_active_findings", "healthsvc_run_step_time_median_seconds",
+            "healthsvc_run_last_step"} <= used
