@@ -27,9 +27,10 @@ import numpy as np
 import orjson
 
 from detectors.bisection import Bisection, BisectionError
+from detectors.onset import OnsetParams
 from detectors.frame import StepBlock
 from detectors.rollback import (CORRUPTION_KINDS, Checkpoint, Restart, RollbackDecision,
-                                decide_rollback, episodes, evidence_episodes)
+                                decide_rollback, episodes, evidence_episodes, onset_window)
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.history import load_history
 
@@ -142,9 +143,12 @@ def stored_checkpoints(store, run_id: str) -> tuple[list[Checkpoint], dict[int, 
     return list(out.values()), ids, superseded
 
 
-def history_block(store, run_id: str) -> StepBlock | None:
-    """The effective history as a steps x ranks block (newest steps when it is too large)."""
-    hist = load_history(store, run_id, fields=set(HISTORY_FIELDS))
+def history_block(store, run_id: str, step_min: int | None = None,
+                  step_max: int | None = None) -> StepBlock | None:
+    """The effective history between ``step_min`` and ``step_max`` as a steps x ranks block
+    (newest steps when it is too large). Only the chunks of that range are read, so the memory
+    is that of the window, not of the run (a 16k-rank run is 160 M records)."""
+    hist = load_history(store, run_id, fields=set(HISTORY_FIELDS), step_min=step_min, step_max=step_max)
     if len(hist) == 0:
         return None
     steps, row_of = np.unique(hist.steps, return_inverse=True)
@@ -181,10 +185,15 @@ def decide(ctx, run_id: str) -> RollbackAnswer:
     found, _ = incident_findings(ctx, run_id)
     ckpts, ids, superseded = stored_checkpoints(ctx.store, run_id)
     restarts = restart_points(ctx.store, run_id, {c.step for c in ckpts})
-    rested = {id(f) for e in evidence_episodes(episodes(sf.finding for sf in found), restarts)
-              for f in e.findings}
-    # The history is read only when there is something to date: no evidence, no estimate.
-    block = history_block(ctx.store, run_id) if rested else None
+    evidence = evidence_episodes(episodes(sf.finding for sf in found), restarts)
+    rested = {id(f) for e in evidence for f in e.findings}
+    # The history is read only when there is something to date (no evidence, no estimate), and
+    # only around the evidence: the onset window plus the samples its trend is learned from.
+    block = None
+    if evidence:
+        _, search_from, upto = onset_window(evidence)
+        step_min = max(0, search_from - 4 * OnsetParams().min_window - 64)
+        block = history_block(ctx.store, run_id, step_min=step_min, step_max=upto)
     decision = decide_rollback(block, [sf.finding for sf in found], ckpts, restarts=restarts,
                                bisection=load_bisection(ctx.store, run_id))
     # The findings the decision rests on: the firing findings of the evidence episodes.

@@ -230,3 +230,16 @@ def test_a_restart_event_naming_the_checkpoint_is_read_as_the_checkpoint(shared_
     answer = wait_for_rollback(shared_http, "rb-restart-ev", lambda a: a["onset"] is not None)
     assert answer["checkpoint"]["step"] == 500, answer["reason"]
     assert answer["evidence"]["resumed_from"] == 500
+
+
+def test_the_answer_reads_only_the_history_near_the_evidence(shared_http):
+    # A NaN late in a long run: the estimate needs the window around it (and the samples its
+    # trend is learned from), not the whole run, so the answer's memory is bounded by the window
+    # (a 16k-rank run is 160 M records).
+    push_run(shared_http, "rb-long", [NonFinite(step=5_800, rank=1)], n_steps=6_000,
+             checkpoints=range(500, 6_000, 500))
+    wait_for_finding(shared_http, "rb-long", "non_finite")
+    answer = shared_http.get("/v1/runs/rb-long/rollback").json()
+    assert answer["checkpoint"]["step"] == 5_500
+    read = answer["evidence"]["history_steps"]
+    assert 0 < read <= 5_800 + 64 - (5_800 - 32 - 4 * 512 - 64) + 1 < 6_000
