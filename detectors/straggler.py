@@ -26,7 +26,10 @@ Maths, per step ``t`` and rank ``r`` (vectorised over ranks, sequential over ste
   by ``S > 0``, which keeps the per-step cost at a few passes over the ranks.)
 
 A rank fires when ``S >= cusum_h`` and ``ratio_hat >= min_ratio``; the onset is the first step
-of that CUSUM run. **It must last to page**: when the records carry ``ts`` (the trainer's clock),
+of that CUSUM run. A stricter CUSUM (allowance ``onset_k``) runs beside the sensitive one: when
+its run is at least 3 steps long it dates the onset and measures the reported ratio, because the
+sensitive CUSUM (small ``cusum_k``, to name a 1.3x straggler within tens of steps against 20-30 %
+jitter) often starts its run on noise a few steps before the fault. **It must last to page**: when the records carry ``ts`` (the trainer's clock),
 that first finding is ``info`` (the rank is named at once, no page) and a ``warning`` (or
 ``critical``) follows once the rank is still slow (fast EWMA of its ratio at least ``min_ratio``)
 ``min_duration_s`` of trainer time later, so scheduling noise on a shared machine never pages and a
@@ -43,7 +46,7 @@ Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
     >>> from detectors.simulate import simulate_run, Straggler
     >>> run = simulate_run(n_steps=600, n_ranks=16, seed=1, faults=[Straggler(step=300, rank=5)])
     >>> [(f.step, f.ranks, f.onset_step, f.evidence["ratio"]) for f in StragglerDetector().update(run.block)]
-    [(304, (5,), 300, 1.2961)]
+    [(303, (5,), 300, 1.3006)]
 """
 from __future__ import annotations
 
@@ -67,7 +70,7 @@ class StragglerDetector(Detector):
         self,
         min_ratio: float = 1.05,
         critical_ratio: float = 1.5,
-        cusum_k: float = 1.25,
+        cusum_k: float = 0.75,
         cusum_h: float = 20.0,
         z_clip: float = 6.0,
         level_alpha: float = 0.02,
@@ -80,6 +83,7 @@ class StragglerDetector(Detector):
         min_ranks: int = 4,
         max_reference_ranks: int = 512,
         min_duration_s: float = 30.0,
+        onset_k: float = 1.5,
     ) -> None:
         if not 1.0 < resolve_ratio < min_ratio < critical_ratio:
             raise ValueError("need 1 < resolve_ratio < min_ratio < critical_ratio, got "
@@ -101,12 +105,17 @@ class StragglerDetector(Detector):
         self.min_ranks = min_ranks
         self.max_reference_ranks = max_reference_ranks
         self.min_duration_s = min_duration_s
+        self.onset_k = max(onset_k, cusum_k)
+        self.min_onset_steps = 3    # steps of the stricter run needed to trust its measure
         super().__init__()
 
     # ------------------------------------------------------------------------------ state
     def _reset(self) -> None:
         self._ids = np.zeros(0, dtype=np.int64)        # known rank ids, sorted
         self._cusum = np.zeros(0)                      # S, noise units
+        self._mcusum = np.zeros(0)                     # the same with allowance onset_k
+        self._mlevel = np.zeros(0)                     # U and n of the run of that CUSUM: they
+        self._mcount = np.zeros(0)                     # date the onset and measure the ratio
         self._run_level = np.zeros(0)                  # U: EWMA of ratio since the run started
         self._run_count = np.zeros(0)                  # n: observations since the run started
         self._recent = np.ones(0)                      # fast EWMA of ratio, firing ranks only
@@ -116,12 +125,13 @@ class StragglerDetector(Detector):
         self._below = np.zeros(0, dtype=np.int64)      # consecutive observations under resolve
         self._fire_ts = np.zeros(0)                    # trainer time when it fired (-1: unknown)
         self._paged = np.zeros(0, dtype=bool)          # the open episode reached warning
+        self._onset = np.zeros(0, dtype=np.int64)      # onset step of the open episode (-1: none)
         self._warm = True                              # every known rank is past warm-up
         self._ref_cols: np.ndarray | None = None       # cached reference subset positions
         self._last_ids: np.ndarray | None = None       # the ids array of the last full block
 
-    _ARRAYS = ("_ids", "_cusum", "_run_level", "_run_count", "_recent", "_n_obs", "_firing",
-               "_source", "_below", "_fire_ts", "_paged")
+    _ARRAYS = ("_ids", "_cusum", "_mcusum", "_mlevel", "_mcount", "_run_level", "_run_count", "_recent", "_n_obs", "_firing",
+               "_source", "_below", "_fire_ts", "_paged", "_onset")
 
     def state_dict(self) -> dict[str, Any]:
         return {name[1:]: getattr(self, name).tolist() for name in self._ARRAYS}
@@ -134,15 +144,20 @@ class StragglerDetector(Detector):
         n = len(self._ids)
         if len(self._fire_ts) != n:       # a state saved before these fields existed
             self._fire_ts, self._paged = np.full(n, -1.0), self._firing.copy()
+        if len(self._onset) != n:
+            self._onset = np.full(n, -1, dtype=np.int64)
+        if len(self._mcusum) != n:
+            self._mcusum, self._mlevel = self._cusum.copy(), self._run_level.copy()
+            self._mcount = self._run_count.copy()
         self._warm = bool((self._n_obs >= self.warmup_steps).all())
 
     def _grow(self, ids: np.ndarray) -> None:
         """Add rank ids never seen before (rare: start-up and elastic growth)."""
         merged = np.union1d(self._ids, ids)
         old = np.searchsorted(merged, self._ids)
-        defaults = {"_cusum": 0.0, "_run_level": 0.0, "_run_count": 0.0, "_recent": 1.0,
+        defaults = {"_cusum": 0.0, "_mcusum": 0.0, "_mlevel": 0.0, "_mcount": 0.0, "_run_level": 0.0, "_run_count": 0.0, "_recent": 1.0,
                     "_n_obs": 0, "_firing": False, "_source": 0, "_below": 0,
-                    "_fire_ts": -1.0, "_paged": False}
+                    "_fire_ts": -1.0, "_paged": False, "_onset": -1}
         for name, fill in defaults.items():
             cur = getattr(self, name)
             arr = np.full(len(merged), fill, dtype=cur.dtype)
@@ -284,8 +299,11 @@ class StragglerDetector(Detector):
         sel = slice(None) if pos is None else pos
         if pos is None:
             cusum, level, run_count = self._cusum, self._run_level, self._run_count  # in place
+            mcusum, mlevel, mcount = self._mcusum, self._mlevel, self._mcount
         else:
             cusum, level, run_count = self._cusum[pos], self._run_level[pos], self._run_count[pos]
+            mcusum, mlevel, mcount = self._mcusum[pos], self._mlevel[pos], self._mcount[pos]
+        dk = self.onset_k - self.cusum_k
         firing = self._firing[sel]
         # Ranks that may reach h in this block (S rises by at most z_clip - k per step) are
         # replayed one by one afterwards from their start values; with long blocks that bound is
@@ -295,11 +313,14 @@ class StragglerDetector(Detector):
             maybe = np.flatnonzero((cusum >= self.cusum_h - n * cap) | firing)
             track_peak = len(maybe) > max(16, r // 256)
         if track_peak:
-            start = (cusum.copy(), level.copy(), run_count.copy())
+            start = (cusum.copy(), level.copy(), run_count.copy(), mcusum.copy(), mlevel.copy(),
+                     mcount.copy())
             peak = cusum.copy()
         else:
-            start = (cusum[maybe], level[maybe], run_count[maybe])
+            start = (cusum[maybe], level[maybe], run_count[maybe], mcusum[maybe], mlevel[maybe],
+                     mcount[maybe])
         running = np.empty(r)          # 1.0 while the run goes on, 0.0 at a zero
+        mrunning = np.empty(r)
         tmp = np.empty(r)
         for i in range(n):
             np.multiply(v[i], a_y[i], out=tmp)
@@ -311,6 +332,18 @@ class StragglerDetector(Detector):
             np.maximum(cusum, 0.0, out=cusum)
             if track_peak:
                 np.maximum(peak, cusum, out=peak)
+            # A stricter CUSUM (allowance onset_k) runs beside: its run dates the onset and
+            # measures the reported ratio, since the sensitive one may start early on noise.
+            tmp -= dk if okf is None else dk * okf[i]
+            mcusum += tmp
+            np.maximum(mcusum, 0.0, out=mcusum)
+            np.greater(mcusum, 0.0, out=mrunning)
+            np.multiply(v[i], a_g[i], out=tmp)
+            mlevel *= (1.0 - alpha) if okf is None else 1.0 - alpha * okf[i]
+            mlevel += tmp
+            mlevel *= mrunning
+            mcount += 1.0 if okf is None else okf[i]
+            mcount *= mrunning
             np.greater(cusum, 0.0, out=running)    # a zero restarts the run
             level *= (1.0 - alpha) if okf is None else 1.0 - alpha * okf[i]
             np.multiply(v[i], a_g[i], out=tmp)
@@ -322,17 +355,19 @@ class StragglerDetector(Detector):
         # Ranks with something to decide are replayed one by one (few: firing or past h).
         if track_peak:
             busy = np.flatnonzero((peak >= self.cusum_h) | firing)
-            starts = [(j, start[0][j], start[1][j], start[2][j]) for j in busy]
+            starts = [(j, *(a[j] for a in start)) for j in busy]
         else:
             starts = list(zip(maybe, *start))
         findings: list[Finding] = []
-        for j, s0, l0, c0 in starts:
+        for j, s0, l0, c0, m0, ml0, mc0 in starts:
             k = j if pos is None else int(pos[j])
-            col = _Column(cusum=float(s0), level=float(l0),
+            col = _Column(cusum=float(s0), mcusum=float(m0), mlevel=float(ml0), mcount=float(mc0),
+                          level=float(l0),
                           count=float(c0), firing=bool(self._firing[k]),
                           below=int(self._below[k]), source=int(self._source[k]),
                           recent=float(self._recent[k]), fire_ts=float(self._fire_ts[k]),
                           paged=bool(self._paged[k]))
+            col.onset = int(self._onset[k]) if self._onset[k] >= 0 else None
             # The same elementwise arithmetic as the loop above, for one column.
             y_col = np.minimum(v[:, j] * a_y + b_y, cap)
             if okf is not None:
@@ -341,12 +376,15 @@ class StragglerDetector(Detector):
             findings += self._replay(col, int(ids[j]), block.steps, y_col, v[:, j] * a_g,
                                      ok_col, v[:, j], med, src, ts)
             cusum[j], level[j], run_count[j] = col.cusum, col.level, col.count
+            mcusum[j], mlevel[j], mcount[j] = col.mcusum, col.mlevel, col.mcount
             self._firing[k], self._below[k] = col.firing, col.below
             self._source[k], self._recent[k] = col.source, col.recent
             self._fire_ts[k], self._paged[k] = col.fire_ts, col.paged
+            self._onset[k] = -1 if col.onset is None else col.onset
 
         if pos is not None:
             self._cusum[pos], self._run_level[pos], self._run_count[pos] = cusum, level, run_count
+            self._mcusum[pos], self._mlevel[pos], self._mcount[pos] = mcusum, mlevel, mcount
         if seen is not None:
             self._n_obs[sel] += seen
             self._warm = bool((self._n_obs >= self.warmup_steps).all())
@@ -359,13 +397,21 @@ class StragglerDetector(Detector):
         """The per-rank state machine over one block column (same arithmetic as the fast path)."""
         out: list[Finding] = []
         a = self.level_alpha
+        dk = self.onset_k - self.cusum_k
         for i in range(len(steps)):
             step = int(steps[i])
             col.cusum = max(col.cusum + float(y[i]), 0.0)
+            col.mcusum = max(col.mcusum + (float(y[i]) - dk if ok[i] else 0.0), 0.0)
             if not ok[i]:
+                if col.mcusum == 0.0:
+                    col.mlevel, col.mcount = 0.0, 0.0
                 if col.cusum == 0.0:
                     col.level, col.count = 0.0, 0.0
                 continue
+            col.mlevel = col.mlevel * (1.0 - a) + float(gain[i])
+            col.mcount += 1.0
+            if col.mcusum == 0.0:
+                col.mlevel, col.mcount = 0.0, 0.0
             col.level = col.level * (1.0 - a) + float(gain[i])
             col.count += 1.0
             if col.cusum == 0.0:
@@ -377,7 +423,8 @@ class StragglerDetector(Detector):
                 if (not col.paged and t == t and col.fire_ts >= 0
                         and t - col.fire_ts >= self.min_duration_s and col.recent >= self.min_ratio):
                     col.paged = True
-                    out.append(self._finding(step, rank, col, col.recent, int(col.count), v[i], med[i],
+                    since = step - col.onset + 1 if col.onset is not None else int(col.count)
+                    out.append(self._finding(step, rank, col, col.recent, since, v[i], med[i],
                                              self._severity(col.recent), t))
                 col.below = col.below + 1 if col.recent < self.resolve_ratio else 0
                 if col.below >= self.resolve_steps:
@@ -387,20 +434,26 @@ class StragglerDetector(Detector):
                         evidence={"recent_ratio": round(col.recent, 4),
                                   "resolve_ratio": self.resolve_ratio, "below_steps": col.below}))
                     col.firing, col.below = False, 0
-                    col.cusum, col.level, col.count = 0.0, 0.0, 0.0
+                    col.cusum, col.mcusum, col.level, col.count = 0.0, 0.0, 0.0, 0.0
+                    col.mlevel, col.mcount, col.onset = 0.0, 0.0, None
                 continue
             if col.cusum < self.cusum_h:
                 continue
             magnitude = col.level / (1.0 - (1.0 - a) ** col.count)
             if magnitude < self.min_ratio:
                 continue
+            n_run = int(col.count)
+            if col.mcount >= self.min_onset_steps:
+                # The stricter run: a sharper onset and an undiluted ratio.
+                n_run = int(col.mcount)
+                magnitude = col.mlevel / (1.0 - (1.0 - a) ** col.mcount)
             col.firing, col.below, col.recent = True, 0, magnitude
             col.source = 0 if src is None else int(src[i])
-            col.onset = step - int(col.count) + 1
+            col.onset = step - n_run + 1
             # With the trainer's clock: recorded now (info), a page once it has lasted.
             col.fire_ts = t if t == t else -1.0
             col.paged = t != t
-            out.append(self._finding(step, rank, col, magnitude, int(col.count), v[i], med[i],
+            out.append(self._finding(step, rank, col, magnitude, n_run, v[i], med[i],
                                      self._severity(magnitude) if col.paged else "info", t))
         return out
 
@@ -423,13 +476,15 @@ class StragglerDetector(Detector):
 
 class _Column:
     """One rank's scalar state while it is replayed."""
-    __slots__ = ("cusum", "level", "count", "firing", "below", "source", "recent", "fire_ts",
-                 "paged", "onset")
+    __slots__ = ("cusum", "mcusum", "mlevel", "mcount", "level", "count", "firing", "below",
+                 "source", "recent", "fire_ts", "paged", "onset")
 
-    def __init__(self, cusum: float, level: float, count: float, firing: bool,
+    def __init__(self, cusum: float, mcusum: float, mlevel: float, mcount: float, level: float,
+                 count: float, firing: bool,
                  below: int, source: int, recent: float, fire_ts: float = -1.0,
                  paged: bool = False) -> None:
-        self.cusum, self.level, self.count = cusum, level, count
+        self.cusum, self.mcusum, self.level, self.count = cusum, mcusum, level, count
+        self.mlevel, self.mcount = mlevel, mcount
         self.firing, self.below, self.source, self.recent = firing, below, source, recent
         self.fire_ts, self.paged = fire_ts, paged
         self.onset: int | None = None
