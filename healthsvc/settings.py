@@ -17,6 +17,8 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on (0 = any free port).")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024,
                                 description="Largest accepted request body, before and after gzip, bytes.")
+    max_ranks: int = Field(1_048_576, ge=1, le=2**31,
+                           description="Largest world size a run may have; rank ids are below it (memory per run grows with the ranks actually seen).")
     dedupe_window_s: float = Field(3600.0, gt=0, description="How long a re-sent batch is recognised as a duplicate, seconds.")
     snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
     external_url: str = Field("", description="Public base URL of the service, for links in alerts.")
