@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sqlite3
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
 from healthsvc.body_limit import BodyLimitMiddleware
-from healthsvc.errors import HealthsvcError
+from healthsvc.errors import HealthsvcError, store_error
 from healthsvc.findings import FindingsService
 from healthsvc.ingest.fast_path import IngestFastPath
 from healthsvc.observability import ServiceMetrics
@@ -127,6 +128,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HealthsvcError)
     async def _domain_error(request: Request, exc: HealthsvcError) -> JSONResponse:
         return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code)
+
+    @app.exception_handler(sqlite3.Error)
+    async def _store_error(request: Request, exc: sqlite3.Error) -> JSONResponse:
+        err = store_error(exc)
+        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": err.detail()}, status_code=err.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -25,8 +25,11 @@ class WriterStopped(RuntimeError):
 
 class GroupCommitWriter:
     def __init__(self, conn: sqlite3.Connection, *, max_group: int = 512,
-                 after_commit: Callable[[list[Any]], None] | None = None) -> None:
+                 after_commit: Callable[[list[Any]], None] | None = None,
+                 after_rollback: Callable[[], None] | None = None) -> None:
         self._conn = conn
+        self._after_rollback = after_rollback
+        self.failing = False          # the last group commit failed (readiness reports it)
         self._queue: queue.Queue[tuple[Job, Future] | None] = queue.Queue()
         self._max_group = max_group
         self._after_commit = after_commit
@@ -93,10 +96,17 @@ class GroupCommitWriter:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            self.failing = True
+            if self._after_rollback is not None:
+                try:
+                    self._after_rollback()
+                except Exception:
+                    log.exception("after-rollback hook failed")
             for _, fut in group:
                 if not fut.done():
                     fut.set_exception(exc)
             return
+        self.failing = False
         results = [res for _, ok, res in outcomes if ok]
         for fut, ok, res in outcomes:
             if ok:
