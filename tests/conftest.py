@@ -1,10 +1,16 @@
 """Shared fixtures: a real healthsvc server (uvicorn on 127.0.0.1, SQLite file in tmp_path)."""
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 
 from healthsvc.testing import ServerProcess
+
+# The tests' webhook receivers listen on loopback, which the service refuses by default (a webhook
+# must not reach the service's own host or network); servers started by tests inherit this.
+os.environ.setdefault("HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")
 
 
 @pytest.fixture

@@ -175,6 +175,10 @@ def _put(request: Request, sub_id: str, body: WebhookIn, existing: Subscription 
     generated = secret is None and existing is None
     if secret is None:
         secret = existing.secret if existing is not None else generate_secret()
+    refused = _service(request).address_policy.refusal(body.url)
+    if refused:
+        raise InvalidInput(refused, loc=("body", "url"),
+                           hint="an operator can open a network with HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS")
     try:
         sub = Subscription(id=sub_id, url=body.url, format=body.format, runs=tuple(body.runs),
                            kinds=tuple(body.kinds), min_severity=body.min_severity, secret=secret,

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from healthsvc.alerting.address_policy import AddressPolicy
 from healthsvc.alerting.delivery import AttemptResult, Backoff, DeliveryWorker
 from healthsvc.alerting.manager import AlertManager
 from healthsvc.alerting.model import LifecyclePolicy
@@ -66,6 +67,7 @@ class AlertingService:
         self._thread: threading.Thread | None = None
         self.settings_subscriptions = [Subscription.from_dict({**d, "source": "settings"})
                                        for d in settings.alert_webhooks]
+        self.address_policy = AddressPolicy.parse(getattr(settings, "webhook_allowed_networks", ""))
         # Set by the rollback feature: run_id -> {"step", "uri"} | None, for the annotations of
         # corruption alerts.
         self.rollback_lookup: Callable[[str], dict | None] | None = None
@@ -84,10 +86,15 @@ class AlertingService:
 
     def start(self) -> None:
         s = self.settings
+        for sub in self.settings_subscriptions:  # a misconfigured receiver stops the start, loudly
+            why = self.address_policy.refusal(sub.url, unresolvable_ok=True)
+            if why:
+                raise ValueError(f"HEALTHSVC_ALERT_WEBHOOKS subscription {sub.id!r}: {why}")
         self.worker = DeliveryWorker(
             self.outbox, timeout_s=s.alert_delivery_timeout_s,
             backoff=Backoff(base_s=s.alert_retry_base_s, cap_s=s.alert_retry_cap_s),
-            max_age_s=s.alert_dead_after_s, clock=self.clock, on_attempt=self._count_attempt)
+            max_age_s=s.alert_dead_after_s, clock=self.clock, on_attempt=self._count_attempt,
+            address_policy=self.address_policy)
         self.manager = AlertManager(
             self.outbox, subscriptions=self.settings_subscriptions, policy=policy_from_settings(s),
             lifecycle=LifecyclePolicy(resolve_timeout_s=s.alert_resolve_timeout_s),
