@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from clients.auth import auth_headers
+
 
 class TransportError(Exception):
     """The request may not have reached the service (safe to retry: bodies carry a batch_id)."""
@@ -117,7 +119,7 @@ class HTTPTransport:
 
     def request(self, request: Request, timeout_s: float) -> Response:
         conn = self._connection(timeout_s)
-        headers = {"Connection": "keep-alive", **request.headers}
+        headers = {"Connection": "keep-alive", **auth_headers(), **request.headers}
         try:
             conn.request(request.method, self._prefix + request.path, body=request.body or None,
                          headers=headers)

@@ -31,7 +31,9 @@ def _url_arg(p: argparse.ArgumentParser) -> None:
 def _call(method: str, url: str, path: str, body: dict | None = None):
     import httpx
     try:
-        with httpx.Client(base_url=url, timeout=60) as client:
+        from clients.auth import auth_headers  # HEALTHSVC_TOKEN, as the client sends it
+
+        with httpx.Client(base_url=url, timeout=60, headers=auth_headers()) as client:
             r = client.request(method, path, json=body)
     except httpx.HTTPError as exc:
         print(f"healthsvc: cannot reach {url}: {exc}", file=sys.stderr)
