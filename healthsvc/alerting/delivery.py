@@ -224,12 +224,13 @@ class DeliveryWorker:
             if self._on_attempt is not None:
                 self._on_attempt(d, result)
             return result
-        now = self._clock()
-        headers = sign_headers(d.secret, d.webhook_id, int(now), d.body)
+        # The signature's timestamp is checked against the receiver's own clock: wall time.
+        wall = getattr(self._clock, "wall", self._clock)()
+        headers = sign_headers(d.secret, d.webhook_id, int(wall), d.body)
         headers["content-type"] = d.content_type
         try:
             response = self._client.post(d.url, content=d.body, headers=headers)
-            result = classify(response, self._clock())
+            result = classify(response, wall)  # Retry-After dates are wall times too
         except httpx.UnsupportedProtocol as exc:
             result = AttemptResult(False, False, None, f"{type(exc).__name__}: {exc}")
         except httpx.TimeoutException as exc:

@@ -19,6 +19,14 @@ log = logging.getLogger(__name__)
 Job = Callable[[sqlite3.Connection], Any]
 
 
+def is_io_error(exc: BaseException) -> bool:
+    """A write failed for the disk's sake (full, I/O error, read-only), not for the job's."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    text = str(exc).lower()
+    return any(w in text for w in ("full", "disk", "i/o", "readonly", "read-only"))
+
+
 class WriterStopped(RuntimeError):
     """The store is closed; the write was not performed."""
 
@@ -75,6 +83,7 @@ class GroupCommitWriter:
     def _run_group(self, group: list[tuple[Job, Future]]) -> None:
         conn = self._conn
         outcomes: list[tuple[Future, bool, Any]] = []
+        io_failed = False
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job, fut in group:
@@ -85,6 +94,7 @@ class GroupCommitWriter:
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
                     outcomes.append((fut, False, exc))
+                    io_failed = io_failed or is_io_error(exc)
                 else:
                     conn.execute("RELEASE job")
                     outcomes.append((fut, True, result))
@@ -106,7 +116,7 @@ class GroupCommitWriter:
                 if not fut.done():
                     fut.set_exception(exc)
             return
-        self.failing = False
+        self.failing = io_failed
         results = [res for _, ok, res in outcomes if ok]
         for fut, ok, res in outcomes:
             if ok:
