@@ -12,8 +12,8 @@ the signature cannot say (ranges) comes from :data:`RANGES`, matched by paramete
 - every number must be finite; a boolean is never a number;
 - EWMA weights (``alpha``, ``*_alpha``, ``beta``) and shares (``*_fraction``, ``*_share``) lie in
   (0, 1];
-- step counts, rank counts and the like are integers >= 1 and at most 100,000 (windows hold that
-  many steps per rank in memory);
+- step counts are integers from 1 to 100,000 and rank counts from 1 to 2**21;
+- a ``Literal[...]`` parameter takes one of its values;
 - other numbers are > 0 when their default is, >= 0 otherwise, and at most 1e9;
 - metric names are field names (what ingest accepts), lists of them are 1 to 64 long.
 
@@ -62,12 +62,14 @@ class Range:
 
 UNIT = Range(0.0, 1.0)
 COUNT = Range(1, MAX_COUNT, low_inclusive=True)
+RANK_COUNT = Range(1, 1 << 21, low_inclusive=True)   # above the default max_ranks
 
 # (regex on the parameter name, range): the first match wins.
 RANGES: list[tuple[re.Pattern, Range]] = [
     (re.compile(r"^(alpha|beta|.*_alpha)$"), UNIT),
     (re.compile(r".*_(fraction|share)$"), UNIT),
-    (re.compile(r".*(_steps|_ranks)$"), COUNT),
+    (re.compile(r".*_steps$"), COUNT),
+    (re.compile(r".*_ranks$"), RANK_COUNT),
 ]
 
 # (detector, parameter) -> range, for what the name rules get wrong.
@@ -145,6 +147,11 @@ def _check_value(detector: str, name: str, annotation: Any, default: Any, value:
             return None, "is out of range"
         problem = _range_for(detector, name, default).check(value)
         return (None, problem) if problem else (float(value) if kind is float else value, None)
+    if origin is typing.Literal:
+        allowed = typing.get_args(kind)
+        if type(value) not in {type(a) for a in allowed} or value not in allowed:
+            return None, f"must be one of {', '.join(map(repr, allowed))}"
+        return value, None
     if kind is str:
         if not isinstance(value, str) or not FIELD_NAME.match(value):
             return None, "must be a field name (letters, digits, '_' and '.', up to 64 characters)"

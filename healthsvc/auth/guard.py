@@ -16,11 +16,16 @@ that sends the whole body before reading (Python's urllib) gets the answer, not 
 """
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import orjson
 
 from healthsvc.auth.scopes import grants, required_scope
 from healthsvc.auth.tokens import TokenStore
 from healthsvc.body_limit import answer_after_draining
+
+log = logging.getLogger(__name__)
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -100,18 +105,27 @@ class Guard:
         if needed != "admin" or method in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
         status = 500
+        actor = token.actor if token is not None else "anonymous (open service)"
+        recorded = False
+
+        async def record() -> None:
+            nonlocal recorded
+            recorded = True
+            try:
+                await asyncio.wrap_future(self.tokens.record(actor, method, path, status))
+            except Exception:  # the store is closing or failing; the answer matters more than the log line
+                log.exception("audit record of %s %s by %s failed", method, path, actor)
 
         async def recording_send(message):
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                await record()   # in the log before the answer completes: a client reading it next sees it
             await send(message)
 
         try:
             await self.app(scope, receive, recording_send)
         finally:
-            actor = token.actor if token is not None else "anonymous (open service)"
-            try:
-                self.tokens.record(actor, method, path, status)
-            except Exception:  # the store is closing; the answer matters more than the log line
-                pass
+            if not recorded:
+                await record()

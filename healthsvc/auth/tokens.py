@@ -127,10 +127,11 @@ class TokenStore:
         return [Token(i, n, frozenset(orjson.loads(s)), p, c, b, r) for i, n, s, p, c, b, r in rows]
 
     # -- audit ----------------------------------------------------------------------------------
-    def record(self, actor: str, method: str, path: str, status: int) -> None:
-        """Append to the audit log (not waited for: the answer is already on its way)."""
+    def record(self, actor: str, method: str, path: str, status: int):
+        """Append to the audit log; returns the store's future (the guard awaits it, so an admin
+        action is in the log by the time its answer is complete)."""
         now = self.clock()
-        self.store.write(lambda conn: conn.execute(
+        return self.store.write(lambda conn: conn.execute(
             "INSERT INTO audit_log (at, actor, method, path, status) VALUES (?, ?, ?, ?, ?)",
             (now, actor, method, path[:500], status)))
 

@@ -7,8 +7,10 @@ hold nulls, strings or values of the wrong type, so that the error can name the 
 
 Accepted values of a numeric field: a JSON number, the tokens ``NaN``/``Infinity``/``-Infinity``,
 the strings ``"NaN"``/``"Infinity"``/``"-Infinity"``; ``null`` or an absent key means "not
-reported". Booleans and other strings are rejected (a boolean mixed with numbers in one column
-is accepted as 0/1 by numpy's conversion and not caught: a documented leniency of the fast path).
+reported". Booleans and other strings are rejected; ``step`` and ``rank`` must be integers below
+2**63 (``true`` is never one; rank also below ``max_ranks``). In a metric column a boolean mixed
+with numbers is accepted as 0/1 by numpy's conversion and not caught: a documented leniency of
+the fast path (checking every element's type would cost each push several per cent).
 """
 from __future__ import annotations
 

@@ -157,3 +157,25 @@ def test_open_by_default_on_loopback_loudly_and_refused_elsewhere(tmp_path):
     finally:
         insecure.terminate()
         insecure.wait(15)
+
+
+def test_the_readme_security_snippet_creates_a_token(tmp_path):
+    """The README's token commands, run as written (the address points at a test server)."""
+    import json
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"## Security.*?```bash\n(.*?)```", readme, re.S).group(1)
+    export, serve, curl = block.split("\n", 2)
+    assert export.startswith("export HEALTHSVC_ADMIN_TOKEN=") and serve.startswith("./dev serve")
+    admin = subprocess.run(["bash", "-c", export + "; echo $HEALTHSVC_ADMIN_TOKEN"], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert len(admin) >= 40
+    with ServerProcess(tmp_path / "r.db", env={"HEALTHSVC_ADMIN_TOKEN": admin}) as srv:
+        command = curl.split("#")[0].replace("http://127.0.0.1:8080", srv.url)
+        out = subprocess.run(["bash", "-c", command], env={**os.environ, "HEALTHSVC_ADMIN_TOKEN": admin},
+                             capture_output=True, text=True, timeout=60, check=True)
+        created = json.loads(out.stdout)
+        assert created["token"].startswith("hs_") and created["run_prefix"] == "team-a-"
+        r = httpx.post(srv.url + "/v1/runs/team-a-9/metrics", json=PUSH, headers=_bearer(created["token"]))
+        assert r.status_code == 202
