@@ -21,12 +21,16 @@ from healthsvc.testing import ServerProcess
 
 FUZZ_EXAMPLES = int(os.environ.get("HEALTHSVC_FUZZ_EXAMPLES", "25"))
 SEEDED_RUNS = ("fz-a", "fz-b")
+# Every case carries an admin token: the guard is exercised too, and a fuzzed POST /v1/tokens
+# cannot switch an open service to "token required" halfway through.
+ADMIN = {"authorization": "Bearer fuzz-admin-token"}
 
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory):
-    with ServerProcess(tmp_path_factory.mktemp("fuzz") / "fuzz.db") as srv, \
-            httpx.Client(base_url=srv.url, timeout=30) as c:
+    with ServerProcess(tmp_path_factory.mktemp("fuzz") / "fuzz.db",
+                       env={"HEALTHSVC_ADMIN_TOKEN": ADMIN["authorization"].split()[1]}) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30, headers=ADMIN) as c:
         for run in SEEDED_RUNS:
             assert c.put(f"/v1/runs/{run}", json={"world_size": 4, "batch_size_per_rank": 8}).status_code == 200
             for step in range(40):
@@ -44,7 +48,7 @@ def fuzz_server(tmp_path_factory):
 def test_no_server_error_and_no_schema_violation(fuzz_server):
     # One hypothesis run per operation, driven here: schemathesis' own pytest plugin does not
     # work with this pytest (it reads a private attribute pytest 9 removed).
-    schema = schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")
+    schema = schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json", headers=ADMIN)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 30
     failures: list[str] = []
@@ -58,7 +62,7 @@ def test_no_server_error_and_no_schema_violation(fuzz_server):
                 key = zlib.crc32(repr((case.method, case.path, case.query, case.body)).encode())
                 if key % 2:
                     case.path_parameters["run_id"] = SEEDED_RUNS[key // 2 % len(SEEDED_RUNS)]
-            case.call_and_validate(base_url=fuzz_server.url, timeout=30,
+            case.call_and_validate(base_url=fuzz_server.url, timeout=30, headers=ADMIN,
                                    checks=[not_a_server_error, response_schema_conformance])
         try:
             check()

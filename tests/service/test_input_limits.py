@@ -81,6 +81,12 @@ def test_out_of_range_query_numbers_and_run_world_size(shared_http):
                                 ("/v1/runs/q/metrics", {"ranks": str(BIG)}, "ranks"),
                                 ("/v1/runs/q/findings", {"since": "1e308"}, "since")]:
         assert field in _loc(shared_http.get(path, params=params)), path
+    for path, params, field in [("/v1/runs/q/advice", {"pseudo_failures": "6.5e307"}, "pseudo_failures"),
+                                ("/v1/runs/q/advice", {"prior_mtbf_s": "1e308"}, "prior_mtbf_s"),
+                                ("/v1/runs/q/retention", {"sparse_base": "1e308"}, "sparse_base"),
+                                ("/v1/runs/q/retention", {"max_bytes": str(BIG)}, "max_bytes"),
+                                ("/v1/runs/q/retention", {"lag_margin_factor": "inf"}, "lag_margin_factor")]:
+        assert field in _loc(shared_http.get(path, params=params)), (path, params)
     assert "world_size" in _loc(shared_http.put("/v1/runs/q", json={"world_size": 3_000_000}))
     assert "world_size" in _loc(shared_http.put("/v1/runs/q", json={"world_size": True}))
 
