@@ -64,6 +64,7 @@ def test_good_detector_parameters_are_accepted_and_kept(shared_http):
     ("/v1/runs/big/heartbeats", {"rank": False}, "rank"),
     ("/v1/runs/big/heartbeats", {"rank": 689.0}, "rank"),
     ("/v1/runs/big/finish", {"rank": 1e30}, "rank"),
+    ("/v1/runs/big/finish", {"rank": 10**30}, "rank"),
     ("/v1/runs/big/finish", {"rank": 1_048_576}, "rank"),
     ("/v1/runs/big/metrics", {"records": [{"step": 0, "rank": 50_000_000, "loss": 1.0}]}, "rank"),
     ("/v1/runs/big/metrics", {"records": [{"step": BIG, "rank": 0, "loss": 1.0}]}, "step"),
@@ -96,6 +97,7 @@ def test_a_refused_finish_leaves_the_run_working(shared_http):
     run = "/v1/runs/fin"
     assert shared_http.post(run + "/metrics", json={"records": [{"step": 0, "rank": 0, "loss": 1}]}).status_code == 202
     assert shared_http.post(run + "/finish", json={"rank": 1e30}).status_code == 422
+    assert shared_http.post(run + "/finish", json={"rank": 10**30}).status_code == 422   # the integer form
     for step in range(1, 4):
         resp = shared_http.post(run + "/metrics", json={"records": [{"step": step, "rank": 0, "loss": 1}]})
         assert resp.status_code == 202, resp.text
