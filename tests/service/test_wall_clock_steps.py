@@ -61,3 +61,22 @@ def test_wall_clock_steps_raise_no_false_stall_and_delay_no_hang(tmp_path):
         assert found, "the hang was not reported (wall time: an hour late)"
         assert found[0]["ranks"] == [1]
         assert time.monotonic() - hung_at < 8.0
+
+
+def test_a_silence_lasts_its_duration_whatever_the_wall_clock_does(tmp_path):
+    wall = SteppableWall()
+    settings = Settings(db=str(tmp_path / "s.db"), alert_webhooks=[])
+    app = create_app(settings, clock=ServiceClock(wall=wall))
+    with TestClient(app) as c:
+        r = c.post("/v1/silences", json={"matchers": [{"name": "run", "value": "w"}], "duration_s": 600})
+        assert r.status_code in (200, 201), r.text
+        sid = r.json()["id"]
+
+        def state() -> str:
+            return next(s for s in c.get("/v1/silences").json()["silences"] if s["id"] == sid)["state"]
+
+        assert state() == "active"
+        wall.offset_s += 7200.0      # two hours forward: a wall-clock silence would have expired
+        assert state() == "active"
+        wall.offset_s -= 10800.0     # an hour back from the start: one would not have begun
+        assert state() == "active"
