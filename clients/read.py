@@ -1,6 +1,6 @@
 """The analyst's read API: a run as pandas DataFrames in one line.
 
-    from clients import read
+from clients import read
     df = read.metrics("llama-70b-r3")                       # long: step, rank, attempt, host, loss, ...
     wide = read.metrics("llama-70b-r3", fields=["loss"], layout="wide")   # step x (field, rank)
 
@@ -32,6 +32,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
+
+from clients.auth import auth_headers
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -94,7 +96,7 @@ class Reader:
                  body: Any = None) -> tuple[bytes, str]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path + _query(params or {}), data=data, method=method,
-                                     headers={"content-type": "application/json"} if data else {})
+                                     headers={**auth_headers(), **({"content-type": "application/json"} if data else {})})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return resp.read(), resp.headers.get("content-type", "")

@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from clients.auth import auth_headers
+
 
 class TransportError(Exception):
     """The request may not have reached the service (safe to retry: bodies carry a batch_id)."""

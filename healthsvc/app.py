@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sqlite3
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,8 +19,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
+from healthsvc.auth.guard import Guard
+from healthsvc.auth.router import router as auth_router
+from healthsvc.auth.tokens import TokenStore
 from healthsvc.body_limit import BodyLimitMiddleware
-from healthsvc.errors import HealthsvcError
+from healthsvc.clock import ServiceClock
+from healthsvc.errors import HealthsvcError, store_error
 from healthsvc.findings import FindingsService
 from healthsvc.ingest.fast_path import IngestFastPath
 from healthsvc.observability import ServiceMetrics
@@ -63,17 +68,24 @@ async def _call(hook: Hook) -> None:
         await result
 
 
-def create_app(settings: Settings | None = None, *, clock: Callable[[], float] = time.time) -> FastAPI:
+def create_app(settings: Settings | None = None, *, clock: Callable[[], float] | None = None) -> FastAPI:
+    """``clock``: unix seconds for every timeout, interval and stored time; by default a
+    :class:`~healthsvc.clock.ServiceClock` (immune to steps of the system clock)."""
     settings = settings or Settings()
+    clock = clock or ServiceClock()
     store = SQLiteStore(settings.db, snapshot_every_s=settings.snapshot_every_s,
                         dedupe_window_s=settings.dedupe_window_s, clock=clock)
     metrics = ServiceMetrics(store.size_bytes)
     ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store),
                          findings=FindingsService(store, clock), clock=clock)
 
+    tokens = TokenStore(store, clock, admin_token=settings.admin_token)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store.open()
+        tokens.load()
+        _check_exposure(settings, tokens)
         for hook in ctx.on_startup:
             await _call(hook)
         app.state.ready = True
@@ -100,6 +112,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
     app.state.metrics = metrics
     app.state.summaries = ctx.summaries
     app.state.ctx = ctx
+    app.state.tokens = tokens
     app.state.ready = False
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     _install_error_handlers(app)
@@ -107,6 +120,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
     app.include_router(runs.router)
     app.include_router(findings.router)
     app.include_router(ops.router)
+    app.include_router(auth_router)
     ctx.summaries.add_contributor(ctx.findings.summary)
     for name in FEATURES:
         importlib.import_module(name).install(app, ctx)
@@ -114,21 +128,57 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
     return app
 
 
-def create_asgi(settings: Settings | None = None, *, clock: Callable[[], float] = time.time):
+def create_asgi(settings: Settings | None = None, *, clock: Callable[[], float] | None = None):
     """What ``healthsvc serve`` runs: the app, behind the ingest fast path unless it is off.
 
     The fast path wraps the whole FastAPI app (framework middleware included) so a metrics push
     costs no framework work at all; everything else goes through to FastAPI unchanged."""
     app = create_app(settings, clock=clock)
-    if not app.state.settings.ingest_fast_path:
-        return app
-    return IngestFastPath(app, app.state.ctx)
+    settings = app.state.settings
+    inner = IngestFastPath(app, app.state.ctx) if settings.ingest_fast_path else app
+    # The guard (Host, Content-Type, tokens, audit) is outermost: the fast path is behind it too.
+    hosts = frozenset(h.strip().lower() for h in settings.allowed_hosts.split(",") if h.strip())
+    return Guard(inner, app.state.tokens, allowed_hosts=hosts)
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_exposure(settings: Settings, tokens: TokenStore) -> None:
+    """Without any token the service is open: say so loudly, and refuse a non-loopback address
+    unless the operator insists (--insecure)."""
+    if tokens.enabled:
+        return
+    if not _is_loopback(settings.host) and not settings.insecure:
+        raise RuntimeError(
+            f"refusing to listen on {settings.host} with no token configured: anyone who can reach it could "
+            "silence alerts, change configs and delete webhooks. Set HEALTHSVC_ADMIN_TOKEN (then create tokens "
+            "with POST /v1/tokens), or pass --insecure to serve it open anyway.")
+    log.warning("healthsvc is OPEN: no token is configured, so anyone who can reach %s:%s can push, read and "
+                "administer everything. Set HEALTHSVC_ADMIN_TOKEN to require tokens (README: Security).",
+                settings.host, settings.port)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HealthsvcError)
     async def _domain_error(request: Request, exc: HealthsvcError) -> JSONResponse:
         return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code)
+
+    @app.exception_handler(sqlite3.Error)
+    async def _store_error(request: Request, exc: sqlite3.Error) -> JSONResponse:
+        err = store_error(exc)
+        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": err.detail()}, status_code=err.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

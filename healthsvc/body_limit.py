@@ -34,7 +34,7 @@ class BodyLimitMiddleware:
                 except ValueError:
                     too_big = False
                 if too_big:
-                    return await self._reject(send)
+                    return await self._reject(send, receive)
                 break
         received = 0
         started = False
@@ -58,11 +58,35 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await self._reject(send)
+                await self._reject(send, receive)
 
-    async def _reject(self, send) -> None:
+    async def _reject(self, send, receive=None) -> None:
         body = _too_large_body(self.max_body_bytes)
+        if receive is not None:
+            return await answer_after_draining(receive, send, 413, body, [], DRAIN_LIMIT)
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+# A rejected body up to this size is read and thrown away before the answer, so a client that
+# sends it whole before reading (Python's urllib) sees the 413 instead of a connection reset.
+DRAIN_LIMIT = 1 << 30
+
+
+async def answer_after_draining(receive, send, status: int, body: bytes, headers: list, limit: int) -> None:
+    """Read and discard the rest of the request body (up to ``limit`` bytes), then answer and
+    ask the client to close the connection."""
+    seen = 0
+    while seen <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return  # the client went away
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"), *headers]})
+    await send({"type": "http.response.body", "body": body})

@@ -28,6 +28,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="listen port (default 8080; env HEALTHSVC_PORT)")
     p.add_argument("--log-level", help="debug, info, warning, error")
     p.add_argument("--access-log", action="store_true", default=None, help="log every request")
+    p.add_argument("--insecure", action="store_true", default=None,
+                   help="allow a non-loopback --host with no token configured (anyone can administer it)")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -41,7 +43,8 @@ def serve(args: argparse.Namespace) -> int:
         return 2
 
     overrides = {k: v for k, v in {"db": args.db, "host": args.host, "port": args.port,
-                                   "log_level": args.log_level, "access_log": args.access_log}.items()
+                                   "log_level": args.log_level, "access_log": args.access_log,
+                                   "insecure": args.insecure}.items()
                  if v is not None}
     settings = Settings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

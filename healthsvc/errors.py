@@ -5,7 +5,9 @@
     ├── PayloadTooLarge     413  the body is over the configured limit
     ├── InvalidInput        422  the JSON is well formed but a field is wrong (names the field)
     ├── NotFound            404  no such run / checkpoint / resource
-    └── Conflict            409  the request contradicts stored state
+    ├── Conflict            409  the request contradicts stored state
+    ├── StoreUnavailable    503  the store refused the write (I/O error, locked, constraint)
+    └── InsufficientStorage 507  the disk is full
 """
 from __future__ import annotations
 
@@ -56,3 +58,23 @@ class NotFound(HealthsvcError):
 class Conflict(HealthsvcError):
     status_code = 409
     error_type = "conflict"
+
+
+class StoreUnavailable(HealthsvcError):
+    status_code = 503
+    error_type = "store_unavailable"
+
+
+class InsufficientStorage(HealthsvcError):
+    status_code = 507
+    error_type = "insufficient_storage"
+
+
+def store_error(exc: BaseException) -> HealthsvcError:
+    """What a client is told when the store fails a write: 507 for a full disk, else 503. Nothing
+    of the request was stored (its transaction rolled back), so a retry is safe."""
+    text = str(exc)
+    hint = "nothing was stored; retry later (GET /readyz says when writes work again)"
+    if "full" in text.lower() or getattr(exc, "sqlite_errorcode", None) == 13:  # SQLITE_FULL
+        return InsufficientStorage(f"the store is full: {text}", loc=(), hint=hint)
+    return StoreUnavailable(f"the store could not write: {type(exc).__name__}: {text}"[:300], loc=(), hint=hint)

@@ -113,7 +113,7 @@ class FindingsService:
 
     def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
               since_step: int | None = None, since: float | None = None, min_severity: str | None = None,
-              limit: int = 1000) -> list[StoredFinding]:
+              limit: int = 1000, since_id: int | None = None) -> list[StoredFinding]:
         sql = ("SELECT id, attempt, kind, metric, ranks, hosts, step, status, severity, score, onset_step, evidence,"
                " created_at FROM findings WHERE run_id=?")
         args: list[Any] = [run_id]
@@ -129,6 +129,9 @@ class FindingsService:
         if since is not None:
             sql += " AND created_at>=?"
             args.append(since)
+        if since_id is not None:
+            sql += " AND id>?"
+            args.append(since_id)
         sql += " ORDER BY id LIMIT ?"
         args.append(limit)
         out = []
@@ -140,6 +143,14 @@ class FindingsService:
                         metric=metric, status=st, onset_step=onset, evidence=orjson.loads(evidence))
             out.append(StoredFinding(fid, run_id, attempt, tuple(orjson.loads(hosts)), created, f))
         return out
+
+    def stored_after(self, after_id: int, limit: int = 10_000) -> list[StoredFinding]:
+        """Findings of every run stored after ``after_id``, oldest first (alerting replays these
+        at start: the ones it had not processed when the service stopped)."""
+        runs = [r for (r,) in self.store.read_conn().execute(
+            "SELECT DISTINCT run_id FROM findings WHERE id > ?", (after_id,))]
+        out = [sf for run_id in runs for sf in self.query(run_id, since_id=after_id, limit=limit)]
+        return sorted(out, key=lambda sf: sf.id)[:limit]
 
     def active(self, run_id: str) -> list[StoredFinding]:
         """Firing findings whose condition (kind, metric, ranks, attempt) has not been resolved since."""

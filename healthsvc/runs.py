@@ -9,7 +9,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from pydantic import ValidationError
+
 from healthsvc.errors import NotFound
+from healthsvc.schemas import RunConfig
 from healthsvc.store.sqlite import SQLiteStore
 
 log = logging.getLogger(__name__)
@@ -39,19 +42,34 @@ class RunSummaries:
         run_id = row["run_id"]
         st = self.store.run_state(run_id)
         ranks_seen = int(len(st.ranks_seen())) if st else 0
+        config, config_error = shown_config(row["config"])
         out = {
             "run_id": run_id, "status": row["status"], "created_at": row["created_at"],
             "last_push": st.last_push if st else None, "finished_at": row["finished_at"],
             "attempt": st.attempt if st else 0,
             "last_step": (st.max_step() if st and st.max_step() >= 0 else None),
-            "world_size": row["config"].get("world_size") or (ranks_seen or None),
-            "ranks_seen": ranks_seen, "config": row["config"],
+            "world_size": config.get("world_size") or (ranks_seen or None),
+            "ranks_seen": ranks_seen, "config": config, "config_error": config_error,
         }
         if detail:
             out["attempts"] = self.store.attempts(run_id)
         for fn in self.contributors:
             try:
-                out.update(fn(run_id) if detail else {})
+                section = fn(run_id) if detail else {}
+                if section.get("config_error", "") is None:
+                    section = {k: v for k, v in section.items() if k != "config_error"}
+                out.update(section)
             except Exception:
                 log.exception("run summary contributor %r failed for run %s", fn, run_id)
         return out
+
+
+def shown_config(config: object) -> tuple[dict[str, Any], str | None]:
+    """The stored config as the schema describes it, and why not when it no longer validates (a
+    config written by an older version, or by hand, must not make every listing a 500)."""
+    try:
+        return RunConfig.model_validate(config).model_dump(), None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        return RunConfig().model_dump(), f"stored config does not validate: {where}: {err.get('msg')}"

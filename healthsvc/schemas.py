@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from healthsvc.limits import INT64_MAX, check_storable, NonNegInt, PositiveInt, PositiveSeconds, Seconds
 from clients.wire import EVENT_KINDS, HEARTBEAT_PHASES, KEY_FIELDS, METRIC_FIELDS, STRING_FIELDS
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
@@ -75,9 +76,9 @@ class Accepted(BaseModel):
 
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    world_size: int | None = Field(None, ge=1, description="Number of ranks expected, count.")
-    batch_size_per_rank: int | None = Field(None, ge=1, description="Samples per rank per step, count (effective batch = world_size x this).")
-    hang_timeout_floor_s: float | None = Field(None, gt=0, description="Smallest silence that counts as a hang, seconds.")
+    world_size: PositiveInt | None = Field(None, description="Number of ranks expected, count (at most max_ranks).")
+    batch_size_per_rank: PositiveInt | None = Field(None, description="Samples per rank per step, count (effective batch = world_size x this).")
+    hang_timeout_floor_s: PositiveSeconds | None = Field(None, description="Smallest silence that counts as a hang, seconds.")
     detectors: dict[str, dict[str, Any]] = Field(default_factory=dict,
                                                  description="Per-detector parameters, by finding kind, e.g. {\"straggler\": {\"threshold\": 1.2}}.")
     tags: dict[str, str] = Field(default_factory=dict, description="Free-form labels (team, model, cluster).")
@@ -85,10 +86,10 @@ class RunConfig(BaseModel):
 
 class CheckpointIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    step: int = Field(..., ge=0, description="Step whose update the checkpoint includes (state after step's update).")
+    step: NonNegInt = Field(..., description="Step whose update the checkpoint includes (state after step's update).")
     uri: str = Field(..., min_length=1, max_length=2048, description="Where the checkpoint lives, e.g. s3://bucket/run/step1200.")
-    duration_s: float | None = Field(None, ge=0, description="Time the training was blocked writing it, seconds.")
-    bytes: int | None = Field(None, ge=0, description="Size of the checkpoint, bytes.")
+    duration_s: Seconds | None = Field(None, description="Time the training was blocked writing it, seconds.")
+    bytes: NonNegInt | None = Field(None, description="Size of the checkpoint, bytes.")
 
 
 class CheckpointStatusIn(BaseModel):
@@ -112,8 +113,8 @@ class Checkpoint(BaseModel):
 
 class HeartbeatIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    rank: int = Field(..., ge=0, description="Rank sending the heartbeat.")
-    step: int | None = Field(None, ge=0, description="Step the rank is working on.")
+    rank: NonNegInt = Field(..., description="Rank sending the heartbeat (below max_ranks).")
+    step: NonNegInt | None = Field(None, description="Step the rank is working on.")
     phase: Literal[HEARTBEAT_PHASES] | None = Field(  # type: ignore[valid-type]
         None, description="What the rank is doing now: " + ", ".join(HEARTBEAT_PHASES) + ".")
 
@@ -121,15 +122,26 @@ class HeartbeatIn(BaseModel):
 class EventIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal[EVENT_KINDS] = Field(..., description="What happened: " + ", ".join(EVENT_KINDS) + ".")  # type: ignore[valid-type]
-    step: int | None = Field(None, ge=0, description="Step it relates to (for a rollback: the checkpoint step resumed from).")
+    step: NonNegInt | None = Field(None, description="Step it relates to (for a rollback: the checkpoint step resumed from).")
     data: dict[str, Any] = Field(default_factory=dict, description="Details, e.g. {\"old\": 8, \"new\": 6} for world_size_change.")
+
+    @field_validator("data")
+    @classmethod
+    def _storable(cls, data: dict[str, Any]) -> dict[str, Any]:
+        check_storable(data)
+        if "new" in data or "old" in data:
+            for key in ("old", "new"):
+                v = data.get(key)
+                if v is not None and (type(v) is not int or not 1 <= v <= INT64_MAX):
+                    raise ValueError(f"data.{key} must be a world size (an integer >= 1), got {v!r}")
+        return data
 
 
 class FinishIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    rank: int | None = Field(None, ge=0, description="The rank that finished; omitted: the whole run finished. "
+    rank: NonNegInt | None = Field(None, description="The rank that finished; omitted: the whole run finished. "
                                                       "The run is finished once every rank that reported has finished.")
-    step: int | None = Field(None, ge=0, description="The last step the rank completed.")
+    step: NonNegInt | None = Field(None, description="The last step the rank completed.")
 
 
 class Event(BaseModel):
@@ -173,6 +185,9 @@ class RunSummary(BaseModel):
     world_size: int | None = Field(None, description="Configured world size, else ranks seen in the current attempt.")
     ranks_seen: int = Field(..., description="Ranks that reported in the current attempt.")
     config: RunConfig = Field(..., description="The run's configuration (PUT /v1/runs/{run_id}).")
+    config_error: str | None = Field(None, description="Set when the stored config no longer validates (say, written "
+                                                       "by an older version): the run is watched with default "
+                                                       "detector parameters until a PUT fixes it.")
     attempts: list[AttemptSummary] = Field(default_factory=list, description="Every attempt, oldest first (detail view).")
     health: str | None = Field(None, description="ok | warning | critical: the worst active finding (detail view).")
     findings_by_kind: dict[str, int] | None = Field(None, description="Firing findings ever recorded, by kind (detail view).")

@@ -16,9 +16,15 @@ class Settings(BaseSettings):
     db: str = Field("sqlite:///healthsvc.db",
                     description="Store URI: sqlite:///relative.db, sqlite:////absolute.db or a plain path.")
     host: str = Field("127.0.0.1", description="Address to listen on.")
+    admin_token: str = Field("", description="Bootstrap admin token (HEALTHSVC_ADMIN_TOKEN): with it, or once a token "
+                                             "exists, every request needs a Bearer token. Never stored.")
+    insecure: bool = Field(False, description="Allow listening on a non-loopback address with no token configured (open to anyone).")
+    allowed_hosts: str = Field("", description="Comma-separated Host header names served (empty: any), e.g. healthsvc.internal,localhost.")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on (0 = any free port).")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024,
                                 description="Largest accepted request body, before and after gzip, bytes.")
+    max_ranks: int = Field(1_048_576, ge=1, le=2**31,
+                           description="Largest world size a run may have; rank ids are below it (memory per run grows with the ranks actually seen).")
     dedupe_window_s: float = Field(3600.0, gt=0, description="How long a re-sent batch is recognised as a duplicate, seconds.")
     snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
     external_url: str = Field("", description="Public base URL of the service, for links in alerts (Slack links, "
@@ -41,6 +47,9 @@ class Settings(BaseSettings):
         description='Webhook subscriptions from settings, a JSON list: [{"id": "oncall", "url": "http://am:9093/...",'
                     ' "format": "alertmanager|slack|json", "runs": [], "kinds": [], "min_severity": "info",'
                     ' "secret": "whsec_..."}]. API subscriptions (/v1/webhooks) are kept in the store.')
+    webhook_allowed_networks: str = Field(
+        "", description="Comma-separated CIDRs webhooks may reach although they are loopback, link-local, private or"
+                        " reserved (refused by default), e.g. 10.0.0.0/8,127.0.0.0/8.")
     alert_resolve_timeout_s: float = Field(300.0, gt=0, description="A non-latched alert resolves this long after its condition clears, seconds.")
     alert_timings: dict[str, dict[str, float]] = Field(
         default_factory=dict,
@@ -49,7 +58,7 @@ class Settings(BaseSettings):
     alert_tick_s: float = Field(1.0, gt=0, description="How often alerts are re-evaluated (resolve timeouts, group intervals), seconds.")
     alert_delivery_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one webhook attempt, seconds.")
     alert_retry_base_s: float = Field(1.0, gt=0, description="First webhook retry backoff (full jitter, doubling), seconds.")
-    alert_retry_cap_s: float = Field(300.0, gt=0, description="Largest webhook retry backoff, seconds.")
+    alert_retry_cap_s: float = Field(10.0, gt=0, description="Largest webhook retry backoff, seconds (small, so delivery resumes within seconds of a receiver's recovery; a success also makes the subscription's other pending deliveries due at once).")
     alert_dead_after_s: float = Field(24 * 3600.0, gt=0, description="A webhook still failing this long after it was queued goes to the dead letters, seconds.")
 
     def public_url(self) -> str:

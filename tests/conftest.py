@@ -1,10 +1,20 @@
 """Shared fixtures: a real healthsvc server (uvicorn on 127.0.0.1, SQLite file in tmp_path)."""
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 
 from healthsvc.testing import ServerProcess
+
+# The tests' webhook receivers listen on loopback, which the service refuses by default (a webhook
+# must not reach the service's own host or network); servers started by tests inherit this.
+os.environ.setdefault("HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")
+
+# Bodies must be application/json (the service answers 415 otherwise); tests that post raw bytes
+# with ``content=`` get the header from the client.
+JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture
@@ -18,7 +28,7 @@ def server(tmp_path):
 
 @pytest.fixture
 def http(server):
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+    with httpx.Client(base_url=server.url, timeout=30, headers=JSON) as client:
         yield client
 
 
@@ -33,5 +43,5 @@ def shared_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def shared_http(shared_server):
-    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+    with httpx.Client(base_url=shared_server.url, timeout=30, headers=JSON) as client:
         yield client

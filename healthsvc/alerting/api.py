@@ -178,6 +178,10 @@ def _put(request: Request, sub_id: str, body: WebhookIn, existing: Subscription 
     def kept(given, field: str, empty):  # secrets: omitted on PUT keeps the stored value
         return given if given is not None else (getattr(existing, field) if existing is not None else empty)
     headers = tuple(body.headers.items()) if body.headers is not None else kept(None, "headers", ())
+    refused = _service(request).address_policy.refusal(body.url)
+    if refused:
+        raise InvalidInput(refused, loc=("body", "url"),
+                           hint="an operator can open a network with HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS")
     try:
         sub = Subscription(id=sub_id, url=body.url, format=body.format, runs=tuple(body.runs),
                            kinds=tuple(body.kinds), min_severity=body.min_severity, secret=secret,

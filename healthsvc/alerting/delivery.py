@@ -35,6 +35,8 @@ from typing import Callable
 
 import httpx
 
+from healthsvc.alerting.address_policy import AddressPolicy
+
 from healthsvc.alerting.outbox import Delivery, Outbox
 from healthsvc.alerting.signing import sign_headers
 
@@ -88,7 +90,9 @@ def classify(response: httpx.Response, now: float) -> AttemptResult:
     code = response.status_code
     if 200 <= code < 300:
         return AttemptResult(True, False, code, None)
-    error = f"HTTP {code}: {response.text[:200]}"
+    # Status and reason phrase only: the receiver's body is not ours to show (it may hold secrets
+    # of the network it lives in, and last_error is readable through the API).
+    error = f"HTTP {code} {response.reason_phrase}".strip()
     if code == 429 or code >= 500:
         return AttemptResult(False, True, code, error, parse_retry_after(response.headers.get("retry-after"), now))
     return AttemptResult(False, False, code, error)
@@ -118,8 +122,10 @@ class DeliveryWorker:
         transport: httpx.BaseTransport | None = None,
         on_attempt: Callable[[Delivery, AttemptResult], None] | None = None,
         headers_for: Callable[[str], dict[str, str]] | None = None,
+        address_policy: AddressPolicy | None = None,
     ) -> None:
         self.outbox = outbox
+        self.address_policy = address_policy
         self.timeout_s = timeout_s
         self.backoff = backoff
         self.max_age_s = max_age_s
@@ -215,13 +221,21 @@ class DeliveryWorker:
             self._wake.set()
 
     def _attempt(self, d: Delivery) -> AttemptResult:
-        now = self._clock()
+        refused = self.address_policy.refusal(d.url, unresolvable_ok=True) if self.address_policy else None
+        if refused:  # checked again at delivery: DNS may have changed since the subscription
+            result = AttemptResult(False, False, None, refused)
+            self._record(d, result)
+            if self._on_attempt is not None:
+                self._on_attempt(d, result)
+            return result
         headers = self._headers_for(d.subscription_id) if self._headers_for is not None else {}
-        headers.update(sign_headers(d.secret, d.webhook_id, int(now), d.body))
+        # The signature's timestamp is checked against the receiver's own clock: wall time.
+        wall = getattr(self._clock, "wall", self._clock)()
+        headers.update(sign_headers(d.secret, d.webhook_id, int(wall), d.body))
         headers["content-type"] = d.content_type
         try:
             response = self._client.post(d.url, content=d.body, headers=headers)
-            result = classify(response, self._clock())
+            result = classify(response, wall)  # Retry-After dates are wall times too
         except httpx.UnsupportedProtocol as exc:
             result = AttemptResult(False, False, None, f"{type(exc).__name__}: {exc}")
         except httpx.TimeoutException as exc:
@@ -237,6 +251,9 @@ class DeliveryWorker:
         now = self._clock()
         if r.delivered:
             self.outbox.record_attempt(d.webhook_id, now, state="delivered", status=r.status, error=None)
+            # The receiver is back: what waits for it in backoff goes now, not minutes later.
+            if self.outbox.pull_forward(d.subscription_id, now):
+                self._wake.set()
             return
         if not r.retryable:
             self.outbox.record_attempt(d.webhook_id, now, state="failed", status=r.status, error=r.error)

@@ -243,6 +243,12 @@ class Outbox:
         counts.update({s: n for s, n in rows})
         return counts
 
+    def pull_forward(self, subscription_id: str, now: float) -> int:
+        """Make a subscription's pending deliveries due now (its receiver just answered 2xx)."""
+        return self._write(lambda conn: conn.execute(
+            "UPDATE alert_outbox SET next_attempt_at = ? WHERE subscription_id = ? AND state = 'pending'"
+            " AND next_attempt_at > ?", (now, subscription_id, now)).rowcount)
+
     def cancel_pending(self, subscription_id: str, now: float) -> int:
         """Stop delivering to a deleted subscription; returns how many were cancelled."""
         return self._write(lambda conn: conn.execute(

@@ -21,13 +21,33 @@ Example::
 from __future__ import annotations
 
 import enum
-import re
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping
 
 from detectors.finding import SEVERITY_ORDER
 
 from healthsvc.alerting.model import Alert
+
+MAX_PATTERN_CHARS = 1000
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_pattern(pattern: str):
+    """An RE2 pattern (google-re2): matching is linear in the input, so no pattern can backtrack
+    catastrophically (``(a+)+b`` on a long run id costs microseconds, not minutes). RE2 has no
+    backreferences or lookaround; a pattern using them is refused when the matcher is made."""
+    import re2
+
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ValueError(f"regex longer than {MAX_PATTERN_CHARS} characters")
+    options = re2.Options()
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        msg = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ValueError(f"invalid regex {pattern[:80]!r}: {msg} (RE2 syntax: no backreferences or lookaround)") from None
 
 
 class NotifyReason(str, enum.Enum):
@@ -203,7 +223,7 @@ class Matcher:
         if self.op not in ("=", "!=", "=~", "!~"):
             raise ValueError(f"matcher op must be one of =, !=, =~, !~; got {self.op!r}")
         if self.op in ("=~", "!~"):
-            re.compile(self.value)  # fail at creation, not at match time
+            compile_pattern(self.value)  # fail at creation, not at match time
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         value = labels.get(self.name, "")
@@ -211,7 +231,7 @@ class Matcher:
             return value == self.value
         if self.op == "!=":
             return value != self.value
-        hit = re.fullmatch(self.value, value) is not None
+        hit = compile_pattern(self.value).fullmatch(value) is not None
         return hit if self.op == "=~" else not hit
 
     def to_dict(self) -> dict[str, str]:

@@ -25,6 +25,7 @@ from detectors.finding import FINDING_KINDS
 from healthsvc.alerting.outbox import DeliveryState
 from healthsvc.alerting.policy import MatchOp, NotifyReason
 from healthsvc.alerting.subscription import BodyFormat
+from healthsvc.limits import PositiveSeconds, UnixSeconds
 
 Kind = Literal[FINDING_KINDS]  # type: ignore[valid-type]
 SeverityName = Literal["info", "warning", "critical"]
@@ -57,9 +58,9 @@ class MatcherIn(BaseModel):
 class SilenceIn(BaseModel):
     matchers: list[MatcherIn] = Field(..., min_length=1, description="Label matchers; an alert is silenced when "
                                                                      "all of them match its labels (at least one).")
-    starts_at: float | None = Field(None, description="Unix seconds; default now.")
-    ends_at: float | None = Field(None, description="Unix seconds; or give duration_s.")
-    duration_s: float | None = Field(None, gt=0, description="Length from starts_at, seconds.")
+    starts_at: UnixSeconds | None = Field(None, description="Unix seconds; default now.")
+    ends_at: UnixSeconds | None = Field(None, description="Unix seconds; or give duration_s.")
+    duration_s: PositiveSeconds | None = Field(None, description="Length from starts_at, seconds.")
     created_by: str = Field("", description="Who created the silence (free text, for people).")
     comment: str = Field("", description="Why (free text, for people).")
 

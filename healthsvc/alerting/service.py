@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from healthsvc.alerting.address_policy import AddressPolicy
 from healthsvc.alerting.delivery import AttemptResult, Backoff, DeliveryWorker
 from healthsvc.alerting.manager import AlertManager
 from healthsvc.alerting.model import LifecyclePolicy
@@ -47,8 +48,15 @@ def policy_from_settings(settings: Any) -> PolicyConfig:
 class AlertingService:
     """The manager, the delivery worker and the thread that feeds them."""
 
-    def __init__(self, outbox: Outbox, settings: Any, clock: Callable[[], float]) -> None:
+    def __init__(self, outbox: Outbox, settings: Any, clock: Callable[[], float],
+                 findings_after: Callable[[int], list] | None = None,
+                 newest_finding_id: Callable[[], int] | None = None) -> None:
         self.outbox = outbox
+        # Findings reach alerting through an in-memory queue; a persisted cursor (the id of the
+        # newest finding processed) lets start() replay what a crash left unprocessed.
+        self._findings_after = findings_after
+        self._newest_finding_id = newest_finding_id
+        self._cursor = 0
         self.settings = settings
         self.clock = clock
         self.manager: AlertManager | None = None
@@ -59,6 +67,7 @@ class AlertingService:
         self._thread: threading.Thread | None = None
         self.settings_subscriptions = [Subscription.from_dict({**d, "source": "settings"})
                                        for d in settings.alert_webhooks]
+        self.address_policy = AddressPolicy.parse(getattr(settings, "webhook_allowed_networks", ""))
         # Set by the rollback feature: run_id -> {"step", "uri"} | None, for the annotations of
         # corruption alerts.
         self.rollback_lookup: Callable[[str], dict | None] | None = None
@@ -77,18 +86,43 @@ class AlertingService:
 
     def start(self) -> None:
         s = self.settings
+        for sub in self.settings_subscriptions:  # a misconfigured receiver stops the start, loudly
+            why = self.address_policy.refusal(sub.url, unresolvable_ok=True)
+            if why:
+                raise ValueError(f"HEALTHSVC_ALERT_WEBHOOKS subscription {sub.id!r}: {why}")
         self.worker = DeliveryWorker(
             self.outbox, timeout_s=s.alert_delivery_timeout_s,
             backoff=Backoff(base_s=s.alert_retry_base_s, cap_s=s.alert_retry_cap_s),
             max_age_s=s.alert_dead_after_s, clock=self.clock, on_attempt=self._count_attempt,
-            headers_for=self._headers_for)
+            headers_for=self._headers_for, address_policy=self.address_policy)
         self.manager = AlertManager(
             self.outbox, subscriptions=self.settings_subscriptions, policy=policy_from_settings(s),
             lifecycle=LifecyclePolicy(resolve_timeout_s=s.alert_resolve_timeout_s),
             external_url=s.public_url(), on_enqueue=self.worker.wake, rollback_lookup=self.rollback_lookup)
+        self._replay_unprocessed()
         self.worker.start()
         self._thread = threading.Thread(target=self._loop, name="alerting", daemon=True)
         self._thread.start()
+
+    def _replay_unprocessed(self) -> None:
+        """Process the findings stored after the cursor (stored, but not processed before the
+        service stopped: a crash between the finding's commit and its alert)."""
+        if self._findings_after is None:
+            return
+        saved = self.outbox.records("cursor").get("findings")
+        if saved is None:
+            # No cursor yet (a new store, or one from a version without it): start at the newest
+            # finding, so an upgrade does not page again for everything ever found.
+            self._cursor = self._newest_finding_id() if self._newest_finding_id else 0
+            self.outbox.put_record("cursor", "findings", {"id": self._cursor}, self.clock())
+        else:
+            self._cursor = int(saved["id"])
+        while True:
+            pending = self._findings_after(self._cursor)
+            if not pending:
+                return
+            log.info("alerting: replaying %d findings stored after %d", len(pending), self._cursor)
+            self._handle(("findings", pending))
 
     def stop(self) -> None:
         self._stopping.set()
@@ -134,13 +168,20 @@ class AlertingService:
     def _handle(self, item: tuple) -> None:
         assert self.manager is not None
         if item[0] == "findings":
+            fresh = [sf for sf in item[1] if sf.id > self._cursor]  # a replay may have seen them
+            if not fresh:
+                return
             by_run: dict[str, tuple[list, dict[int, str]]] = {}
-            for sf in item[1]:
+            for sf in fresh:
                 findings, hosts = by_run.setdefault(sf.run_id, ([], {}))
                 findings.append(sf.finding)
                 hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
             for run_id, (findings, hosts) in by_run.items():
                 self.manager.process(run_id, findings, hosts, self.clock())
+            # After the notifications are in the outbox: a crash before this line replays them
+            # (at least once; the manager's notification log keeps a replay from paging twice).
+            self._cursor = max(sf.id for sf in fresh)
+            self.outbox.put_record("cursor", "findings", {"id": self._cursor}, self.clock())
         elif item[0] == "rollback":
             self.manager.rollback(item[1], item[2], self.clock())
 
@@ -181,7 +222,11 @@ def install(app: Any, ctx: Any) -> None:
     """The feature hook (``healthsvc.app.FEATURES``)."""
     from healthsvc.alerting.api import router
 
-    service = AlertingService(Outbox(ctx.store), ctx.settings, ctx.clock)
+    def newest_finding_id() -> int:
+        return ctx.store.read_conn().execute("SELECT coalesce(max(id), 0) FROM findings").fetchone()[0]
+
+    service = AlertingService(Outbox(ctx.store), ctx.settings, ctx.clock,
+                              findings_after=ctx.findings.stored_after, newest_finding_id=newest_finding_id)
     app.state.alerting = service
     app.include_router(router)
     ctx.findings.subscribe(service.on_findings)

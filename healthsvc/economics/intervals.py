@@ -78,7 +78,10 @@ def expected_wall_per_work(interval_s: float, checkpoint_cost_s: float, restart_
         raise ValueError("checkpoint_cost_s and restart_cost_s must be >= 0 seconds")
     m = mtbf_s
     # expm1 keeps precision when (τ + C) << M, the usual regime.
-    segment_wall_s = m * math.exp(restart_cost_s / m) * math.expm1((interval_s + checkpoint_cost_s) / m)
+    try:
+        segment_wall_s = m * math.exp(restart_cost_s / m) * math.expm1((interval_s + checkpoint_cost_s) / m)
+    except OverflowError:  # costs hundreds of MTBFs long: no useful work is expected at all
+        return math.inf
     return segment_wall_s / interval_s
 
 

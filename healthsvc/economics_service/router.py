@@ -61,11 +61,11 @@ def get_timeline(
                     "interval, expected overhead, warning")
 def get_advice(
     run_id: RunId, request: Request, store: StoreDep,
-    prior_mtbf_s: Annotated[float | None, Query(gt=0, description="Prior MTBF, seconds. Default: the "
+    prior_mtbf_s: Annotated[float | None, Query(gt=0, le=1e10, allow_inf_nan=False, description="Prior MTBF, seconds. Default: the "
                                                 "organisation-wide figure from other runs, else 8 h.")] = None,
-    pseudo_failures: Annotated[float, Query(gt=0, description="Weight of the prior, in failures "
+    pseudo_failures: Annotated[float, Query(gt=0, le=1e6, allow_inf_nan=False, description="Weight of the prior, in failures "
                                             "(may be fractional).")] = 2.0,
-    warn_ratio: Annotated[float, Query(gt=1, description="Warn when current/optimum interval is above "
+    warn_ratio: Annotated[float, Query(gt=1, le=1e6, allow_inf_nan=False, description="Warn when current/optimum interval is above "
                                        "this ratio or below its inverse, unitless.")] = 2.0,
 ) -> dict:
     facts = _facts(request, store, run_id)
@@ -85,17 +85,17 @@ def get_advice(
             summary="Which checkpoints to keep and which may be deleted (a plan; nothing is deleted)")
 def get_retention(
     run_id: RunId, request: Request, store: StoreDep,
-    keep_recent: Annotated[int, Query(ge=0, description="Newest checkpoints kept densely, count.")] = 3,
-    sparse_base: Annotated[float, Query(gt=1, description="Older checkpoints: one per age bucket growing by this "
+    keep_recent: Annotated[int, Query(ge=0, le=1_000_000, description="Newest checkpoints kept densely, count.")] = 3,
+    sparse_base: Annotated[float, Query(gt=1, le=1e3, allow_inf_nan=False, description="Older checkpoints: one per age bucket growing by this "
                                         "factor, unitless.")] = 2.0,
-    sparse_unit_steps: Annotated[int | None, Query(gt=0, description="Age unit of the buckets, steps. Default: "
+    sparse_unit_steps: Annotated[int | None, Query(gt=0, le=2**53, description="Age unit of the buckets, steps. Default: "
                                                    "median checkpoint gap.")] = None,
-    max_count: Annotated[int | None, Query(ge=0, description="Keep at most this many checkpoints, count "
+    max_count: Annotated[int | None, Query(ge=0, le=2**53, description="Keep at most this many checkpoints, count "
                                            "(guarantees win).")] = None,
-    max_bytes: Annotated[int | None, Query(ge=0, description="Keep at most this much, bytes (guarantees win).")] = None,
-    lag_margin_factor: Annotated[float, Query(ge=1, description="Multiplier on the longest detection lag seen, "
+    max_bytes: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="Keep at most this much, bytes (guarantees win).")] = None,
+    lag_margin_factor: Annotated[float, Query(ge=1, le=1e3, allow_inf_nan=False, description="Multiplier on the longest detection lag seen, "
                                               "unitless.")] = 1.5,
-    min_lag_window_steps: Annotated[int, Query(ge=0, description="Smallest lag window, steps.")] = 0,
+    min_lag_window_steps: Annotated[int, Query(ge=0, le=2**53, description="Smallest lag window, steps.")] = 0,
 ) -> dict:
     try:
         policy = RetentionPolicy(keep_recent=keep_recent, sparse_base=sparse_base,

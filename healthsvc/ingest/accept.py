@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 
-from healthsvc.errors import HealthsvcError
+from healthsvc.errors import HealthsvcError, store_error
 from healthsvc.ingest.parse import decode_body, parse_metrics
 
 
@@ -15,11 +16,15 @@ async def accept_metrics(ctx, run_id: str, raw: bytes, content_encoding: str | N
     started = time.perf_counter()
     try:
         body = decode_body(raw, content_encoding, ctx.settings.max_body_bytes)
-        batch, digest = parse_metrics(body)
+        batch, digest = parse_metrics(body, ctx.settings.max_ranks)
     except HealthsvcError:
         metrics.ingest_requests.labels("rejected").inc()
         raise
-    result = await asyncio.wrap_future(ctx.store.submit_metrics(run_id, batch, digest))
+    try:
+        result = await asyncio.wrap_future(ctx.store.submit_metrics(run_id, batch, digest))
+    except sqlite3.Error as exc:  # nothing was stored: a 503/507 the client retries
+        metrics.ingest_requests.labels("failed").inc()
+        raise store_error(exc) from None
     if result.duplicate:
         metrics.ingest_duplicates.inc()
         metrics.ingest_requests.labels("duplicate").inc()

@@ -14,7 +14,7 @@ import re
 
 import orjson
 
-from healthsvc.body_limit import _too_large_body
+from healthsvc.body_limit import DRAIN_LIMIT, _too_large_body, answer_after_draining
 from healthsvc.deps import RUN_ID_PATTERN
 from healthsvc.errors import HealthsvcError
 from healthsvc.ingest.accept import accept_metrics
@@ -38,7 +38,7 @@ class IngestFastPath:
         encoding = None
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                return await _answer(send, 413, _too_large_body(limit))
+                return await answer_after_draining(receive, send, 413, _too_large_body(limit), [], DRAIN_LIMIT)
             if name == b"content-encoding":
                 encoding = value.decode("latin-1")
         parts, size, more = [], 0, True
@@ -48,10 +48,12 @@ class IngestFastPath:
                 return  # the client went away
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > limit:
-                return await _answer(send, 413, _too_large_body(limit))
-            parts.append(chunk)
             more = message.get("more_body", False)
+            if size > limit:
+                if not more:
+                    return await _answer(send, 413, _too_large_body(limit))
+                return await answer_after_draining(receive, send, 413, _too_large_body(limit), [], DRAIN_LIMIT)
+            parts.append(chunk)
         raw = parts[0] if len(parts) == 1 else b"".join(parts)
         try:
             answer = await accept_metrics(self.ctx, m.group(1), raw, encoding)

@@ -7,8 +7,10 @@ hold nulls, strings or values of the wrong type, so that the error can name the 
 
 Accepted values of a numeric field: a JSON number, the tokens ``NaN``/``Infinity``/``-Infinity``,
 the strings ``"NaN"``/``"Infinity"``/``"-Infinity"``; ``null`` or an absent key means "not
-reported". Booleans and other strings are rejected (a boolean mixed with numbers in one column
-is accepted as 0/1 by numpy's conversion and not caught: a documented leniency of the fast path).
+reported". Booleans and other strings are rejected; ``step`` and ``rank`` must be integers below
+2**63 (``true`` is never one; rank also below ``max_ranks``). In a metric column a boolean mixed
+with numbers is accepted as 0/1 by numpy's conversion and not caught: a documented leniency of
+the fast path (checking every element's type would cost each push several per cent).
 """
 from __future__ import annotations
 
@@ -74,8 +76,10 @@ def body_digest(body: bytes, doc: dict) -> str:
     return "h:" + xxhash.xxh3_128_hexdigest(body)
 
 
-def parse_metrics(body: bytes) -> tuple[MetricBatch, str]:
-    """Parse a decoded body into a batch and its idempotency key. Raises 400/422 errors."""
+def parse_metrics(body: bytes, max_ranks: int = 1 << 20) -> tuple[MetricBatch, str]:
+    """Parse a decoded body into a batch and its idempotency key. Raises 400/422 errors.
+
+    Rank ids must be below ``max_ranks`` and a reported ``world_size`` at most that."""
     doc = load_json(body)
     if not isinstance(doc, dict):
         raise InvalidInput("body must be a JSON object with 'records' or 'columns'", loc=("body",))
@@ -95,7 +99,24 @@ def parse_metrics(body: bytes) -> tuple[MetricBatch, str]:
     else:
         columns, n = _check_columns(doc["columns"])
         where = _Where(("body", "columns"), rows=False)
-    return _build_batch(columns, n, where), body_digest(body, doc)
+    batch = _build_batch(columns, n, where)
+    _check_ranks(batch, max_ranks, where)
+    return batch, body_digest(body, doc)
+
+
+def _check_ranks(batch: MetricBatch, max_ranks: int, where: "_Where") -> None:
+    if len(batch) and int(batch.ranks.max()) >= max_ranks:
+        i = int(np.argmax(batch.ranks >= max_ranks))
+        raise InvalidInput(f"rank {int(batch.ranks[i])} is beyond this service's limit (ranks below "
+                           f"max_ranks = {max_ranks})", loc=where("rank", i),
+                           hint="raise HEALTHSVC_MAX_RANKS if the job really is that large")
+    if "world_size" in batch.values:
+        ws, ok = batch.values["world_size"], batch.present["world_size"]
+        bad = ok & ~((ws >= 1) & (ws <= max_ranks) & (ws == np.floor(ws)))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InvalidInput(f"world_size must be an integer from 1 to max_ranks = {max_ranks}, got {float(ws[i])!r}",
+                               loc=where("world_size", i))
 
 
 class _Where:
@@ -175,7 +196,8 @@ def _build_batch(columns: dict[str, list], n: int, where: _Where) -> MetricBatch
 
 def _int_column(name: str, col: list, where: _Where) -> np.ndarray:
     arr = _try_array(col)
-    if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu":
+    # numpy turns [1, true] into [1, 1]: a boolean is not an integer (one C-speed pass over types).
+    if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu" and bool not in set(map(type, col)):
         if arr.size and arr.min() < 0:
             i = int(np.argmax(arr < 0))
             raise InvalidInput(f"{name} must be an integer >= 0, got {int(arr[i])}", loc=where(name, i))

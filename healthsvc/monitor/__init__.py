@@ -16,5 +16,7 @@ def install(app: FastAPI, ctx) -> None:
     hub = MonitorHub(ctx.store, ctx.findings, clock=ctx.clock, tick_interval_s=settings.tick_interval_s,
                      snapshot_every_s=settings.snapshot_every_s, align_timeout_s=settings.align_timeout_s)
     app.state.monitor = hub
+    # A run whose stored config was refused at start says so in its summary (GET /v1/runs/{id}).
+    ctx.summaries.add_contributor(lambda run_id: {"config_error": hub.config_errors.get(run_id)})
     ctx.on_startup.append(hub.start)
     ctx.on_shutdown.append(hub.stop)

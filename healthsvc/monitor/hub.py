@@ -47,6 +47,8 @@ class MonitorHub:
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-ticker", daemon=True)
         self._stopping = threading.Event()
         self.findings_recorded = 0
+        # run_id -> why its stored config was refused (the run runs on default detectors).
+        self.config_errors: dict[str, str] = {}
         store.subscribe(self._after_commit)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -100,8 +102,23 @@ class MonitorHub:
         if mon is None:
             row = self.store.get_run_row(run_id)
             config = row["config"] if row else {}
-            mon = self.monitors[run_id] = RunMonitor(run_id, config, align_timeout_s=self.align_timeout_s)
+            mon = self.monitors[run_id] = self._new_monitor(run_id, config)
         return mon
+
+    def _new_monitor(self, run_id: str, config: dict) -> RunMonitor:
+        """A run's monitor; a stored config that no longer validates (written by an older
+        version, or by hand) must not stop the service: the run is marked and watched with the
+        default detector parameters."""
+        try:
+            mon = RunMonitor(run_id, config, align_timeout_s=self.align_timeout_s)
+            self.config_errors.pop(run_id, None)
+            return mon
+        except Exception as exc:  # noqa: BLE001 - InvalidInput, or anything a detector raises
+            why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            log.error("run %s: stored config refused (%s); watching it with default detectors", run_id, why)
+            self.config_errors[run_id] = why
+            fallback = {k: config.get(k) for k in ("world_size",) if isinstance(config, dict)}
+            return RunMonitor(run_id, fallback, align_timeout_s=self.align_timeout_s)
 
     def _handle(self, item: Any) -> None:
         if isinstance(item, tuple) and item[0] == "tick":
@@ -121,7 +138,11 @@ class MonitorHub:
         elif ev.kind == "finish":
             found = mon.on_finish(ev.received_at)
         elif ev.kind == "config":
-            mon.on_config(ev.data)
+            try:
+                mon.on_config(ev.data)
+                self.config_errors.pop(ev.run_id, None)
+            except Exception:  # validated by PUT; anything else keeps the previous detectors
+                log.exception("run %s: new config not applied", ev.run_id)
             found = []
         elif ev.kind == "event" and ev.data["kind"] == "world_size_change" and "new" in ev.data["data"]:
             found = mon.on_world_size(int(ev.data["data"]["new"]), ev.received_at)
@@ -158,7 +179,7 @@ class MonitorHub:
             "SELECT run_id, watermark, state FROM run_state WHERE kind='monitor'")}
         for row in self.store.list_run_rows():
             run_id = row["run_id"]
-            mon = self.monitors[run_id] = RunMonitor(run_id, row["config"], align_timeout_s=self.align_timeout_s)
+            mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
             watermark, saved_at = 0, None
             if run_id in snapshots:
                 watermark, blob = snapshots[run_id]
@@ -168,7 +189,7 @@ class MonitorHub:
                     saved_at = state.get("saved_at")
                 except Exception:
                     log.exception("monitor snapshot of run %s unreadable; replaying its history", run_id)
-                    mon = self.monitors[run_id] = RunMonitor(run_id, row["config"], align_timeout_s=self.align_timeout_s)
+                    mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
                     watermark = 0
             replayed = 0
             for chunk_id, attempt, received_at, payload in conn.execute(

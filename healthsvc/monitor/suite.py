@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from detectors.base import Detector
+from healthsvc.detector_config import validate_params
 from healthsvc.errors import InvalidInput
 
 # name -> (module, class, role, fixed kwargs). Names are the finding kinds they report (the hang
@@ -56,6 +57,8 @@ class DetectorSuite:
 
 def build_suite(config: dict[str, Any]) -> DetectorSuite:
     """Detectors for a run config; raises InvalidInput naming a bad detector parameter."""
+    if not isinstance(config.get("detectors") or {}, dict):
+        raise InvalidInput("detectors must be an object", loc=("body", "detectors"))
     params: dict[str, dict[str, Any]] = dict(config.get("detectors") or {})
     unknown = [n for n in params if n not in REGISTRY]
     if unknown:
@@ -65,12 +68,14 @@ def build_suite(config: dict[str, Any]) -> DetectorSuite:
         params["hang"] = {"timeout_floor_s": float(config["hang_timeout_floor_s"]), **params.get("hang", {})}
     suite = DetectorSuite({}, {}, {})
     for name, (_, _, role, fixed) in REGISTRY.items():
-        kwargs = dict(params.get(name, {}))
-        if not kwargs.pop("enabled", True):
+        raw = params.get(name, {})
+        if isinstance(raw, dict) and raw.get("enabled", True) is False:
             continue
         cls = _detector_class(name)
         if cls is None:
             continue
+        # Types and ranges from the constructor (healthsvc.detector_config): a 422 naming the field.
+        kwargs = validate_params(name, cls, raw, loc=("body", "detectors", name))
         try:
             det = cls(**fixed, **kwargs)
         except (TypeError, ValueError) as exc:

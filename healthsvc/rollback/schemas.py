@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from healthsvc.limits import FiniteFloat, NonNegInt
 
 # A JSON number that stays an int when it is one (a plain ``float`` field would turn 0 into 0.0).
 Number = Annotated[Union[int, float], WithJsonSchema({"type": "number"})]
@@ -28,23 +29,23 @@ _STEP = "Optimizer-update index, steps."
 
 class BisectionStartIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    steps: list[int] | None = Field(
+    steps: list[NonNegInt] | None = Field(
         None, max_length=100_000,
         description="Checkpoint steps to bisect (each must be a stored checkpoint's step), steps. "
                     "Default: the checkpoints inside the onset interval, widened to the rollback "
                     "target and the first checkpoint after the interval.")
-    known_good: int | None = Field(
+    known_good: NonNegInt | None = Field(
         None, description="A step known clean, steps: listed checkpoints at or before it count as good.")
-    known_bad: int | None = Field(
+    known_bad: NonNegInt | None = Field(
         None, description="A step known corrupted, steps: listed checkpoints at or after it count as bad.")
 
 
 class ProbeReportIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    step: int = Field(..., ge=0, description="The probed checkpoint's step (the proposed probe, "
+    step: NonNegInt = Field(..., description="The probed checkpoint's step (the proposed probe, "
                                              "`next_probe.step`), steps.")
     good: bool = Field(..., description="True when the checkpoint holds no corrupted update.")
-    value: float | None = Field(
+    value: FiniteFloat | None = Field(
         None, description="The probe's own number, in the probe's unit (say, the loss of a fixed "
                           "batch, unitless); kept with the report and in the checkpoint's note.")
 

@@ -37,8 +37,8 @@ def list_findings(
     run_id: RunId, request: Request, store: StoreDep,
     kind: Annotated[Kind | None, Query(description="Only this kind.")] = None,
     status: Annotated[Literal["firing", "resolved"] | None, Query(description="Only this status.")] = None,
-    since_step: Annotated[int | None, Query(ge=0, description="Only findings at or after this step.")] = None,
-    since: Annotated[float | None, Query(description="Only findings stored at or after this time, unix seconds.")] = None,
+    since_step: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="Only findings at or after this step.")] = None,
+    since: Annotated[float | None, Query(allow_inf_nan=False, ge=-1e11, le=1e11, description="Only findings stored at or after this time, unix seconds.")] = None,
     min_severity: Annotated[Literal["info", "warning", "critical"] | None, Query(description="Lowest severity.")] = None,
     limit: Annotated[int, Query(ge=1, le=100_000, description="At most this many, oldest first.")] = 1000,
 ) -> list[dict]:

@@ -8,7 +8,8 @@ import asyncio
 import orjson
 from fastapi import APIRouter, Request, Response, status
 
-from healthsvc.deps import RunId, StoreDep
+from healthsvc.deps import RunId, SettingsDep, StoreDep
+from healthsvc.limits import check_rank
 from healthsvc.ingest.accept import accept_metrics
 from healthsvc.schemas import Accepted, CheckpointIn, EventIn, FinishIn, HeartbeatIn, MetricsColumnar, MetricsRows, Ok
 
@@ -48,20 +49,25 @@ async def post_checkpoint(run_id: RunId, body: CheckpointIn, store: StoreDep) ->
 
 @router.post("/heartbeats", status_code=status.HTTP_202_ACCEPTED, response_model=Ok,
              summary="A rank is alive; says which phase it is in")
-async def post_heartbeat(run_id: RunId, body: HeartbeatIn, store: StoreDep) -> dict:
+async def post_heartbeat(run_id: RunId, body: HeartbeatIn, store: StoreDep, settings: SettingsDep) -> dict:
+    check_rank(body.rank, settings.max_ranks, ("body", "rank"))
     await asyncio.wrap_future(store.submit_heartbeat(run_id, body.rank, body.step, body.phase))
     return {"ok": True}
 
 
 @router.post("/events", status_code=status.HTTP_201_CREATED, response_model=Ok,
              summary="Record a restart, world-size change, rollback performed, or a note")
-async def post_event(run_id: RunId, body: EventIn, store: StoreDep) -> dict:
+async def post_event(run_id: RunId, body: EventIn, store: StoreDep, settings: SettingsDep) -> dict:
+    for key in ("old", "new"):
+        if body.kind == "world_size_change":
+            check_rank(body.data.get(key), settings.max_ranks, ("body", "data", key), what="world size")
     await asyncio.wrap_future(store.submit_event(run_id, body.kind, body.step, body.data))
     return {"ok": True}
 
 
 @router.post("/finish", response_model=Ok, summary="The run, or one rank, finished: silence from then on is normal")
-async def post_finish(run_id: RunId, store: StoreDep, body: FinishIn | None = None) -> dict:
+async def post_finish(run_id: RunId, store: StoreDep, settings: SettingsDep, body: FinishIn | None = None) -> dict:
     rank = body.rank if body is not None else None
+    check_rank(rank, settings.max_ranks, ("body", "rank"))
     await asyncio.wrap_future(store.submit_finish(run_id, rank))
     return {"ok": True}

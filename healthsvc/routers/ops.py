@@ -31,6 +31,10 @@ def readyz(request: Request, store: StoreDep) -> Response:
         return JSONResponse({"status": "not ready", "reason": str(exc)}, status_code=503)
     if not ready:
         return JSONResponse({"status": "not ready", "reason": "starting or stopping"}, status_code=503)
+    if store.writes_failing:
+        return JSONResponse({"status": "not ready", "reason": "store writes are failing (disk full or I/O error); "
+                                                              "ready again after the next successful write"},
+                            status_code=503)
     return JSONResponse({"status": "ready"})
 
 

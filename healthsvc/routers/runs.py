@@ -8,7 +8,9 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response, StreamingResponse
 
 from healthsvc import encode, export
-from healthsvc.deps import RunId, StoreDep, SummariesDep
+from healthsvc.deps import RunId, SettingsDep, StoreDep, SummariesDep
+from healthsvc.detector_config import probe_suite
+from healthsvc.limits import INT64_MAX, check_rank
 from healthsvc.errors import InvalidInput, NotFound
 from healthsvc.monitor.suite import build_suite
 from healthsvc.history import iter_history_batches, load_history
@@ -23,8 +25,12 @@ def list_runs(summaries: SummariesDep) -> list[dict]:
 
 
 @router.put("/{run_id}", response_model=RunSummary, summary="Create a run or change its config")
-async def put_run(run_id: RunId, config: RunConfig, store: StoreDep, summaries: SummariesDep) -> dict:
-    build_suite(config.model_dump())  # a bad detector parameter is a 422 now, not a surprise later
+async def put_run(run_id: RunId, config: RunConfig, store: StoreDep, summaries: SummariesDep,
+                  settings: SettingsDep) -> dict:
+    check_rank(config.world_size, settings.max_ranks, ("body", "world_size"), what="world size")
+    # A bad detector parameter is a 422 now, not a monitor failing on every push later: types and
+    # ranges first, then a probe block through each detector (healthsvc.detector_config).
+    probe_suite(build_suite(config.model_dump()))
     await asyncio.wrap_future(store.submit_run_config(run_id, config.model_dump()))
     return summaries.summary(run_id)
 
@@ -41,8 +47,8 @@ def _parse_int_list(text: str | None, name: str) -> set[int] | None:
         out = {int(x) for x in text.split(",") if x.strip() != ""}
     except ValueError:
         raise InvalidInput(f"{name} must be comma-separated integers, e.g. 0,1,7", loc=("query", name)) from None
-    if any(x < 0 for x in out):
-        raise InvalidInput(f"{name} must be >= 0", loc=("query", name))
+    if any(x < 0 or x > INT64_MAX for x in out):
+        raise InvalidInput(f"{name} must be integers from 0 to 2**63-1", loc=("query", name))
     return out
 
 
@@ -54,11 +60,11 @@ def _parse_int_list(text: str | None, name: str) -> set[int] | None:
                              "a missing value as an empty field; Arrow keeps missing as null and NaN as NaN."}})
 def get_metrics(
     run_id: RunId, store: StoreDep,
-    step_min: Annotated[int | None, Query(ge=0, description="First step, inclusive.")] = None,
-    step_max: Annotated[int | None, Query(ge=0, description="Last step, inclusive.")] = None,
+    step_min: Annotated[int | None, Query(ge=0, le=INT64_MAX, description="First step, inclusive.")] = None,
+    step_max: Annotated[int | None, Query(ge=0, le=INT64_MAX, description="Last step, inclusive.")] = None,
     ranks: Annotated[str | None, Query(description="Comma-separated ranks, e.g. 0,3,7. Default: all.")] = None,
     fields: Annotated[str | None, Query(description="Comma-separated metric fields. Default: all.")] = None,
-    attempt: Annotated[int | None, Query(ge=1, description="Only this attempt. Default: the effective history "
+    attempt: Annotated[int | None, Query(ge=1, le=INT64_MAX, description="Only this attempt. Default: the effective history "
                                                          "(newest attempt wins for each step).")] = None,
     format: Annotated[Literal["json", "csv", "arrow"], Query(
         description="json, csv, or arrow (an Apache Arrow IPC stream: nulls are missing, NaN is NaN).")] = "json",
@@ -106,7 +112,7 @@ def list_checkpoints(run_id: RunId, store: StoreDep) -> list[dict]:
 @router.patch("/{run_id}/checkpoints/{checkpoint_id}", response_model=Ok,
               summary="Mark a checkpoint verified, bad or deleted")
 async def patch_checkpoint(run_id: RunId, body: CheckpointStatusIn, store: StoreDep,
-                           checkpoint_id: Annotated[int, Path(description="The checkpoint's id (from GET .../checkpoints).")]) -> dict:
+                           checkpoint_id: Annotated[int, Path(ge=0, le=INT64_MAX, description="The checkpoint's id (from GET .../checkpoints).")]) -> dict:
     changed = await asyncio.wrap_future(store.submit_checkpoint_status(run_id, checkpoint_id, body.status, body.note))
     if not changed:
         raise NotFound(f"run {run_id!r} has no checkpoint {checkpoint_id}", loc=("path", "checkpoint_id"))

@@ -6,6 +6,9 @@ Attempts: steps repeat after a restart or rollback. When a batch brings a step t
 already reported in the current attempt, a new attempt opens at the batch's smallest step; every
 attempt is kept, and the run's effective history is, for each step, the newest attempt that
 covers it.
+
+Memory is proportional to the ranks actually seen, not to the largest rank id: per-rank arrays
+are aligned with ``ids`` (the sorted rank ids seen), so rank 50,000,000 costs one entry, not 50 M.
 """
 from __future__ import annotations
 
@@ -21,9 +24,10 @@ class RunState:
     run_id: str
     attempt: int = 0                  # 0 = nothing received yet
     start_step: int = 0               # first step of the current attempt
-    last_step: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int64))  # by rank
+    ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # rank ids seen, sorted
+    last_step: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int64))  # aligned with ids
     host_names: list[str] = field(default_factory=list)
-    host_code: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int32))  # by rank
+    host_code: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int32))  # aligned with ids
     finished: bool = False            # the whole run finished
     finished_ranks: set[int] = field(default_factory=set)  # ranks that said finish in this attempt
     attempt_progress: dict[int, list[int]] = field(default_factory=dict)  # attempt -> [last step, records]
@@ -35,20 +39,35 @@ class RunState:
         prog[1] += n_records
         self.last_push = now
 
-    def _grow(self, max_rank: int) -> None:
-        if max_rank >= len(self.last_step):
-            size = max(max_rank + 1, 2 * len(self.last_step))
-            self.last_step = np.concatenate([self.last_step, np.full(size - len(self.last_step), -1, np.int64)])
-            self.host_code = np.concatenate([self.host_code, np.full(size - len(self.host_code), -1, np.int32)])
+    def _grow(self, ranks: np.ndarray) -> np.ndarray:
+        """Make room for ``ranks``; returns their positions in ``ids``."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        pos = np.searchsorted(self.ids, ranks)
+        known = pos < len(self.ids)
+        known[known] = self.ids[pos[known]] == ranks[known]
+        if not known.all():
+            merged = np.union1d(self.ids, ranks[~known])
+            where = np.searchsorted(merged, self.ids)
+            last, code = np.full(len(merged), -1, np.int64), np.full(len(merged), -1, np.int32)
+            last[where], code[where] = self.last_step, self.host_code
+            self.ids, self.last_step, self.host_code = merged, last, code
+            pos = np.searchsorted(self.ids, ranks)
+        return pos
+
+    def _positions(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of ``ranks`` in ``ids`` (read only), and which of them are known."""
+        pos = np.searchsorted(self.ids, ranks)
+        known = pos < len(self.ids)
+        known[known] = self.ids[pos[known]] == ranks[known]
+        return pos, known
 
     def needs_new_attempt(self, batch: MetricBatch) -> bool:
         """True for the first batch of a run, and when the batch repeats a step some rank already
         reported in the current attempt (a restart or rollback)."""
         if self.attempt == 0 or len(batch) == 0:
             return self.attempt == 0 and len(batch) > 0
-        ranks = batch.ranks
-        known = ranks < len(self.last_step)
-        return bool(np.any(batch.steps[known] <= self.last_step[ranks[known]]))
+        pos, known = self._positions(batch.ranks)
+        return bool(np.any(batch.steps[known] <= self.last_step[pos[known]]))
 
     def open_attempt(self, start_step: int) -> int:
         self.attempt += 1
@@ -61,8 +80,8 @@ class RunState:
     def advance(self, batch: MetricBatch) -> None:
         if len(batch) == 0:
             return
-        self._grow(int(batch.ranks.max()))
-        np.maximum.at(self.last_step, batch.ranks, batch.steps)
+        pos = self._grow(batch.ranks)  # first: it may replace the arrays
+        np.maximum.at(self.last_step, pos, batch.steps)
 
     def host_updates(self, batch: MetricBatch) -> list[tuple[int, str]]:
         """(rank, host) pairs the batch brings that differ from what the run knows (the last
@@ -78,22 +97,22 @@ class RunState:
         lookup = self._host_lookup()
         batch_codes = np.array([lookup.get(name, -2) for name in batch.host_names], dtype=np.int32)
         known = np.full(len(uniq), -1, dtype=np.int32)
-        inside = uniq < len(self.host_code)
-        known[inside] = self.host_code[uniq[inside]]
+        pos, inside = self._positions(uniq)
+        known[inside] = self.host_code[pos[inside]]
         changed = batch_codes[last] != known
         return [(int(r), batch.host_names[int(i)]) for r, i in zip(uniq[changed], last[changed])]
 
     def set_hosts(self, pairs: list[tuple[int, str]]) -> None:
         if not pairs:
             return
-        self._grow(max(r for r, _ in pairs))
+        positions = self._grow(np.array([r for r, _ in pairs], dtype=np.int64))
         lookup = self._host_lookup()
-        for rank, host in pairs:  # only ranks whose host changed: few after the first batch
+        for (rank, host), at in zip(pairs, positions):  # only ranks whose host changed: few after the first batch
             code = lookup.get(host)
             if code is None:
                 code = lookup[host] = len(self.host_names)
                 self.host_names.append(host)
-            self.host_code[rank] = code
+            self.host_code[at] = code
 
     def _host_lookup(self) -> dict[str, int]:
         # Derived from host_names (not state); rebuilt when names were added elsewhere.
@@ -103,22 +122,23 @@ class RunState:
         return cached
 
     def ranks_seen(self) -> np.ndarray:
-        return np.flatnonzero(self.last_step >= 0)
+        return self.ids[self.last_step >= 0]
 
     def max_step(self) -> int:
         return int(self.last_step.max()) if len(self.last_step) else -1
 
     def host_of(self, rank: int) -> str | None:
-        if 0 <= rank < len(self.host_code) and self.host_code[rank] >= 0:
-            return self.host_names[int(self.host_code[rank])]
+        pos, known = self._positions(np.array([rank], dtype=np.int64))
+        if known[0] and self.host_code[pos[0]] >= 0:
+            return self.host_names[int(self.host_code[pos[0]])]
         return None
 
     # -- snapshot -------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        seen = np.flatnonzero((self.last_step >= 0) | (self.host_code >= 0))
+        seen = (self.last_step >= 0) | (self.host_code >= 0)
         return {"attempt": self.attempt, "start_step": self.start_step, "finished": self.finished,
                 "finished_ranks": sorted(self.finished_ranks),
-                "ranks": seen.tolist(), "last_step": self.last_step[seen].tolist(),
+                "ranks": self.ids[seen].tolist(), "last_step": self.last_step[seen].tolist(),
                 "host_code": self.host_code[seen].tolist(), "host_names": self.host_names}
 
     @classmethod
@@ -128,7 +148,7 @@ class RunState:
                  finished_ranks=set(d.get("finished_ranks", ())))
         ranks = np.asarray(d["ranks"], dtype=np.int64)
         if len(ranks):
-            st._grow(int(ranks.max()))
-            st.last_step[ranks] = d["last_step"]
-            st.host_code[ranks] = d["host_code"]
+            pos = st._grow(ranks)
+            st.last_step[pos] = d["last_step"]
+            st.host_code[pos] = d["host_code"]
         return st

@@ -93,7 +93,7 @@ class SQLiteStore:
             conn.executescript(script)
         self._write_conn = conn
         self._load_run_states(conn)
-        self._writer = GroupCommitWriter(conn, after_commit=self._notify)
+        self._writer = GroupCommitWriter(conn, after_commit=self._notify, after_rollback=self._reload_run_states)
         self._writer.start()
 
     def close(self) -> None:
@@ -146,6 +146,11 @@ class SQLiteStore:
         return self._writer.submit(job)
 
     @property
+    def writes_failing(self) -> bool:
+        """The last group commit failed (disk full, I/O error); the next success clears it."""
+        return bool(self._writer and self._writer.failing)
+
+    @property
     def commits(self) -> int:
         return self._writer.commits if self._writer else 0
 
@@ -160,7 +165,7 @@ class SQLiteStore:
 
     # -- writes ---------------------------------------------------------------------------
     def submit_metrics(self, run_id: str, batch: MetricBatch, digest: str) -> Future:
-        return self.write(lambda conn: self._ingest(conn, run_id, batch, digest))
+        return self._run_job(run_id, lambda conn: self._ingest(conn, run_id, batch, digest))
 
     def _ensure_run(self, conn: sqlite3.Connection, run_id: str, now: float) -> RunState:
         st = self._runs.get(run_id)
@@ -229,6 +234,26 @@ class SQLiteStore:
         for run_id, st in self._runs.items():
             self._write_snapshot(conn, run_id, st)
 
+    def _reload_run_states(self) -> None:
+        """A group commit failed (disk full, I/O error): what the jobs changed in memory was not
+        stored, so rebuild the in-memory run state from what is (runs, attempts, chunks)."""
+        self._runs = {}
+        self._load_run_states(self._write_conn)
+
+    def _run_job(self, run_id: str, fn: Callable[[sqlite3.Connection], Any]) -> Future:
+        """A write that may create the run: if it fails, the run's row is rolled back with it,
+        so the in-memory state must forget a run this job created (no phantom run that takes
+        pushes but answers 404)."""
+        def job(conn: sqlite3.Connection) -> Any:
+            existed = run_id in self._runs
+            try:
+                return fn(conn)
+            except BaseException:
+                if not existed:
+                    self._runs.pop(run_id, None)
+                raise
+        return self.write(job)
+
     def _load_run_states(self, conn: sqlite3.Connection) -> None:
         """Rebuild each run's ingest state: its snapshot, then the chunks written after it."""
         snapshots = {r: (w, s) for r, w, s in conn.execute(
@@ -262,7 +287,7 @@ class SQLiteStore:
             self._ensure_run(conn, run_id, now)
             conn.execute("UPDATE runs SET config=?, updated_at=? WHERE run_id=?", (orjson.dumps(config), now, run_id))
             return RunEvent(run_id, "config", config, now)
-        return self.write(job)
+        return self._run_job(run_id, job)
 
     def submit_checkpoint(self, run_id: str, step: int, uri: str, duration_s: float | None,
                           nbytes: int | None) -> Future:
@@ -281,7 +306,7 @@ class SQLiteStore:
             return RunEvent(run_id, "checkpoint", {"id": ckpt_id, "step": step, "uri": uri,
                                                    "attempt": max(st.attempt, 1), "duration_s": duration_s,
                                                    "bytes": nbytes}, now)
-        return self.write(job)
+        return self._run_job(run_id, job)
 
     def submit_checkpoint_status(self, run_id: str, checkpoint_id: int, status: str, note: str | None) -> Future:
         def job(conn: sqlite3.Connection) -> int:
@@ -298,7 +323,7 @@ class SQLiteStore:
                                (run_id, kind, step, st.attempt, now, orjson.dumps(data)))
             return RunEvent(run_id, "event", {"id": cur.lastrowid, "kind": kind, "step": step,
                                               "attempt": st.attempt, "data": data}, now)
-        return self.write(job)
+        return self._run_job(run_id, job)
 
     def submit_heartbeat(self, run_id: str, rank: int, step: int | None, phase: str | None) -> Future:
         def job(conn: sqlite3.Connection) -> RunEvent:
@@ -306,7 +331,7 @@ class SQLiteStore:
             self._ensure_run(conn, run_id, now)
             conn.execute("INSERT OR REPLACE INTO heartbeats VALUES (?, ?, ?, ?, ?)", (run_id, rank, step, phase, now))
             return RunEvent(run_id, "heartbeat", {"rank": rank, "step": step, "phase": phase}, now)
-        return self.write(job)
+        return self._run_job(run_id, job)
 
     def submit_finish(self, run_id: str, rank: int | None = None) -> Future:
         """The run (``rank=None``) or one rank finished. The run is finished once every rank that
@@ -323,7 +348,7 @@ class SQLiteStore:
                          (now, now, run_id))
             st.finished = True
             return RunEvent(run_id, "finish", {}, now)
-        return self.write(job)
+        return self._run_job(run_id, job)
 
     # -- reads ----------------------------------------------------------------------------
     def run_state(self, run_id: str) -> RunState | None:

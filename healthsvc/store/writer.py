@@ -19,14 +19,25 @@ log = logging.getLogger(__name__)
 Job = Callable[[sqlite3.Connection], Any]
 
 
+def is_io_error(exc: BaseException) -> bool:
+    """A write failed for the disk's sake (full, I/O error, read-only), not for the job's."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    text = str(exc).lower()
+    return any(w in text for w in ("full", "disk", "i/o", "readonly", "read-only"))
+
+
 class WriterStopped(RuntimeError):
     """The store is closed; the write was not performed."""
 
 
 class GroupCommitWriter:
     def __init__(self, conn: sqlite3.Connection, *, max_group: int = 512,
-                 after_commit: Callable[[list[Any]], None] | None = None) -> None:
+                 after_commit: Callable[[list[Any]], None] | None = None,
+                 after_rollback: Callable[[], None] | None = None) -> None:
         self._conn = conn
+        self._after_rollback = after_rollback
+        self.failing = False          # the last group commit failed (readiness reports it)
         self._queue: queue.Queue[tuple[Job, Future] | None] = queue.Queue()
         self._max_group = max_group
         self._after_commit = after_commit
@@ -72,6 +83,7 @@ class GroupCommitWriter:
     def _run_group(self, group: list[tuple[Job, Future]]) -> None:
         conn = self._conn
         outcomes: list[tuple[Future, bool, Any]] = []
+        io_failed = False
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job, fut in group:
@@ -82,6 +94,7 @@ class GroupCommitWriter:
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
                     outcomes.append((fut, False, exc))
+                    io_failed = io_failed or is_io_error(exc)
                 else:
                     conn.execute("RELEASE job")
                     outcomes.append((fut, True, result))
@@ -93,10 +106,17 @@ class GroupCommitWriter:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            self.failing = True
+            if self._after_rollback is not None:
+                try:
+                    self._after_rollback()
+                except Exception:
+                    log.exception("after-rollback hook failed")
             for _, fut in group:
                 if not fut.done():
                     fut.set_exception(exc)
             return
+        self.failing = io_failed
         results = [res for _, ok, res in outcomes if ok]
         for fut, ok, res in outcomes:
             if ok:

@@ -57,7 +57,7 @@ def test_oversized_and_bad_gzip(tmp_path):
     from healthsvc.testing import ServerProcess
     import httpx
     with ServerProcess(tmp_path / "small.db", env={"HEALTHSVC_MAX_BODY_BYTES": "4096"}) as server, \
-            httpx.Client(base_url=server.url) as http:
+            httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
         assert http.post("/v1/runs/z/metrics", json=GOOD).status_code == 202
         big = {"records": [{"step": i, "rank": 0, "loss": 1.0} for i in range(500)]}
         r = http.post("/v1/runs/z/metrics", json=big)

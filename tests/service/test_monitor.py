@@ -73,7 +73,7 @@ def test_detector_state_survives_a_crash_without_repeating_findings(tmp_path):
     run = straggler_run()
     bodies = list(column_pushes(run.block))
     # Reference: one uninterrupted service.
-    with ServerProcess(tmp_path / "ref.db") as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess(tmp_path / "ref.db") as server, httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
         http.put("/v1/runs/s", json={"world_size": 16})
         for body in bodies:
             http.post("/v1/runs/s/metrics", content=body)
@@ -83,7 +83,7 @@ def test_detector_state_survives_a_crash_without_repeating_findings(tmp_path):
     # The same pushes with a SIGKILL in the middle of the straggler episode.
     server = ServerProcess(tmp_path / "crash.db").start()
     try:
-        with httpx.Client(base_url=server.url) as http:
+        with httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
             http.put("/v1/runs/s", json={"world_size": 16})
             half = len(bodies) * 2 // 5
             for body in bodies[:half]:
@@ -120,7 +120,7 @@ def test_new_attempt_restarts_detection(http):
 
 def test_hang_from_silence_and_finish_is_not_a_stall(tmp_path):
     env = {"HEALTHSVC_TICK_INTERVAL_S": "0.2"}
-    with ServerProcess(tmp_path / "hang.db", env=env) as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess(tmp_path / "hang.db", env=env) as server, httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
         http.put("/v1/runs/h", json={"world_size": 4, "hang_timeout_floor_s": 1.0})
         step = 0
         t_end = time.monotonic() + 6.0
@@ -233,7 +233,7 @@ def test_service_downtime_is_not_the_ranks_silence(tmp_path):
     env = {"HEALTHSVC_TICK_INTERVAL_S": "0.2", "HEALTHSVC_SNAPSHOT_EVERY_S": "0.5"}
     server = ServerProcess(tmp_path / "down.db", env=env).start()
     try:
-        with httpx.Client(base_url=server.url) as http:
+        with httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
             http.put("/v1/runs/d", json={"world_size": 2, "hang_timeout_floor_s": 1.0})
 
             def push(step):

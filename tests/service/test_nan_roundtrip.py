@@ -99,7 +99,7 @@ def test_framework_route_behaves_like_the_fast_path(tmp_path):
 
     from healthsvc.testing import ServerProcess
     with ServerProcess(tmp_path / "slow.db", env={"HEALTHSVC_INGEST_FAST_PATH": "0"}) as server, \
-            httpx.Client(base_url=server.url) as http:
+            httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
         r = http.post("/v1/runs/rt/metrics", content=rows_body("strings"))
         assert r.status_code == 202 and r.json() == {"accepted": 5, "duplicate": False, "attempt": 1}
         assert_json_loss(http.get("/v1/runs/rt/metrics").json())

@@ -70,3 +70,16 @@ def test_idempotency_keys_are_forgotten_after_the_dedupe_window(tmp_path):
         assert count == 1                                  # "a" (t=1000) is gone, "b" stays
     finally:
         store.close()
+
+
+def test_memory_follows_the_ranks_seen_not_the_largest_rank_id():
+    st = RunState("r")
+    st.open_attempt(0)
+    b = batch([0, 0], [3, 50_000_000], hosts=["a", "b"])
+    st.advance(b)
+    st.set_hosts(st.host_updates(b))
+    assert len(st.last_step) == 2 and len(st.host_code) == 2       # two ranks, two entries
+    assert st.ranks_seen().tolist() == [3, 50_000_000] and st.host_of(50_000_000) == "b"
+    assert st.host_of(4) is None and st.needs_new_attempt(batch([0], [50_000_000]))
+    back = RunState.from_dict("r", json.loads(json.dumps(st.to_dict())))
+    assert back.ranks_seen().tolist() == [3, 50_000_000] and len(back.last_step) == 2

@@ -1,0 +1,131 @@
+"""The request guard: the outermost ASGI layer, in front of the ingest fast path and FastAPI.
+
+In order, for every HTTP request:
+
+1. ``Host`` must be in the allow-list when one is set (``HEALTHSVC_ALLOWED_HOSTS``), else 400;
+2. a request body must be ``application/json`` (``Content-Encoding: gzip`` allowed), else 415:
+   a web page can POST ``text/plain`` to a service on localhost without any preflight;
+3. the scope the route needs (``healthsvc.auth.scopes``) must be granted by the Bearer token:
+   401 without a (valid) token, 403 with one lacking the scope, each naming the scope;
+4. admin changes are written to the audit log with who, what, when and the answer's status.
+
+Until any token exists (no ``HEALTHSVC_ADMIN_TOKEN``, none created) the service is open: step 3 is
+skipped, except that the first token created must carry ``admin`` (else nobody could administer
+it afterwards). A rejected request's body is read and discarded before the answer, so a client
+that sends the whole body before reading (Python's urllib) gets the answer, not a reset.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+
+from healthsvc.auth.scopes import grants, required_scope
+from healthsvc.auth.tokens import TokenStore
+from healthsvc.body_limit import answer_after_draining
+
+log = logging.getLogger(__name__)
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _error(loc: list, msg: str, type_: str, hint: str | None = None) -> bytes:
+    item = {"loc": loc, "msg": msg, "type": type_}
+    if hint:
+        item["hint"] = hint
+    return orjson.dumps({"detail": [item]})
+
+
+class Guard:
+    def __init__(self, app, tokens: TokenStore, *, allowed_hosts: frozenset[str] = frozenset(),
+                 drain_limit: int = 1 << 30) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.allowed_hosts = allowed_hosts
+        self.drain_limit = drain_limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        method, path = scope["method"], scope["path"]
+        host = content_type = authorization = None
+        has_body = False
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value.decode("latin-1")
+            elif name == b"content-type":
+                content_type = value.decode("latin-1")
+            elif name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"content-length":
+                has_body = has_body or value.strip() not in (b"", b"0")
+            elif name == b"transfer-encoding":
+                has_body = True
+
+        async def reject(status: int, body: bytes, extra: list | None = None) -> None:
+            await answer_after_draining(receive, send, status, body, extra or [], self.drain_limit)
+
+        if self.allowed_hosts:
+            hostname = (host or "").rsplit(":", 1)[0] if not (host or "").startswith("[") else (host or "").split("]")[0] + "]"
+            if hostname.lower() not in self.allowed_hosts:
+                return await reject(400, _error(["header", "host"], f"host {host!r} is not served here", "host_not_allowed",
+                                                "set HEALTHSVC_ALLOWED_HOSTS to the names clients use"))
+        if method in _BODY_METHODS and has_body:
+            media = (content_type or "").split(";", 1)[0].strip().lower()
+            if media != "application/json":
+                return await reject(415, _error(["header", "content-type"],
+                                                f"request bodies must be application/json, got {content_type!r}",
+                                                "unsupported_media_type", "send Content-Type: application/json "
+                                                "(Content-Encoding: gzip is accepted)"))
+        needed, run_id = required_scope(method, path)
+        token = None
+        if needed is not None and self.tokens.enabled:
+            presented = None
+            if authorization and authorization[:7].lower() == "bearer ":
+                presented = authorization[7:].strip()
+            token = self.tokens.authenticate(presented) if presented else None
+            if token is None:
+                why = "a token is required" if not presented else "the token is not valid (unknown or revoked)"
+                return await reject(401, _error(["header", "authorization"],
+                                                f"{why}: {method} {path} needs a token with scope {needed!r}",
+                                                "unauthorized", "send Authorization: Bearer <token> (HEALTHSVC_TOKEN "
+                                                "for the client and CLI)"),
+                                    [(b"www-authenticate", f'Bearer scope="{needed}"'.encode())])
+            if not grants(token.scopes, needed):
+                return await reject(403, _error(["header", "authorization"],
+                                                f"token {token.name!r} lacks scope {needed!r}, which {method} {path} needs "
+                                                f"(it has: {', '.join(sorted(token.scopes))})", "forbidden"))
+            if needed == "ingest" and token.run_prefix and "admin" not in token.scopes \
+                    and not (run_id or "").startswith(token.run_prefix):
+                return await reject(403, _error(["path", "run_id"],
+                                                f"token {token.name!r} may push only to runs starting with "
+                                                f"{token.run_prefix!r}", "forbidden"))
+        scope.setdefault("state", {})["token"] = token
+        if needed != "admin" or method in ("GET", "HEAD"):
+            return await self.app(scope, receive, send)
+        status = 500
+        actor = token.actor if token is not None else "anonymous (open service)"
+        recorded = False
+
+        async def record() -> None:
+            nonlocal recorded
+            recorded = True
+            try:
+                await asyncio.wrap_future(self.tokens.record(actor, method, path, status))
+            except Exception:  # the store is closing or failing; the answer matters more than the log line
+                log.exception("audit record of %s %s by %s failed", method, path, actor)
+
+        async def recording_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                await record()   # in the log before the answer completes: a client reading it next sees it
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            if not recorded:
+                await record()

@@ -1,0 +1,39 @@
+"""The service clock: unix seconds that never step.
+
+Every timeout, retry, interval and window in the service (hang and stall timeouts, the ticker,
+aligner waits, webhook backoff, dedupe windows, silences, group intervals) is measured on this
+clock: the wall time read once at start, advanced by ``time.monotonic()``. A step of the system
+clock while the service runs (NTP correcting a bad clock, an operator's ``date -s``) moves neither
+a timeout nor a retry: +90 s raises no false stall, -1 h does not delay a hang by an hour.
+
+Timestamps it gives are also what the service stores and shows (``created_at``, ``ts``, alert
+times), so they can differ from the wall clock by the steps taken since the start; each start
+re-reads the wall clock. Webhook signatures (checked by receivers against their own clock) use
+the wall clock itself, via :meth:`ServiceClock.wall`.
+
+    >>> ticks = iter([100.0, 101.5])
+    >>> clock = ServiceClock(wall=lambda: 1_700_000_000.0, mono=lambda: next(ticks))
+    >>> clock()   # the wall clock may step from here on; this clock only advances with monotonic
+    1700000001.5
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+
+class ServiceClock:
+    def __init__(self, wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic) -> None:
+        self._wall = wall
+        self._mono = mono
+        self._offset = wall() - mono()
+
+    def __call__(self) -> float:
+        return self._offset + self._mono()
+
+    def wall(self) -> float:
+        """The system's wall clock now (for what other machines compare with theirs)."""
+        return self._wall()
+
+    def __repr__(self) -> str:
+        return f"ServiceClock(now={self():.3f}, wall={self._wall():.3f})"

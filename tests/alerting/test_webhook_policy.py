@@ -1,0 +1,73 @@
+"""Webhooks cannot reach internal addresses unless opened (issue 12, finding 7), and last_error
+shows the status, never the receiver's body."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from healthsvc.alerting.address_policy import AddressPolicy
+from healthsvc.testing import ServerProcess
+from tests.alerting.receiver import Receiver
+
+
+@pytest.mark.parametrize("url", [
+    "http://169.254.169.254/latest/meta-data/", "http://metadata.google.internal/computeMetadata/v1/",
+    "http://127.0.0.1:9000/hook", "http://localhost/hook", "http://[::1]/hook", "http://0.0.0.0/hook",
+    "http://10.1.2.3/hook", "http://192.168.0.1/hook", "http://172.16.0.1/hook", "http://100.64.0.1/hook",
+    "http://[fd00:ec2::254]/", "http://[::ffff:127.0.0.1]/hook",
+])
+def test_internal_addresses_are_refused_by_default(url):
+    assert AddressPolicy().refusal(url) is not None
+
+
+def test_allowed_networks_open_exactly_what_they_name():
+    policy = AddressPolicy.parse("127.0.0.0/8, 10.0.0.0/8")
+    assert policy.refusal("http://127.0.0.1:9000/hook") is None
+    assert policy.refusal("http://10.9.9.9/hook") is None
+    assert policy.refusal("http://192.168.0.1/hook") is not None
+    assert policy.refusal("http://169.254.169.254/") is not None
+    with pytest.raises(ValueError, match="not a CIDR"):
+        AddressPolicy.parse("10.0.0.0/33")
+
+
+def test_dns_is_checked_again_at_delivery():
+    answers = iter([["93.184.216.34"], ["10.0.0.5"]])     # the name moved to a private address
+    policy = AddressPolicy(resolve=lambda host, port: next(answers))
+    assert policy.refusal("http://hooks.example.com/x") is None
+    assert "private" in policy.refusal("http://hooks.example.com/x")
+
+
+def test_the_service_refuses_internal_webhooks_and_hides_receiver_bodies(tmp_path):
+    with ServerProcess(tmp_path / "p.db", env={"HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS": ""}) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as c:
+        for url in ("http://169.254.169.254/latest/meta-data/", "http://127.0.0.1:9/hook", "http://0.0.0.0/x"):
+            resp = c.post("/v1/webhooks", json={"url": url})
+            assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == ["body", "url"], resp.text
+            assert "refused" in resp.json()["detail"][0]["msg"]
+        assert c.get("/v1/webhooks").json()["webhooks"] == []
+
+    with Receiver(script=[("status", 400)] * 5) as rx:
+        env = {"HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
+               "HEALTHSVC_ALERT_WEBHOOKS": json.dumps([{"id": "rx", "url": rx.url, "format": "json"}])}
+        with ServerProcess(tmp_path / "q.db", env=env) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+            assert c.post("/v1/runs/r/metrics", json={"records": [{"step": 0, "rank": 0, "loss": "NaN"}]}).status_code == 202
+            import time
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                failed = c.get("/v1/webhooks/rx/deliveries", params={"state": "failed"}).json()
+                items = failed.get("deliveries", failed) if isinstance(failed, dict) else failed
+                if items:
+                    break
+                time.sleep(0.05)
+            assert items, "the 400 was not recorded"
+            assert items[0]["last_error"] == "HTTP 400 Bad Request"      # not the receiver's "ok" body
+
+
+def test_a_settings_webhook_to_an_internal_address_stops_the_start_loudly(tmp_path):
+    env = {"HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS": "",
+           "HEALTHSVC_ALERT_WEBHOOKS": json.dumps([{"id": "meta", "url": "http://169.254.169.254/x"}])}
+    srv = ServerProcess(tmp_path / "s.db", env=env)
+    with pytest.raises(RuntimeError, match="169.254.169.254, a link-local address"):
+        srv.start()
