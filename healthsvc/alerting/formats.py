@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 from urllib.parse import quote
 
-from healthsvc.alerting.model import Alert
+from healthsvc.alerting.model import Alert, run_url
 from healthsvc.alerting.policy import NotifyReason
 from healthsvc.encode import jsonable
 

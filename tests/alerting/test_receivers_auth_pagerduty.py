@@ -46,8 +46,8 @@ def test_every_kind_sends_headers_and_bearer_and_pagerduty_follows_the_alert(tmp
             am = json.loads(got["alertmanager"].body)
             jsonschema.validate(am, ALERTMANAGER_V4)
             assert am["externalURL"] == srv.url
-            assert am["alerts"][0]["generatorURL"].startswith(srv.url + "/v1/runs/pd-run/findings")
-            assert f"<{srv.url}/v1/runs/pd-run|" in got["slack"].body.decode()
+            assert am["alerts"][0]["generatorURL"].startswith(srv.url + "/runs/pd-run?")
+            assert f"<{srv.url}/runs/pd-run|" in got["slack"].body.decode()
             (posted,) = json.loads(got["alertmanager_api"].body)
             assert posted["generatorURL"].startswith(srv.url + "/")
 
