@@ -74,7 +74,7 @@ def get_metrics(
     rank_set = _parse_int_list(ranks, "ranks")
     known_fields, has_hosts = store.fields(run_id)
     if fields:
-        wanted = [f for f in fields.split(",") if f]
+        wanted = list(dict.fromkeys(f for f in fields.split(",") if f))   # a field named twice is one column
         unknown = [f for f in wanted if f not in known_fields]
         if unknown:
             raise InvalidInput(f"unknown field {unknown[0]!r}; this run has: {', '.join(known_fields) or 'none'}",

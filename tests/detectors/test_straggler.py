@@ -25,9 +25,9 @@ def _run_all(det, block, size=None):
 
 
 @pytest.mark.parametrize("factor, step, severity", [
-    (1.3, 804, "warning"),
-    (1.1, 807, "warning"),
-    (2.0, 804, "critical"),
+    (1.3, 803, "warning"),
+    (1.1, 806, "warning"),
+    (2.0, 803, "critical"),
 ])
 def test_seeded_straggler_fires_at_pinned_step_with_rank_onset_and_magnitude(factor, step, severity):
     run = simulate_run(n_steps=2000, n_ranks=64, seed=11,
@@ -52,7 +52,7 @@ def test_a_rank_slower_than_min_ratio_is_not_reported_but_one_above_is():
     run = simulate_run(n_steps=1500, n_ranks=32, seed=2, faults=[Straggler(step=300, rank=4, factor=1.03)])
     assert StragglerDetector().update(run.block) == []
     out = StragglerDetector(min_ratio=1.03, resolve_ratio=1.01).update(run.block)
-    assert [(f.step, f.ranks, f.onset_step) for f in out] == [(342, (4,), 300)]
+    assert [(f.step, f.ranks, f.onset_step) for f in out] == [(319, (4,), 300)]
     assert out[0].evidence["ratio"] == pytest.approx(1.039, abs=0.003)
 
 
@@ -76,7 +76,7 @@ def test_asynchronous_step_time_is_used():
     own = run.block.values["compute_time"] + 0.05          # each rank's own step: not in lockstep
     block = StepBlock.from_dense(run.block.steps, run.block.ranks, step_time=own)
     out = StragglerDetector().update(block)
-    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(604, (9,), 600, "step_time")]
+    assert [(f.step, f.ranks, f.onset_step, f.metric) for f in out] == [(603, (9,), 600, "step_time")]
 
 
 def test_recovery_resolves_once_and_a_relapse_fires_again():
@@ -85,7 +85,7 @@ def test_recovery_resolves_once_and_a_relapse_fires_again():
     ct[900:1400, 9] /= 1.3                                  # recovered between 900 and 1400
     out = StragglerDetector().update(run.block)
     assert [(f.step, f.ranks, f.status) for f in out] == [
-        (603, (9,), "firing"), (941, (9,), "resolved"), (1404, (9,), "firing")]
+        (604, (9,), "firing"), (941, (9,), "resolved"), (1405, (9,), "firing")]
     assert out[1].metric == out[0].metric == "compute_time"   # same identity: it resolves that one
 
 
@@ -95,7 +95,7 @@ def test_a_rank_that_joins_late_is_warmed_up_then_judged():
     b.values["compute_time"][:, 70] *= 1.4
     b.present["compute_time"][:500, 70:] = False       # ranks 70, 71 report compute from step 500
     out = StragglerDetector().update(b)
-    assert [(f.step, f.ranks, f.onset_step) for f in out] == [(514, (70,), 510)]
+    assert [(f.step, f.ranks, f.onset_step) for f in out] == [(513, (70,), 510)]
 
 
 def test_blocks_with_changing_rank_sets_keep_per_rank_state_by_id():
@@ -106,7 +106,7 @@ def test_blocks_with_changing_rank_sets_keep_per_rank_state_by_id():
         # Every other block arrives without rank 3 at all (not masked: absent from the block).
         keep = np.arange(16) if i % 2 == 0 else np.delete(np.arange(16), 3)
         out += det.update(b.take_ranks(keep))
-    assert [(f.step, f.ranks) for f in out] == [(f.step, f.ranks) for f in full] == [(404, (9,))]
+    assert [(f.step, f.ranks) for f in out] == [(f.step, f.ranks) for f in full] == [(403, (9,))]
 
 
 def test_too_few_ranks_never_fire():
@@ -127,11 +127,11 @@ def test_state_is_json_and_a_fresh_instance_continues_identically():
     run = simulate_run(n_steps=1500, n_ranks=32, seed=8, faults=[Straggler(step=700, rank=30)])
     ref = StragglerDetector().update(run.block)
     det = StragglerDetector()
-    first = det.update(run.block.slice_steps(0, 703))       # mid-way through the CUSUM run (fires at 704)
+    first = det.update(run.block.slice_steps(0, 703))       # mid-way through the CUSUM run (fires at 703)
     fresh = StragglerDetector()
     fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
     rest = fresh.update(run.block.slice_steps(703, 1500))
-    assert first + rest == ref and [(f.step, f.onset_step) for f in ref] == [(704, 700)] and first == []
+    assert first + rest == ref and [(f.step, f.onset_step) for f in ref] == [(703, 700)] and first == []
 
 
 def test_reset_forgets_everything():
@@ -164,16 +164,16 @@ def _summary(out):
 
 
 @pytest.mark.parametrize("factor, dt, page_step, severity", [
-    (1.3, 0.5, 864, "warning"),    # fires at 804 (as without ts); 30 s = 60 steps of 0.5 s later
-    (1.3, 2.0, 819, "warning"),    # the same trace at 2 s per step: 15 steps later
-    (2.0, 0.5, 864, "critical"),
-    (1.1, 0.5, 867, "warning"),    # fires at 807
+    (1.3, 0.5, 863, "warning"),    # fires at 803 (as without ts); 30 s = 60 steps of 0.5 s later
+    (1.3, 2.0, 818, "warning"),    # the same trace at 2 s per step: 15 steps later
+    (2.0, 0.5, 863, "critical"),
+    (1.1, 0.5, 866, "warning"),    # fires at 806
 ])
 def test_with_the_trainer_clock_the_first_finding_is_info_and_the_page_comes_after_min_duration_s(
         factor, dt, page_step, severity):
     run = simulate_run(n_steps=2000, n_ranks=64, seed=11, faults=[Straggler(step=800, rank=17, factor=factor)])
     out = StragglerDetector().update(_with_ts(run.block, dt))
-    fired = 807 if factor == 1.1 else 804
+    fired = 806 if factor == 1.1 else 803
     assert _summary(out) == [(fired, (17,), 800, "info", "firing"), (page_step, (17,), 800, severity, "firing")]
     assert out[0].evidence["lasted_s"] == 0.0 and out[0].evidence["ratio"] == pytest.approx(factor, rel=0.05)
     assert out[1].evidence["lasted_s"] == pytest.approx(30.0) and out[1].evidence["min_duration_s"] == 30.0
@@ -188,7 +188,7 @@ def test_a_straggler_shorter_than_min_duration_s_never_pages():
     run = simulate_run(n_steps=2000, n_ranks=64, seed=11, faults=[Straggler(step=800, rank=17, factor=1.3)])
     run.block.values["compute_time"][850:, 17] /= 1.3
     out = StragglerDetector().update(_with_ts(run.block))
-    assert _summary(out) == [(804, (17,), 800, "info", "firing"), (876, (17,), None, "info", "resolved")]
+    assert _summary(out) == [(803, (17,), 800, "info", "firing"), (876, (17,), None, "info", "resolved")]
     # A longer min_duration_s is a longer wait; a shorter one pages while it is still slow.
     assert [f.severity for f in StragglerDetector(min_duration_s=20.0).update(run.block)] == ["info", "warning", "info"]
 
@@ -198,8 +198,19 @@ def test_the_trainer_clock_survives_a_state_round_trip_between_info_and_page():
     block = _with_ts(run.block)
     ref = StragglerDetector().update(block)
     det = StragglerDetector()
-    first = det.update(block.slice_steps(0, 830))            # after the info (804), before the page (864)
+    first = det.update(block.slice_steps(0, 830))            # after the info (803), before the page (863)
     fresh = StragglerDetector()
     fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
     assert first + fresh.update(block.slice_steps(830, 2000)) == ref
     assert [f.severity for f in first] == ["info"]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): a step whose "
+                   "records lack ts is treated as 'no trainer clock', so when the firing step is one "
+                   "of them the first finding pages at once although the stream carries ts")
+def test_one_step_without_ts_does_not_bypass_the_wait():
+    run = simulate_run(n_steps=2000, n_ranks=64, seed=11, faults=[Straggler(step=800, rank=17, factor=1.3)])
+    block = _with_ts(run.block)
+    fired = StragglerDetector().update(block)[0].step
+    block.present["ts"][block.steps == fired] = False     # the firing step's records carry no ts
+    assert [(f.step, f.severity) for f in StragglerDetector().update(block)][0] == (fired, "info")

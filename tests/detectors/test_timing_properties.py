@@ -153,14 +153,7 @@ def _holed(block: StepBlock, share: float = 0.1, seed: int = 3) -> StepBlock:
                      values={m: np.where(present[m], v, np.nan) for m, v in block.values.items()})
 
 
-@pytest.mark.parametrize("name", [
-    "straggler", "slowdown", "slowdown+ts",
-    pytest.param("straggler+ts", marks=pytest.mark.xfail(
-        strict=True, raises=AssertionError,
-        reason="DETECTOR BUG (reported): the exact onset of an open straggler episode (_Column.onset) is "
-               "not kept in the state; a page in a later block recomputes it as step - count + 1, "
-               "which is later than the real onset when values were missing inside the run")),
-])
+@pytest.mark.parametrize("name", list(TRACES))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_splitting_input_with_missing_values_gives_the_same_findings(name, seed):
     cls, block = TRACES[name]
