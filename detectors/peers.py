@@ -161,7 +161,7 @@ class PeerDeviation:
         ``ok=None``: every cell valid (the usual case, with fewer passes)."""
         t = self.table
         warm_all, sd_all, off32_all, inv32_all, lim32_all = self._period_statistics()
-        if len(pos) == len(t):            # the block holds every known rank, in order
+        if len(pos) == len(t) and bool((pos[1:] > pos[:-1]).all()):   # every known rank, in order
             warm, sd, off32, inv32, lim32 = warm_all, sd_all, off32_all, inv32_all, lim32_all
         else:
             warm, sd, off32, inv32, lim32 = (warm_all[pos], sd_all[pos], off32_all[pos],

@@ -144,6 +144,7 @@ class SpikeDetector(Detector):
         self._episode: dict[str, Any] | None = None   # the job-wide spike in progress
         self._first: float | None = None               # the first job value (initialisation level)
         self._starts: list[int] = []                    # steps of recent job-wide spikes
+        self._follow: dict[str, Any] | None = None      # a leading spike whose consequence we await
         if getattr(self, "_peers", None) is not None and self._peers.shared:
             self._peers.reset()
         else:
@@ -188,6 +189,8 @@ class SpikeDetector(Detector):
         log_rise = math.log1p(self.min_rise)
         follow = _FollowSeries(self, block, ref)
         for i, y in enumerate(job.tolist()):   # scalar recursion: plain floats are fastest
+            if self._follow is not None:
+                out += self._check_follow(block, i, follow, y, trend)
             if y != y:          # NaN: nobody reported a usable value at this step
                 continue
             step = int(block.steps[i])
@@ -203,14 +206,21 @@ class SpikeDetector(Detector):
                 if z > self.z_threshold and y - pred > log_rise:
                     rows.add(i)
                     ranks, standing_out = self._standouts(block, view, i)
+                    self._starts = [s for s in self._starts if s > step - self.recur_window_steps]
                     reason = self._serious_at_entry(step, y, pred)
-                    self._starts = [s for s in self._starts if s > step - self.recur_window_steps] + [step]
+                    if reason is None and ranks and self._ranks_large(block, view, i, ranks):
+                        reason = "large"     # the ranks it names rose that much (a small job's median moves less)
+                    self._starts.append(step)
                     self._episode = {"step": step, "len": 0, "peak_z": z, "peak_rise": y - pred,
                                      "baseline": pred, "ranks": list(ranks),
                                      "serious": reason is not None, "follow_level": follow.level(i)}
                     out.append(self._job_finding(step, ranks, "info" if reason is None else "warning",
                                                  z, y, pred, sd, {"ranks_standing_out": standing_out,
                                                                   "reason": reason or "transient"}))
+                    if reason is None and follow.on:
+                        # Watch the loss for follow_steps, even if this spike is over by then.
+                        self._follow = {"step": step, "level": self._episode["follow_level"],
+                                        "ranks": list(ranks)}
                     trend.learn_scale(y)
                 else:
                     trend.learn(y)
@@ -235,9 +245,8 @@ class SpikeDetector(Detector):
                     reason = "large"
                 elif ep["len"] >= self.confirm_steps:
                     reason = "lasting"
-                elif follow.followed(i, ep):
-                    reason = "loss followed"
                 if reason is not None:
+                    self._follow = None
                     ep["serious"] = True
                     out.append(self._job_finding(step, ranks, "warning", z, y, pred, sd,
                                                  {"reason": reason, "steps_since_spike": ep["len"]},
@@ -249,6 +258,29 @@ class SpikeDetector(Detector):
                                              onset_step=ep["step"]))
         return out, rows
 
+    def _check_follow(self, block: StepBlock, i: int, follow: "_FollowSeries", y: float,
+                      trend: RobustTrend) -> list[Finding]:
+        """A leading spike becomes a warning when the loss follows it within follow_steps."""
+        fw = self._follow
+        step = int(block.steps[i])
+        if step <= fw["step"]:
+            return []
+        if step - fw["step"] > self.follow_steps or fw["level"] is None:
+            self._follow = None
+            return []
+        now = follow.level(i)
+        if now is None or now - fw["level"] < math.log1p(self.follow_rise):
+            return []
+        self._follow = None
+        ep = self._episode
+        if ep is not None and ep["step"] == fw["step"]:
+            ep["serious"] = True
+        pred, sd = trend.predict(), trend.sd()
+        value = y if y == y else pred
+        return [self._job_finding(step, tuple(fw["ranks"]), "warning", (value - pred) / sd, value, pred, sd,
+                                  {"reason": "loss followed", "spike_step": fw["step"],
+                                   "loss_rise": math.exp(now - fw["level"])}, onset_step=fw["step"])]
+
     def _serious_at_entry(self, step: int, y: float, pred: float) -> str | None:
         """Why a fresh spike is a warning at once (None: it is ``info`` until it lasts)."""
         if self.large_ratio is not None and self._large(y, pred):
@@ -256,6 +288,14 @@ class SpikeDetector(Detector):
         if self.recur_count is not None and len(self._starts) + 1 >= self.recur_count:
             return "recurring"
         return None
+
+    def _ranks_large(self, block: StepBlock, view: "_RankView | None", i: int,
+                     ranks: tuple[int, ...]) -> bool:
+        if self.large_ratio is None or view is None:
+            return False
+        cols = np.searchsorted(block.ranks, np.asarray(ranks))
+        rise = view.rise[i, cols]
+        return bool(np.nanmax(rise) >= math.log(self.large_ratio)) if np.isfinite(rise).any() else False
 
     def _large(self, y: float, pred: float) -> bool:
         if y - pred >= math.log(self.large_ratio):
@@ -272,7 +312,9 @@ class SpikeDetector(Detector):
         hot = z > self.rank_z_threshold
         k = int(hot.sum())
         reporting = int(np.isfinite(z).sum())
-        if 0 < k <= self.blame_fraction * reporting:
+        # A few means at most blame_fraction of them, and always one (with 2 ranks, the one that
+        # rose is the story).
+        if 0 < k <= max(1.0, self.blame_fraction * reporting):
             return tuple(sorted(int(r) for r in block.ranks[hot])), k
         return (), k
 
@@ -385,7 +427,7 @@ class SpikeDetector(Detector):
     # -------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         return {"trend": self._trend.state_dict(), "episode": self._episode, "first": self._first,
-                "starts": list(self._starts), "peers": self._peers.state_dict(),
+                "starts": list(self._starts), "follow": self._follow, "peers": self._peers.state_dict(),
                 "ranks": self._ranks.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -393,6 +435,7 @@ class SpikeDetector(Detector):
         self._episode = None if state["episode"] is None else dict(state["episode"])
         self._first = state.get("first")
         self._starts = [int(s) for s in state.get("starts", [])]
+        self._follow = None if state.get("follow") is None else dict(state["follow"])
         self._peers.load_state_dict(state["peers"])
         self._ranks.load_state_dict(state["ranks"])
 
@@ -407,9 +450,13 @@ class _RankView:
         self.centre = v.centre
         self.z, self.rise = v.z, v.rise
         few = v.count < det.min_ranks
-        if few.any():
+        pair = v.count == 2
+        if few.any() or pair.any():
             self.z, self.rise = self.z.copy(), self.rise.copy()
             self.z[few], self.rise[few] = np.nan, np.nan
+            # Of two ranks the centre is their mean: a rank's rise over its one peer is twice its
+            # deviation from the centre (what "2x its peers" means for the size rules).
+            self.rise[pair & ~few] *= 2.0
 
 
 class _FollowSeries:
@@ -426,11 +473,6 @@ class _FollowSeries:
         ok = self.block.present[self.det.follow_metric][i, self.ref] & (x > 0) & np.isfinite(x)
         return float(np.log(np.median(x[ok]))) if ok.any() else None
 
-    def followed(self, i: int, ep: dict[str, Any]) -> bool:
-        if not self.on or ep.get("follow_level") is None or ep["len"] > self.det.follow_steps:
-            return False
-        now = self.level(i)
-        return now is not None and now - ep["follow_level"] >= math.log1p(self.det.follow_rise)
 
 
 def _order(f: Finding) -> tuple:

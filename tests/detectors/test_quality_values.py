@@ -206,9 +206,6 @@ def test_large_loss_spikes_page_at_once_and_transient_small_ones_do_not(quality)
     assert {s for (_, factor, _), s in sev.items() if factor <= 1.5} == {"info"}
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): a one-step gradient "
-                   "spike whose loss follows (the simulator's GradSpike: loss 1.6x three steps later) "
-                   "stays info; 'loss followed' is only checked while the gradient episode is open")
 def test_gradient_spikes_whose_loss_follows_page(quality):
     r = quality["grad_spike"]
     assert r.alarms >= r.faults, [(f.step, f.factor, s) for f, s in r.severities]

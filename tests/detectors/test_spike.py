@@ -94,9 +94,6 @@ def test_grad_spike_leads_the_loss_spike():
     assert [(f.step, f.severity, f.status) for f in loss] == [(1_001, "info", "firing"), (1_006, "info", "resolved")]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): 'loss followed' is only checked while "
-                   "the gradient-norm episode is still open, so a one-step gradient spike (the usual "
-                   "case) resolves the step after and the loss that follows never makes it a warning")
 def test_grad_spike_whose_loss_follows_pages():
     block = trace(GradSpike(step=1_000, factor=8.0, lead_steps=3))
     grad = feed(GradSpikeDetector(), block)
@@ -263,9 +260,6 @@ def test_the_third_gradient_spike_within_50_steps_is_a_warning():
     assert [f.severity for f in spaced] == ["info", "info", "info"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): the recurrence window is checked against "
-                   "the spike starts pruned at the previous spike, not at this one, so three spikes "
-                   "spanning up to ~2x recur_window_steps (here 98 steps) count as 'recurring'")
 def test_three_gradient_spikes_spanning_more_than_50_steps_are_not_recurring():
     found = [f for f in feed(GradSpikeDetector(), _grad_jumps(1_000, 1_049, 1_098)) if f.status == "firing"]
     assert [f.severity for f in found] == ["info", "info", "info"]
@@ -291,9 +285,6 @@ def test_a_gradient_spike_followed_by_a_small_loss_rise_stays_info():
     assert [f.severity for f in found] == ["info", "info"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): 'loss followed' is only checked while "
-                   "the gradient-norm episode is still open; a one-step gradient spike resolves the "
-                   "next step, so the loss rising 15 % two steps later never makes it a warning")
 def test_a_one_step_gradient_spike_followed_by_a_loss_rise_pages():
     found = feed(GradSpikeDetector(), _grad_then_loss(1_000, 1.15))
     warned = [f for f in found if f.severity == "warning"]
@@ -315,10 +306,6 @@ def test_a_garbage_batch_on_one_rank_of_four_names_that_rank(seed):
     assert [(f.step, f.status, f.ranks) for f in found[1:]] == [(1_005, "resolved", (1,))]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): with 2 ranks the median is their mean, "
-                   "so one rank at 4x moves the job median 2x: the job view fires but names nobody "
-                   "(1 standing-out rank > blame_fraction x 2), and the per-rank view is suppressed "
-                   "because the episode began at a job-wide spike row")
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_garbage_batch_on_one_rank_of_two_names_that_rank(seed):
     block = _small(2, seed, [LossSpike(step=1_000, factor=4.0, duration=5, ranks=(1,))])
