@@ -86,3 +86,17 @@ def trainer_time(block: StepBlock) -> np.ndarray:
         if ok.any():
             out[ok] = np.nanmax(ts[ok], axis=1)
     return out
+
+
+def fill_trainer_time(ts: np.ndarray, last: float | None) -> tuple[np.ndarray, float | None]:
+    """``ts`` with steps that carry no ``ts`` given the latest earlier one (``last`` from the
+    previous block), and the new ``last``. A stream that carries the trainer's clock keeps it
+    through a step whose records lack it, so such a step is not mistaken for "no clock"."""
+    out = ts.copy()
+    prev = np.nan if last is None else float(last)
+    for i in range(len(out)):          # blocks are a few steps: a plain loop
+        if out[i] == out[i]:
+            prev = out[i]
+        else:
+            out[i] = prev
+    return out, (None if prev != prev else float(prev))

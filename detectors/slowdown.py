@@ -31,7 +31,7 @@ straggler names the cause.
 Example (every rank's step time 1.25x from step 400)::
 
     >>> import numpy as np
-    >>> from detectors.frame import StepBlock, trainer_time
+    >>> from detectors.frame import StepBlock, fill_trainer_time, trainer_time
     >>> rng = np.random.default_rng(0)
     >>> st = 0.5 * np.exp(rng.normal(0, 0.01, (800, 8))) * np.where(np.arange(800) >= 400, 1.25, 1.0)[:, None]
     >>> out = SlowdownDetector().update(StepBlock.from_dense(np.arange(800), np.arange(8), step_time=st))
@@ -48,7 +48,7 @@ import numpy as np
 
 from detectors.base import Detector
 from detectors.finding import Finding
-from detectors.frame import StepBlock, trainer_time
+from detectors.frame import StepBlock, fill_trainer_time, trainer_time
 
 
 class SlowdownDetector(Detector):
@@ -105,11 +105,12 @@ class SlowdownDetector(Detector):
         self._onset_ts: float | None = None   # trainer time at the onset of the run
         self._level = 0.0                      # EWMA of m - mu (log units)
         self._slow_since: float | None = None  # trainer time since which the level stayed slow
+        self._last_ts: float | None = None     # the latest trainer time seen
         self._pending: dict[str, Any] | None = None   # an info episode waiting to last
         self._ref_cols: np.ndarray | None = None   # cached positions of the reference subset
 
     _FIELDS = ("seen", "window", "mu", "sigma", "cusum", "recent", "run_start", "firing",
-               "since_fire", "onset_ts", "pending", "level", "slow_since")
+               "since_fire", "onset_ts", "pending", "level", "slow_since", "last_ts")
 
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, "_" + name) for name in self._FIELDS}
@@ -152,7 +153,7 @@ class SlowdownDetector(Detector):
         if block.n_steps == 0 or block.n_ranks == 0 or "step_time" not in block.values:
             return []
         logs = self._log_medians(block)
-        ts = trainer_time(block)
+        ts, self._last_ts = fill_trainer_time(trainer_time(block), self._last_ts)
         out: list[Finding] = []
         for step, m, t in zip(block.steps.tolist(), logs.tolist(), ts.tolist()):
             if m != m:  # NaN: nobody reported this step
@@ -202,6 +203,13 @@ class SlowdownDetector(Detector):
                 # Follow slow drift only while in control, with the clipped excess.
                 self._mu += self.baseline_alpha * max(-self.z_clip, z) * self._sigma
         if self._pending is not None:
+            if self._level < math.log(self.resolve_ratio):
+                # Back to normal before it mattered: close it now, so a later slowdown is a new
+                # episode with its own onset (the CUSUM would take long to drain).
+                self._pending, self._cusum, self._run_start, self._onset_ts = None, 0.0, step + 1, None
+                return Finding(kind=self.kind, step=step, severity="info", metric="step_time",
+                               status="resolved", evidence={"reason": "ended before min_duration_s",
+                                                            "min_duration_s": self.min_duration_s})
             return self._promote(step, m, ts)
         if self._firing:
             self._since_fire += 1

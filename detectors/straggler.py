@@ -56,7 +56,7 @@ import numpy as np
 
 from detectors.base import Detector
 from detectors.finding import Finding
-from detectors.frame import StepBlock, trainer_time
+from detectors.frame import StepBlock, fill_trainer_time, trainer_time
 
 SOURCES: tuple[str, ...] = ("compute_time", "comm_time", "step_time")
 
@@ -127,6 +127,7 @@ class StragglerDetector(Detector):
         self._paged = np.zeros(0, dtype=bool)          # the open episode reached warning
         self._onset = np.zeros(0, dtype=np.int64)      # onset step of the open episode (-1: none)
         self._warm = True                              # every known rank is past warm-up
+        self._last_ts: float | None = None             # the latest trainer time seen
         self._ref_cols: np.ndarray | None = None       # cached reference subset positions
         self._last_ids: np.ndarray | None = None       # the ids array of the last full block
 
@@ -134,13 +135,15 @@ class StragglerDetector(Detector):
                "_source", "_below", "_fire_ts", "_paged", "_onset")
 
     def state_dict(self) -> dict[str, Any]:
-        return {name[1:]: getattr(self, name).tolist() for name in self._ARRAYS}
+        return {**{name[1:]: getattr(self, name).tolist() for name in self._ARRAYS},
+                "last_ts": self._last_ts}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reset()
         for name in self._ARRAYS:
             if name[1:] in state:
                 setattr(self, name, np.asarray(state[name[1:]], dtype=getattr(self, name).dtype))
+        self._last_ts = state.get("last_ts")
         n = len(self._ids)
         if len(self._fire_ts) != n:       # a state saved before these fields existed
             self._fire_ts, self._paged = np.full(n, -1.0), self._firing.copy()
@@ -268,7 +271,7 @@ class StragglerDetector(Detector):
         pos = None if same else np.searchsorted(self._ids, ids)
         self._last_ids = ids if same else None
 
-        ts = trainer_time(block)
+        ts, self._last_ts = fill_trainer_time(trainer_time(block), self._last_ts)
         v, ok, src = self._timings(block)
         med, scale, usable = self._reference(v, ok)
         if usable is not None:

@@ -205,9 +205,6 @@ def test_the_trainer_clock_survives_a_state_round_trip_between_info_and_page():
     assert [f.severity for f in first] == ["info"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): a step whose "
-                   "records lack ts is treated as 'no trainer clock', so when the firing step is one "
-                   "of them the first finding pages at once although the stream carries ts")
 def test_one_step_without_ts_does_not_bypass_the_wait():
     run = simulate_run(n_steps=2000, n_ranks=64, seed=11, faults=[Straggler(step=800, rank=17, factor=1.3)])
     block = _with_ts(run.block)
