@@ -149,7 +149,8 @@ class SpikeDetector(Detector):
             self._peers.reset()
         else:
             self._peers = PeerDeviation(warmup_steps=self.rank_warmup_steps, min_scale=self.rank_min_scale)
-        self._ranks = RankTable({"active": False, "run": 0, "covered": False, "warned": False})
+        self._ranks = RankTable({"active": False, "run": 0, "covered": False, "warned": False,
+                                 "peak": 0.0})
 
     # ------------------------------------------------------------------------------- update
     def update(self, block: StepBlock) -> list[Finding]:
@@ -376,10 +377,19 @@ class SpikeDetector(Detector):
         col = np.arange(len(cols))[None, :]
         warned_at_entry = np.where(entered_here, large[entry_row, col], self._ranks["warned"][p][None, :])
         confirm = active & judged & (runs == self.confirm_steps + 1) & ~covered & ~warned_at_entry
-        escalating = active & judged & (runs == self.escalate_steps + 1) & ~covered
+        # Each episode's peak rise so far (restarting at its entry): it escalates only if it has not
+        # come down to half of it, as the job view does.
+        episode = np.cumsum(rising, axis=0)
+        r_act = np.where(active & judged, rise, -np.inf)
+        keyed = np.vstack([np.where(np.isfinite(self._ranks["peak"][p]), self._ranks["peak"][p], -np.inf)[None, :],
+                           r_act]) + 1e6 * np.vstack([np.zeros((1, len(cols))), episode])
+        peak = (np.maximum.accumulate(keyed, axis=0) - 1e6 * np.vstack([np.zeros((1, len(cols))), episode]))[1:]
+        escalating = (active & judged & (runs == self.escalate_steps + 1) & ~covered
+                      & (rise >= np.maximum(math.log1p(self.rank_min_rise), peak / 2)))
         prev_covered = np.vstack([self._ranks["covered"][p][None, :], covered[:-1]])
         falling &= ~prev_covered
         self._ranks["active"][p] = active[-1]
+        self._ranks["peak"][p] = np.where(active[-1], np.maximum(peak[-1], 0.0), 0.0)
         self._ranks["run"][p] = runs[-1]
         self._ranks["covered"][p] = covered[-1]
         last_confirm = np.maximum.accumulate(np.where(confirm, idx, -1), axis=0)

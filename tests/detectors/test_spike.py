@@ -345,9 +345,6 @@ def test_a_rank_is_judged_only_after_rank_warmup_steps_values_of_its_own():
         (1_080, "warning", (5,))]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR BUG (reported): the per-rank view escalates to critical "
-                   "on duration alone (runs == escalate_steps + 1); the 'at least half the peak rise' "
-                   "rule is applied only by the job view")
 def test_a_rank_spike_escalates_only_while_at_least_half_its_peak_rise_remains():
     # 3x for one step, then 1.4x for 39 steps: still above its peers, but well under half the
     # peak rise (log 1.4 < log 3 / 2). The job view's rule (see the job-wide twin below).
