@@ -15,20 +15,13 @@ from healthsvc.testing import ServerProcess
 from tests.alerting.alertmanager_proc import AlertmanagerProcess
 from tests.alerting.amschema import ALERTMANAGER_V4
 from tests.alerting.receiver import Receiver
+from tests.barriers import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 RESEND_S = 1.0   # healthsvc re-sends every second; Alertmanager's resolve_timeout is 2 s
 
 
-def wait_until(fn, timeout_s: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def am_alerts(am: httpx.Client, run: str) -> list[dict]:

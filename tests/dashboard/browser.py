@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tests.barriers import wait_until
+
 CHROMIUM = os.environ.get("HEALTHSVC_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("HEALTHSVC_CHROMEDRIVER", "/usr/bin/chromedriver")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -62,10 +64,4 @@ def console_errors(driver) -> list[dict]:
 
 
 def poll(fn: Callable[[], Any], timeout_s: float = 15.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return wait_until(fn, timeout_s, what)

@@ -11,6 +11,7 @@ import httpx
 
 from healthsvc.testing import ServerProcess
 from tests.alerting.receiver import Receiver
+from tests.barriers import wait_until
 
 
 def _nan_push(step: int, ranks: int = 4) -> dict:
@@ -22,13 +23,7 @@ def _ok_push(step: int, ranks: int = 4) -> dict:
 
 
 def _wait(predicate, timeout_s: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout_s, what, interval_s=0.05)
 
 
 def _findings(c: httpx.Client, run: str) -> list:
