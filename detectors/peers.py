@@ -163,6 +163,7 @@ class PeerDeviation:
         warm_all, sd_all, off32_all, inv32_all, lim32_all = self._period_statistics()
         if len(pos) == len(t) and bool((pos[1:] > pos[:-1]).all()):   # every known rank, in order
             warm, sd, off32, inv32, lim32 = warm_all, sd_all, off32_all, inv32_all, lim32_all
+            pos = slice(None)             # views instead of gathers and scatters below
         else:
             warm, sd, off32, inv32, lim32 = (warm_all[pos], sd_all[pos], off32_all[pos],
                                              inv32_all[pos], lim32_all[pos])
@@ -210,13 +211,14 @@ class PeerDeviation:
                 learn &= ok_l
             ec = np.minimum(np.maximum(e_l, -lim32), lim32)
             ec[~learn] = 0.0
-            # Sums in row order, starting from the carried sums: the same however blocks are cut.
-            t["acc_e"][pos] = np.add.reduce(np.vstack([t["acc_e"][pos][None, :], ec]), axis=0,
-                                            dtype=np.float64)
+            acc_e, acc_abs = t["acc_e"][pos], t["acc_abs"][pos]
+            for row in ec:                # in row order, so any split of the input sums alike
+                acc_e += row
             np.abs(ec, out=ec)
-            t["acc_abs"][pos] = np.add.reduce(np.vstack([t["acc_abs"][pos][None, :], ec]), axis=0,
-                                              dtype=np.float64)
-            t["acc_n"][pos] = t["acc_n"][pos] + np.count_nonzero(learn, axis=0)
+            for row in ec:
+                acc_abs += row
+            t["acc_e"][pos], t["acc_abs"][pos] = acc_e, acc_abs
+            t["acc_n"][pos] += np.count_nonzero(learn, axis=0)
         # Not judged: invalid cells, and ranks still warming up.
         if ok is not None or not all_warm:
             judged = np.broadcast_to(warm[None, :], z.shape) if ok is None else ok & warm[None, :]
