@@ -49,6 +49,8 @@ from detectors.robust import MEAN_ABS_TO_SD, RankTable, cross_section
 
 class PeerView(NamedTuple):
     """One block of one metric seen through :meth:`PeerDeviation.view` (read-only arrays)."""
+    # y, z and rise are work arrays the tracker reuses for the next block: read them during the
+    # block's update, copy what must outlive it.
     y: np.ndarray                 # log values, float32 (NaN where invalid)
     valid: np.ndarray | None      # None: every cell valid
     centre: np.ndarray            # cross-rank median of y per row (reference ranks)
@@ -80,6 +82,7 @@ class PeerDeviation:
         # Several detectors may watch the same metric through one tracker (the suite shares it
         # when their settings agree): the view of the last block is kept for the next reader.
         self._last: tuple[weakref.ref, PeerView] | None = None
+        self._buffers: dict[str, np.ndarray] = {}
 
     def params(self) -> tuple:
         return (self.offset_alpha, self.scale_alpha, self.warmup_steps, self.clip, self.learn_limit,
@@ -90,11 +93,13 @@ class PeerDeviation:
         the same block (another detector sharing the tracker) returns the same view."""
         if self._last is not None and self._last[0]() is block:
             return self._last[1]
-        y, valid = self.log_values(block.values[metric], block.present[metric])
+        x = block.values[metric]
+        y, valid = self.log_values(x, block.present[metric], out=self._buffer("y", x.shape))
         centre, count = self.centre(y, valid, ref)
-        z, rise = self.update(y, valid, block.steps, block.ranks, ref, centre=(centre, count))
+        z, rise = self.update(y, valid, block.steps, block.ranks, ref, centre=(centre, count),
+                              out=(self._buffer("z", x.shape), self._buffer("rise", x.shape)))
         out = PeerView(y, valid, centre, count, z, rise)
-        for a in (y, centre, count, z, rise):
+        for a in (centre, count):
             a.flags.writeable = False
         self._last = (weakref.ref(block), out)
         return out
@@ -111,12 +116,20 @@ class PeerDeviation:
         c, _, count = cross_section(y, valid, ref, 1, with_scale=False)
         return c, count
 
-    @staticmethod
-    def log_values(x: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def _buffer(self, name: str, shape: tuple[int, int]) -> np.ndarray:
+        """A float32 work array reused from block to block: a fresh megabyte per block costs a
+        page fault per 4 KiB, more than the arithmetic done in it."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape != shape:
+            buf = self._buffers[name] = np.empty(shape, dtype=np.float32)
+        return buf
+
+    def log_values(self, x: np.ndarray, present: np.ndarray,
+                   out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """``(log x as float32, valid)``; ``valid`` is None when every cell is reported, finite and
         positive (the usual case, checked with two reductions instead of elementwise masks)."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            y = np.log(x, dtype=np.float32)
+            y = np.log(x, dtype=np.float32, out=out)
         # log x is finite exactly where x is positive and finite (NaN propagates through min/max).
         if y.size and present.all() and y.min() > -np.inf and y.max() < np.inf:
             return y, None
@@ -126,7 +139,8 @@ class PeerDeviation:
 
     def update(self, y: np.ndarray, valid: np.ndarray | None, steps: np.ndarray,
                ranks: np.ndarray | None = None, ref: np.ndarray | None = None,
-               centre: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+               centre: tuple[np.ndarray, np.ndarray] | None = None,
+               out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(z, rise)`` (rows x ranks, float32) for log values ``y`` at ``steps`` (``valid``
         None: every cell valid), learning from them: ``rise`` is the deviation beyond the rank's
         usual offset (log units), ``z`` that in its own sds. NaN where not judged: invalid cells,
@@ -145,8 +159,8 @@ class PeerDeviation:
             ok = (np.ones((n, r), dtype=bool) if valid is None else valid) & row_ok[:, None]
         periods = np.asarray(steps, dtype=np.int64) // self.period_steps
         cuts = np.flatnonzero(periods[1:] != periods[:-1]) + 1
-        z = np.empty((n, r), dtype=np.float32)
-        rise = np.empty((n, r), dtype=np.float32)
+        z, rise = out if out is not None else (np.empty((n, r), dtype=np.float32),
+                                               np.empty((n, r), dtype=np.float32))
         c32 = c.astype(np.float32)
         with np.errstate(invalid="ignore", over="ignore"):
             for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
