@@ -174,13 +174,11 @@ class PeerDeviation:
         """Rows of one period: judge with the period's fixed statistics, accumulate the sums.
         ``ok=None``: every cell valid (the usual case, with fewer passes)."""
         t = self.table
-        warm_all, sd_all, off32_all, inv32_all, lim32_all = self._period_statistics()
+        warm, off32, inv32, lim32 = self._period_statistics()
         if len(pos) == len(t) and bool((pos[1:] > pos[:-1]).all()):   # every known rank, in order
-            warm, sd, off32, inv32, lim32 = warm_all, sd_all, off32_all, inv32_all, lim32_all
             pos = slice(None)             # views instead of gathers and scatters below
         else:
-            warm, sd, off32, inv32, lim32 = (warm_all[pos], sd_all[pos], off32_all[pos],
-                                             inv32_all[pos], lim32_all[pos])
+            warm, off32, inv32, lim32 = warm[pos], off32[pos], inv32[pos], lim32[pos]
         all_warm = bool(warm.all())
         np.subtract(y, c[:, None], out=rise)
         rise -= off32
@@ -240,14 +238,14 @@ class PeerDeviation:
             rise[~judged] = np.nan
 
     def _period_statistics(self) -> tuple[np.ndarray, ...]:
-        """Per known rank, fixed for the period: warm, sd, and the float32 offset, 1/sd and
-        learning clip (computed once per period and rank set, not per block)."""
+        """Per known rank, fixed for the period: warm, and the float32 offset, 1/sd and learning
+        clip (computed once per period and rank set, not per block)."""
         key = (self._period, len(self.table))
         if self._stats_key != key:
             t = self.table
             warm = t["n"] >= self.warmup_steps
             sd = np.maximum(t["mean_abs"] * MEAN_ABS_TO_SD, self.min_scale)
-            self._stats = (warm, sd, t["offset"].astype(np.float32), (1.0 / sd).astype(np.float32),
+            self._stats = (warm, t["offset"].astype(np.float32), (1.0 / sd).astype(np.float32),
                            np.where(warm, self.clip * sd, np.inf).astype(np.float32))
             self._stats_key = key
         return self._stats
@@ -301,10 +299,6 @@ class PeerDeviation:
         t["n"] = (cnt + kf).astype(t["n"].dtype)
         t["acc_e"], t["acc_abs"] = np.zeros_like(t["acc_e"]), np.zeros_like(t["acc_abs"])
         t["acc_n"] = np.zeros_like(t["acc_n"])
-
-    def offsets(self, ranks: np.ndarray) -> np.ndarray:
-        """Each rank's learned offset (log units) from its peers."""
-        return self.table["offset"][self.table.positions(ranks)].astype(np.float64)
 
     def state_dict(self) -> dict[str, Any]:
         return {"period": self._period, **self.table.state_dict()}

@@ -48,7 +48,7 @@ from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.peers import PeerDeviation
 from detectors.robust import (RankTable, cross_section, excess_score, hysteresis, last_step_where,
-                              log_positive, ReferenceRanks, ewma_rows, run_length)
+                              ReferenceRanks, ewma_rows, run_length)
 
 _NEVER = -(2 ** 62)   # "no quiet step seen yet"
 
