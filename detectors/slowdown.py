@@ -102,7 +102,6 @@ class SlowdownDetector(Detector):
         self._run_start = 0
         self._firing = False
         self._since_fire = 0
-        self._onset_ts: float | None = None   # trainer time at the onset of the run
         self._level = 0.0                      # EWMA of m - mu (log units)
         self._slow_since: float | None = None  # trainer time since which the level stayed slow
         self._last_ts: float | None = None     # the latest trainer time seen
@@ -110,7 +109,7 @@ class SlowdownDetector(Detector):
         self._ref_cols: np.ndarray | None = None   # cached positions of the reference subset
 
     _FIELDS = ("seen", "window", "mu", "sigma", "cusum", "recent", "run_start", "firing",
-               "since_fire", "onset_ts", "pending", "level", "slow_since", "last_ts")
+               "since_fire", "pending", "level", "slow_since", "last_ts")
 
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, "_" + name) for name in self._FIELDS}
@@ -181,10 +180,7 @@ class SlowdownDetector(Detector):
             del self._recent[0]
         excess = m - self._mu
         z = min(excess / self._sigma, self.z_clip)
-        was_zero = self._cusum == 0.0
         self._cusum = max(self._cusum + z - self.cusum_k, 0.0)
-        if was_zero and self._cusum > 0.0:
-            self._onset_ts = ts
         self._level += 0.1 * (excess - self._level)
         if self._level >= math.log(self.min_ratio):
             if self._slow_since is None:
@@ -193,7 +189,6 @@ class SlowdownDetector(Detector):
             self._slow_since = None
         if self._cusum == 0.0:
             self._run_start = step + 1
-            self._onset_ts = None
             if self._pending is not None:     # the shift ended before it mattered
                 self._pending = None
                 return Finding(kind=self.kind, step=step, severity="info", metric="step_time",
@@ -206,7 +201,7 @@ class SlowdownDetector(Detector):
             if self._level < math.log(self.resolve_ratio):
                 # Back to normal before it mattered: close it now, so a later slowdown is a new
                 # episode with its own onset (the CUSUM would take long to drain).
-                self._pending, self._cusum, self._run_start, self._onset_ts = None, 0.0, step + 1, None
+                self._pending, self._cusum, self._run_start = None, 0.0, step + 1
                 return Finding(kind=self.kind, step=step, severity="info", metric="step_time",
                                status="resolved", evidence={"reason": "ended before min_duration_s",
                                                             "min_duration_s": self.min_duration_s})
