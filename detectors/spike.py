@@ -345,8 +345,11 @@ class SpikeDetector(Detector):
     def _judge_ranks(self, block: StepBlock, view: "_RankView", spike_rows: set[int]) -> list[Finding]:
         pos = self._ranks.positions(block.ranks)
         carry_active = self._ranks["active"][pos]
-        # One pass over all cells (NaN, not judged, compares False); the exact work only on the
-        # few columns that pass it or are in an episode already.
+        # Usually no cell passes the threshold (the rows' maxima say so) and no rank is in an
+        # episode: nothing to do. Otherwise one pass over the cells (NaN, not judged, compares
+        # False), and the exact work only on the few columns that pass it or are in an episode.
+        if not (view.z_row_max > self.rank_z_threshold).any() and not carry_active.any():
+            return []
         hot = (view.z > self.rank_z_threshold).any(axis=0) | carry_active
         if not hot.any():
             return []
@@ -458,7 +461,7 @@ class _RankView:
     def __init__(self, det: SpikeDetector, block: StepBlock, ref: np.ndarray) -> None:
         v = det._peers.view(block, det.rank_metric, ref)
         self.centre = v.centre
-        self.z, self.rise = v.z, v.rise
+        self.z, self.rise, self.z_row_max = v.z, v.rise, v.z_row_max
         few = v.count < det.min_ranks
         pair = v.count == 2
         if few.any() or pair.any():
