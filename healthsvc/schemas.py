@@ -87,7 +87,7 @@ class RunConfig(BaseModel):
                                       description="Renamed: set detectors.hang.timeout_floor_s (seconds, the smallest "
                                                   "silence that counts as a hang). A value here is refused.")
     detectors: dict[str, dict[str, Any]] = Field(default_factory=dict,
-                                                 description="Per-detector parameters, by finding kind, e.g. {\"straggler\": {\"threshold\": 1.2}}.")
+                                                 description="Per-detector parameters, by finding kind, e.g. {\"straggler\": {\"min_ratio\": 1.1}, \"hang\": {\"timeout_floor_s\": 120}}.")
     tags: dict[str, str] = Field(default_factory=dict, description="Free-form labels (team, model, cluster).")
 
     @field_validator("hang_timeout_floor_s")
