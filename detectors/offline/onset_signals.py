@@ -19,17 +19,17 @@ from detectors.offline.onset_model import RANK_METRICS, OnsetParams, SignalEstim
 
 
 def history_signals(steps, loss, grad_norm, per_rank, anchor, params,
-                     located: bool = False) -> dict[str, SignalEstimate]:
+                    located: bool = False) -> dict[str, SignalEstimate]:
     """The change point signals of the history: loss trend, gradient norm, rank disagreement."""
     out: dict[str, SignalEstimate] = {}
     if loss is not None:
         est = series_signal("loss_trend", steps, np.asarray(loss, float), anchor, params, lag=1,
-                             located=located)
+                            located=located)
         if est is not None:
             out["loss_trend"] = est
     if grad_norm is not None:
         est = series_signal("grad_norm", steps, np.asarray(grad_norm, float), anchor, params,
-                             lag=0, located=located)
+                            lag=0, located=located)
         if est is not None:
             out["grad_norm"] = est
     if per_rank is not None:
@@ -98,7 +98,7 @@ def non_finite_signal(steps, loss, grad_norm, per_rank, known_step) -> SignalEst
 
 
 def series_signal(name: str, steps: np.ndarray, values: np.ndarray, anchor: int | None,
-                   params: OnsetParams, lag: int, located: bool = False) -> SignalEstimate | None:
+                  params: OnsetParams, lag: int, located: bool = False) -> SignalEstimate | None:
     """A change point in one aggregate series, converted to update steps (``lag`` = 1 for loss)."""
     ok = np.isfinite(values)
     if not ok.any():
@@ -121,7 +121,7 @@ def series_signal(name: str, steps: np.ndarray, values: np.ndarray, anchor: int 
 
 
 def rank_signal(block: StepBlock, anchor: int | None, params: OnsetParams,
-                 located: bool = False) -> SignalEstimate | None:
+                located: bool = False) -> SignalEstimate | None:
     """One rank's log deviation from the cross-rank median: a change point in that series."""
     for name in RANK_METRICS:
         if not block.has(name) or block.n_ranks < 3:
