@@ -44,7 +44,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from detectors.frame import StepBlock
-from detectors.robust import MEAN_ABS_TO_SD, RankTable, cross_section
+from detectors.stats.cross_section import cross_section
+from detectors.stats.rank_table import RankTable
+from detectors.stats.trend import MEAN_ABS_TO_SD
 
 
 class PeerView(NamedTuple):

@@ -31,7 +31,7 @@ the warning level). Missing cells leave a rank's state untouched; new ranks star
 Score: distribution metrics ``(|mean z| - z_warning) / (z_critical - z_warning)``; global metrics
 the weighted share of disagreeing steps; both clipped to [0, 1].
 
->>> from detectors.simulate import simulate_run, CorruptRank
+>>> from simulation import simulate_run, CorruptRank
 >>> run = simulate_run(n_steps=1_000, n_ranks=32, seed=2, faults=[CorruptRank(step=600, rank=9)])
 >>> [(f.metric, f.step, f.ranks, f.severity, f.onset_step) for f in RankOutlierDetector().update(run.block)]
 [('local_grad_norm', 613, (9,), 'warning', 608), ('local_grad_norm', 643, (9,), 'critical', 608)]
@@ -43,17 +43,19 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.peers import PeerDeviation
-from detectors.robust import (RankTable, cross_section, excess_score, hysteresis, last_step_where,
-                              ReferenceRanks, ewma_rows, run_length)
+from detectors.stats.cross_section import ReferenceRanks, cross_section
+from detectors.stats.machines import ewma_rows, hysteresis, last_step_where, run_length
+from detectors.stats.rank_table import RankTable
+from detectors.stats.scales import excess_score
 
 _NEVER = -(2 ** 62)   # "no quiet step seen yet"
 
 
-class RankOutlierDetector(Detector):
+class RankOutlierDetector(Detector, BlockDetector):
     """One rank's values disagree with its peers' for many steps (see the module doc).
 
     Parameters

@@ -3,7 +3,7 @@
 Two views of one metric, both in log space (a spike is a *ratio* above normal):
 
 1. **The job**: the per-step median across ranks (``metric``: the loss, or the global
-   ``grad_norm``) against a :class:`~detectors.robust.RobustTrend` baseline (level + trend, so it
+   ``grad_norm``) against a :class:`~detectors.stats.trend.RobustTrend` baseline (level + trend, so it
    follows a decreasing training curve; robust scale; warm-up). A step is a spike when its
    residual exceeds ``z_threshold`` robust standard deviations *and* the value is at least
    ``min_rise`` above the baseline (``0.1`` = 10 %). The level learns only values judged normal;
@@ -35,7 +35,7 @@ norm jump on its own stays ``info``: early in training a 3-4x jump for one step 
 
 Score: ``(z - z_threshold) / z_threshold`` clipped to [0, 1]: 0 at the threshold, 1 at twice it.
 
->>> from detectors.simulate import simulate_run, LossSpike
+>>> from simulation import simulate_run, LossSpike
 >>> run = simulate_run(n_steps=1_500, n_ranks=32, seed=3, faults=[LossSpike(step=1200, factor=1.5)])
 >>> [(f.kind, f.step, f.severity, f.status) for f in LossSpikeDetector().update(run.block)]
 [('loss_spike', 1200, 'info', 'firing'), ('loss_spike', 1201, 'info', 'resolved')]
@@ -50,14 +50,17 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.peers import PeerDeviation
-from detectors.robust import (RankTable, RobustTrend, cross_section, excess_score, hysteresis,
-                              log_positive, ReferenceRanks, run_length)
+from detectors.stats.cross_section import ReferenceRanks, cross_section
+from detectors.stats.machines import hysteresis, run_length
+from detectors.stats.rank_table import RankTable
+from detectors.stats.scales import excess_score, log_positive
+from detectors.stats.trend import RobustTrend
 
-class SpikeDetector(Detector):
+class SpikeDetector(Detector, BlockDetector):
     """Sudden jumps of ``metric`` (job-wide) and ``rank_metric`` (per rank); see the module doc.
 
     Parameters (log-space quantities are natural-log units; 0.01 ~ 1 %)

@@ -43,7 +43,7 @@ escalate later); ``score = (ratio_hat - min_ratio) / (critical_ratio - min_ratio
 
 Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
 
-    >>> from detectors.simulate import simulate_run, Straggler
+    >>> from simulation import simulate_run, Straggler
     >>> run = simulate_run(n_steps=600, n_ranks=16, seed=1, faults=[Straggler(step=300, rank=5)])
     >>> [(f.step, f.ranks, f.onset_step, f.evidence["ratio"]) for f in StragglerDetector().update(run.block)]
     [(303, (5,), 300, 1.3006)]
@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock, fill_trainer_time, trainer_time
 
@@ -68,7 +68,7 @@ SOURCES: tuple[str, ...] = ("compute_time", "comm_time", "step_time")
 _RECURSION_DTYPE = np.float32
 
 
-class StragglerDetector(Detector):
+class StragglerDetector(Detector, BlockDetector):
     """One rank persistently slower than its peers (kind ``straggler``); blames that rank."""
 
     kind = "straggler"
