@@ -205,7 +205,8 @@ class StragglerDetector(Detector, BlockDetector):
         if st is not None and todo.any():
             st_ok = pres["step_time"] & (st > 0) & np.isfinite(st)
             if "comm_time" in vals:
-                comp = st - vals["comm_time"]
+                with np.errstate(invalid="ignore"):   # whatever sits in absent cells
+                    comp = st - vals["comm_time"]
                 comp_ok = st_ok & pres["comm_time"] & (comp > 0) & np.isfinite(comp)
                 rows = todo & (comp_ok.sum(axis=1) >= self.min_ranks)
                 v[rows], ok[rows], src[rows], todo = comp[rows], comp_ok[rows], 1, todo & ~rows
