@@ -6,7 +6,7 @@ import os
 import httpx
 import pytest
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 
 # The tests' webhook receivers listen on loopback, which the service refuses by default (a webhook
 # must not reach the service's own host or network); servers started by tests inherit this.

@@ -93,6 +93,20 @@ class _Service:
             left -= dt
             self.drain(tick=True)
 
+    def crash_image(self, path: str | Path) -> Path:
+        """A copy of the database as a SIGKILL right now would leave it: every committed write,
+        none of what a clean shutdown adds (final detector snapshots). Start another service on
+        it to restart "after a crash" on the same fake clock."""
+        import sqlite3
+        src = sqlite3.connect(self.app.state.store.path)
+        dst = sqlite3.connect(str(path))
+        try:
+            src.backup(dst)   # a consistent read of what is committed, WAL included
+        finally:
+            src.close()
+            dst.close()
+        return Path(path)
+
     @property
     def monitor(self):
         return self.app.state.monitor

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from healthsvc.testing import free_port
+from tests.server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

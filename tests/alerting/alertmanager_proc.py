@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from healthsvc.testing import free_port
+from tests.server_process import free_port
 
 BINARY = "prometheus-alertmanager"
 

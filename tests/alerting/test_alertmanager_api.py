@@ -11,7 +11,7 @@ import httpx
 import jsonschema
 import pytest
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 from tests.alerting.alertmanager_proc import AlertmanagerProcess
 from tests.alerting.amschema import ALERTMANAGER_V4
 from tests.alerting.receiver import Receiver

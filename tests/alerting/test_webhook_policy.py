@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from healthsvc.alerting.address_policy import AddressPolicy
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 from tests.alerting.receiver import Receiver
 
 

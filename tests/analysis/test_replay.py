@@ -10,7 +10,7 @@ import pytest
 
 from clients.read import Reader
 from healthsvc.replay import RecordedRun, export_run, replay
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 
 RUN = "rec-small"
 

@@ -11,7 +11,7 @@ import urllib.request
 import httpx
 import pytest
 
-from healthsvc.testing import ServerProcess, free_port
+from tests.server_process import ServerProcess, free_port
 
 ADMIN = "bootstrap-secret-for-tests"
 PUSH = {"records": [{"step": 0, "rank": 0, "loss": 1.0}]}

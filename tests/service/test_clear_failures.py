@@ -13,7 +13,7 @@ import urllib.request
 import httpx
 import pytest
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 from tests.alerting.receiver import Receiver
 
 

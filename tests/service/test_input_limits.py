@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 
 BIG = 2**63
 

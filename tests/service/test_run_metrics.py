@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW_S = 3.0
