@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from healthsvc.app import create_asgi
+from healthsvc.clock import ServiceClock
 from healthsvc.drain import drain
 from healthsvc.settings import Settings
 from tests.barriers import wait_until
@@ -69,12 +70,17 @@ class FakeClock:
 
 class _Service:
     def __init__(self, tmp_path: str | Path, *, db: str | Path | None = None, clock: FakeClock | None = None,
-                 **settings: Any) -> None:
-        self.clock = clock or FakeClock()
+                 real_time: bool = False, **settings: Any) -> None:
+        """``real_time``: the service's own clock and tickers, for a test that drives it with
+        real processes (the example trainer): :meth:`drain` works, :meth:`advance` does not."""
+        if real_time and clock is not None:
+            raise ValueError("real_time runs on the service's own clock; pass no clock")
+        self.real_time = real_time
+        self.clock = ServiceClock() if real_time else clock or FakeClock()
         db = db or Path(tmp_path) / "healthsvc.db"
         self.tick_s = Settings().tick_interval_s   # the default the service ticks at (1 s)
-        self.settings = Settings(**{"db": str(db), "tick_interval_s": NO_REAL_TIME_TICKS_S,
-                                    "alert_tick_s": NO_REAL_TIME_TICKS_S, **settings})
+        ticks = {} if real_time else {"tick_interval_s": NO_REAL_TIME_TICKS_S, "alert_tick_s": NO_REAL_TIME_TICKS_S}
+        self.settings = Settings(**{"db": str(db), **ticks, **settings})
         self.asgi = create_asgi(self.settings, clock=self.clock)
         self.app = _fastapi_app(self.asgi)
 
@@ -85,6 +91,8 @@ class _Service:
 
     def advance(self, seconds: float, step_s: float | None = None) -> None:
         """Let ``seconds`` pass, ticking every ``step_s`` (the service's tick interval) on the way."""
+        if self.real_time:
+            raise TypeError("advance() needs the fake clock; this service runs in real time")
         step_s = step_s or self.tick_s
         left = seconds
         while left > 1e-9:
@@ -137,6 +145,18 @@ class InProcessService(_Service):
         self._client.__exit__(*exc)
 
 
+class ServiceClient(httpx.Client):
+    """An HTTP client of a :class:`ServedService` that can also drain it (for helpers that are
+    handed only the client)."""
+
+    def __init__(self, service: "_Service", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.service = service
+
+    def drain(self, **kwargs: Any) -> None:
+        self.service.drain(**kwargs)
+
+
 class ServedService(_Service):
     """The app under real uvicorn on 127.0.0.1 (a free port), in a thread of this process."""
 
@@ -153,7 +173,7 @@ class ServedService(_Service):
             raise RuntimeError("uvicorn did not start (see the log above)")
         port = self._server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        self.http = httpx.Client(base_url=self.url, timeout=30, headers=JSON)
+        self.http = ServiceClient(self, base_url=self.url, timeout=30, headers=JSON)
         return self
 
     def __exit__(self, *exc: Any) -> None:

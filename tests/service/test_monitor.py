@@ -167,6 +167,26 @@ def test_hang_from_silence_and_finish_is_not_a_stall(svc):
     assert findings(http, "h", kind="stall") == []
 
 
+def test_a_rank_that_left_is_not_hung_however_long_it_stays_away(svc):
+    # Default detectors (60 s hang floor): 4 ranks step every second; rank 3 dies after step 29 and
+    # the job goes on with 3 ranks (a world_size_change event) for three times the hang timeout.
+    # The same silence without the event is a hang (test_hang_from_silence_and_finish_is_not_a_stall).
+    http = svc.http
+    http.put("/v1/runs/leave", json={"world_size": 4})
+    for step in range(30):
+        push_step(http, "leave", step, range(4))
+        svc.advance(1.0)
+    svc.advance(5.0)   # the elastic restart
+    assert http.post("/v1/runs/leave/events", json={"kind": "world_size_change", "step": 30,
+                                                    "data": {"old": 4, "new": 3}}).status_code == 201
+    for step in range(30, 30 + 180):
+        push_step(http, "leave", step, range(3))
+        svc.advance(1.0)
+    found = findings(http, "leave")
+    assert not [f for f in found if f["kind"] == "hang" and 3 in f["ranks"]], found
+    assert not [f for f in found if f["kind"] in ("hang", "stall") and f["status"] == "firing"], found
+
+
 def test_a_rank_stuck_outside_the_collective_is_named_within_20_s_of_the_last_metrics(svc):
     # Default settings (1 s ticks) and detector defaults: 4 ranks step every 0.1 s with 1 Hz
     # heartbeats; then rank 1 stops in step 41 outside the collective while ranks 0, 2 and 3 wait
