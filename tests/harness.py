@@ -17,6 +17,10 @@ waits, alert group intervals, resolve timeouts, webhook retries falling due) aft
 drains. :meth:`drain` is :func:`healthsvc.drain.drain`: it returns once every writer job, finding,
 alert, notification and webhook attempt caused so far is stored.
 
+``real_time=True`` keeps the service's own clock and tickers instead, for tests whose other side
+is a real process in real time (the example trainer, a real Alertmanager): :meth:`drain` works
+the same, :meth:`advance` jumps the clock ahead and ticks once.
+
 Settings are the service's defaults (environment included) plus what a test passes; the
 detectors are never tuned here.
 """
@@ -32,6 +36,7 @@ import httpx
 from healthsvc.app import create_asgi
 from healthsvc.clock import ServiceClock
 from healthsvc.drain import drain
+from healthsvc.local_server import free_port
 from healthsvc.settings import Settings
 from tests.barriers import wait_until
 
@@ -68,15 +73,32 @@ class FakeClock:
         return f"FakeClock(now={self():.3f})"
 
 
+class RealClock(ServiceClock):
+    """The service's own clock (real time), which a test may also move forward at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._jumped = 0.0
+
+    def __call__(self) -> float:
+        return super().__call__() + self._jumped
+
+    def advance(self, seconds: float) -> float:
+        if seconds < 0:
+            raise ValueError("a clock the service trusts never goes back")
+        self._jumped += seconds
+        return self()
+
+
 class _Service:
     def __init__(self, tmp_path: str | Path, *, db: str | Path | None = None, clock: FakeClock | None = None,
                  real_time: bool = False, **settings: Any) -> None:
         """``real_time``: the service's own clock and tickers, for a test that drives it with
-        real processes (the example trainer): :meth:`drain` works, :meth:`advance` does not."""
+        real processes (the example trainer, a real Alertmanager); :meth:`advance` then jumps."""
         if real_time and clock is not None:
             raise ValueError("real_time runs on the service's own clock; pass no clock")
         self.real_time = real_time
-        self.clock = ServiceClock() if real_time else clock or FakeClock()
+        self.clock = RealClock() if real_time else clock or FakeClock()
         db = db or Path(tmp_path) / "healthsvc.db"
         self.tick_s = Settings().tick_interval_s   # the default the service ticks at (1 s)
         ticks = {} if real_time else {"tick_interval_s": NO_REAL_TIME_TICKS_S, "alert_tick_s": NO_REAL_TIME_TICKS_S}
@@ -90,9 +112,12 @@ class _Service:
         drain(self.app, tick=tick, timeout_s=timeout_s)
 
     def advance(self, seconds: float, step_s: float | None = None) -> None:
-        """Let ``seconds`` pass, ticking every ``step_s`` (the service's tick interval) on the way."""
-        if self.real_time:
-            raise TypeError("advance() needs the fake clock; this service runs in real time")
+        """Let ``seconds`` pass, ticking every ``step_s`` (the service's tick interval) on the way
+        (on a real-time service: jump its clock ahead, then tick once)."""
+        if self.real_time:   # real time goes on meanwhile; the jump is seen at one tick
+            self.clock.advance(seconds)
+            self.drain(tick=True)
+            return
         step_s = step_s or self.tick_s
         left = seconds
         while left > 1e-9:
@@ -160,10 +185,14 @@ class ServiceClient(httpx.Client):
 class ServedService(_Service):
     """The app under real uvicorn on 127.0.0.1 (a free port), in a thread of this process."""
 
+    def __init__(self, tmp_path: str | Path, **kwargs: Any) -> None:
+        # The port is the service's setting too: links in alerts carry it.
+        super().__init__(tmp_path, **{"host": "127.0.0.1", "port": free_port(), **kwargs})
+
     def __enter__(self) -> "ServedService":
         import uvicorn
-        config = uvicorn.Config(self.asgi, host="127.0.0.1", port=0, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=5)
+        config = uvicorn.Config(self.asgi, host=self.settings.host, port=self.settings.port, log_level="warning",
+                                access_log=False, timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="uvicorn", daemon=True)
         self._thread.start()
@@ -171,8 +200,7 @@ class ServedService(_Service):
                    what="uvicorn to start", interval_s=0.01)
         if not self._server.started:
             raise RuntimeError("uvicorn did not start (see the log above)")
-        port = self._server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://127.0.0.1:{self.settings.port}"
         self.http = ServiceClient(self, base_url=self.url, timeout=30, headers=JSON)
         return self
 
