@@ -86,9 +86,11 @@ class Receiver:
     def wait_for(self, n_delivered: int, timeout_s: float = 10.0) -> list[Received]:
         """A barrier for a sender the test cannot drain (a worker on the real clock, another
         process): at least ``n_delivered`` deliveries."""
+        def enough() -> list[Received] | None:
+            got = self.delivered()
+            return got if len(got) >= n_delivered else None
         try:
-            return wait_until(lambda: (got := self.delivered()) if len(got) >= n_delivered else None,
-                              timeout_s=timeout_s, interval_s=0.01, what=f"{n_delivered} deliveries")
+            return wait_until(enough, timeout_s=timeout_s, interval_s=0.01, what=f"{n_delivered} deliveries")
         except AssertionError:
             raise AssertionError(f"receiver got {len(self.delivered())} deliveries, wanted {n_delivered}: "
                                  f"{self.requests}") from None
