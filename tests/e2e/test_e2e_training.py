@@ -3,7 +3,7 @@ fault at a time, and the service must name the right finding kind, step and rank
 
 Each test configures its run the way a user of a small job would (PUT /v1/runs/{run} before the
 training: 4 ranks, default detector settings), runs the trainer as a subprocess, drains the
-service (``tests/e2e/conftest.py``: everything the training caused is processed) and reads the
+service (``shared_http.drain()``: everything the training caused is processed) and reads the
 findings API. Runs share one server per module (distinct run ids).
 """
 from __future__ import annotations
