@@ -12,8 +12,10 @@ With ``tick=True`` the time-driven checks (hang and stall timeouts, aligner wait
 intervals and resolve timeouts) also run once at the clock's time now: a test that drives the
 service with a fake clock advances it, then drains with ``tick=True``, instead of sleeping.
 
-This is the only place that knows the pipeline's stages and their order; tests
-(``tests/harness.py``) and tools call this function, never the stages' own barriers.
+This is the only place that knows the pipeline's stages and their order: whoever waits for the
+whole service (``tests/harness.py``, tools) calls this function, not the stages' own barriers
+(``drain()`` of the monitor, the rollups, alerting and the delivery worker), which only a test of
+that one stage uses. When the pipeline changes shape, this function changes with it.
 """
 from __future__ import annotations
 
