@@ -12,6 +12,7 @@ import pytest
 from detectors.finding import Finding
 from healthsvc.alerting.policy import DEFAULT_TIMINGS
 from healthsvc.alerting.signing import generate_secret, verify
+from healthsvc.drain import DrainTimeout
 from tests.alerting.amschema import ALERTMANAGER_V4
 from tests.alerting.receiver import Receiver, free_port
 from tests.harness import InProcessService
@@ -143,3 +144,14 @@ def test_delivery_resumes_after_a_service_restart(tmp_path):
         c = svc2.http
         assert c.get("/v1/webhooks/am/deliveries").json()["counts"]["delivered"] == 1
         assert len(c.get("/v1/alerts").json()["alerts"]) == 1   # the alert survived the restart too
+
+
+def test_drain_waits_for_a_delivery_in_flight_and_names_the_stage_behind(tmp_path):
+    with Receiver(script=[("sleep", 1.0)]) as rx, service(tmp_path, rx.url) as svc:
+        ctx = svc.app.state.ctx
+        ctx.store.submit_run_config("r5", {}).result()
+        ctx.findings.record("r5", 1, [nan()], HOSTS).result()
+        with pytest.raises(DrainTimeout, match="webhook delivery worker"):
+            svc.drain(timeout_s=0.5)    # the receiver takes a second to answer
+        svc.drain()
+        assert len(rx.delivered()) == 1
