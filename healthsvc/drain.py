@@ -20,6 +20,7 @@ that one stage uses. When the pipeline changes shape, this function changes with
 from __future__ import annotations
 
 import time
+from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
 
@@ -47,7 +48,10 @@ def drain(app: Any, *, tick: bool = False, timeout_s: float = 30.0) -> None:
         # Two empty jobs: the second runs in a later group than the first, so the after-commit
         # listeners of every group before it (which queue work for the next stages) have run.
         for _ in range(2):
-            store.write(lambda conn: None).result(left())
+            try:
+                store.write(lambda conn: None).result(left())
+            except FuturesTimeout:
+                check(False, "store's writer")
 
     writer()
     for hub, name in ((monitor, "monitor"), (dashboard, "dashboard rollups")):
