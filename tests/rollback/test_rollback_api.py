@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from detectors.simulate import GradSpike, LossSpike, NonFinite, simulate_run
+from simulation import GradSpike, LossSpike, NonFinite, simulate_run
 from healthsvc.cli import main as cli_main
 from healthsvc.settings import Settings
 

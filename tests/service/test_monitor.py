@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from detectors.simulate import NonFinite, Straggler, simulate_run
+from simulation import NonFinite, Straggler, simulate_run
 from healthsvc.monitor.aligner import StepAligner
 from healthsvc.ingest.batch import MetricBatch
 from healthsvc.settings import Settings
