@@ -154,16 +154,26 @@ class AlertingService:
                     items.append(self._queue.get_nowait())
             except queue.Empty:
                 pass
+            drains = [item for item in items if item[0] == "drain"]
             try:
                 for item in items:
-                    if item[0] != "stop":
+                    if item[0] not in ("stop", "drain"):
                         self._handle(item)
                 now = self.clock()
-                if now - last_tick >= tick_s:
+                if now - last_tick >= tick_s or any(tick for _, _, tick in drains):
                     self.manager.tick(now)
                     last_tick = now
             except Exception:  # one bad batch must not end alerting for the process
                 log.exception("alerting loop failed on %d items", len(items))
+            for _, done, _ in drains:
+                done.set()
+
+    def drain(self, timeout_s: float = 10.0, *, tick: bool = False) -> bool:
+        """Wait until everything queued so far has been processed (and, with ``tick``, the
+        manager ticked at the clock's time now); False if that took longer than ``timeout_s``."""
+        done = threading.Event()
+        self._queue.put(("drain", done, tick))
+        return done.wait(timeout_s)
 
     def _handle(self, item: tuple) -> None:
         assert self.manager is not None

@@ -65,11 +65,16 @@ class MonitorHub:
         for run_id in list(self.monitors):
             self._snapshot(run_id, force=True)
 
-    def drain(self, timeout_s: float = 10.0) -> None:
-        """Wait until everything queued so far has been processed (for tests and shutdown)."""
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until everything queued so far has been processed (for tests and shutdown);
+        False if that took longer than ``timeout_s``."""
         done = threading.Event()
         self._queue.put(done)
-        done.wait(timeout_s)
+        return done.wait(timeout_s)
+
+    def tick(self) -> None:
+        """Queue the absence checks (hang, stall, aligner timeouts) at the clock's time now."""
+        self._queue.put(("tick", self.clock()))
 
     # -- input ----------------------------------------------------------------------------
     def _after_commit(self, results: list[Any]) -> None:
@@ -82,7 +87,7 @@ class MonitorHub:
 
     def _tick_loop(self) -> None:
         while not self._stopping.wait(self.tick_interval_s):
-            self._queue.put(("tick", self.clock()))
+            self.tick()
 
     def _loop(self) -> None:
         while True:
