@@ -29,6 +29,8 @@ REGISTRY: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     "slowdown": ("detectors.slowdown", "SlowdownDetector", "aligned", {}),
     "rank_outlier": ("detectors.rank_outlier", "RankOutlierDetector", "aligned", {}),
     "divergence": ("detectors.divergence", "DivergenceDetector", "aligned", {}),
+    "replica_mismatch": ("detectors.replica", "ReplicaMismatchDetector", "aligned", {}),
+    "resume_mismatch": ("detectors.resume", "ResumeMismatchDetector", "aligned", {}),
     "hang": ("detectors.hang", "HangDetector", "absence", {}),
 }
 
