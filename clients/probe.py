@@ -23,16 +23,18 @@ from clients.transport import Request
 _last_seen: dict[int, int] = {}   # id(run) -> newest probe id this process has taken
 
 
-def next_probe(run: Any, timeout_s: float | None = None) -> dict[str, Any] | None:
-    """The oldest probe of the run that this process has not answered yet, or None (none waiting,
-    offline, disabled, or the service unreachable). Runs on the calling thread (one short GET)."""
+def next_probe(run: Any, upto_step: int | None = None, timeout_s: float | None = None) -> dict[str, Any] | None:
+    """The oldest probe of the run that this process has not taken yet (with ``upto_step``: of a
+    step the trainer has reached), or None (none waiting, offline, disabled, or the service
+    unreachable). Runs on the calling thread (one short GET)."""
     transport = getattr(run, "_transport", None)
     if transport is None:
         return None
     after = _last_seen.get(id(run), 0)
     try:
         resp = transport.request(
-            Request("GET", f"{run._base_path}/probes/next?after={after}", b"",
+            Request("GET", f"{run._base_path}/probes/next?after={after}"
+                    + ("" if upto_step is None else f"&upto_step={int(upto_step)}"), b"",
                     {"Accept": "application/json"}),
             run.timeout_s if timeout_s is None else timeout_s)
         if resp.status != 200:

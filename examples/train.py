@@ -239,10 +239,13 @@ class Faults:
     def flip_bits(self, step: int, params: list[torch.Tensor], opt: torch.optim.Optimizer) -> None:
         # A flipped bit in this replica's memory after the update: no error, no NaN, and the
         # replicas are no longer identical (the all-reduce keeps their gradients equal, not them).
+        # The output head's weights: every forward pass uses them (a flipped embedding row would
+        # matter only to batches that hold its character).
+        head = params[-1]
         if self.hits("weight_bitflip", step):
-            _flip(params[0].data, 7, self.cfg.flip_bit)
+            _flip(head.data, 7, self.cfg.flip_bit)
         if self.hits("optim_bitflip", step):
-            _flip(opt.state[params[0]]["exp_avg_sq"], 7, self.cfg.flip_bit)
+            _flip(opt.state[head]["exp_avg_sq"], 7, self.cfg.flip_bit)
 
 
 def _flip(t: torch.Tensor, index: int, bit: int) -> None:
@@ -342,7 +345,11 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
         # fault restarts them: the subtle corruptions of a resume that raise no error).
         if not faults.active("resume_sampler_reset"):
             data_cursor = state.get("data_cursor", start_step * cfg.batch_size)
-        if not faults.active("resume_scheduler_reset") and "scheduler" in state:
+        if faults.active("resume_scheduler_reset"):
+            # The common slip: the scheduler made again after the optimizer was restored, not
+            # restored itself: it starts the schedule again from its first step.
+            sched = lr_schedule(cfg, opt)
+        elif "scheduler" in state:
             sched.load_state_dict(state["scheduler"])
         if rank == 0:
             if cfg.resume_from_rollback:
@@ -377,7 +384,7 @@ def answer_probes(run: clients.Run, rank: int, model: nn.Module, params: list[to
     gradient norm on the same fixed batch with their own weights and hardware, and report it.
     Equal: the data or the code; different: the suspect's hardware (or its state). Rank 0 asks
     and tells the others (a collective: every rank takes part at the same step)."""
-    probe = [next_probe(run) if rank == 0 else None]
+    probe = [next_probe(run, upto_step=step) if rank == 0 else None]
     dist.broadcast_object_list(probe, src=0)
     p = probe[0]
     if p is None or rank not in (p["suspect_rank"], p["healthy_rank"]):

@@ -2,7 +2,8 @@
 
 - ``POST /v1/runs/{run_id}/probes``                      ask for a probe of a suspect rank
 - ``GET  /v1/runs/{run_id}/probes``                      every probe of the run, oldest first
-- ``GET  /v1/runs/{run_id}/probes/next?after=N``         the oldest pending probe after id N (204: none)
+- ``GET  /v1/runs/{run_id}/probes/next?after=N&upto_step=S``  the oldest pending probe after id N
+  whose step the trainer has reached (204: none)
 - ``GET  /v1/runs/{run_id}/probes/{probe_id}``           one probe and its verdict
 - ``POST /v1/runs/{run_id}/probes/{probe_id}/reports``   one rank's recomputed gradient norm
 """
@@ -48,9 +49,12 @@ def get_probes(run_id: RunId, request: Request) -> list[dict]:
             responses={204: {"description": "No pending probe after `after`."}},
             summary="The next probe for the trainer to run (polled)")
 def get_next_probe(run_id: RunId, request: Request, after: Annotated[int, Query(
-        ge=0, le=INT64_MAX, description="The newest probe id the trainer has taken already (0: none).")] = 0):
+        ge=0, le=INT64_MAX, description="The newest probe id the trainer has taken already (0: none).")] = 0,
+        upto_step: Annotated[int | None, Query(ge=0, le=INT64_MAX, description=(
+            "The trainer's current step: only probes of steps it has reached (their batch exists "
+            "and the state to probe is the one after it). Default: any step."))] = None):
     _require_run(_ctx(request), run_id)
-    probe = service.next_probe(_ctx(request), run_id, after)
+    probe = service.next_probe(_ctx(request), run_id, after, upto_step)
     return Response(status_code=204) if probe is None else probe
 
 

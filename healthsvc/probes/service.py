@@ -14,6 +14,7 @@ import orjson
 
 from detectors.replay import judge_replay
 from healthsvc.errors import Conflict, InvalidInput, NotFound
+from healthsvc.limits import INT64_MAX
 
 PROBES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS probes (
@@ -119,11 +120,12 @@ def list_probes(ctx, run_id: str) -> list[dict[str, Any]]:
     return [_row_to_probe(ctx, r) for r in rows]
 
 
-def next_probe(ctx, run_id: str, after: int) -> dict[str, Any] | None:
-    """The oldest pending probe with an id above ``after`` (what the trainer has not taken yet)."""
+def next_probe(ctx, run_id: str, after: int, upto_step: int | None = None) -> dict[str, Any] | None:
+    """The oldest pending probe with an id above ``after`` (what the trainer has not taken yet)
+    and, with ``upto_step``, a step the trainer has reached."""
     row = ctx.store.read_conn().execute(
-        f"SELECT {_COLUMNS} FROM probes WHERE run_id=? AND id>? AND verdict IS NULL ORDER BY id LIMIT 1",
-        (run_id, after)).fetchone()
+        f"SELECT {_COLUMNS} FROM probes WHERE run_id=? AND id>? AND verdict IS NULL AND step<=?"
+        " ORDER BY id LIMIT 1", (run_id, after, INT64_MAX if upto_step is None else upto_step)).fetchone()
     return None if row is None else _row_to_probe(ctx, row)
 
 

@@ -41,7 +41,8 @@ def test_a_probe_is_polled_reported_by_both_ranks_and_blames_the_suspects_host(s
 def test_the_same_norm_on_both_ranks_points_at_the_data(http):
     push(http, "pr-data")
     pid = http.post("/v1/runs/pr-data/probes", json={"suspect_rank": 1, "healthy_rank": 2, "step": 1}).json()["id"]
-    assert http.get("/v1/runs/pr-data/probes/next", params={"after": 0}).json()["id"] == pid
+    assert http.get("/v1/runs/pr-data/probes/next", params={"upto_step": 0}).status_code == 204  # not reached
+    assert http.get("/v1/runs/pr-data/probes/next", params={"after": 0, "upto_step": 1}).json()["id"] == pid
     assert http.post(f"/v1/runs/pr-data/probes/{pid}/reports", json={"rank": 1, "grad_norm": 0.75}).json()["status"] == "pending"
     done = http.post(f"/v1/runs/pr-data/probes/{pid}/reports", json={"rank": 2, "grad_norm": 0.75}).json()
     assert done["verdict"] == "data_or_code" and "data of that step or the code" in done["explanation"]
