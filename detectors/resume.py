@@ -83,12 +83,7 @@ class ResumeMismatchDetector(Detector):
         medians = {}
         with np.errstate(all="ignore"):
             for m in metrics:
-                v = np.where(block.present[m], block.values[m], np.nan)
-                ok = np.isfinite(v).any(axis=1)
-                med = np.full(block.n_steps, np.nan)
-                if ok.any():
-                    med[ok] = np.nanmedian(v[ok], axis=1)
-                medians[m] = med
+                medians[m] = _row_medians(block.values[m], block.present[m])
         for i, step in enumerate(block.steps.tolist()):
             if self._armed:
                 self._armed, self._resume_at = False, step
@@ -140,6 +135,24 @@ class ResumeMismatchDetector(Detector):
         self._resume_at = state.get("resume_at")
         self._armed = bool(state.get("armed", False))
         self._fired = set(state.get("fired", ()))
+
+
+def _row_medians(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Per step, the median over ranks of the reported finite values (NaN where none). The usual
+    case, every rank reporting the same value, costs a min and a max instead of a median."""
+    if present.all() and np.isfinite(values).all():
+        lo, hi = values.min(axis=1), values.max(axis=1)
+        out = lo.copy()
+        odd = lo != hi
+        if odd.any():
+            out[odd] = np.median(values[odd], axis=1)
+        return out
+    v = np.where(present & np.isfinite(values), values, np.nan)
+    ok = ~np.isnan(v).all(axis=1)
+    out = np.full(len(values), np.nan)
+    if ok.any():
+        out[ok] = np.nanmedian(v[ok], axis=1)
+    return out
 
 
 _WHAT = {"data_cursor": "the data position (the sampler did not continue where the checkpoint "
