@@ -141,3 +141,11 @@ def test_a_resume_mismatch_points_at_the_restore():
     from detectors.rollback import Restart
     d = decide_rollback(None, found, [Checkpoint(49, "a"), Checkpoint(99, "b")], restarts=[Restart(100, 99)])
     assert d.checkpoint.step == 99 and d.evidence["resumed_from"] == 99
+
+
+def test_reordering_the_ranks_changes_nothing():
+    block = digests(100, 10, {5: 33})
+    order = np.random.default_rng(3).permutation(len(RANKS))
+    plain = [(f.step, f.ranks) for f in ReplicaMismatchDetector().update(block)]
+    shuffled = [(f.step, f.ranks) for f in ReplicaMismatchDetector().update(block.take_ranks(order))]
+    assert plain == shuffled == [(39, (5,))]
