@@ -80,6 +80,12 @@ def test_the_digest_reaches_the_server_and_reads_back_in_every_format(server, ht
     csv = pacsv.read_csv(io.BytesIO(http.get("/v1/runs/fp-wire/metrics?format=csv").content),
                          convert_options=pacsv.ConvertOptions(column_types={"param_digest": "string"}))
     assert csv.column("param_digest").to_pylist()[0] == digest
+    # The analysts' reader gives strings back, in both of its formats.
+    from clients.read import Reader
+    for fmt in ("arrow", "csv"):
+        df = Reader(server.url).metrics("fp-wire", format=fmt)
+        assert df["param_digest"].tolist()[0] == digest and df["param_digest"].isna().tolist() == [False, True]
+        assert df["data_cursor"].isna().tolist() == [True, False]
     # The contract is documented: the field and its meaning are in the OpenAPI schema.
     schema = http.get("/openapi.json").json()["components"]["schemas"]["MetricRecord"]["properties"]
     assert "after the update" in schema["param_digest"]["description"]
