@@ -4,7 +4,9 @@ Adds ``POST /v1/runs/{run_id}/probes`` (ask for a probe of a suspect rank), ``GE
 /v1/runs/{run_id}/probes/next`` (what the trainer polls), ``POST
 /v1/runs/{run_id}/probes/{probe_id}/reports`` (each rank's recomputed gradient norm), ``GET
 /v1/runs/{run_id}/probes[/{probe_id}]``, and a ``probes`` table. The trainer's side is
-``clients.probe``; the verdict is :func:`detectors.replay.judge_replay`'s.
+``clients.probe``; the verdict is :func:`detectors.replay.judge_replay`'s. The service asks for
+a probe itself when a warning or critical ``replica_mismatch``, ``rank_outlier`` or per-rank spike
+names a rank that has none pending.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ if TYPE_CHECKING:
 
 def install(app: FastAPI, ctx) -> None:
     from healthsvc.probes.router import router
-    from healthsvc.probes.service import PROBES_SCHEMA
+    from healthsvc.probes.service import PROBES_SCHEMA, auto_probe_listener
 
     ctx.store.register_schema(PROBES_SCHEMA)
     app.include_router(router)
+    ctx.findings.subscribe(auto_probe_listener(ctx))

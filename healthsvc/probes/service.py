@@ -81,6 +81,43 @@ def request_probe(ctx, run_id: str, suspect: int | None, healthy: int | None, st
     return get_probe(ctx, run_id, store.write(job).result())
 
 
+# Findings that make a rank a suspect worth a replay probe: asked for by the service itself.
+AUTO_PROBE_KINDS = frozenset({"replica_mismatch", "rank_outlier", "loss_spike", "grad_spike"})
+
+
+def auto_probe_listener(ctx):
+    """A findings listener (writer thread, after commit) that asks for a probe of the first rank a
+    new warning or critical finding of ``AUTO_PROBE_KINDS`` blames, unless that rank already has
+    one pending. It only queues a write: it never waits on the writer it runs on."""
+
+    def on_findings(stored: list) -> None:
+        for sf in stored:
+            f = sf.finding
+            if (f.kind not in AUTO_PROBE_KINDS or f.status != "firing" or not f.ranks
+                    or f.severity not in ("warning", "critical")):
+                continue
+            st = ctx.store.run_state(sf.run_id)
+            seen = [] if st is None else [int(r) for r in st.ranks_seen()]
+            healthy = next((r for r in seen if r not in f.ranks), None)
+            if healthy is not None:
+                ctx.store.write(_auto_job(sf.run_id, int(f.ranks[0]), healthy, int(f.step), sf.id,
+                                          f"asked for by the service: {f.kind} (finding {sf.id})",
+                                          ctx.clock()))
+    return on_findings
+
+
+def _auto_job(run_id: str, suspect: int, healthy: int, step: int, finding_id: int, reason: str,
+              now: float):
+    def job(conn: sqlite3.Connection) -> None:
+        pending = conn.execute("SELECT 1 FROM probes WHERE run_id=? AND suspect_rank=? AND verdict IS NULL",
+                               (run_id, suspect)).fetchone()
+        if pending is None:
+            conn.execute(
+                "INSERT INTO probes (run_id, suspect_rank, healthy_rank, step, finding_id, reason, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)", (run_id, suspect, healthy, step, finding_id, reason, now))
+    return job
+
+
 def _row_to_probe(ctx, row: tuple) -> dict[str, Any]:
     pid, run_id, suspect, healthy, step, finding_id, reason, created_at, reports, verdict = row
     got = {int(k): v for k, v in orjson.loads(reports).items()}

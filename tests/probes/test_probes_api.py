@@ -82,3 +82,16 @@ def test_bad_reports_name_the_field(http):
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "grad_norm"]
     assert http.post("/v1/runs/pr-badrep/probes/77/reports", json={"rank": 1, "grad_norm": 1.0}).status_code == 404
     assert http.get("/v1/runs/nope/probes/next").status_code == 404
+
+
+def test_the_service_asks_for_a_probe_when_a_replica_disagrees(http):
+    run = "pr-auto"
+    assert http.put(f"/v1/runs/{run}", json={"world_size": 4}).status_code == 200
+    records = [{"step": s, "rank": r, "loss": 1.0, "host": f"node-{r}",
+                "param_digest": "bad" if (r == 3 and s == 9) else f"d{s}"} for s in range(10) for r in range(4)]
+    assert http.post(f"/v1/runs/{run}/metrics", json={"records": records}).status_code == 202
+    finding = wait_until(lambda: http.get(f"/v1/runs/{run}/findings", params={"kind": "replica_mismatch"}).json())[0]
+    assert (finding["step"], finding["ranks"], finding["hosts"]) == (9, [3], ["node-3"])
+    probe = wait_until(lambda: http.get(f"/v1/runs/{run}/probes").json())[0]
+    assert (probe["suspect_rank"], probe["healthy_rank"], probe["step"], probe["finding_id"]) == (3, 0, 9, finding["id"])
+    assert probe["host"] == "node-3" and "replica_mismatch" in probe["reason"]
