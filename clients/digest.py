@@ -36,10 +36,10 @@ from typing import Any, Iterable
 CHUNK_ELEMENTS = 1 << 18
 SMALL_ELEMENTS = 1 << 16      # tensors below this size are reduced together
 # Default of ``fingerprint_every`` in the callbacks and the example trainer: a fingerprint every
-# this many steps. Chosen from bench/fingerprint.py (README, "Replica fingerprints"): on the CPU a
-# fingerprint of the parameters costs about 10 % of a step of the example model and 10-16 % of a
-# step of a 100 M-parameter model (memory-bound: one pass over the weights against a step's
-# three), so one every 20 steps stays under 1 % of the training time.
+# this many steps. Chosen from bench/fingerprint.py (README, "Exact checks"): on the CPU a
+# fingerprint of the parameters costs about 11 % of a step of the example model and 10 % of a
+# step of a 100 M-parameter model (memory-bound: one pass over the weights), so one every 20
+# steps costs about 0.5 % of the training time (with the optimizer state: 1.1-1.5 %).
 FINGERPRINT_EVERY = 20
 _WEIGHT_PERIOD = 61          # weights 1, 3, 5, ... repeating: the period is prime, so a pattern in
 _weights_cache: dict = {}    # the data rarely lines up with it (device -> weights)

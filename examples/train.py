@@ -448,7 +448,7 @@ def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Mo
         else:
             run.log(record, step=step)
         # The replica's fingerprint after this step's update: the state a checkpoint here holds
-        # (about 10 % of a step of this tiny model, so every 20 steps by default; bench/fingerprint.py).
+        # (about 11 % of a step of this tiny model, so every 20 steps by default; bench/fingerprint.py).
         if due(step, cfg.fingerprint_every) and not cfg.aggregate:
             run.fingerprint(model, step, optimizer=opt if cfg.fingerprint_optimizer else None)
         if cfg.probe_every and (step + 1) % cfg.probe_every == 0:
