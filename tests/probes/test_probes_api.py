@@ -9,12 +9,18 @@ from clients.probe import next_probe, report_probe
 from tests.barriers import wait_until
 
 
+@pytest.fixture
+def http(shared_http):
+    """One server for the module: every test uses its own run ids."""
+    return shared_http
+
+
 def push(http, run: str, hosts=("node-a", "node-b", "node-c")) -> None:
     records = [{"step": s, "rank": r, "loss": 1.0, "host": hosts[r]} for s in range(3) for r in range(3)]
     assert http.post(f"/v1/runs/{run}/metrics", json={"records": records}).status_code == 202
 
 
-def test_a_probe_is_polled_reported_by_both_ranks_and_blames_the_suspects_host(server, http):
+def test_a_probe_is_polled_reported_by_both_ranks_and_blames_the_suspects_host(shared_server, http):
     push(http, "pr-hw")
     asked = http.post("/v1/runs/pr-hw/probes", json={"suspect_rank": 2, "reason": "replica_mismatch"})
     assert asked.status_code == 201, asked.text
@@ -23,7 +29,7 @@ def test_a_probe_is_polled_reported_by_both_ranks_and_blames_the_suspects_host(s
     assert probe["host"] == "node-c" and probe["verdict"] is None
 
     # The trainer's side: rank 0 polls, the two ranks report.
-    run = clients.Run(server.url, "pr-hw", rank=0, heartbeat_interval_s=0, flush_interval_s=0.05)
+    run = clients.Run(shared_server.url, "pr-hw", rank=0, heartbeat_interval_s=0, flush_interval_s=0.05)
     taken = next_probe(run)
     assert taken["id"] == probe["id"]
     assert next_probe(run) is None                       # taken already: not handed out twice
