@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 
 
-class ReplicaMismatchDetector(Detector):
+class ReplicaMismatchDetector(Detector, BlockDetector):
     """Names the ranks whose parameter digest disagrees with their replica group's majority.
 
     Parameters

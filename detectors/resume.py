@@ -17,6 +17,11 @@ One ``critical`` finding (score 1) per metric and resume, at the first step that
 with ``expected`` and ``got``. The caller signals the new attempt with :meth:`new_attempt` (the
 other detectors are reset; this one keeps what the abandoned attempt reported).
 
+A restart the caller cannot see as a new attempt (the abandoned attempt stopped right after the
+checkpoint, so no step repeats) still shows in the data position: ``data_cursor`` going back
+between two consecutive reported steps of one attempt is a sampler that started again
+(``reference = "previous_step"``, expected: the previous step's value plus its usual increment).
+
 >>> import numpy as np
 >>> from detectors.frame import StepBlock
 >>> det = ResumeMismatchDetector()
@@ -33,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 
 
-class ResumeMismatchDetector(Detector):
+class ResumeMismatchDetector(Detector, BlockDetector):
     """Checks that the first steps after a resume continue the data position and learning rate.
 
     Parameters
@@ -48,12 +53,14 @@ class ResumeMismatchDetector(Detector):
     memory_steps: newest steps remembered per metric (older resumes are not judged).
     rtol: relative tolerance against the abandoned attempt's own value at the step.
     trend_rtol: relative tolerance against the extrapolated trend.
+    cursor_metrics: metrics that never go back within an attempt (a data position).
     """
 
     kind = "resume_mismatch"
 
     def __init__(self, metrics: tuple[str, ...] = ("data_cursor", "lr"), check_steps: int = 3,
-                 memory_steps: int = 4096, rtol: float = 1e-4, trend_rtol: float = 0.05) -> None:
+                 memory_steps: int = 4096, rtol: float = 1e-4, trend_rtol: float = 0.05,
+                 cursor_metrics: tuple[str, ...] = ("data_cursor",)) -> None:
         if check_steps < 1 or memory_steps < 2:
             raise ValueError("check_steps must be >= 1 and memory_steps >= 2")
         self.metrics = tuple(metrics)
@@ -61,6 +68,7 @@ class ResumeMismatchDetector(Detector):
         self.memory_steps = memory_steps
         self.rtol = rtol
         self.trend_rtol = trend_rtol
+        self.cursor_metrics = tuple(cursor_metrics)
         super().__init__()
 
     def _reset(self) -> None:
@@ -94,8 +102,29 @@ class ResumeMismatchDetector(Detector):
                     continue
                 if judging and m not in self._fired:
                     out += self._judge(m, step, float(got))
+                elif m in self.cursor_metrics:
+                    out += self._went_back(m, step, float(got))
                 self._remember(m, step, float(got))
         return out
+
+    def _went_back(self, metric: str, step: int, got: float) -> list[Finding]:
+        """A data position lower than at the previous reported step of the same attempt."""
+        memory = self._memory[metric]
+        if not memory:
+            return []
+        last_step = next(reversed(memory))
+        if last_step >= step or got >= memory[last_step]:
+            return []
+        before = [s for s in list(memory)[-2:] if s < step]
+        rate = ((memory[before[1]] - memory[before[0]]) / (before[1] - before[0])
+                if len(before) == 2 and before[1] > before[0] else 0.0)
+        expected = memory[last_step] + rate * (step - last_step)
+        return [Finding(
+            kind=self.kind, step=step, severity="critical", score=1.0, metric=metric,
+            onset_step=step,
+            evidence={"expected": expected, "got": got, "reference": "previous_step",
+                      "resumed_at": step, "resumed_from_step": None,
+                      "what": _WHAT.get(metric, metric)})]
 
     def _judge(self, metric: str, step: int, got: float) -> list[Finding]:
         memory = self._memory[metric]

@@ -1,7 +1,7 @@
 """Run economics in the service (a feature): timeline, interval advice, retention plan, goodput.
 
 Adds ``GET /v1/runs/{run_id}/timeline|advice|retention|goodput`` and a compact ``timeline``
-section to ``GET /v1/runs/{run_id}``. The maths is in :mod:`healthsvc.economics` (pure).
+section to ``GET /v1/runs/{run_id}``. The maths is in :mod:`detectors.offline.economics` (pure).
 """
 from __future__ import annotations
 

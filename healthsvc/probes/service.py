@@ -2,7 +2,7 @@
 
 A probe is a row of the ``probes`` table: who is suspected, whom to compare it with, which
 step's batch to replay, and the reports so far (rank -> gradient norm). Once both ranks reported,
-:func:`detectors.replay.judge_replay` decides and the suspect's host is named.
+:func:`detectors.offline.replay.judge_replay` decides and the suspect's host is named.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from detectors.replay import judge_replay
+from detectors.offline.replay import judge_replay
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.limits import INT64_MAX
 

@@ -9,7 +9,7 @@ import pytest
 from detectors.frame import StepBlock
 from detectors.replica import ReplicaMismatchDetector
 from detectors.resume import ResumeMismatchDetector
-from detectors.rollback import Checkpoint, decide_rollback
+from detectors.offline.rollback import Checkpoint, decide_rollback
 
 RANKS = np.arange(8)
 
@@ -138,7 +138,7 @@ def test_the_replicas_digests_prove_the_checkpoint_before_the_last_agreement_cle
 
 def test_a_resume_mismatch_points_at_the_restore():
     found = resumed(120, 99, cursor0=0.0)
-    from detectors.rollback import Restart
+    from detectors.offline.rollback import Restart
     d = decide_rollback(None, found, [Checkpoint(49, "a"), Checkpoint(99, "b")], restarts=[Restart(100, 99)])
     assert d.checkpoint.step == 99 and d.evidence["resumed_from"] == 99
 
@@ -149,3 +149,12 @@ def test_reordering_the_ranks_changes_nothing():
     plain = [(f.step, f.ranks) for f in ReplicaMismatchDetector().update(block)]
     shuffled = [(f.step, f.ranks) for f in ReplicaMismatchDetector().update(block.take_ranks(order))]
     assert plain == shuffled == [(39, (5,))]
+
+
+def test_a_sampler_reset_without_a_new_attempt_is_seen_as_the_cursor_going_back():
+    # The abandoned attempt stopped at the checkpoint (step 99): the resumed steps repeat none,
+    # so the service opens no attempt; the cursor going back says the sampler started again.
+    det = ResumeMismatchDetector()
+    found = feed(det, attempt(0, 99), 16) + feed(det, attempt(100, 140, cursor0=0.0), 16)
+    assert [(f.step, f.metric, f.evidence["reference"], f.evidence["expected"], f.evidence["got"])
+            for f in found] == [(100, "data_cursor", "previous_step", 808.0, 8.0)]
