@@ -148,13 +148,50 @@ def baseline_median_us(n_ranks: int) -> float:
     return (time.process_time() - t0) / k * 1e6
 
 
+def exact_block(n_steps: int, n_ranks: int, digest_every: int) -> StepBlock:
+    """What the exact checks read: a digest code per rank every ``digest_every`` steps (equal on
+    every rank but one, which diverges halfway), ``data_cursor`` and ``lr`` every step."""
+    steps = np.arange(n_steps)
+    codes = np.tile((steps * 7.0)[:, None], (1, n_ranks))
+    codes[n_steps // 2:, n_ranks // 3] += 1.0
+    has = np.zeros(codes.shape, bool)
+    has[steps % digest_every == digest_every - 1] = True
+    cursor = np.tile(((steps + 1) * 8.0)[:, None], (1, n_ranks))
+    lr = np.tile((1e-3 * (1 - steps / 1e5))[:, None], (1, n_ranks))
+    return StepBlock(steps=steps, ranks=np.arange(n_ranks),
+                     values={"param_digest": codes, "data_cursor": cursor, "lr": lr},
+                     present={"param_digest": has, "data_cursor": np.ones(codes.shape, bool),
+                              "lr": np.ones(codes.shape, bool)})
+
+
+def time_exact_checks(sizes: tuple[int, ...], repeats: int) -> None:
+    """replica_mismatch (digests every step: the worst case; every 20 steps: the default) and
+    resume_mismatch, in 16-step blocks, CPU microseconds per step."""
+    from detectors.replica import ReplicaMismatchDetector
+    from detectors.resume import ResumeMismatchDetector
+    print("\n| exact check, 16/block | " + " | ".join(f"{r:,} ranks" for r in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    rows = {"replica_mismatch, digests every step": (ReplicaMismatchDetector, 1),
+            "replica_mismatch, digests every 20 steps": (ReplicaMismatchDetector, 20),
+            "resume_mismatch": (ResumeMismatchDetector, 20)}
+    for name, (cls, every) in rows.items():
+        cells = []
+        for n_ranks in sizes:
+            timed = blocks_of(exact_block(64, n_ranks, every), 16)
+            cells.append(time_block_detector(cls, [], timed, repeats) / 64 * 1e6)
+        print(f"| {name} | " + " | ".join(f"{us:,.1f}" for us in cells) + " |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only 8 and 1,024 ranks")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--timing-only", action="store_true", help="skip the value detectors")
+    ap.add_argument("--exact-only", action="store_true", help="only the exact checks (replica, resume)")
     args = ap.parse_args(argv)
     sizes = (8, 1024) if args.quick else (8, 1024, 16_384, 131_072)
+    if args.exact_only:
+        return time_exact_checks((1024, 16_384), args.repeats)
     block_sizes = (1, 16)
     value = [] if args.timing_only else value_detectors()
     timing: list[type[Detector]] = [StragglerDetector, SlowdownDetector]
@@ -197,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| baseline: np.median of one row | " + " | ".join(f"{us:,.1f}" for us in base) + " |")
     print("\nCPU microseconds per step (best of repeats); targets: <= 20 us per detector "
           "at 1,024 ranks, <= 100 us at 16,384")
+    time_exact_checks(sizes[1:3] if len(sizes) > 2 else sizes[1:], args.repeats)
 
 
 if __name__ == "__main__":

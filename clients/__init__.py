@@ -39,7 +39,7 @@ from clients.transport import (
 )
 
 __all__ = [
-    "init", "log", "log_columns", "checkpoint", "event", "alert", "finish", "flush",
+    "init", "log", "log_columns", "fingerprint", "checkpoint", "event", "alert", "finish", "flush",
     "rollback_target", "phase", "set_phase", "stats", "current_run",
     "Run", "ClientStats", "StepTimer", "MODES",
     "Transport", "HTTPTransport", "MockTransport", "Request", "Response",
@@ -102,6 +102,16 @@ def log_columns(columns: Mapping[str, Any], *, step: int | None = None) -> None:
     run = _run()
     if run is not None:
         run.log_columns(columns, step=step)
+
+
+def fingerprint(model_or_params: Any, step: int | None = None, *, optimizer: Any = None,
+                replica_group: int | None = None) -> str | None:
+    """Log this rank's replica fingerprint (``param_digest``) for ``step``; see ``Run.fingerprint``
+    and ``clients.digest``. Call it every ``clients.digest.FINGERPRINT_EVERY`` steps."""
+    run = _run()
+    if run is None:
+        return None
+    return run.fingerprint(model_or_params, step, optimizer=optimizer, replica_group=replica_group)
 
 
 def checkpoint(step: int, uri: str, duration_s: float | None = None, bytes: int | None = None) -> None:  # noqa: A002

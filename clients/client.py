@@ -284,6 +284,28 @@ class Run:
         except Exception as exc:
             self._problem("log_columns", f"log_columns() ignored a call: {exc!r}")
 
+    def fingerprint(self, model_or_params: Any, step: int | None = None, *, optimizer: Any = None,
+                    replica_group: int | None = None) -> str | None:
+        """Log this rank's replica fingerprint (``param_digest``) for ``step``: call it after the
+        optimizer's update of ``step`` (the state a checkpoint at ``step`` would hold); ``step``
+        defaults to the last logged step. Computed on the training thread, where the tensors are
+        (see ``clients.digest``); returns the digest, or None when it could not be taken."""
+        if self._off:
+            self._counters.ignored_calls += 1
+            return None
+        try:
+            from clients.digest import param_digest
+
+            digest = param_digest(model_or_params, optimizer=optimizer)
+            fields: dict[str, Any] = {"param_digest": digest}
+            if replica_group is not None:
+                fields["replica_group"] = int(replica_group)
+            self.log(fields, step=max(self._next_step - 1, 0) if step is None else step)
+            return digest
+        except Exception as exc:  # never into the training loop
+            self._problem("fingerprint", f"fingerprint() failed: {exc!r}")
+            return None
+
     def phase(self, name: str, step: int | None = None) -> _Phase:
         """Context manager: the heartbeat reports ``name`` (data, compute, collective, checkpoint)
         while inside. ``step`` also sets the step the heartbeat reports as in progress."""

@@ -25,6 +25,12 @@ of the Trainer's ``_save_checkpoint``, which ``attach`` also wraps: model, optim
 RNG state; without it, the time from the step's end to ``on_save``) and ``bytes`` (the files in
 the directory).
 
+Replica fingerprints: every ``fingerprint_every`` steps (default
+``clients.digest.FINGERPRINT_EVERY``; 0 turns them off; at the global steps divisible by it, where
+the Trainer's ``checkpoint-N`` directories are when ``save_steps`` is a multiple of it) the callback
+sends the digest of this rank's parameters after the update (``param_digest``; with
+``fingerprint_optimizer=True`` the optimizer's state too).
+
 ``accelerate``: a loop written with ``accelerate.Accelerator`` needs no integration; see
 ``examples/accelerate_train.py`` (``clients.init`` with the accelerator's process index and count,
 ``accelerator.clip_grad_norm_`` for ``grad_norm``, ``clients.grad_hooks.LocalGradNorm`` for
@@ -110,16 +116,20 @@ def _build_callback_class() -> type:
     from transformers import TrainerCallback
 
     from clients.client import Run
+    from clients.digest import FINGERPRINT_EVERY
 
     class HealthCallback(TrainerCallback):
         """Per-rank step records for a ``Trainer`` instrumented by ``attach`` (which feeds it the
         micro-batch losses and the gradient norm). Used alone, it reports timings and lr only."""
 
         def __init__(self, url: str | None = None, run_id: str | None = None, *, run: Run | None = None,
-                     finish_on_end: bool = True, **run_options: Any) -> None:
+                     finish_on_end: bool = True, fingerprint_every: int = FINGERPRINT_EVERY,
+                     fingerprint_optimizer: bool = False, **run_options: Any) -> None:
             self.url, self.run_id = url, run_id
             self.run = run
             self.finish_on_end = finish_on_end
+            self.fingerprint_every = fingerprint_every
+            self.fingerprint_optimizer = fingerprint_optimizer
             self._run_options = run_options
             self._owns_run = run is None
             self._micro_losses: list[Any] = []
@@ -163,6 +173,11 @@ def _build_callback_class() -> type:
                           compute_time=self._compute_s)
             if self.run is not None:
                 self.run.log(record, step=state.global_step)
+                model = kwargs.get("model")
+                every = self.fingerprint_every
+                if model is not None and every > 0 and state.global_step % every == 0:
+                    self.run.fingerprint(model, state.global_step,
+                                         optimizer=optimizer if self.fingerprint_optimizer else None)
                 self.run.set_phase("data")
             self._micro_losses = []
             self._grad_norm = None

@@ -28,6 +28,11 @@ rank 0 registers each file with ``step = trainer.global_step - 1`` (the state af
 update), ``duration_s`` (the wall time the save blocked training, the barrier included) and
 ``bytes``.
 
+Replica fingerprints: every ``fingerprint_every`` steps (default
+``clients.digest.FINGERPRINT_EVERY``; 0 turns them off) the callback sends the digest of this
+rank's parameters after the step's update (``param_digest``; with ``fingerprint_optimizer=True``
+the optimizer's state too), at the steps a checkpoint every multiple of that many steps holds.
+
 Importing this module is cheap; ``lightning`` (or ``pytorch_lightning``) is imported the first time
 ``HealthCallback`` is used.
 """
@@ -69,6 +74,7 @@ def grad_total_norm(parameters: Any) -> Any:
 def _build_callback_class() -> type:
     Callback = _lightning_callback_base()
     from clients.client import Run
+    from clients.digest import FINGERPRINT_EVERY, due
     from clients.grad_hooks import LocalGradNorm
 
     class HealthCallback(Callback):
@@ -77,11 +83,15 @@ def _build_callback_class() -> type:
         ``setup``, with ``rank=trainer.global_rank`` and ``world_size=trainer.world_size``."""
 
         def __init__(self, url: str | None = None, run_id: str | None = None, *, run: Run | None = None,
-                     log_grad_norm: bool = True, finish_on_end: bool = True, **run_options: Any) -> None:
+                     log_grad_norm: bool = True, finish_on_end: bool = True,
+                     fingerprint_every: int = FINGERPRINT_EVERY, fingerprint_optimizer: bool = False,
+                     **run_options: Any) -> None:
             super().__init__()
             self.url, self.run_id = url, run_id
             self.run = run
             self.log_grad_norm = log_grad_norm
+            self.fingerprint_every = fingerprint_every
+            self.fingerprint_optimizer = fingerprint_optimizer
             self.finish_on_end = finish_on_end
             self._run_options = run_options
             self._owns_run = run is None
@@ -183,6 +193,10 @@ def _build_callback_class() -> type:
                 record.update(step_time=step_time, data_time=self._data_s,
                               compute_time=max(0.0, step_time - self._data_s))
                 run.log(record, step=self._global_step_at_start)
+                if due(self._global_step_at_start, self.fingerprint_every):
+                    optimizer = (trainer.optimizers[0] if self.fingerprint_optimizer and trainer.optimizers
+                                 else None)
+                    run.fingerprint(pl_module, self._global_step_at_start, optimizer=optimizer)
                 run.set_phase("data")
             self._reset_step()
 

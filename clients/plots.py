@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 KIND_COLORS = {
     "non_finite": "#d62728", "loss_spike": "#ff7f0e", "grad_spike": "#e377c2", "straggler": "#8c564b",
     "slowdown": "#bcbd22", "hang": "#7f7f7f", "stall": "#17becf", "rank_outlier": "#9467bd",
-    "divergence": "#1f77b4",
+    "divergence": "#1f77b4", "replica_mismatch": "#000000", "resume_mismatch": "#2ca02c",
 }
 
 

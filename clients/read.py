@@ -34,6 +34,7 @@ import urllib.request
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
 from clients.auth import auth_headers
+from clients.wire import LABEL_FIELDS
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -286,6 +287,9 @@ def _frame(rows: list[dict], columns: Sequence[str], nullable_ints: Sequence[str
     return df
 
 
+_STRING_COLUMNS = frozenset({"host", *LABEL_FIELDS})   # the others are float64
+
+
 def _arrow_to_frame(body: bytes) -> "pd.DataFrame":
     import pandas as pd
     import pyarrow as pa
@@ -296,7 +300,7 @@ def _arrow_to_frame(body: bytes) -> "pd.DataFrame":
     for name, column in zip(table.column_names, table.columns):
         if name in KEY_COLUMNS:
             cols[name] = column.to_numpy()
-        elif name == "host":
+        elif name in _STRING_COLUMNS:
             cols[name] = pd.array(column.to_pylist() if column.null_count else column.to_numpy(zero_copy_only=False),
                                   dtype="str")
         else:
@@ -317,7 +321,7 @@ def _csv_to_frame(body: bytes) -> "pd.DataFrame":
         text = raw[name].to_numpy(dtype=object)
         if name in KEY_COLUMNS:
             cols[name] = text.astype(np.int64)
-        elif name == "host":
+        elif name in _STRING_COLUMNS:
             cols[name] = pd.array([t if t != "" else None for t in text], dtype="str")
         else:
             missing = text == ""

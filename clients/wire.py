@@ -28,12 +28,26 @@ METRIC_FIELDS: dict[str, str] = {
     "tokens": "Tokens (or samples) this rank processed in the step, count.",
     "world_size": "Number of ranks in the job when the step ran, count.",
     "ts": "When the rank finished the step, unix seconds (the trainer's clock).",
+    "replica_group": ("Replica group of the rank, integer >= 0: ranks of one group must hold identical "
+                      "parameters (plain DDP: one group, the default 0; sharded or hybrid-sharded jobs: the "
+                      "ranks that hold the same shard)."),
+    "data_cursor": ("Data position after the step: samples (or tokens) this rank's sampler has consumed, "
+                    "integer >= 0 (from the sampler's state). A resume from a checkpoint must continue it."),
 }
+
+# Known numeric fields that must hold integers >= 0 (below 2**53, exact in float64).
+INTEGER_FIELDS: tuple[str, ...] = ("replica_group", "data_cursor")
 
 # Known string fields.
 STRING_FIELDS: dict[str, str] = {
     "host": "Hostname of the machine running the rank.",
+    "param_digest": ("Fingerprint of this rank's replica at the step: a digest of the parameters after the "
+                     "update of the step (the state a checkpoint at the step would hold), a string of 1 to "
+                     "128 characters (clients.digest writes 16 hex digits). Ranks of one replica_group "
+                     "must report the same digest at a step."),
 }
+# The per-record string fields other than ``host`` (which is kept per rank as well).
+LABEL_FIELDS: tuple[str, ...] = ("param_digest",)
 
 NON_FINITE_STRINGS: dict[str, float] = {
     "NaN": float("nan"),

@@ -25,6 +25,8 @@ FINDING_KINDS: tuple[str, ...] = (
     "stall",         # all ranks silent
     "rank_outlier",  # one rank's values disagree with its peers: silent corruption suspect
     "divergence",    # slow degradation of the loss against its own trend
+    "replica_mismatch",  # data-parallel replicas' parameter digests disagree: proof of corruption
+    "resume_mismatch",   # a restart did not continue the checkpoint's data position or schedule
 )
 
 Severity = Literal["info", "warning", "critical"]

@@ -6,7 +6,8 @@ configure it under ``hang``). Roles:
 - ``arrival``: a :class:`~detectors.base.BlockDetector` judged on every accepted batch, without
   waiting for other ranks (non-finite values: a NaN must page at once);
 - ``aligned``: a :class:`~detectors.base.BlockDetector` fed per-step frames once every rank's
-  record of a step is in (spikes, stragglers, slowdowns, outliers, divergence);
+  record of a step is in (spikes, stragglers, slowdowns, outliers, divergence, the replica and
+  resume checks);
 - ``absence``: an :class:`~detectors.base.AbsenceDetector` fed arrivals, heartbeats, the world
   and the caller's clock (hang and stall).
 
@@ -29,6 +30,8 @@ from detectors.divergence import DivergenceDetector
 from detectors.hang import HangDetector
 from detectors.non_finite import NonFiniteDetector
 from detectors.rank_outlier import RankOutlierDetector
+from detectors.replica import ReplicaMismatchDetector
+from detectors.resume import ResumeMismatchDetector
 from detectors.slowdown import SlowdownDetector
 from detectors.spike import GradSpikeDetector, LossSpikeDetector
 from detectors.straggler import StragglerDetector
@@ -59,5 +62,7 @@ REGISTRY: dict[str, Registered] = {r.name: r for r in (
     Registered("slowdown", SlowdownDetector, "aligned"),
     Registered("rank_outlier", RankOutlierDetector, "aligned"),
     Registered("divergence", DivergenceDetector, "aligned"),
+    Registered("replica_mismatch", ReplicaMismatchDetector, "aligned"),
+    Registered("resume_mismatch", ResumeMismatchDetector, "aligned"),
     Registered("hang", HangDetector, "absence"),
 )}

@@ -20,6 +20,17 @@ It reads top to bottom like nanoGPT's train.py: config, model, data, the loop, c
     python examples/train.py ... --resume-from-rollback
     # rank 3 dies at step 160; the job restarts elastically with 3 ranks from the last checkpoint
     python examples/train.py ... --fault leave --fault-rank 3 --fault-step 160
+    # a bit flips in one weight of rank 2's replica after the update of step 120 (silent: only
+    # the replica fingerprints, sent every --fingerprint-every steps, see it)
+    python examples/train.py ... --fault weight_bitflip --fault-rank 2 --fault-step 120
+    # ... or in rank 1's optimizer state (AdamW's second moment); --fingerprint-optimizer makes
+    # the fingerprint cover the optimizer state, so it is seen at the next fingerprint
+    python examples/train.py ... --fault optim_bitflip --fault-rank 1 --fault-step 120 --fingerprint-optimizer
+    # resume from a checkpoint with the data sampler restarted from the beginning of the stream,
+    # and/or the learning-rate schedule restarted (faults can be combined with commas)
+    python examples/train.py ... --resume ckpt.pt --lr-schedule cosine --fault resume_sampler_reset,resume_scheduler_reset
+    # answer the service's replay probes (POST /v1/runs/{run}/probes), polled every 10 steps
+    python examples/train.py ... --probe-every 10
 
 With --aggregate, rank 0 gathers every rank's record and sends one columnar batch per step (the
 rank-0 aggregator mode). With no --url (and no HEALTHSVC_URL) the client is disabled; --spool DIR writes each rank's records
@@ -51,9 +62,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, no install needed
 import clients  # noqa: E402
+from clients.digest import FINGERPRINT_EVERY, due  # noqa: E402
+from clients.probe import next_probe, report_probe  # noqa: E402
 from clients.timing import StepTimer  # noqa: E402
 
-FAULTS = ("none", "nan", "loss_spike", "straggler", "hang", "corrupt_grad", "leave")
+FAULTS = ("none", "nan", "loss_spike", "straggler", "hang", "corrupt_grad", "leave", "weight_bitflip",
+          "optim_bitflip", "resume_sampler_reset", "resume_scheduler_reset")
 
 # A small corpus that ships with the example: no download, the same on every machine.
 TEXT = """\
@@ -84,6 +98,7 @@ class Config:
     steps: int = 300
     batch_size: int = 8
     lr: float = 3e-3
+    lr_schedule: str = "constant"   # or "cosine": decays to lr / 10 over --steps
     max_grad_norm: float = 1.0
     seed: int = 1337
     log_every: int = 50
@@ -92,6 +107,11 @@ class Config:
     ckpt_every: int = 50
     resume: str | None = None
     resume_from_rollback: bool = False
+    # replica fingerprints: the digest of the parameters every N steps (0: never)
+    fingerprint_every: int = FINGERPRINT_EVERY
+    fingerprint_optimizer: bool = False
+    # replay probes: rank 0 asks the service for a probe every N steps (0: never)
+    probe_every: int = 0
     # faults
     fault: str = "none"
     fault_rank: int = 0
@@ -101,6 +121,7 @@ class Config:
     hang_s: float = 20.0
     hang_where: str = "outside"
     corrupt_scale: float = 8.0
+    flip_bit: int = 22               # the top mantissa bit of a float32: the value moves by up to 2x
     # reporting: rank 0 gathers all ranks' records and sends them as one columnar batch per step
     aggregate: bool = False
     # internal: set by the launcher on an elastic restart
@@ -161,9 +182,10 @@ def encode_corpus() -> tuple[torch.Tensor, int]:
     return torch.tensor([index[c] for c in TEXT], dtype=torch.long), len(chars)
 
 
-def get_batch(data: torch.Tensor, cfg: Config, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # Seeded by (seed, step, rank): a resumed or restarted run sees exactly the same batches.
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 1_009 + rank)
+def get_batch(data: torch.Tensor, cfg: Config, index: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # The index-th batch of this rank's stream, seeded by (seed, index, rank): a run resumed at the
+    # right data position (index = samples consumed / batch size) sees exactly the same batches.
+    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index * 1_009 + rank)
     ix = torch.randint(len(data) - cfg.block_size - 1, (cfg.batch_size,), generator=g)
     x = torch.stack([data[i:i + cfg.block_size] for i in ix])
     y = torch.stack([data[i + 1:i + 1 + cfg.block_size] for i in ix])
@@ -179,11 +201,14 @@ class Faults:
     cfg: Config
     rank: int
 
+    def active(self, kind: str) -> bool:
+        return kind in self.cfg.fault.split(",")
+
     def hits(self, kind: str, step: int, persistent: bool = False) -> bool:
         c = self.cfg
         on_rank = c.fault_rank in (-1, self.rank)
         at_step = step >= c.fault_step if persistent else step == c.fault_step
-        return c.fault == kind and on_rank and at_step
+        return self.active(kind) and on_rank and at_step
 
     def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         if self.hits("nan", step):
@@ -211,6 +236,21 @@ class Faults:
     def leaves(self, step: int) -> bool:
         return self.hits("leave", step)
 
+    def flip_bits(self, step: int, params: list[torch.Tensor], opt: torch.optim.Optimizer) -> None:
+        # A flipped bit in this replica's memory after the update: no error, no NaN, and the
+        # replicas are no longer identical (the all-reduce keeps their gradients equal, not them).
+        # The output head's weights: every forward pass uses them (a flipped embedding row would
+        # matter only to batches that hold its character).
+        head = params[-1]
+        if self.hits("weight_bitflip", step):
+            _flip(head.data, 7, self.cfg.flip_bit)
+        if self.hits("optim_bitflip", step):
+            _flip(opt.state[head]["exp_avg_sq"], 7, self.cfg.flip_bit)
+
+
+def _flip(t: torch.Tensor, index: int, bit: int) -> None:
+    t.view(-1).view(torch.int32)[index] ^= 1 << bit
+
 
 # ---- rank-0 aggregator mode -------------------------------------------------------------------------
 
@@ -232,11 +272,20 @@ def gather_and_log(run: clients.Run, record: dict[str, float], step: int, rank: 
 
 # ---- checkpoints -----------------------------------------------------------------------------------
 
-def save_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int, cfg: Config,
-                    world_size: int) -> int:
+def lr_schedule(cfg: Config, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    if cfg.lr_schedule == "cosine":  # from lr down to lr / 10 over the run
+        decay = lambda step: 0.1 + 0.45 * (1 + math.cos(math.pi * min(step, cfg.steps) / cfg.steps))  # noqa: E731
+        return torch.optim.lr_scheduler.LambdaLR(opt, decay)
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+
+
+def save_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
+                    sched: torch.optim.lr_scheduler.LRScheduler, step: int, data_cursor: int,
+                    cfg: Config, world_size: int) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "step": step, "data_cursor": data_cursor,
                 "config": dataclasses.asdict(cfg), "world_size": world_size}, tmp)
     os.replace(tmp, path)  # a crash mid-save never leaves a half checkpoint under the real name
     return path.stat().st_size
@@ -271,6 +320,8 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
     data, vocab_size = encode_corpus()
     model = CharGPT(cfg, vocab_size)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    sched = lr_schedule(cfg, opt)
+    faults = Faults(cfg, rank)
 
     # Where to start: a given checkpoint, the service's rollback target, or the newest local one
     # after an elastic restart. Rank 0 decides and tells the others.
@@ -284,12 +335,22 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
         latest = latest_checkpoint(cfg.ckpt_dir)
         resume = [str(latest) if latest else None]
     dist.broadcast_object_list(resume, src=0)
-    start_step = 0
+    start_step, data_cursor = 0, 0
     if resume[0]:
         state = torch.load(resume[0], weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start_step = state["step"] + 1
+        # The data position and the schedule continue where the checkpoint left off (unless a
+        # fault restarts them: the subtle corruptions of a resume that raise no error).
+        if not faults.active("resume_sampler_reset"):
+            data_cursor = state.get("data_cursor", start_step * cfg.batch_size)
+        if faults.active("resume_scheduler_reset"):
+            # The common slip: the scheduler made again after the optimizer was restored, not
+            # restored itself: it starts the schedule again from its first step.
+            sched = lr_schedule(cfg, opt)
+        elif "scheduler" in state:
+            sched.load_state_dict(state["scheduler"])
         if rank == 0:
             if cfg.resume_from_rollback:
                 run.event("rollback", step=state["step"], uri=resume[0])
@@ -299,7 +360,7 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
                 run.event("world_size_change", step=start_step, old=state["world_size"], new=world_size)
 
     try:
-        loop(rank, world_size, cfg, run, model, opt, data, start_step)
+        loop(rank, world_size, cfg, run, model, opt, sched, data, start_step, data_cursor, faults)
     except RuntimeError as exc:  # a peer died: the collective failed; leave like a crashed rank
         run.flush(timeout_s=2.0)
         print(f"rank {rank}: {str(exc).splitlines()[0][:200]}", file=sys.stderr, flush=True)
@@ -307,11 +368,38 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
     dist.destroy_process_group()
 
 
+def local_gradient(model: nn.Module, params: list[torch.Tensor], faults: Faults, x: torch.Tensor,
+                   y: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's loss and flat gradient on (x, y), before the all-reduce."""
+    loss = faults.loss(step, model(x, y))
+    for p in params:
+        p.grad = None if p.grad is None else p.grad.zero_()
+    loss.backward()
+    return loss, faults.corrupt(step, torch.cat([p.grad.view(-1) for p in params]))
+
+
+def answer_probes(run: clients.Run, rank: int, model: nn.Module, params: list[torch.Tensor],
+                  faults: Faults, data: torch.Tensor, cfg: Config, step: int) -> None:
+    """A replay probe (GET .../probes/next): the suspect and the healthy rank recompute one step's
+    gradient norm on the same fixed batch with their own weights and hardware, and report it.
+    Equal: the data or the code; different: the suspect's hardware (or its state). Rank 0 asks
+    and tells the others (a collective: every rank takes part at the same step)."""
+    probe = [next_probe(run, upto_step=step) if rank == 0 else None]
+    dist.broadcast_object_list(probe, src=0)
+    p = probe[0]
+    if p is None or rank not in (p["suspect_rank"], p["healthy_rank"]):
+        return
+    # The fixed batch: the one the suspect rank trained on at the probe's step.
+    x, y = get_batch(data, cfg, p["step"], p["suspect_rank"])
+    _, flat = local_gradient(model, params, faults, x, y, step)
+    report_probe(run, p["id"], rank, flat.norm().item())
+
+
 def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Module,
-         opt: torch.optim.Optimizer, data: torch.Tensor, start_step: int) -> None:
+         opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, data: torch.Tensor,
+         start_step: int, data_cursor: int, faults: Faults) -> None:
     params = list(model.parameters())
     run.set_phase("other", step=start_step)  # heartbeats name the resumed step, not 0
-    faults = Faults(cfg, rank)
     timer = StepTimer(run=run)
     skipped = 0
     loss = torch.tensor(float("nan"))
@@ -319,16 +407,14 @@ def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Mo
     for step in range(start_step, cfg.steps):
         timer.start_step(step)
         with timer.data():
-            x, y = get_batch(data, cfg, step, rank)
+            x, y = get_batch(data, cfg, data_cursor // cfg.batch_size, rank)
+            data_cursor += cfg.batch_size
 
         with timer.compute():
             t0 = time.perf_counter()
-            loss = faults.loss(step, model(x, y))
-            opt.zero_grad(set_to_none=False)
-            loss.backward()
+            loss, flat = local_gradient(model, params, faults, x, y, step)
             faults.straggle(step, time.perf_counter() - t0)
             faults.hang(step, "outside")
-            flat = faults.corrupt(step, torch.cat([p.grad.view(-1) for p in params]))
             local_grad_norm = flat.norm().item()
 
         if faults.leaves(step):
@@ -342,6 +428,7 @@ def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Mo
 
         with timer.compute():
             grad_norm = flat.norm().item()
+            lr = opt.param_groups[0]["lr"]  # the rate of this step's update
             if math.isfinite(grad_norm):
                 flat *= min(1.0, cfg.max_grad_norm / (grad_norm + 1e-6))  # clip
                 offset = 0
@@ -351,19 +438,27 @@ def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Mo
                 opt.step()
             else:
                 skipped += 1  # like a loss scaler: a non-finite step is not applied
+            sched.step()
+            faults.flip_bits(step, params, opt)
 
         record = {"loss": loss.item(), "grad_norm": grad_norm, "local_grad_norm": local_grad_norm,
-                  "lr": cfg.lr, "tokens": x.numel(), **timer.end_step()}
+                  "lr": lr, "tokens": x.numel(), "data_cursor": data_cursor, **timer.end_step()}
         if cfg.aggregate:
             gather_and_log(run, record, step, rank, world_size)
         else:
             run.log(record, step=step)
+        # The replica's fingerprint after this step's update: the state a checkpoint here holds
+        # (about 11 % of a step of this tiny model, so every 20 steps by default; bench/fingerprint.py).
+        if due(step, cfg.fingerprint_every) and not cfg.aggregate:
+            run.fingerprint(model, step, optimizer=opt if cfg.fingerprint_optimizer else None)
+        if cfg.probe_every and (step + 1) % cfg.probe_every == 0:
+            answer_probes(run, rank, model, params, faults, data, cfg, step)
 
         if rank == 0 and cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0:
             with run.phase("checkpoint"):
                 t0 = time.perf_counter()
                 path = Path(cfg.ckpt_dir) / f"ckpt_{step:06d}.pt"
-                size = save_checkpoint(path, model, opt, step, cfg, world_size)
+                size = save_checkpoint(path, model, opt, sched, step, data_cursor, cfg, world_size)
                 run.checkpoint(step, f"file://{path.resolve()}", duration_s=time.perf_counter() - t0,
                                bytes=size)
         if rank == 0 and cfg.log_every and (step + 1) % cfg.log_every == 0:
@@ -427,8 +522,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = Config(**vars(args))
     cfg.url = cfg.url or os.environ.get("HEALTHSVC_URL")
-    if cfg.fault not in FAULTS:
-        parser.error(f"--fault must be one of {FAULTS}")
+    if any(kind not in FAULTS for kind in cfg.fault.split(",")):
+        parser.error(f"--fault must be one or several (comma-separated) of {FAULTS}")
+    if cfg.lr_schedule not in ("constant", "cosine"):
+        parser.error("--lr-schedule must be constant or cosine")
     if cfg.hang_where not in ("inside", "outside"):
         parser.error("--hang-where must be inside or outside")
 
@@ -438,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     codes = launch(cfg, cfg.world_size)
-    if cfg.fault == "leave" and any(codes):
+    if "leave" in cfg.fault.split(",") and any(codes):
         # Elastic restart: the survivors start again without the rank that left, from the newest
         # checkpoint, and the fault does not recur.
         survivors = cfg.world_size - 1

@@ -44,6 +44,7 @@ FEATURES: list[str] = [
     "healthsvc.economics_service",
     "healthsvc.alerting.service",
     "healthsvc.rollback",
+    "healthsvc.probes",
     "healthsvc.dashboard",
     "healthsvc.run_metrics",
 ]

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.ipc as paipc
 
+from clients.wire import LABEL_FIELDS
 from healthsvc.ingest.batch import MetricBatch
 
 ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
@@ -24,7 +25,7 @@ def arrow_schema(fields: list[str], has_hosts: bool) -> pa.Schema:
     cols = [pa.field("step", pa.int64()), pa.field("rank", pa.int64()), pa.field("attempt", pa.int64())]
     if has_hosts:
         cols.append(pa.field("host", pa.string()))
-    cols += [pa.field(f, pa.float64()) for f in fields]
+    cols += [pa.field(f, pa.string() if f in LABEL_FIELDS else pa.float64()) for f in fields]
     return pa.schema(cols)
 
 
@@ -42,7 +43,10 @@ def to_record_batch(schema: pa.Schema, attempt: int, batch: MetricBatch) -> pa.R
             arrays.append(pa.DictionaryArray.from_arrays(idx, dictionary).cast(pa.string()) if len(batch.host_names)
                           else pa.nulls(n, pa.string()))
     for f in names:
-        if f in batch.values:
+        if f in LABEL_FIELDS:
+            arrays.append(pa.array(batch.label_column(f), pa.string()) if f in batch.labels
+                          else pa.nulls(n, pa.string()))
+        elif f in batch.values:
             present = batch.present[f]
             arrays.append(pa.array(batch.values[f], mask=None if present.all() else ~present))
         else:

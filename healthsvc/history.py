@@ -22,6 +22,7 @@ class History:
     values: dict[str, np.ndarray] = field(default_factory=dict)
     present: dict[str, np.ndarray] = field(default_factory=dict)
     hosts: list[str | None] = field(default_factory=list)  # per row; empty when no host reported
+    labels: dict[str, list[str | None]] = field(default_factory=dict)  # string field -> per row
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -72,6 +73,10 @@ def concat_batches(parts: list[tuple[int, MetricBatch]]) -> History:
             else:
                 lookup = np.array(b.host_names + [None], dtype=object)
                 hosts.extend(lookup[b.host_index].tolist())
+    labels: dict[str, list[str | None]] = {}
+    for f in dict.fromkeys(f for _, b in parts for f in b.labels):
+        labels[f] = [v for _, b in parts
+                     for v in (b.label_column(f) if f in b.labels else [None] * len(b))]
     order = np.lexsort((ranks, steps))
     if not np.array_equal(order, np.arange(len(order))):
         steps, ranks, attempts = steps[order], ranks[order], attempts[order]
@@ -79,4 +84,5 @@ def concat_batches(parts: list[tuple[int, MetricBatch]]) -> History:
         present = {f: p[order] for f, p in present.items()}
         if hosts:
             hosts = [hosts[i] for i in order.tolist()]
-    return History(steps, ranks, attempts, values, present, hosts)
+        labels = {f: [col[i] for i in order.tolist()] for f, col in labels.items()}
+    return History(steps, ranks, attempts, values, present, hosts, labels)

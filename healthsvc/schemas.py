@@ -10,7 +10,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from healthsvc.limits import INT64_MAX, check_storable, NonNegInt, PositiveInt, Seconds
-from clients.wire import EVENT_KINDS, HEARTBEAT_PHASES, KEY_FIELDS, METRIC_FIELDS, STRING_FIELDS
+from clients.wire import EVENT_KINDS, HEARTBEAT_PHASES, INTEGER_FIELDS, KEY_FIELDS, METRIC_FIELDS, STRING_FIELDS
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 # A metric value: a number, a non-finite token/string, or null for "not reported".
@@ -21,7 +21,9 @@ _record_fields: dict[str, Any] = {
     "rank": (int, Field(..., ge=0, description=KEY_FIELDS["rank"])),
 }
 _record_fields.update({name: (MetricValue, Field(None, description=desc + " NaN/Infinity allowed; null = not reported."))
-                       for name, desc in METRIC_FIELDS.items()})
+                       for name, desc in METRIC_FIELDS.items() if name not in INTEGER_FIELDS})
+_record_fields.update({name: (Union[int, None], Field(None, ge=0, le=2 ** 53, description=desc + " null = not reported."))
+                       for name in INTEGER_FIELDS for desc in [METRIC_FIELDS[name]]})
 _record_fields.update({name: (Union[str, None], Field(None, description=desc)) for name, desc in STRING_FIELDS.items()})
 
 MetricRecord = create_model(

@@ -10,6 +10,7 @@ questions about the whole history, asked by the service's features:
 - :mod:`~detectors.offline.rollback` — which checkpoint to resume from, and why;
 - :mod:`~detectors.offline.bisection` — which checkpoint to probe next when the statistics
   cannot decide;
+- :mod:`~detectors.offline.replay` — the verdict of a replay probe (hardware or data);
 - :mod:`~detectors.offline.economics` — goodput, checkpoint intervals, retention and the run's
   timeline.
 """

@@ -32,13 +32,14 @@ from typing import Any, Iterable, Literal, Sequence
 from detectors.offline.bisection import Bisection
 from detectors.finding import SEVERITY_ORDER, Finding
 from detectors.frame import StepBlock
-from detectors.offline.onset import OnsetEstimate, OnsetParams, estimate_onset_near
+from detectors.offline.onset import OnsetEstimate, OnsetParams, SignalEstimate, estimate_onset_near
 
 CheckpointStatus = Literal["ok", "deleted", "verified"]
 Verdict = Literal["good", "bad"]
 # Findings whose presence means some update may be corrupted.
 CORRUPTION_KINDS: frozenset[str] = frozenset(
-    {"non_finite", "loss_spike", "grad_spike", "rank_outlier", "divergence"})
+    {"non_finite", "loss_spike", "grad_spike", "rank_outlier", "divergence", "replica_mismatch",
+     "resume_mismatch"})
 # An episode that recovered (resolved) within this many steps of its onset is a transient: the
 # run got back on its curve by itself, so it is recorded but is no reason to throw progress away.
 # 50 steps: well past a hard batch or a few garbage batches (1-10 steps), well short of a
@@ -47,13 +48,15 @@ TRANSIENT_STEPS = 50
 # Kinds whose episodes are never transients: a divergence is by nature slow and lasting. Its
 # ``onset_step`` (the last step the smoothed loss was at its best) is a guess that may fall a
 # little before or after the first corrupted update, so only its detection step bounds the onset.
-NEVER_TRANSIENT: frozenset[str] = frozenset({"divergence"})
+# A replica mismatch or a resume mismatch is proof, not a statistic: it does not heal either.
+NEVER_TRANSIENT: frozenset[str] = frozenset({"divergence", "replica_mismatch", "resume_mismatch"})
 GUESSED_ONSET_KINDS: frozenset[str] = frozenset({"divergence"})
 # How far before a finding's own onset the history may still place the first corrupted update:
 # at least this many steps, and a multiple of the finding's detection delay (step - onset_step).
 # Spikes and NaNs are seen within a step or two; drifts and one rank's disagreement take longer
 # to show, and their detectors' onset is the last step that looked healthy, not the first bad one.
-ABRUPT_KINDS: frozenset[str] = frozenset({"non_finite", "loss_spike", "grad_spike"})
+ABRUPT_KINDS: frozenset[str] = frozenset({"non_finite", "loss_spike", "grad_spike",
+                                          "replica_mismatch", "resume_mismatch"})
 LOOKBACK_STEPS = {"abrupt": 32, "gradual": 256}
 LOOKBACK_DELAY_FACTOR = {"abrupt": 2, "gradual": 4}
 # Evidence first seen within this many steps of the first step after a restart is a blow-up of
@@ -308,7 +311,10 @@ def decide_rollback(
     4. Evidence in the first ``RESTART_BLOWUP_STEPS`` steps after a restart blames the restore:
        the answer is the checkpoint the run resumed from (such an episode counts even when it
        recovered, see :func:`evidence_episodes`).
-    5. Probe verdicts (``bisection``, checkpoint verdicts) override the statistics as before.
+    5. A ``replica_mismatch`` (the replicas' digests agreed at step L and disagreed at F) is proof:
+       the first corrupted update is in ``L+1..F`` and the newest checkpoint at or before L is
+       clean by proof, not by estimate (:func:`replica_proof`); no history is needed.
+    6. Probe verdicts (``bisection``, checkpoint verdicts) override the statistics as before.
     """
     ckpts = list(checkpoints)
     restarts = list(restarts)
@@ -316,7 +322,15 @@ def decide_rollback(
     evidence = evidence_episodes(eps, restarts)
     onset: OnsetEstimate | None = None
     blowup = None
-    if evidence:
+    proof = replica_proof(evidence)
+    if proof is not None:
+        low, high = proof.last_agreeing_step + 1, proof.first_disagreeing_step
+        signal = SignalEstimate("param_digest", low, low, high, "abrupt", 1.0, proof.ranks,
+                                proof.to_dict())
+        onset = OnsetEstimate(step=low, low=low, high=high, confidence=1.0,
+                              signals_used=["param_digest"], per_signal={"param_digest": signal},
+                              shape="abrupt", origin="hardware", ranks=proof.ranks)
+    elif evidence:
         anchor, search_from, upto = onset_window(evidence)
         # A restart blow-up is dated by the first step known bad (a divergence's onset is the
         # last healthy step, often the one just before the restart).
@@ -337,12 +351,45 @@ def decide_rollback(
     decision = choose_rollback(
         ckpts, onset, [f for e in evidence for f in e.findings], bisection=bisection,
         resumed_from=None if blowup is None else blowup[1],
-        restart_first_step=None if blowup is None else blowup[0].first_step)
+        restart_first_step=None if blowup is None else blowup[0].first_step, proof=proof)
     decision.evidence["episodes"] = [
         e.to_dict() if e.is_evidence or e not in evidence else
         {**e.to_dict(), "evidence": True, "why": "evidence (right after a restart)"}
         for e in eps]
     return decision
+
+
+@dataclass(frozen=True)
+class ReplicaProof:
+    """The replicas of a group agreed (bit-identical digests) at ``last_agreeing_step`` and
+    disagreed at ``first_disagreeing_step``; ``ranks`` are the odd ones."""
+
+    last_agreeing_step: int
+    first_disagreeing_step: int
+    ranks: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"last_agreeing_step": self.last_agreeing_step,
+                "first_disagreeing_step": self.first_disagreeing_step, "ranks": list(self.ranks)}
+
+
+def replica_proof(evidence: Sequence[Episode]) -> ReplicaProof | None:
+    """The earliest replica mismatch among the evidence, when it dates the incident.
+
+    It does unless another evidence episode shows the problem already existed by the last
+    agreeing step (then the replicas agreed on a state every one of them shared, say bad data,
+    and the digests say nothing about its onset), or the group never agreed in this attempt.
+    """
+    found = [f for e in evidence if e.kind == "replica_mismatch" for f in e.findings
+             if f.status == "firing" and isinstance((f.evidence or {}).get("last_agreeing_step"), int)]
+    if not found:
+        return None
+    first = min(found, key=lambda f: (f.evidence["last_agreeing_step"], f.step))
+    last = int(first.evidence["last_agreeing_step"])
+    if any(e.kind != "replica_mismatch" and e.upper_bound <= last for e in evidence):
+        return None
+    ranks = sorted({r for f in found if f.evidence["last_agreeing_step"] == last for r in f.ranks})
+    return ReplicaProof(last, int(first.step), tuple(ranks))
 
 
 # --------------------------------------------------------------------------------- decision
@@ -355,6 +402,7 @@ def choose_rollback(
     bisection: Bisection | None = None,
     resumed_from: int | None = None,
     restart_first_step: int | None = None,
+    proof: ReplicaProof | None = None,
 ) -> RollbackDecision:
     """Pick the newest checkpoint that holds no corrupted update, and say why in one paragraph.
 
@@ -367,7 +415,9 @@ def choose_rollback(
 
     The statistics make a checkpoint eligible when ``c < onset.low``; when the interval is wide
     the answer passes over at most ``MAX_MARGIN_CHECKPOINTS`` checkpoint(s) beyond the newest one
-    before the point estimate ``onset.step``, and a probe can recover it.
+    before the point estimate ``onset.step``, and a probe can recover it. With a replica
+    ``proof`` every checkpoint at or before its last agreeing step is clean by proof, so no
+    margin is taken.
     """
     ckpts = sorted(_with_bisection(checkpoints, bisection), key=lambda c: c.step)
     live = [c for c in ckpts if c.status != "deleted"]
@@ -393,9 +443,10 @@ def choose_rollback(
     chosen = next((c for c in reversed(live) if eligible(c)), None)
     restore = (chosen is not None and resumed_from is not None and chosen.step == resumed_from
                and not chosen.known_good)
+    proven = chosen is not None and proof is not None and chosen.step <= proof.last_agreeing_step
     basis = ("probe" if chosen is not None and chosen.known_good else
-             "restore" if restore else "interval")
-    if onset is not None and not restore and (chosen is None or not chosen.known_good):
+             "restore" if restore else "proof" if proven else "interval")
+    if onset is not None and not restore and not proven and (chosen is None or not chosen.known_good):
         # One checkpoint of margin: never further back than MAX_MARGIN_CHECKPOINTS before the
         # newest checkpoint that precedes the point estimate.
         before_point = [c for c in live if probe_ok(c) and c.step < onset.step]
@@ -429,9 +480,11 @@ def choose_rollback(
     }
     evidence["resumed_from"] = resumed_from if restore else None
     evidence["restart_first_step"] = restart_first_step if restore else None
+    evidence["proof"] = None if proof is None else proof.to_dict()
+    evidence["proven_clean"] = bool(proven or (chosen is not None and chosen.known_good))
     reason = _reason(chosen, onset, corruption, first_bad, live, deleted_newer,
                      bisect_candidates, contradicted, skip, origin, ranks, basis,
-                     restart_first_step)
+                     restart_first_step, proof)
     return RollbackDecision(checkpoint=chosen, onset=onset, reason=reason,
                             conservative=conservative, skip_data_range=skip, evidence=evidence)
 
@@ -471,14 +524,21 @@ def _data_or_hardware(onset: OnsetEstimate | None, findings: Sequence[Finding]):
 
 def _reason(chosen, onset, corruption, first_bad, live, deleted_newer, bisect_candidates,
             contradicted, skip, origin, ranks, basis="interval",
-            restart_first_step=None) -> str:
+            restart_first_step=None, proof=None) -> str:
     parts: list[str] = []
     if not corruption:
         if chosen is None:
             return "No corruption is evident, but there is no usable (non-deleted) checkpoint."
         return (f"No corruption is evident in the history or the findings, so the newest usable "
                 f"checkpoint, step {chosen.step}, is the resume point.")
-    if onset is not None:
+    if proof is not None:
+        parts.append(
+            f"The replicas' parameter digests agreed at step {proof.last_agreeing_step} and "
+            f"disagreed at step {proof.first_disagreeing_step} (rank(s) {_steps(list(proof.ranks))} "
+            f"differ): the first corrupted update is in {proof.last_agreeing_step + 1}.."
+            f"{proof.first_disagreeing_step}, so a checkpoint at or before step "
+            f"{proof.last_agreeing_step} is clean by proof, not by estimate.")
+    elif onset is not None:
         width = onset.high - onset.low
         parts.append(
             f"The first corrupted update is estimated at step {onset.step} (interval "
@@ -507,6 +567,8 @@ def _reason(chosen, onset, corruption, first_bad, live, deleted_newer, bisect_ca
             f"{restart_first_step}, which resumed from checkpoint {chosen.step}: that points at "
             f"the restore (state, optimizer or data-loader position), not at the checkpoint. "
             f"Resume from checkpoint {chosen.step} again and check the restore.")
+    elif basis == "proof":
+        parts.append(f"Resume from checkpoint {chosen.step} (clean by proof).")
     elif basis == "margin":
         parts.append(
             f"Resume from checkpoint {chosen.step}: it is at most {MAX_MARGIN_CHECKPOINTS} "

@@ -42,7 +42,8 @@ import numpy as np
 
 from detectors.finding import SEVERITY_ORDER, Finding
 
-LATCHED_KINDS: frozenset[str] = frozenset({"non_finite", "rank_outlier", "divergence"})
+LATCHED_KINDS: frozenset[str] = frozenset({"non_finite", "rank_outlier", "divergence",
+                                           "replica_mismatch", "resume_mismatch"})
 EXPLICIT_RESOLVE_KINDS: frozenset[str] = frozenset({"hang", "stall"})
 IDENTITY_LABELS: tuple[str, ...] = ("alertname", "run", "rank", "metric")
 ALL_RANKS = "*"

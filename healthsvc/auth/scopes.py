@@ -1,7 +1,8 @@
 """Which scope each request needs: a pure function of method and path.
 
 - ``ingest``: what trainers send: ``POST /v1/runs/{run}/metrics|checkpoints|heartbeats|events|finish``
-  (a token may be limited to run ids starting with a prefix);
+  and a replay probe's reports (``POST /v1/runs/{run}/probes/{id}/reports``) (a token may be
+  limited to run ids starting with a prefix);
 - ``read``: every ``GET``/``HEAD`` (runs, findings, history, alerts, webhooks without secrets);
 - ``admin``: every other change: run config (``PUT /v1/runs/{run}``), checkpoint status,
   webhooks, silences, acknowledgements, bisections, tokens; and reading the audit log and tokens.
@@ -9,6 +10,8 @@
 ``admin`` includes the other two. Public (no token): ``/healthz``, ``/readyz``, the API docs.
 
     >>> required_scope("POST", "/v1/runs/exp-1/metrics")
+    ('ingest', 'exp-1')
+    >>> required_scope("POST", "/v1/runs/exp-1/probes/3/reports")
     ('ingest', 'exp-1')
     >>> required_scope("PUT", "/v1/runs/exp-1")
     ('admin', 'exp-1')
@@ -23,7 +26,7 @@ import re
 
 SCOPES: tuple[str, ...] = ("ingest", "read", "admin")
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-_INGEST = re.compile(r"^/v1/runs/([^/]+)/(metrics|checkpoints|heartbeats|events|finish)$")
+_INGEST = re.compile(r"^/v1/runs/([^/]+)/(metrics|checkpoints|heartbeats|events|finish|probes/[0-9]+/reports)$")
 _RUN = re.compile(r"^/v1/runs/([^/]+)")
 _ADMIN_READS = ("/v1/tokens", "/v1/audit")
 

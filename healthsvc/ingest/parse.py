@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 import xxhash
 
-from clients.wire import KEY_FIELDS, METRIC_FIELDS, NON_FINITE_STRINGS, STRING_FIELDS
+from clients.wire import INTEGER_FIELDS, KEY_FIELDS, LABEL_FIELDS, METRIC_FIELDS, NON_FINITE_STRINGS, STRING_FIELDS
 from healthsvc.errors import BadRequest, InvalidInput, PayloadTooLarge
 from healthsvc.ingest.batch import MetricBatch
 
@@ -185,10 +185,14 @@ def _build_batch(columns: dict[str, list], n: int, where: _Where) -> MetricBatch
         if name in RESERVED_FIELDS or not FIELD_NAME.match(name):
             raise InvalidInput(f"field name {name!r} is reserved or not a valid name "
                                "(letters, digits, '_' and '.', up to 64 characters)", loc=where(name))
-        if name in STRING_FIELDS:
+        if name in LABEL_FIELDS:
+            batch.labels[name] = _string_column(name, col, where, max_chars=128, min_chars=1)
+        elif name in STRING_FIELDS:
             batch.host_names, batch.host_index = _string_column(name, col, where)
         else:
             batch.values[name], batch.present[name] = _float_column(name, col, where)
+            if name in INTEGER_FIELDS:
+                _check_integers(name, batch.values[name], batch.present[name], where)
     if n:
         _check_unique_keys(steps, ranks, where)
     return batch
@@ -243,14 +247,30 @@ def _float_column(name: str, col: list, where: _Where) -> tuple[np.ndarray, np.n
     return values, present
 
 
-def _string_column(name: str, col: list, where: _Where) -> tuple[list[str], np.ndarray]:
+_MAX_EXACT_INT = float(2 ** 53)
+
+
+def _check_integers(name: str, values: np.ndarray, present: np.ndarray, where: _Where) -> None:
+    """An integer field (``INTEGER_FIELDS``): a reported value must be a whole number from 0 to
+    2**53 (exact in float64); NaN/Infinity are no integers."""
+    with np.errstate(invalid="ignore"):
+        bad = present & ~((values >= 0) & (values <= _MAX_EXACT_INT) & (values == np.floor(values)))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InvalidInput(f"{name} must be an integer from 0 to 2**53, got {float(values[i])!r}",
+                           loc=where(name, i))
+
+
+def _string_column(name: str, col: list, where: _Where, max_chars: int = 255,
+                   min_chars: int = 0) -> tuple[list[str], np.ndarray]:
     names: dict[str, int] = {}
     index = np.full(len(col), -1, dtype=np.int32)
     for i, x in enumerate(col):
         if x is None:
             continue
-        if type(x) is not str or len(x) > 255:
-            raise InvalidInput(f"{name} must be a string of at most 255 characters, got {_describe(x)}",
+        if type(x) is not str or not min_chars <= len(x) <= max_chars:
+            size = f"{min_chars} to {max_chars}" if min_chars else f"at most {max_chars}"
+            raise InvalidInput(f"{name} must be a string of {size} characters, got {_describe(x)}",
                                loc=where(name, i))
         index[i] = names.setdefault(x, len(names))
     return list(names), index

@@ -6,6 +6,7 @@ from the resumed step. State round-trips through :meth:`state_dict` for service 
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
@@ -51,6 +52,7 @@ class RunMonitor:
             ws = ws[np.isfinite(ws)]
             if len(ws) and not self.config.get("world_size"):
                 self.world_size = int(ws.max())
+        batch = with_label_codes(batch)
         if self.suite.arrival:
             arrival_block = batch_to_block(batch.steps, batch.ranks, batch.values, batch.present)
             for det in self.suite.arrival.values():
@@ -74,7 +76,11 @@ class RunMonitor:
         out: list[Finding] = []
         for block in self.aligner.flush_all():
             out += self._aligned(block)
-        self.suite.reset()
+        for det in self.suite.all().values():
+            # A detector that judges the resume itself (resume_mismatch) keeps what the abandoned
+            # attempt reported; every other detector starts again from the resumed step.
+            new_attempt = getattr(det, "new_attempt", None)
+            new_attempt() if new_attempt is not None else det.reset()
         self.aligner.reset()
         self.ranks_seen.clear()
         self.attempt = attempt
@@ -147,3 +153,22 @@ class RunMonitor:
         service was down does not count as the ranks' silence."""
         for det in self.suite.absence.values():
             det.shift_clock(shift_s)
+
+
+def label_code(text: str) -> float:
+    """A string field value as a number detectors can compare: 53 bits of its hash, exact in
+    float64 (equal strings, equal codes; a collision has odds of 2**-53)."""
+    return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 11)
+
+
+def with_label_codes(batch: MetricBatch) -> MetricBatch:
+    """The batch with each string field (``param_digest``) added as a numeric column of codes, so
+    the aligner and the detectors, which see numbers only, can compare digests across ranks."""
+    if not batch.labels:
+        return batch
+    values, present = dict(batch.values), dict(batch.present)
+    for name, (names, idx) in batch.labels.items():
+        codes = np.array([label_code(n) for n in names] + [np.nan])
+        values[name], present[name] = codes[idx], idx >= 0
+    return MetricBatch(steps=batch.steps, ranks=batch.ranks, values=values, present=present,
+                       host_names=batch.host_names, host_index=batch.host_index, labels=batch.labels)

@@ -118,7 +118,8 @@ class RollbackCheckpoint(BaseModel):
 
 class SignalOnset(BaseModel):
     """One signal's view of the first corrupted update."""
-    signal: str = Field(..., description="non_finite, loss_trend, grad_norm, rank_disagreement or findings.")
+    signal: str = Field(..., description="non_finite, loss_trend, grad_norm, rank_disagreement, findings, "
+                                                 "or param_digest (the replicas' digests: an exact interval).")
     step: int = Field(..., description="This signal's estimate of the first corrupted update, steps.")
     low: int = Field(..., description="Earliest step the first corrupted update may be, steps (inclusive).")
     high: int = Field(..., description="Latest step the first corrupted update may be, steps (inclusive).")
@@ -171,6 +172,14 @@ class EvidenceEpisode(BaseModel):
     why: str = Field(..., description="Why it counts or not, for people.")
 
 
+class ReplicaProofOut(BaseModel):
+    """What the replicas' digests prove about the onset."""
+    last_agreeing_step: int = Field(..., description="Newest step at which every replica of the group "
+                                                     "reported the same parameter digest, steps.")
+    first_disagreeing_step: int = Field(..., description="First step at which they disagreed, steps.")
+    ranks: list[int] = Field(..., description="The ranks whose digest differed from the majority.")
+
+
 class RollbackEvidence(BaseModel):
     """What the decision rests on, beyond the onset estimate."""
     corruption: bool = Field(..., description="True when an onset was estimated or a checkpoint was "
@@ -208,6 +217,13 @@ class RollbackEvidence(BaseModel):
         "resumed from, which is then the answer (the restore is to blame), steps."))
     restart_first_step: int | None = Field(None, description=(
         "The first step after that restart, steps; null unless `resumed_from` is set."))
+    proof: ReplicaProofOut | None = Field(None, description=(
+        "Set when a replica_mismatch dates the incident exactly: the replicas' parameter digests "
+        "agreed at `last_agreeing_step` and disagreed at `first_disagreeing_step`, so the first "
+        "corrupted update is in between (`onset` is that interval, confidence 1)."))
+    proven_clean: bool = Field(False, description=(
+        "True when the chosen checkpoint is clean by proof (at or before the replicas' last "
+        "agreeing step, or verified good by a probe), not by an estimate."))
 
 
 class RollbackOut(BaseModel):
@@ -231,6 +247,10 @@ class RollbackOut(BaseModel):
                                                              "attempt (firing or since resolved), "
                                                              "oldest onset first.")
     evidence: RollbackEvidence = Field(..., description="What the decision rests on.")
+    proven_clean: bool = Field(False, description=(
+        "True when the checkpoint is clean by proof, not by estimate: at or before the last step "
+        "at which the replicas' parameter digests agreed (`evidence.proof`), or verified good by "
+        "a probe."))
 
 
 # ----------------------------------------------------------------------------- bisection

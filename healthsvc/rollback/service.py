@@ -68,6 +68,7 @@ class RollbackAnswer:
             "reason": d["reason"],
             "conservative": d["conservative"],
             "skip_data_range": d["skip_data_range"],
+            "proven_clean": d["evidence"].get("proven_clean", False),
             "findings": self.findings,
             "evidence": {**d["evidence"], "superseded": self.superseded,
                          "history_steps": self.history_steps},

@@ -94,7 +94,9 @@ def get_metrics(
     if has_hosts:
         columns["host"] = hist.hosts or [None] * len(hist)
     for f in wanted:
-        if f in hist.values:
+        if f in hist.labels:
+            columns[f] = hist.labels[f]
+        elif f in hist.values:
             columns[f] = encode.float_column_to_json(hist.values[f], hist.present[f])
         else:
             columns[f] = [None] * len(hist)

@@ -2,7 +2,9 @@
 
 Layout: ``b"HSC2"``, a little-endian u32 header length, an orjson header, one block holding every
 8-byte column side by side — step deltas, rank deltas, each metric's float64 values, host indices
-— and then the presence bitmaps of the metrics that have a missing value.
+— then the presence bitmaps of the metrics that have a missing value. String fields other than the
+host (``MetricBatch.labels``, e.g. ``param_digest``) follow the host indices as index columns; their
+distinct values are in the header.
 
 The block is compressed with blosc2 (bit-shuffle + LZ4: a few GB/s, ~7 bytes per float point for
 training metrics) in one call: blosc2's Python wrapper costs tens of microseconds per call, which
@@ -40,7 +42,8 @@ def encode_chunk(batch: MetricBatch) -> bytes:
     n = len(batch)
     names = list(batch.values)
     has_hosts = batch.host_index is not None
-    block = np.empty((2 + len(names) + has_hosts, n), dtype=np.float64)
+    labels = list(batch.labels)
+    block = np.empty((2 + len(names) + has_hosts + len(labels), n), dtype=np.float64)
     ints = block.view(np.int64)
     ints[0] = _delta(batch.steps)
     ints[1] = _delta(batch.ranks)
@@ -57,13 +60,16 @@ def encode_chunk(batch: MetricBatch) -> bytes:
             missing.append(name)
             bitmaps.append(np.packbits(present).tobytes())
     if has_hosts:
-        ints[-1] = batch.host_index
+        ints[2 + len(names)] = batch.host_index
+    for j, name in enumerate(labels):
+        ints[2 + len(names) + has_hosts + j] = batch.labels[name][1]
     raw = block.tobytes()
     compressed = len(raw) >= RAW_BELOW_BYTES
     data = blosc2.compress(raw, typesize=8, clevel=1, codec=blosc2.Codec.LZ4,
                            filter=blosc2.Filter.BITSHUFFLE) if compressed else raw
     header = orjson.dumps({"n": n, "fields": names, "missing": missing, "hosts": batch.host_names if has_hosts else None,
-                           "compressed": compressed, "size": len(data)})
+                           "compressed": compressed, "size": len(data),
+                           **({"labels": {f: batch.labels[f][0] for f in labels}} if labels else {})})
     return b"".join([MAGIC, struct.pack("<I", len(header)), header, data, *bitmaps])
 
 
@@ -77,7 +83,8 @@ def decode_chunk(buf: bytes, fields: set[str] | None = None) -> MetricBatch:
     start = 8 + hlen
     data = buf[start:start + header["size"]]
     raw = blosc2.decompress(data) if header["compressed"] else data
-    block = np.frombuffer(raw, dtype=np.float64).reshape(-1, n) if n else np.zeros((2 + len(names), 0))
+    rows = 2 + len(names) + (header["hosts"] is not None) + len(header.get("labels") or {})
+    block = np.frombuffer(raw, dtype=np.float64).reshape(-1, n) if n else np.zeros((rows, 0))
     ints = block.view(np.int64)
     batch = MetricBatch(steps=np.cumsum(ints[0]), ranks=np.cumsum(ints[1]))
     offset = start + header["size"]
@@ -96,7 +103,11 @@ def decode_chunk(buf: bytes, fields: set[str] | None = None) -> MetricBatch:
             present = np.ones(n, dtype=bool)
             batch.values[name] = block[2 + i].copy()
         batch.present[name] = present
-    if header["hosts"] is not None:
+    has_hosts = header["hosts"] is not None
+    if has_hosts:
         batch.host_names = header["hosts"]
-        batch.host_index = ints[-1].astype(np.int32)
+        batch.host_index = ints[2 + len(names)].astype(np.int32)
+    for j, (name, values) in enumerate((header.get("labels") or {}).items()):
+        if fields is None or name in fields:
+            batch.labels[name] = (values, ints[2 + len(names) + has_hosts + j].astype(np.int32))
     return batch

@@ -197,7 +197,7 @@ class SQLiteStore:
         cur = conn.execute(
             "INSERT INTO chunks (run_id, attempt, step_min, step_max, n_records, n_points, fields, has_hosts,"
             " received_at, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, attempt, step_min, step_max, len(batch), batch.n_points, ",".join(batch.values),
+            (run_id, attempt, step_min, step_max, len(batch), batch.n_points, ",".join([*batch.values, *batch.labels]),
              batch.host_index is not None, now, encode_chunk(batch)))
         chunk_id = cur.lastrowid
         if st.finished:  # data after the run finished: it resumed

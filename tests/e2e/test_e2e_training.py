@@ -66,6 +66,11 @@ def test_healthy_run_reports_every_rank_every_step_and_raises_nothing(url, share
     assert run["status"] == "finished" and run["ranks_seen"] == 4 and run["last_step"] == 79
     checkpoints = shared_http.get("/v1/runs/e2e-healthy/checkpoints").json()
     assert [c["step"] for c in checkpoints] == [39, 79]
+    # Replica fingerprints are on by default (every 20 steps): every rank sent one, all equal.
+    cols = shared_http.get("/v1/runs/e2e-healthy/metrics", params={"fields": "param_digest"}).json()["columns"]
+    sent = [(s, r, d) for s, r, d in zip(cols["step"], cols["rank"], cols["param_digest"]) if d is not None]
+    assert sorted({s for s, _, _ in sent}) == [19, 39, 59, 79] and len(sent) == 16
+    assert all(len({d for s2, _, d in sent if s2 == s}) == 1 for s in (19, 39, 59, 79))
     assert [f["kind"] for f in all_findings(shared_http, "e2e-healthy")] == []
 
 

@@ -42,7 +42,7 @@ def main() -> None:
     data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
     trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[HealthCallback(args.url, args.run_id),
+                        callbacks=[HealthCallback(args.url, args.run_id, fingerprint_every=2),
                                    ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=2, save_top_k=-1)])
     trainer.fit(Tiny(args.nan_step, args.nan_rank), torch.utils.data.DataLoader(data, batch_size=4))
 

@@ -26,13 +26,17 @@ def test_trainer_checkpoints_are_registered_with_durations(shared_server, shared
                              learning_rate=1e-3, report_to=[], use_cpu=True, logging_steps=100,
                              save_strategy="steps", save_steps=2, disable_tqdm=True, dataloader_num_workers=0)
     trainer = Trainer(model=model, args=args, train_dataset=dataset)
-    callback = attach(trainer, shared_server.url, run_id="hf-tiny", heartbeat_interval_s=0)
+    callback = attach(trainer, shared_server.url, run_id="hf-tiny", heartbeat_interval_s=0,
+                      fingerprint_every=2)
     trainer.train()
     assert callback.run.stats().failed_requests == 0
 
     cols = shared_http.get("/v1/runs/hf-tiny/metrics").json()["columns"]
     assert cols["step"] == [1, 2, 3, 4] and cols["rank"] == [0] * 4
     assert all(math.isfinite(v) and v > 0 for v in cols["loss"] + cols["grad_norm"])
+    # A fingerprint every 2 steps, at the steps of the checkpoints; the weights moved in between.
+    assert [d is not None for d in cols["param_digest"]] == [False, True, False, True]
+    assert cols["param_digest"][1] != cols["param_digest"][3]
 
     ckpts = shared_http.get("/v1/runs/hf-tiny/checkpoints").json()
     assert [c["step"] for c in ckpts] == [2, 4]

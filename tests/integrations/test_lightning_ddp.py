@@ -42,8 +42,15 @@ def test_local_grad_norm_names_the_nan_rank_and_checkpoints_carry_durations(shar
         assert g0 <= (l0 + l1) / 2 * (1 + 1e-6)               # the norm of the mean <= the mean of norms
     assert math.isnan(val("local_grad_norm", 3, 1)) and math.isfinite(val("local_grad_norm", 3, 0))
     assert math.isnan(val("grad_norm", 3, 0)) and math.isnan(val("grad_norm", 3, 1))
+    # Replica fingerprints every 2 steps (after the updates of steps 1, 3, 5): the two replicas
+    # hold the same bits, even once the NaN update poisoned both alike.
+    digests = {(s, r): cols["param_digest"][i] for (s, r), i in by.items()}
+    assert [s for s in range(6) if digests[(s, 0)] is not None] == [1, 3, 5]
+    assert all(digests[(s, 0)] == digests[(s, 1)] for s in (1, 3, 5))
+    assert digests[(1, 0)] != digests[(3, 0)]   # the weights moved (to NaN: after that they stay put)
 
     findings = _wait_for(shared_http, "pl-ddp", "non_finite")
+    assert shared_http.get("/v1/runs/pl-ddp/findings", params={"kind": "replica_mismatch"}).json() == []
     summary = [(f["metric"], f["step"], f["ranks"], f["evidence"]["role"]) for f in findings]
     # The first non-finite local values: rank 1's, at step 3 (rank 0's own go NaN at step 4, after
     # the poisoned update). (Which findings the detector adds as other ranks' pushes arrive is the

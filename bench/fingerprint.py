@@ -1,0 +1,111 @@
+"""What a replica fingerprint (``clients.digest.param_digest``) costs, against the training step.
+
+Two models on the CPU, one thread (the example trainer's setting):
+
+1. the example's char-level GPT (``examples/train.py``, about 30 k parameters), with AdamW;
+2. a model of about 100 M parameters (a stack of 2048 x 2048 linear layers) with AdamW, a batch
+   of 16 rows.
+
+For each: the median of a training step (forward, backward, optimizer update), of a fingerprint
+of the parameters, and of one with the optimizer state too, in alternating rounds so drift on a
+shared machine hits all alike; then the share of the step time at a fingerprint every N steps.
+The default ``FINGERPRINT_EVERY`` is chosen so that share stays at or below 1 %.
+
+    .venv/bin/python bench/fingerprint.py            # about a minute
+    .venv/bin/python bench/fingerprint.py --quick    # the example model only, a few seconds
+
+Prints figures; asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+from clients.digest import FINGERPRINT_EVERY, param_digest  # noqa: E402
+import train as example  # noqa: E402
+
+
+def example_model():
+    cfg = example.Config()
+    data, vocab = example.encode_corpus()
+    torch.manual_seed(cfg.seed)
+    model = example.CharGPT(cfg, vocab)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    step = [0]
+
+    def train_step() -> None:
+        x, y = example.get_batch(data, cfg, step[0], 0)
+        step[0] += 1
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+    return "example CharGPT", model, opt, train_step
+
+
+def large_model(width: int = 2048, depth: int = 24):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(16, width)
+
+    def train_step() -> None:
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+    return f"{depth} x Linear({width}, {width})", model, opt, train_step
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(name, model, opt, train_step, rounds: int) -> dict:
+    n_params = sum(p.numel() for p in model.parameters())
+    for _ in range(2):  # warm-up: the optimizer state exists after the first step
+        train_step()
+    param_digest(model, optimizer=opt)
+    step_s, fp_s, fp_opt_s = [], [], []
+    for _ in range(rounds):
+        step_s.append(timed(train_step))
+        fp_s.append(timed(lambda: param_digest(model)))
+        fp_opt_s.append(timed(lambda: param_digest(model, optimizer=opt)))
+    step, fp, fp_opt = (statistics.median(v) for v in (step_s, fp_s, fp_opt_s))
+    print(f"\n{name}: {n_params / 1e6:.2f} M parameters, median of {rounds} rounds")
+    print(f"  training step                   {step * 1e3:9.2f} ms")
+    print(f"  fingerprint (parameters)        {fp * 1e3:9.2f} ms  = {100 * fp / step:6.2f} % of a step "
+          f"({fp / n_params * 1e9:.2f} ns per parameter)")
+    print(f"  fingerprint (+ optimizer state) {fp_opt * 1e3:9.2f} ms  = {100 * fp_opt / step:6.2f} % of a step")
+    for every in (1, 5, FINGERPRINT_EVERY, 50):
+        print(f"  every {every:3d} steps: {100 * fp / step / every:6.3f} % of training time "
+              f"(+ optimizer state: {100 * fp_opt / step / every:6.3f} %)")
+    return {"step_s": step, "fingerprint_s": fp, "fingerprint_opt_s": fp_opt}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the example model only")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds per model (default: 200 / 7)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread; FINGERPRINT_EVERY = {FINGERPRINT_EVERY}")
+    measure(*example_model(), rounds=args.rounds or 200)
+    if not args.quick:
+        measure(*large_model(), rounds=args.rounds or 7)
+
+
+if __name__ == "__main__":
+    main()
