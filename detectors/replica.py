@@ -58,38 +58,42 @@ class ReplicaMismatchDetector(Detector, BlockDetector):
         if not block.has(self.metric):
             return []
         codes, has = block.values[self.metric], block.present[self.metric]
-        if self.group_metric in block.values:
-            groups = np.where(block.present[self.group_metric], block.values[self.group_metric], 0.0)
-        else:
-            groups = np.zeros(codes.shape)
         out: list[Finding] = []
-        rows = np.flatnonzero(has.any(axis=1))      # fingerprint steps only
-        if not len(rows):
-            return out
-        # The usual case, vectorised: one group whose reported digests are all equal.
-        sub, sub_has = codes[rows], has[rows]
-        with np.errstate(invalid="ignore"):
-            lo = np.nanmin(np.where(sub_has, sub, np.inf), axis=1)
-            hi = np.nanmax(np.where(sub_has, sub, -np.inf), axis=1)
-        one_group = bool((groups[rows][sub_has] == 0).all())
-        agree = (lo == hi) & (sub_has.sum(axis=1) >= 2) & one_group
-        for k, i in enumerate(rows):
+        # Fingerprints come every few steps: the work is per fingerprint row, over its ranks.
+        for i in np.flatnonzero(has.any(axis=1)):
             step = int(block.steps[i])
-            if agree[k] and not self._odd.get(0):
-                self._last_agree[0] = step
-                continue
             row_has = has[i]
-            for g in np.unique(groups[i][row_has]):
-                members = row_has & (groups[i] == g)
-                out += self._judge(step, int(g), block.ranks[members], codes[i][members])
+            everyone = bool(row_has.all())
+            row_codes = codes[i] if everyone else codes[i][row_has]
+            row_ranks = block.ranks if everyone else block.ranks[row_has]
+            if self.group_metric in block.values:
+                g = np.where(block.present[self.group_metric][i], block.values[self.group_metric][i], 0.0)
+                row_groups = g if everyone else g[row_has]
+            else:
+                row_groups = None
+            if row_groups is None or not row_groups.any():
+                # The usual case: one group. Equal digests (min == max) prove agreement.
+                if (len(row_codes) >= 2 and row_codes.min() == row_codes.max()
+                        and not self._odd.get(0)):
+                    self._last_agree[0] = step
+                    continue
+                out += self._judge(step, 0, row_ranks, row_codes)
+                continue
+            for gv in np.unique(row_groups):
+                members = row_groups == gv
+                out += self._judge(step, int(gv), row_ranks[members], row_codes[members])
         return out
 
     def _judge(self, step: int, group: int, ranks: np.ndarray, codes: np.ndarray) -> list[Finding]:
         if len(ranks) < 2:
             return []
-        values, inverse, counts = np.unique(codes, return_inverse=True, return_counts=True)
         named = self._odd.get(group, [])
-        if len(values) == 1:
+        # A strict majority's digest is the median (the middle order statistic): found in linear
+        # time, which settles the usual disagreement (one odd replica among many) without a sort.
+        mid = np.partition(codes, len(codes) // 2)[len(codes) // 2]
+        with_mid = codes == mid
+        n_mid = int(with_mid.sum())
+        if n_mid == len(codes):
             self._last_agree[group] = step
             if not named:
                 return []
@@ -97,25 +101,34 @@ class ReplicaMismatchDetector(Detector, BlockDetector):
             return [Finding(kind=self.kind, step=step, ranks=tuple(named), severity="critical",
                             metric=self.metric, status="resolved",
                             evidence={"replica_group": group, "reason": "digests agree again"})]
-        top = counts.max()
-        leaders = np.flatnonzero(counts == top)
-        if len(leaders) == 1:
-            odd = ranks[inverse != leaders[0]]   # outside the largest agreeing set
-            majority = int(top)
+        if 2 * n_mid > len(codes):
+            odd, majority = ranks[~with_mid], n_mid
+            distinct = None
         else:
-            odd = ranks                           # no largest set (say, two ranks): all named
-            majority = 0
-        new = sorted(int(r) for r in odd if int(r) not in named)
+            values, inverse, counts = np.unique(codes, return_inverse=True, return_counts=True)
+            distinct = len(values)
+            top = counts.max()
+            leaders = np.flatnonzero(counts == top)
+            if len(leaders) == 1:
+                odd = ranks[inverse != leaders[0]]   # outside the largest agreeing set
+                majority = int(top)
+            else:
+                odd = ranks                           # no largest set (say, two ranks): all named
+                majority = 0
+        known = set(named)
+        new = sorted(int(r) for r in odd if int(r) not in known)
         if not new:
             return []
-        self._odd[group] = sorted(set(named) | set(new))
+        if distinct is None:
+            distinct = int(len(np.unique(codes[~with_mid]))) + 1
+        self._odd[group] = sorted(known | set(new))
         last = self._last_agree.get(group)
         return [Finding(
             kind=self.kind, step=step, ranks=tuple(new), severity="critical", score=1.0,
             metric=self.metric, onset_step=None if last is None else last + 1,
             evidence={"replica_group": group, "last_agreeing_step": last,
                       "first_disagreeing_step": step, "group_ranks": int(len(ranks)),
-                      "majority_ranks": majority, "distinct_digests": int(len(values)),
+                      "majority_ranks": majority, "distinct_digests": distinct,
                       "strict_majority": bool(majority * 2 > len(ranks))})]
 
     def state_dict(self) -> dict[str, Any]:
