@@ -16,6 +16,7 @@ import orjson
 
 from detectors.finding import SEVERITY_ORDER, Finding
 from healthsvc.encode import jsonable
+from healthsvc.identity import occurrence_key
 from healthsvc.store.sqlite import SQLiteStore
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,6 @@ class FindingsRecorded:
     findings: list[StoredFinding]
 
 
-def _identity(attempt: int, f: Finding) -> str:
-    return f"{attempt}|{f.kind}|{f.metric}|{','.join(map(str, f.ranks))}|{f.step}|{f.status}"
-
-
 class FindingsService:
     def __init__(self, store: SQLiteStore, clock: Callable[[], float]) -> None:
         self.store = store
@@ -105,7 +102,7 @@ class FindingsService:
                     (run_id, attempt, f.kind, f.metric, orjson.dumps(list(f.ranks)), orjson.dumps(blamed_hosts),
                      int(f.step), f.status, f.severity, float(f.score), f.onset_step,
                      orjson.dumps(f.evidence),
-                     now, _identity(attempt, f)))
+                     now, occurrence_key(attempt, f)))
                 if cur.rowcount:
                     stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f))
             return FindingsRecorded(stored)
@@ -152,22 +149,20 @@ class FindingsService:
         out = [sf for run_id in runs for sf in self.query(run_id, since_id=after_id, limit=limit)]
         return sorted(out, key=lambda sf: sf.id)[:limit]
 
-    def active(self, run_id: str) -> list[StoredFinding]:
-        """Firing findings whose condition (kind, metric, ranks, attempt) has not been resolved since."""
+    def newest_id(self) -> int:
+        """The id of the newest stored finding (0: none)."""
+        return self.store.read_conn().execute("SELECT coalesce(max(id), 0) FROM findings").fetchone()[0]
+
+    def unresolved(self, run_id: str) -> list[StoredFinding]:
+        """Firing findings whose condition (kind, metric, ranks, attempt) no later finding resolved.
+        What is *active* also depends on alerting: see :class:`healthsvc.health.RunHealth`."""
         latest: dict[tuple, StoredFinding] = {}
         for sf in self.query(run_id, limit=1_000_000):
             f = sf.finding
             latest[(sf.attempt, f.kind, f.metric, f.ranks)] = sf
         return [sf for sf in latest.values() if sf.finding.status == "firing"]
 
-    def summary(self, run_id: str) -> dict[str, Any]:
-        """The run-summary section: health at a glance and the active findings."""
-        active = self.active(run_id)
-        worst = max((SEVERITY_ORDER[sf.finding.severity] for sf in active), default=-1)
-        health = "ok" if worst <= 0 else ("warning" if worst == 1 else "critical")
-        counts: dict[str, int] = {}
-        for (kind, n) in self.store.read_conn().execute(
-                "SELECT kind, count(*) FROM findings WHERE run_id=? AND status='firing' GROUP BY kind", (run_id,)):
-            counts[kind] = n
-        return {"health": health, "findings_by_kind": counts,
-                "active_findings": [sf.to_dict() for sf in active]}
+    def firing_counts(self, run_id: str) -> dict[str, int]:
+        """Firing findings ever stored for the run, by kind."""
+        return dict(self.store.read_conn().execute(
+            "SELECT kind, count(*) FROM findings WHERE run_id=? AND status='firing' GROUP BY kind", (run_id,)))

@@ -46,6 +46,7 @@ from healthsvc.alerting.policy import (
 )
 from healthsvc.alerting.signing import generate_message_id
 from healthsvc.alerting.subscription import Subscription
+from healthsvc.identity import finding_fingerprint
 
 RollbackLookup = Callable[[str], "dict[str, Any] | None"]
 
@@ -134,14 +135,14 @@ class AlertManager:
 
     def process(self, run_id: str, findings: Iterable[Finding], hosts: Mapping[int, str], now: float) -> list[str]:
         """Fold findings into alerts and flush the run's group if due; returns enqueued webhook ids."""
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             for f in findings:
                 self._apply(run_id, f, hosts, now)
             return self._flush(run_id, now) + self._pass_through(now)
 
     def tick(self, now: float) -> list[str]:
         """Resolve alerts whose condition stayed clear, flush due groups, forget old alerts."""
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             for fp, a in list(self._alerts.items()):
                 b = model.expire(a, now, self.lifecycle)
                 if b is not a:
@@ -164,7 +165,7 @@ class AlertManager:
     # -- operator actions ---------------------------------------------------------------------
 
     def acknowledge(self, fp: str, by: str, now: float) -> Alert:
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             a = model.acknowledge(self._get(fp), now, by)
             self._store_alert(a, now)
             for sub in self.subscriptions():
@@ -176,7 +177,7 @@ class AlertManager:
 
     def resolve(self, fp: str, by: str, now: float) -> Alert:
         """Resolve by hand (latched alerts too); the resolution is notified at the next flush."""
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             a = model.resolve_by_hand(self._get(fp), now, "hand")
             a = model.acknowledge(a, now, by) if a.acknowledged_at is None else a
             self._store_alert(a, now)
@@ -187,7 +188,7 @@ class AlertManager:
     def rollback(self, run_id: str, step: int, now: float) -> list[Alert]:
         """A rollback to the checkpoint at ``step`` was performed: resolve the latched alerts of the
         run that began after it (their corrupted updates are gone); earlier onsets stay firing."""
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             done = []
             for a in list(self._alerts.values()):
                 began = a.onset_step if a.onset_step is not None else a.first_step
@@ -201,7 +202,7 @@ class AlertManager:
 
     def set_rollback_target(self, run_id: str, target: dict[str, Any] | None, now: float) -> None:
         """Annotate the run's firing corruption alerts with where to resume (``{"step", "uri"}``)."""
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             for a in list(self._alerts.values()):
                 if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target != target:
                     self._store_alert(replace(a, rollback_target=target), now)
@@ -310,7 +311,7 @@ class AlertManager:
 
     def _apply(self, run_id: str, f: Finding, hosts: Mapping[int, str], now: float) -> None:
         self.counters.findings += 1
-        fp = model.fingerprint(model.alert_labels(f, run_id))
+        fp = finding_fingerprint(run_id, f)
         existing = self._alerts.get(fp)
         if f.status == "resolved":
             if existing is not None and existing.status == "firing":
@@ -389,7 +390,7 @@ class AlertManager:
         if not firing_members:
             del self._groups[run_id]
         if enqueued and self._on_enqueue is not None:
-            self._on_enqueue()
+            self.outbox.after_commit(self._on_enqueue)
         return enqueued
 
     def _enqueue(self, sub: Subscription, run_id: str, reason: NotifyReason, alerts: list[Alert], now: float,
@@ -404,7 +405,7 @@ class AlertManager:
                for body in render_all(sub.format, n)]
         self.counters.notifications[reason.value] = self.counters.notifications.get(reason.value, 0) + 1
         if ids and wake and self._on_enqueue is not None:
-            self._on_enqueue()
+            self.outbox.after_commit(self._on_enqueue)
         return ids
 
     def _pass_through(self, now: float) -> list[str]:

@@ -19,9 +19,6 @@ def install(app: FastAPI, ctx) -> None:
 
     ctx.store.register_schema(BISECTION_SCHEMA)
     app.include_router(router)
-    alerting = getattr(app.state, "alerting", None)
-    if alerting is not None:
-        alerting.rollback_lookup = lambda run_id: rollback_target(ctx, run_id)
     ctx.summaries.add_contributor(lambda run_id: {"rollback": rollback_target(ctx, run_id)})
 
 

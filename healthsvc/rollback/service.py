@@ -172,6 +172,10 @@ def history_block(store, run_id: str, step_min: int | None = None,
     return StepBlock(steps=steps, ranks=ranks, values=values, present=present)
 
 
+def has_bisection(store, run_id: str) -> bool:
+    return store.read_conn().execute("SELECT 1 FROM bisections WHERE run_id=?", (run_id,)).fetchone() is not None
+
+
 def load_bisection(store, run_id: str) -> Bisection | None:
     row = store.read_conn().execute("SELECT state FROM bisections WHERE run_id=?",
                                     (run_id,)).fetchone()
