@@ -78,7 +78,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     # (bound below; the lookup is called only once the service runs).
     alerting = AlertingService(Outbox(store), settings, clock, findings_after=findings.stored_after,
                                newest_finding_id=findings.newest_id,
-                               rollback_lookup=lambda run_id: rollback.rollback_target(ctx, run_id))
+                               rollback_lookup=lambda run_id: rollback.rollback_target(ctx, run_id),
+                               onset_lookup=lambda run_id: rollback.incident_onset(ctx, run_id))
     ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store),
                          findings=findings, health=RunHealth(findings, alerting.alert_states),
                          alerting=alerting, clock=clock)

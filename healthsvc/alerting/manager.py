@@ -185,13 +185,16 @@ class AlertManager:
             self._pass_through(now)
             return a
 
-    def rollback(self, run_id: str, step: int, now: float) -> list[Alert]:
+    def rollback(self, run_id: str, step: int, now: float, onset: int | None = None) -> list[Alert]:
         """A rollback to the checkpoint at ``step`` was performed: resolve the latched alerts of the
-        run that began after it (their corrupted updates are gone); earlier onsets stay firing."""
+        run whose corruption began after it (their corrupted updates are gone); earlier onsets stay
+        firing. ``onset`` is the run's estimated first corrupted update, the one ``GET /rollback``
+        dates the incident by (its ``onset.low``): given, it decides for every latched alert of
+        the run; without an estimate each alert's own onset (else first step) decides."""
         with self._lock, self.outbox.batch():  # one store job
             done = []
             for a in list(self._alerts.values()):
-                began = a.onset_step if a.onset_step is not None else a.first_step
+                began = onset if onset is not None else (a.onset_step if a.onset_step is not None else a.first_step)
                 if a.run == run_id and a.latched and a.status == "firing" and began > step:
                     b = model.resolve_by_hand(a, now, "rollback")
                     self._store_alert(b, now)

@@ -54,7 +54,8 @@ class AlertingService:
     def __init__(self, outbox: Outbox, settings: Any, clock: Callable[[], float],
                  findings_after: Callable[[int], list] | None = None,
                  newest_finding_id: Callable[[], int] | None = None,
-                 rollback_lookup: Callable[[str], dict | None] | None = None) -> None:
+                 rollback_lookup: Callable[[str], dict | None] | None = None,
+                 onset_lookup: Callable[[str], int | None] | None = None) -> None:
         self.outbox = outbox
         # Findings reach alerting through an in-memory queue; a persisted cursor (the id of the
         # newest finding processed) lets start() replay what a crash left unprocessed.
@@ -74,6 +75,9 @@ class AlertingService:
         self.address_policy = AddressPolicy.parse(getattr(settings, "webhook_allowed_networks", ""))
         # run_id -> {"step", "uri"} | None, for the annotations of corruption alerts.
         self.rollback_lookup = rollback_lookup
+        # run_id -> the estimated first corrupted update (GET /rollback's onset.low) | None: the
+        # one onset a rollback resolves latched alerts by.
+        self.onset_lookup = onset_lookup
 
     def alert_states(self, run_id: str) -> dict[str, Any]:
         """The run's alerts by fingerprint (none before start): run health reads them."""
@@ -140,6 +144,13 @@ class AlertingService:
         if self.worker is not None:
             self.worker.stop()
 
+    def _incident_onset(self, run_id: str) -> int | None:
+        try:
+            return self.onset_lookup(run_id) if self.onset_lookup is not None else None
+        except Exception:  # no estimate: each alert's own onset decides
+            log.exception("alerting: no onset estimate for run %s", run_id)
+            return None
+
     def _headers_for(self, subscription_id: str) -> dict[str, str]:
         """A subscription's own request headers at attempt time (none once it was deleted)."""
         try:
@@ -176,7 +187,7 @@ class AlertingService:
     def _handle(self, item: FindingsStored | RolledBack) -> None:
         assert self.manager is not None
         if isinstance(item, RolledBack):
-            self.manager.rollback(item.run_id, item.step, self.clock())
+            self.manager.rollback(item.run_id, item.step, self.clock(), onset=self._incident_onset(item.run_id))
             return
         fresh = [sf for sf in item.findings if sf.id > self._cursor]  # a replay may have seen them
         if not fresh:

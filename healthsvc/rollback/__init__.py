@@ -27,3 +27,12 @@ def rollback_target(ctx, run_id: str) -> dict | None:
     from healthsvc.rollback.service import decide
 
     return decide(ctx, run_id).to_dict(run_id)["checkpoint"]
+
+
+def incident_onset(ctx, run_id: str) -> int | None:
+    """The earliest step the first corrupted update may be (``onset.low`` of the rollback answer),
+    or None without an estimate: what a rollback resolves latched alerts by."""
+    from healthsvc.rollback.service import decide
+
+    onset = decide(ctx, run_id).decision.onset
+    return None if onset is None else int(onset.low)
