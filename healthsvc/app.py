@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 
 from healthsvc import dashboard, economics_service, monitor, rollback, run_metrics
 from healthsvc.alerting import service as alerting_feature
-from healthsvc.alerting.outbox import Outbox
+from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.service import AlertingService
 from healthsvc.auth.guard import Guard
 from healthsvc.auth.router import router as auth_router
@@ -38,6 +38,7 @@ from healthsvc.routers import findings as findings_api, ingest as ingest_api, op
 from healthsvc.runs import RunSummaries
 from healthsvc.schemas import ErrorBody, ErrorItem, MetricsColumnar, MetricsRows
 from healthsvc.settings import Settings
+from healthsvc.store.interface import Store
 from healthsvc.store.sqlite import SQLiteStore
 
 log = logging.getLogger("healthsvc")
@@ -48,7 +49,7 @@ Hook = Callable[[], Any | Awaitable[Any]]
 class ServiceContext:
     """What a feature gets to build on."""
     settings: Settings
-    store: SQLiteStore
+    store: Store
     metrics: ServiceMetrics
     summaries: RunSummaries
     findings: FindingsService

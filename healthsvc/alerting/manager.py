@@ -21,7 +21,7 @@ table on change and read back by the constructor.
 Example::
 
     >>> from detectors.finding import Finding
-    >>> from healthsvc.alerting.outbox import Outbox
+    >>> from healthsvc.store.outbox import Outbox
     >>> from healthsvc.alerting.subscription import Subscription
     >>> m = AlertManager(Outbox(":memory:"), subscriptions=[Subscription("s", "http://127.0.0.1:9/h")])
     >>> f = Finding("non_finite", step=7, ranks=tuple(range(512)), severity="critical", metric="loss")
@@ -39,7 +39,7 @@ from detectors.finding import SEVERITY_ORDER, Finding
 from healthsvc.alerting import model
 from healthsvc.alerting.formats import Notification, render_all
 from healthsvc.alerting.model import Alert, LifecyclePolicy
-from healthsvc.alerting.outbox import Outbox
+from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.policy import (
     Matcher, NotificationLogEntry, NotifyReason, PolicyConfig, Silence, flush_due, group_key,
     group_timing, inhibited, needs_update, next_flush_at, silenced,

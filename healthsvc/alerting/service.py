@@ -28,7 +28,7 @@ from healthsvc.alerting.address_policy import AddressPolicy
 from healthsvc.alerting.delivery import AttemptResult, Backoff, DeliveryWorker
 from healthsvc.alerting.manager import AlertManager
 from healthsvc.alerting.model import LifecyclePolicy
-from healthsvc.alerting.outbox import Delivery, Outbox
+from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import DEFAULT_TIMINGS, PolicyConfig, Timing
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.messages import FindingsStored, RolledBack, Stop

@@ -24,7 +24,8 @@ import numpy as np
 from healthsvc.ingest.batch import MetricBatch
 from healthsvc.messages import Drain, Flush, Stop, Tick
 from healthsvc.monitor.aligner import StepAligner
-from healthsvc.store.sqlite import IngestResult, RunEvent, SQLiteStore
+from healthsvc.store.interface import Store
+from healthsvc.store.results import IngestResult, RunEvent
 from healthsvc.dashboard.rollup import HEAT_FIELDS, LINE_FIELDS, RunRollup
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class RunFeed:
 
 
 class RollupHub:
-    def __init__(self, store: SQLiteStore, *, clock: Callable[[], float] = time.time, align_timeout_s: float = 5.0,
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, align_timeout_s: float = 5.0,
                  tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0) -> None:
         self.store = store
         self.clock = clock

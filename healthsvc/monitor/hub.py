@@ -19,7 +19,8 @@ from detectors.finding import Finding
 from healthsvc.findings import FindingsService
 from healthsvc.messages import Drain, Stop, Tick
 from healthsvc.monitor.run_monitor import RunMonitor
-from healthsvc.store.sqlite import IngestResult, RunEvent, SQLiteStore
+from healthsvc.store.interface import Store
+from healthsvc.store.results import IngestResult, RunEvent
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def _dump_state(state: dict) -> bytes:
 
 
 class MonitorHub:
-    def __init__(self, store: SQLiteStore, findings: FindingsService, *, clock: Callable[[], float] = time.time,
+    def __init__(self, store: Store, findings: FindingsService, *, clock: Callable[[], float] = time.time,
                  tick_interval_s: float = 1.0, snapshot_every_s: float = 5.0, align_timeout_s: float = 5.0) -> None:
         self.store = store
         self.findings = findings

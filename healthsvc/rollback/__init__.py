@@ -15,9 +15,7 @@ if TYPE_CHECKING:  # the client-only install runs ``healthsvc rollback`` without
 
 def install(app: FastAPI, ctx) -> None:
     from healthsvc.rollback.router import router
-    from healthsvc.rollback.service import BISECTION_SCHEMA
 
-    ctx.store.register_schema(BISECTION_SCHEMA)
     app.include_router(router)
     ctx.summaries.add_contributor(lambda run_id: {"rollback": rollback_target(ctx, run_id)})
 

@@ -76,6 +76,13 @@ class StoreReads:
             "SELECT rank, step, phase, ts FROM heartbeats WHERE run_id=? ORDER BY rank", (run_id,))
         return [{"rank": r, "step": s, "phase": p, "ts": t} for r, s, p, t in rows]
 
+    def attempt_spans(self, *, exclude_run_id: str | None = None) -> list[tuple[str, int, float, float]]:
+        """``(run_id, attempt, first push, last push)`` of every attempt with metrics (service
+        clock, unix seconds), of every run but ``exclude_run_id``."""
+        return self.read_conn().execute(
+            "SELECT run_id, attempt, min(received_at), max(received_at) FROM chunks WHERE run_id IS NOT ?"
+            " GROUP BY run_id, attempt", (exclude_run_id,)).fetchall()
+
     def fields(self, run_id: str) -> tuple[list[str], bool]:
         """Metric fields ever reported by the run (in first-seen order), and whether hosts were."""
         names: list[str] = []

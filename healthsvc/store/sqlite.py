@@ -6,7 +6,8 @@ row per rank. Writes go through :class:`GroupCommitWriter`; reads use a connecti
 
 :class:`SQLiteStore` is assembled from modules of one concept each: ``ingest`` (the metrics write
 path and the run states), ``control`` (config, checkpoints, events, heartbeats, finish),
-``reads``, and ``snapshots`` (snapshot and replay, for every owner of in-memory state). What the
+``reads``, ``findings``, ``bisections``, ``tokens`` (and the audit log), and ``snapshots`` (snapshot and replay, for every owner
+of in-memory state). What the
 rest of the service may call is :class:`healthsvc.store.interface.Store`.
 """
 from __future__ import annotations
@@ -19,14 +20,17 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator
 
-from healthsvc.store import snapshots
+from healthsvc.store import bisections, findings, snapshots, tokens
+from healthsvc.store.bisections import BisectionsTable
 from healthsvc.store.control import ControlWrites
+from healthsvc.store.findings import FindingsTable
 from healthsvc.store.ingest import MetricsIngest
 from healthsvc.store.reads import StoreReads
 from healthsvc.store.results import IngestResult, RunEvent
 from healthsvc.store.runstate import RunState
 from healthsvc.store.schema import SCHEMA
 from healthsvc.store.snapshots import Snapshot, SnapshotKind, StoredChunk
+from healthsvc.store.tokens import TokensTable
 from healthsvc.store.writer import GroupCommitWriter
 
 __all__ = ["IngestResult", "RunEvent", "SQLiteStore", "sqlite_path_from_uri"]
@@ -45,7 +49,8 @@ def sqlite_path_from_uri(uri: str) -> str:
     return uri
 
 
-class SQLiteStore(MetricsIngest, ControlWrites, StoreReads):
+class SQLiteStore(MetricsIngest, ControlWrites, StoreReads, FindingsTable, BisectionsTable,
+                  TokensTable):
     def __init__(self, uri: str, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.path = sqlite_path_from_uri(uri)
@@ -61,7 +66,7 @@ class SQLiteStore(MetricsIngest, ControlWrites, StoreReads):
         self._local = threading.local()
         self._writer: GroupCommitWriter | None = None
         self._write_conn: sqlite3.Connection | None = None
-        self._schemas: list[str] = [SCHEMA]
+        self._schemas: list[str] = [SCHEMA, findings.SCHEMA, bisections.SCHEMA, tokens.SCHEMA]
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
@@ -126,6 +131,10 @@ class SQLiteStore(MetricsIngest, ControlWrites, StoreReads):
         if self._writer is None:
             raise RuntimeError("store is not open")
         return self._writer.submit(job)
+
+    def ping(self) -> None:
+        """Raise unless the store answers a read (readiness)."""
+        self.read_conn().execute("SELECT 1").fetchone()
 
     @property
     def writes_failing(self) -> bool:

@@ -6,7 +6,7 @@ import json
 from detectors.finding import Finding
 from healthsvc.alerting.manager import AlertManager
 from healthsvc.alerting.model import LifecyclePolicy
-from healthsvc.alerting.outbox import Outbox
+from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.policy import Matcher
 from healthsvc.alerting.subscription import Subscription
 

@@ -1,6 +1,6 @@
 """The durable webhook outbox: every notification is a row before anyone tries to send it.
 
-All of the alerting package's SQL lives here. Tables (created with ``CREATE TABLE IF NOT
+All of the alerting package's SQL lives here (in the store package, beside the store's own). Tables (created with ``CREATE TABLE IF NOT
 EXISTS`` in the service's SQLite file, next to the service store's own tables):
 
 - ``alert_outbox``: one row per (notification, subscription) delivery. ``webhook_id`` is fixed at
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, TypeVar
 
-from healthsvc.alerting.formats import jsonable
+from healthsvc.encode import jsonable
 from healthsvc.alerting.signing import generate_message_id
 
 T = TypeVar("T")
