@@ -12,7 +12,8 @@ Modules, one concept each::
     signing       Standard Webhooks headers, sign and verify
     (healthsvc.store.outbox: the durable outbox and the alerting tables, all the SQL)
     delivery      DeliveryWorker: backoff with full jitter, Retry-After, dead letters
-    manager       AlertManager: ties the above together
+    manager       AlertManager: ties the above together (the notify pipeline)
+    admin         silences, API subscriptions, alert queries (operator CRUD; AlertManager's mixin)
 
 Errors::
 
