@@ -20,9 +20,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
-from healthsvc import dashboard, economics_service, monitor, rollback, run_metrics
+from healthsvc import dashboard, monitor, rollback, run_metrics
+from healthsvc.economics import feature as economics_feature
 from healthsvc.alerting import service as alerting_feature
-from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.service import AlertingService
 from healthsvc.auth.guard import Guard
 from healthsvc.auth.router import router as auth_router
@@ -31,14 +31,18 @@ from healthsvc.body_limit import BodyLimitMiddleware
 from healthsvc.clock import ServiceClock
 from healthsvc.errors import HealthsvcError, store_error
 from healthsvc.findings import FindingsService
+from healthsvc.findings import api as findings_api
 from healthsvc.health import RunHealth
+from healthsvc.ingest import api as ingest_api
 from healthsvc.ingest.fast_path import IngestFastPath
 from healthsvc.observability import ServiceMetrics
-from healthsvc.routers import findings as findings_api, ingest as ingest_api, ops as ops_api, runs as runs_api
+from healthsvc.ops import api as ops_api
+from healthsvc.runs import api as runs_api
 from healthsvc.runs import RunSummaries
 from healthsvc.schemas import ErrorBody, ErrorItem, MetricsColumnar, MetricsRows
 from healthsvc.settings import Settings
 from healthsvc.store.interface import Store
+from healthsvc.store.outbox import Outbox
 from healthsvc.store.sqlite import SQLiteStore
 
 log = logging.getLogger("healthsvc")
@@ -129,7 +133,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     app.include_router(auth_router)
     ctx.summaries.add_contributor(ctx.health.summary)
     monitor.install(app, ctx)
-    economics_service.install(app, ctx)
+    economics_feature.install(app, ctx)
     alerting_feature.install(app, ctx)
     rollback.install(app, ctx)
     dashboard.install(app, ctx)
