@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from detectors.frame import StepBlock  # noqa: E402
-from detectors.onset import estimate_onset  # noqa: E402
+from detectors.offline.onset import estimate_onset  # noqa: E402
 from tests.detectors.test_rollback_eval import (accuracy_table, evaluate,  # noqa: E402
                                                 format_table)
 

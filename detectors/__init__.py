@@ -1,8 +1,13 @@
-"""Streaming detectors and onset maths for training-run health.
+"""Streaming detectors and the offline maths of training-run health.
 
 Pure numpy/scipy: no HTTP, no storage, no clock reads, no run ids. The service composes these.
-Every detector consumes blocks of steps x ranks (:class:`~detectors.frame.StepBlock`) and returns
-:class:`~detectors.finding.Finding` objects.
+
+- The streaming detectors (one module each, all named in :mod:`detectors.registry`) have one of
+  two shapes (:mod:`detectors.base`): a block detector consumes blocks of steps x ranks
+  (:class:`~detectors.frame.StepBlock`), an absence detector arrivals and heartbeats on the
+  caller's clock; both return :class:`~detectors.finding.Finding` objects.
+- :mod:`detectors.stats` holds the robust statistics they share.
+- :mod:`detectors.offline` the maths over a stored history: onset, rollback, bisection, economics.
 """
 from detectors.finding import Finding, Severity, FINDING_KINDS
 from detectors.frame import StepBlock

@@ -21,7 +21,7 @@ own values disagree with its peers.
 
 Score: ``(rise - warning level) / (critical level - warning level)`` clipped to [0, 1].
 
->>> from detectors.simulate import simulate_run, Divergence
+>>> from simulation import simulate_run, Divergence
 >>> run = simulate_run(n_steps=3_000, n_ranks=32, seed=4, faults=[Divergence(step=2000, rate=3e-4)])
 >>> [(f.step, f.severity, f.onset_step) for f in DivergenceDetector().update(run.block)]
 [(2179, 'warning', 2062), (2568, 'critical', 2062)]
@@ -31,16 +31,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
-from detectors.robust import cross_section, excess_score, log_positive, ReferenceRanks
+from detectors.stats.cross_section import ReferenceRanks, cross_section
+from detectors.stats.scales import excess_score, log_positive
 
 # E|y_t - y_{t-1}| = 2 sd / sqrt(pi) for independent normal noise.
 _ABS_DIFF_TO_SD = math.sqrt(math.pi) / 2.0
 
 
-class DivergenceDetector(Detector):
+class DivergenceDetector(Detector, BlockDetector):
     """Slow rise of the smoothed median loss above its best (see the module doc).
 
     Parameters

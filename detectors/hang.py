@@ -11,9 +11,9 @@ every arrival with its own clock and drives ``tick(now)`` from a timer::
     det.finish(now)                            # the run finished: silence is normal from now on
     det.shift_clock(downtime_s)                # after a restart: downtime is not silence
 
-``observe``, ``heartbeat``, ``set_world`` and ``finish`` return the *resolved* findings they
-cause; ``tick`` returns the new *firing* ones. ``update(block)`` is a no-op returning ``[]``.
-The detector never reads a clock.
+This is the :class:`~detectors.base.AbsenceDetector` protocol: ``observe``, ``heartbeat``,
+``set_world`` and ``finish`` return the *resolved* findings they cause; ``tick`` returns the new
+*firing* ones. It has no ``update(block)``. The detector never reads a clock.
 
 Definitions (times in seconds of the caller's clock):
 
@@ -77,15 +77,14 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import AbsenceDetector, Detector
 from detectors.finding import Finding
-from detectors.frame import StepBlock
 
 _NEVER = -1.0   # "no heartbeat yet" (times are the caller's clock, assumed >= 0)
 _STEP_SAMPLES = 16   # step-duration samples kept for the median (one pause is one sample)
 
 
-class HangDetector(Detector):
+class HangDetector(Detector, AbsenceDetector):
     """Absence of progress: ``hang`` (some ranks) and ``stall`` (all ranks)."""
 
     kind = "hang"
@@ -206,10 +205,6 @@ class HangDetector(Detector):
         return np.searchsorted(self._ids, ids)
 
     # ------------------------------------------------------------------------------ input
-    def update(self, block: StepBlock) -> list[Finding]:
-        """No-op: blocks carry no arrival time; report arrivals with :meth:`observe`."""
-        return []
-
     def set_world(self, ranks: Iterable[int], now: float) -> list[Finding]:
         """Declare the expected ranks; ranks left out stop being expected (their hangs resolve)."""
         ids = np.unique(np.asarray(list(ranks), dtype=np.int64))

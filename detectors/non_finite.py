@@ -21,7 +21,7 @@ Each (metric, rank) fires once. Severity is always ``critical`` and ``score`` is
 non-finite value is as bad as this detector can say). Missing cells (``present=False``) are never
 non-finite values. No warm-up, no state beyond what fired.
 
->>> from detectors.simulate import simulate_run, NonFinite
+>>> from simulation import simulate_run, NonFinite
 >>> run = simulate_run(n_steps=300, n_ranks=16, seed=1, faults=[NonFinite(step=200, rank=5)])
 >>> [(f.metric, f.step, f.ranks, f.evidence["role"]) for f in NonFiniteDetector().update(run.block)]
 [('local_grad_norm', 200, (5,), 'origin'), ('grad_norm', 200, (5,), 'spread'), ('loss', 201, (5,), 'spread'), ('local_grad_norm', 201, (5,), 'spread')]
@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 
 _MAX_LISTED = 32  # affected rank ids listed in evidence; beyond that only the count
 
 
-class NonFiniteDetector(Detector):
+class NonFiniteDetector(Detector, BlockDetector):
     """First non-finite value per metric and rank; names the origin ranks of a NaN.
 
     Parameters

@@ -44,7 +44,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from detectors.frame import StepBlock
-from detectors.robust import MEAN_ABS_TO_SD, RankTable, cross_section
+from detectors.stats.cross_section import cross_section
+from detectors.stats.rank_table import RankTable
+from detectors.stats.trend import MEAN_ABS_TO_SD
 
 
 class PeerView(NamedTuple):
@@ -57,6 +59,8 @@ class PeerView(NamedTuple):
     count: np.ndarray             # valid reference cells per row
     z: np.ndarray                 # deviation beyond the usual offset, in the rank's own sds
     rise: np.ndarray              # deviation beyond the usual offset, log units
+    z_row_max: np.ndarray         # per row, at least the largest judged z (no NaN): a reader
+                                  # after z above a threshold skips the rows at or below it
 
 
 class PeerDeviation:
@@ -96,10 +100,12 @@ class PeerDeviation:
         x = block.values[metric]
         y, valid = self.log_values(x, block.present[metric], out=self._buffer("y", x.shape))
         centre, count = self.centre(y, valid, ref)
+        z_row_max = np.full(len(y), np.inf)
         z, rise = self.update(y, valid, block.steps, block.ranks, ref, centre=(centre, count),
-                              out=(self._buffer("z", x.shape), self._buffer("rise", x.shape)))
-        out = PeerView(y, valid, centre, count, z, rise)
-        for a in (centre, count):
+                              out=(self._buffer("z", x.shape), self._buffer("rise", x.shape)),
+                              z_row_max=z_row_max)
+        out = PeerView(y, valid, centre, count, z, rise, z_row_max)
+        for a in (centre, count, z_row_max):
             a.flags.writeable = False
         self._last = (weakref.ref(block), out)
         return out
@@ -130,8 +136,9 @@ class PeerDeviation:
         positive (the usual case, checked with two reductions instead of elementwise masks)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             y = np.log(x, dtype=np.float32, out=out)
-        # log x is finite exactly where x is positive and finite (NaN propagates through min/max).
-        if y.size and present.all() and y.min() > -np.inf and y.max() < np.inf:
+        # log x is finite exactly where x is positive and finite; one sum tells whether every
+        # cell is (an infinity or NaN makes it non-finite; finite logs cannot overflow it).
+        if y.size and present.all() and np.isfinite(y.sum()):
             return y, None
         valid = present & np.isfinite(y)
         y[~valid] = np.nan
@@ -140,12 +147,14 @@ class PeerDeviation:
     def update(self, y: np.ndarray, valid: np.ndarray | None, steps: np.ndarray,
                ranks: np.ndarray | None = None, ref: np.ndarray | None = None,
                centre: tuple[np.ndarray, np.ndarray] | None = None,
-               out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+               out: tuple[np.ndarray, np.ndarray] | None = None,
+               z_row_max: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(z, rise)`` (rows x ranks, float32) for log values ``y`` at ``steps`` (``valid``
         None: every cell valid), learning from them: ``rise`` is the deviation beyond the rank's
         usual offset (log units), ``z`` that in its own sds. NaN where not judged: invalid cells,
         rows with fewer than 2 valid ranks (or the caller's centre is NaN), and a rank's first
-        ``warmup_steps`` values."""
+        ``warmup_steps`` values. ``z_row_max``, if given, receives per row an upper bound of
+        the largest judged z (it stays as given for rows not judged at all)."""
         n, r = y.shape
         ranks = np.arange(r) if ranks is None else ranks
         c, count = self.centre(y, valid, ref) if centre is None else centre
@@ -165,14 +174,18 @@ class PeerDeviation:
         with np.errstate(invalid="ignore", over="ignore"):
             for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
                 self._enter_period(int(periods[a]))
-                self._segment(y[a:b], c32[a:b], None if ok is None else ok[a:b], steps[a:b], pos,
-                              ref, z[a:b], rise[a:b])
+                hi = self._segment(y[a:b], c32[a:b], None if ok is None else ok[a:b], steps[a:b],
+                                   pos, ref, z[a:b], rise[a:b])
+                if z_row_max is not None:
+                    z_row_max[a:b] = hi
         return z, rise
 
     def _segment(self, y: np.ndarray, c: np.ndarray, ok: np.ndarray | None, steps: np.ndarray,
-                 pos: np.ndarray, ref: np.ndarray | None, z: np.ndarray, rise: np.ndarray) -> None:
+                 pos: np.ndarray, ref: np.ndarray | None, z: np.ndarray, rise: np.ndarray
+                 ) -> np.ndarray:
         """Rows of one period: judge with the period's fixed statistics, accumulate the sums.
-        ``ok=None``: every cell valid (the usual case, with fewer passes)."""
+        ``ok=None``: every cell valid (the usual case, with fewer passes). Returns per row an
+        upper bound of the largest judged z (-inf for a row with none)."""
         t = self.table
         warm, off32, inv32, lim32 = self._period_statistics()
         if len(pos) == len(t) and bool((pos[1:] > pos[:-1]).all()):   # every known rank, in order
@@ -206,6 +219,7 @@ class PeerDeviation:
             c2 = np.where(n2 >= 1, c2, c[hot_rows]).astype(np.float32)
             rise[hot_rows] = y[hot_rows] - c2[:, None] - off32
             z[hot_rows] = rise[hot_rows] * inv32
+            hi[hot_rows] = np.nanmax(z[hot_rows], axis=1, initial=-np.inf)
         e = rise
         # Learning: every step while a rank warms up; afterwards every learn_stride-th step,
         # which is plenty for statistics with memories of 50 to 1,000 values.
@@ -236,6 +250,9 @@ class PeerDeviation:
             judged = np.broadcast_to(warm[None, :], z.shape) if ok is None else ok & warm[None, :]
             z[~judged] = np.nan
             rise[~judged] = np.nan
+        # The maxima took unwarm cells in (as 0, or as themselves in recentred rows): a bound
+        # from above of the judged cells' maxima, which is all a reader may rely on.
+        return hi
 
     def _period_statistics(self) -> tuple[np.ndarray, ...]:
         """Per known rank, fixed for the period: warm, and the float32 offset, 1/sd and learning

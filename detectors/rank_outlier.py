@@ -31,7 +31,7 @@ the warning level). Missing cells leave a rank's state untouched; new ranks star
 Score: distribution metrics ``(|mean z| - z_warning) / (z_critical - z_warning)``; global metrics
 the weighted share of disagreeing steps; both clipped to [0, 1].
 
->>> from detectors.simulate import simulate_run, CorruptRank
+>>> from simulation import simulate_run, CorruptRank
 >>> run = simulate_run(n_steps=1_000, n_ranks=32, seed=2, faults=[CorruptRank(step=600, rank=9)])
 >>> [(f.metric, f.step, f.ranks, f.severity, f.onset_step) for f in RankOutlierDetector().update(run.block)]
 [('local_grad_norm', 613, (9,), 'warning', 608), ('local_grad_norm', 643, (9,), 'critical', 608)]
@@ -43,17 +43,19 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.peers import PeerDeviation
-from detectors.robust import (RankTable, cross_section, excess_score, hysteresis, last_step_where,
-                              ReferenceRanks, ewma_rows, run_length)
+from detectors.stats.cross_section import ReferenceRanks, cross_section
+from detectors.stats.machines import ewma_rows, hysteresis, last_step_where, run_length
+from detectors.stats.rank_table import RankTable
+from detectors.stats.scales import excess_score
 
 _NEVER = -(2 ** 62)   # "no quiet step seen yet"
 
 
-class RankOutlierDetector(Detector):
+class RankOutlierDetector(Detector, BlockDetector):
     """One rank's values disagree with its peers' for many steps (see the module doc).
 
     Parameters
@@ -178,15 +180,15 @@ class RankOutlierDetector(Detector):
         # Each rank against its peers, in its own sds of deviating from them: normal offsets are
         # learned, and a 2-rank job is judged as well as a 16k-rank one. (A copy: the view is
         # shared and read-only.)
-        z = np.array(z, dtype=np.float32)
-        z[count < self.min_ranks] = np.nan
-        judged = np.isfinite(z)
-        if judged.all():
-            judged_mask = None
-        else:
-            judged_mask = judged
-            z[~judged] = 0.0
-        np.clip(z, -self.z_clip, self.z_clip, out=z)
+        # Clipped into a copy in one pass (NaN stays NaN); one sum tells whether any cell is
+        # not judged (clipped values cannot overflow it), the usual case being none.
+        z = np.clip(z, -self.z_clip, self.z_clip, out=np.empty(z.shape, dtype=np.float32))
+        if count.min() < self.min_ranks:
+            z[count < self.min_ranks] = np.nan
+        judged_mask = None
+        if not np.isfinite(z.sum()):
+            judged_mask = np.isfinite(z)
+            z[~judged_mask] = 0.0
         table = self._tables[metric]
         pos = table.positions(block.ranks)
         means = ewma_rows(z, judged_mask, self._alpha, table["mean"][pos])
@@ -201,6 +203,15 @@ class RankOutlierDetector(Detector):
 
     def _global(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
         x, present = block.values[metric], block.present[metric]
+        table = self._tables[metric]
+        pos = table.positions(block.ranks)
+        if present.all():
+            hi, lo = x.max(axis=1), x.min(axis=1)
+            if bool((hi == lo).all()) and not (table["mean"][pos] > 0).any():
+                # The usual case: every rank holds the very same finite value at every step and
+                # none has a share left to decay; nothing disagrees (NaN fails hi == lo).
+                table["quiet"][pos] = int(block.steps[-1])
+                return []
         ref_valid = present[:, ref] & np.isfinite(x[:, ref])
         centre = cross_section(x[:, ref], ref_valid, None, self.min_ranks,
                                with_scale=False)[0]
@@ -208,8 +219,6 @@ class RankOutlierDetector(Detector):
         with np.errstate(invalid="ignore"):
             # NaN compares False: a missing or non-finite cell never "differs".
             differs = (x > (centre + tol)[:, None]) | (x < (centre - tol)[:, None])
-        table = self._tables[metric]
-        pos = table.positions(block.ranks)
         # The shares are exactly zero for ranks that never disagreed: update only the others.
         sub = np.flatnonzero(differs.any(axis=0) | (table["mean"][pos] > 0))
         if len(sub) == 0:

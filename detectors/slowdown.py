@@ -46,12 +46,12 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock, fill_trainer_time, trainer_time
 
 
-class SlowdownDetector(Detector):
+class SlowdownDetector(Detector, BlockDetector):
     """The whole job got slower (kind ``slowdown``, metric ``step_time``); blames no rank."""
 
     kind = "slowdown"

@@ -3,7 +3,7 @@
 Two views of one metric, both in log space (a spike is a *ratio* above normal):
 
 1. **The job**: the per-step median across ranks (``metric``: the loss, or the global
-   ``grad_norm``) against a :class:`~detectors.robust.RobustTrend` baseline (level + trend, so it
+   ``grad_norm``) against a :class:`~detectors.stats.trend.RobustTrend` baseline (level + trend, so it
    follows a decreasing training curve; robust scale; warm-up). A step is a spike when its
    residual exceeds ``z_threshold`` robust standard deviations *and* the value is at least
    ``min_rise`` above the baseline (``0.1`` = 10 %). The level learns only values judged normal;
@@ -35,7 +35,7 @@ norm jump on its own stays ``info``: early in training a 3-4x jump for one step 
 
 Score: ``(z - z_threshold) / z_threshold`` clipped to [0, 1]: 0 at the threshold, 1 at twice it.
 
->>> from detectors.simulate import simulate_run, LossSpike
+>>> from simulation import simulate_run, LossSpike
 >>> run = simulate_run(n_steps=1_500, n_ranks=32, seed=3, faults=[LossSpike(step=1200, factor=1.5)])
 >>> [(f.kind, f.step, f.severity, f.status) for f in LossSpikeDetector().update(run.block)]
 [('loss_spike', 1200, 'info', 'firing'), ('loss_spike', 1201, 'info', 'resolved')]
@@ -50,14 +50,17 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.peers import PeerDeviation
-from detectors.robust import (RankTable, RobustTrend, cross_section, excess_score, hysteresis,
-                              log_positive, ReferenceRanks, run_length)
+from detectors.stats.cross_section import ReferenceRanks, cross_section
+from detectors.stats.machines import hysteresis, run_length
+from detectors.stats.rank_table import RankTable
+from detectors.stats.scales import excess_score, log_positive
+from detectors.stats.trend import RobustTrend
 
-class SpikeDetector(Detector):
+class SpikeDetector(Detector, BlockDetector):
     """Sudden jumps of ``metric`` (job-wide) and ``rank_metric`` (per rank); see the module doc.
 
     Parameters (log-space quantities are natural-log units; 0.01 ~ 1 %)
@@ -345,8 +348,11 @@ class SpikeDetector(Detector):
     def _judge_ranks(self, block: StepBlock, view: "_RankView", spike_rows: set[int]) -> list[Finding]:
         pos = self._ranks.positions(block.ranks)
         carry_active = self._ranks["active"][pos]
-        # One pass over all cells (NaN, not judged, compares False); the exact work only on the
-        # few columns that pass it or are in an episode already.
+        # Usually no cell passes the threshold (the rows' maxima say so) and no rank is in an
+        # episode: nothing to do. Otherwise one pass over the cells (NaN, not judged, compares
+        # False), and the exact work only on the few columns that pass it or are in an episode.
+        if not (view.z_row_max > self.rank_z_threshold).any() and not carry_active.any():
+            return []
         hot = (view.z > self.rank_z_threshold).any(axis=0) | carry_active
         if not hot.any():
             return []
@@ -458,7 +464,7 @@ class _RankView:
     def __init__(self, det: SpikeDetector, block: StepBlock, ref: np.ndarray) -> None:
         v = det._peers.view(block, det.rank_metric, ref)
         self.centre = v.centre
-        self.z, self.rise = v.z, v.rise
+        self.z, self.rise, self.z_row_max = v.z, v.rise, v.z_row_max
         few = v.count < det.min_ranks
         pair = v.count == 2
         if few.any() or pair.any():

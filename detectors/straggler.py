@@ -43,7 +43,7 @@ escalate later); ``score = (ratio_hat - min_ratio) / (critical_ratio - min_ratio
 
 Example (a seeded trace where rank 5 computes 1.3x slower from step 300)::
 
-    >>> from detectors.simulate import simulate_run, Straggler
+    >>> from simulation import simulate_run, Straggler
     >>> run = simulate_run(n_steps=600, n_ranks=16, seed=1, faults=[Straggler(step=300, rank=5)])
     >>> [(f.step, f.ranks, f.onset_step, f.evidence["ratio"]) for f in StragglerDetector().update(run.block)]
     [(303, (5,), 300, 1.3006)]
@@ -54,14 +54,21 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Detector
+from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock, fill_trainer_time, trainer_time
 
 SOURCES: tuple[str, ...] = ("compute_time", "comm_time", "step_time")
 
+# The per-rank CUSUMs, run levels and counts are float32: at 16,384 ranks the recursions are
+# bound by memory traffic and SIMD width, and float32 halves both. Seven digits are far more than
+# a CUSUM in noise units (threshold 20) or a ratio reported to four decimals needs, and counts
+# are exact to 16 million steps. The replay of a rank does the same float32 arithmetic, so block
+# boundaries still do not change a result.
+_RECURSION_DTYPE = np.float32
 
-class StragglerDetector(Detector):
+
+class StragglerDetector(Detector, BlockDetector):
     """One rank persistently slower than its peers (kind ``straggler``); blames that rank."""
 
     kind = "straggler"
@@ -112,12 +119,14 @@ class StragglerDetector(Detector):
     # ------------------------------------------------------------------------------ state
     def _reset(self) -> None:
         self._ids = np.zeros(0, dtype=np.int64)        # known rank ids, sorted
-        self._cusum = np.zeros(0)                      # S, noise units
-        self._mcusum = np.zeros(0)                     # the same with allowance onset_k
-        self._mlevel = np.zeros(0)                     # U and n of the run of that CUSUM: they
-        self._mcount = np.zeros(0)                     # date the onset and measure the ratio
-        self._run_level = np.zeros(0)                  # U: EWMA of ratio since the run started
-        self._run_count = np.zeros(0)                  # n: observations since the run started
+        # The per-rank recursions run in float32 (see _RECURSION_DTYPE).
+        f32 = _RECURSION_DTYPE
+        self._cusum = np.zeros(0, f32)                 # S, noise units
+        self._mcusum = np.zeros(0, f32)                # the same with allowance onset_k
+        self._mlevel = np.zeros(0, f32)                # U and n of the run of that CUSUM: they
+        self._mcount = np.zeros(0, f32)                # date the onset and measure the ratio
+        self._run_level = np.zeros(0, f32)             # U: EWMA of ratio since the run started
+        self._run_count = np.zeros(0, f32)             # n: observations since the run started
         self._recent = np.ones(0)                      # fast EWMA of ratio, firing ranks only
         self._n_obs = np.zeros(0, dtype=np.int64)      # valid observations seen (warm-up)
         self._firing = np.zeros(0, dtype=bool)
@@ -196,7 +205,8 @@ class StragglerDetector(Detector):
         if st is not None and todo.any():
             st_ok = pres["step_time"] & (st > 0) & np.isfinite(st)
             if "comm_time" in vals:
-                comp = st - vals["comm_time"]
+                with np.errstate(invalid="ignore"):   # whatever sits in absent cells
+                    comp = st - vals["comm_time"]
                 comp_ok = st_ok & pres["comm_time"] & (comp > 0) & np.isfinite(comp)
                 rows = todo & (comp_ok.sum(axis=1) >= self.min_ranks)
                 v[rows], ok[rows], src[rows], todo = comp[rows], comp_ok[rows], 1, todo & ~rows
@@ -226,10 +236,14 @@ class StragglerDetector(Detector):
             ref = v[:, self._ref_cols]
             ref_ok = None if ok is None else ok[:, self._ref_cols]
         usable = None
+        # The order statistics come from float32 copies: numpy sorts float32 with SIMD, about
+        # seven times faster than float64 at 512 peers, and a median rounded to 7 digits moves
+        # a ratio by less than 1e-7 (the noise floor of the scale is 5e-3). Every path rounds
+        # the same way, so block boundaries still do not change results.
         if ref_ok is None or ref_ok.all():
             if ref.shape[1] < self.min_ranks:
                 return np.ones(len(v)), np.ones(len(v)), np.zeros(len(v), dtype=bool)
-            srt = np.sort(ref, axis=1)
+            srt = np.sort(ref.astype(np.float32), axis=1)
             m = srt.shape[1]
             if len(srt) == 1:
                 # The streaming case: Python floats beat a dozen tiny numpy calls (same IEEE
@@ -243,7 +257,7 @@ class StragglerDetector(Detector):
             n = len(v)
             med, iqr, usable = np.ones(n), np.zeros(n), np.zeros(n, dtype=bool)
             for i in range(n):   # rows with missing ranks: steps, not ranks
-                row = np.sort(ref[i, ref_ok[i]])
+                row = np.sort(ref[i, ref_ok[i]].astype(np.float32))
                 if len(row) >= self.min_ranks:
                     mi, qi = _quantiles(row[None, :], len(row))
                     med[i], iqr[i], usable[i] = mi[0], qi[0], True
@@ -286,17 +300,21 @@ class StragglerDetector(Detector):
             ok = None
 
         # Per step, z - k = ratio / scale - 1 / scale - k = value * a_y + b_y (clipped), and the
-        # run level gains alpha * ratio = value * a_g. Rows are processed one at a time into
-        # preallocated rank vectors: no (steps x ranks) temporaries, which cost more than the
-        # arithmetic at 10k+ ranks. Missing values add nothing and leave the run level alone.
+        # run level gains alpha * ratio = value * a_g. Those come for the whole block at once;
+        # the recursions then advance one row at a time over rank vectors, in place, each step
+        # the same IEEE operations, so any split of the input gives the same state. Missing
+        # values add nothing and leave the run level alone.
         inv_med = 1.0 / med
         alpha = self.level_alpha
-        a_y, b_y, a_g = inv_med / scale, -1.0 / scale - self.cusum_k, alpha * inv_med
+        f32 = _RECURSION_DTYPE
+        a_y, b_y, a_g = ((inv_med / scale).astype(f32), (-1.0 / scale - self.cusum_k).astype(f32),
+                         (alpha * inv_med).astype(f32))
         cap = self.z_clip - self.cusum_k
         okf = None
         if ok is not None:
             v = np.where(ok, v, 0.0)
-            okf = ok.astype(np.float64)
+            okf = ok.astype(f32)
+        v64, v = v, v.astype(f32)      # the recursions' copy; ratios and evidence in float64
 
         n, r = v.shape
         sel = slice(None) if pos is None else pos
@@ -322,37 +340,33 @@ class StragglerDetector(Detector):
         else:
             start = (cusum[maybe], level[maybe], run_count[maybe], mcusum[maybe], mlevel[maybe],
                      mcount[maybe])
-        running = np.empty(r)          # 1.0 while the run goes on, 0.0 at a zero
-        mrunning = np.empty(r)
-        tmp = np.empty(r)
-        for i in range(n):
-            np.multiply(v[i], a_y[i], out=tmp)
-            tmp += b_y[i]
-            np.minimum(tmp, cap, out=tmp)
-            if okf is not None:
-                tmp *= okf[i]
-            cusum += tmp
-            np.maximum(cusum, 0.0, out=cusum)
+        running = np.empty(r, f32)     # 1.0 while the run goes on, 0.0 at a zero
+        mrunning = np.empty(r, f32)
+        zeros = np.zeros(r, f32)       # numpy's maximum against an array is SIMD, not a scalar
+        if okf is None:
+            rows = self._dense_rows(v, a_y, b_y, a_g, cap)
+        else:
+            rows = self._masked_rows(v, okf, a_y, b_y, a_g, cap)
+        for y, ym, gain, decay, counted in rows:
+            cusum += y
+            np.maximum(cusum, zeros, out=cusum)
             if track_peak:
                 np.maximum(peak, cusum, out=peak)
             # A stricter CUSUM (allowance onset_k) runs beside: its run dates the onset and
             # measures the reported ratio, since the sensitive one may start early on noise.
-            tmp -= dk if okf is None else dk * okf[i]
-            mcusum += tmp
-            np.maximum(mcusum, 0.0, out=mcusum)
+            mcusum += ym
+            np.maximum(mcusum, zeros, out=mcusum)
             np.greater(mcusum, 0.0, out=mrunning)
-            np.multiply(v[i], a_g[i], out=tmp)
-            mlevel *= (1.0 - alpha) if okf is None else 1.0 - alpha * okf[i]
-            mlevel += tmp
+            mlevel *= decay
+            mlevel += gain
             mlevel *= mrunning
-            mcount += 1.0 if okf is None else okf[i]
+            mcount += counted
             mcount *= mrunning
             np.greater(cusum, 0.0, out=running)    # a zero restarts the run
-            level *= (1.0 - alpha) if okf is None else 1.0 - alpha * okf[i]
-            np.multiply(v[i], a_g[i], out=tmp)
-            level += tmp
+            level *= decay
+            level += gain
             level *= running
-            run_count += 1.0 if okf is None else okf[i]
+            run_count += counted
             run_count *= running
 
         # Ranks with something to decide are replayed one by one (few: firing or past h).
@@ -364,9 +378,8 @@ class StragglerDetector(Detector):
         findings: list[Finding] = []
         for j, s0, l0, c0, m0, ml0, mc0 in starts:
             k = j if pos is None else int(pos[j])
-            col = _Column(cusum=float(s0), mcusum=float(m0), mlevel=float(ml0), mcount=float(mc0),
-                          level=float(l0),
-                          count=float(c0), firing=bool(self._firing[k]),
+            col = _Column(cusum=s0, mcusum=m0, mlevel=ml0, mcount=mc0, level=l0, count=c0,
+                          firing=bool(self._firing[k]),
                           below=int(self._below[k]), source=int(self._source[k]),
                           recent=float(self._recent[k]), fire_ts=float(self._fire_ts[k]),
                           paged=bool(self._paged[k]))
@@ -377,7 +390,7 @@ class StragglerDetector(Detector):
                 y_col *= okf[:, j]
             ok_col = np.ones(n, dtype=bool) if ok is None else ok[:, j]
             findings += self._replay(col, int(ids[j]), block.steps, y_col, v[:, j] * a_g,
-                                     ok_col, v[:, j], med, src, ts)
+                                     ok_col, v64[:, j], med, src, ts)
             cusum[j], level[j], run_count[j] = col.cusum, col.level, col.count
             mcusum[j], mlevel[j], mcount[j] = col.mcusum, col.mlevel, col.mcount
             self._firing[k], self._below[k] = col.firing, col.below
@@ -394,28 +407,73 @@ class StragglerDetector(Detector):
         findings.sort(key=lambda f: (f.step, f.ranks))
         return findings
 
+    _BLOCK_AT_ONCE = 1 << 16   # cells: larger blocks are computed row by row, in cache
+
+    def _dense_rows(self, v: np.ndarray, a_y: np.ndarray, b_y: np.ndarray, a_g: np.ndarray,
+                    cap: float):
+        """Per row, with every value present: the CUSUM increments ``y``, ``y`` less the strict
+        allowance, the run-level gain, the level's decay and the count's increment.
+
+        Small blocks compute them for the whole block at once (fewer numpy calls, which is what
+        costs at a thousand ranks); large ones row by row into three reused vectors, which stay
+        in the cache while (steps x ranks) arrays would not. The same numbers either way.
+        """
+        n, r = v.shape
+        alpha, dk = self.level_alpha, self.onset_k - self.cusum_k
+        caps = np.full(r, cap, v.dtype)   # minimum against an array is SIMD, a scalar not
+        if v.size <= self._BLOCK_AT_ONCE:
+            y_all = v * a_y[:, None]
+            y_all += b_y[:, None]
+            np.minimum(y_all, caps, out=y_all)
+            ym_all = y_all - dk
+            gain_all = v * a_g[:, None]
+            for i in range(n):
+                yield y_all[i], ym_all[i], gain_all[i], 1.0 - alpha, 1.0
+            return
+        y, ym, gain = (np.empty(r, v.dtype) for _ in range(3))
+        for i in range(n):
+            np.multiply(v[i], a_y[i], out=y)
+            y += b_y[i]
+            np.minimum(y, caps, out=y)
+            np.subtract(y, dk, out=ym)
+            np.multiply(v[i], a_g[i], out=gain)
+            yield y, ym, gain, 1.0 - alpha, 1.0
+
+    def _masked_rows(self, v: np.ndarray, okf: np.ndarray, a_y: np.ndarray, b_y: np.ndarray,
+                     a_g: np.ndarray, cap: float):
+        """Per row, with missing values (``okf`` 0): the CUSUM increments ``y`` (and ``y`` less
+        the strict allowance), the run-level gain, the level's decay and the count's increment;
+        a missing value adds nothing and leaves the run level alone."""
+        alpha, dk = self.level_alpha, self.onset_k - self.cusum_k
+        for i in range(len(v)):
+            y = np.minimum(v[i] * a_y[i] + b_y[i], cap)
+            y *= okf[i]
+            yield y, y - dk * okf[i], v[i] * a_g[i], 1.0 - alpha * okf[i], okf[i]
+
     def _replay(self, col: "_Column", rank: int, steps: np.ndarray, y: np.ndarray,
                 gain: np.ndarray, ok: np.ndarray, v: np.ndarray, med: np.ndarray,
                 src: np.ndarray | None, ts: np.ndarray) -> list[Finding]:
-        """The per-rank state machine over one block column (same arithmetic as the fast path)."""
+        """The per-rank state machine over one block column: the same float32 arithmetic as the
+        fast path (``col``'s recursion values are numpy float32 scalars, ``y`` and ``gain``
+        float32, and Python floats combine with them as float32)."""
         out: list[Finding] = []
         a = self.level_alpha
         dk = self.onset_k - self.cusum_k
         for i in range(len(steps)):
             step = int(steps[i])
-            col.cusum = max(col.cusum + float(y[i]), 0.0)
-            col.mcusum = max(col.mcusum + (float(y[i]) - dk if ok[i] else 0.0), 0.0)
+            col.cusum = max(col.cusum + y[i], 0.0)
+            col.mcusum = max(col.mcusum + (y[i] - dk if ok[i] else 0.0), 0.0)
             if not ok[i]:
                 if col.mcusum == 0.0:
                     col.mlevel, col.mcount = 0.0, 0.0
                 if col.cusum == 0.0:
                     col.level, col.count = 0.0, 0.0
                 continue
-            col.mlevel = col.mlevel * (1.0 - a) + float(gain[i])
+            col.mlevel = col.mlevel * (1.0 - a) + gain[i]
             col.mcount += 1.0
             if col.mcusum == 0.0:
                 col.mlevel, col.mcount = 0.0, 0.0
-            col.level = col.level * (1.0 - a) + float(gain[i])
+            col.level = col.level * (1.0 - a) + gain[i]
             col.count += 1.0
             if col.cusum == 0.0:
                 col.level, col.count = 0.0, 0.0
@@ -442,14 +500,14 @@ class StragglerDetector(Detector):
                 continue
             if col.cusum < self.cusum_h:
                 continue
-            magnitude = col.level / (1.0 - (1.0 - a) ** col.count)
+            magnitude = float(col.level) / (1.0 - (1.0 - a) ** float(col.count))
             if magnitude < self.min_ratio:
                 continue
             n_run = int(col.count)
             if col.mcount >= self.min_onset_steps:
                 # The stricter run: a sharper onset and an undiluted ratio.
                 n_run = int(col.mcount)
-                magnitude = col.mlevel / (1.0 - (1.0 - a) ** col.mcount)
+                magnitude = float(col.mlevel) / (1.0 - (1.0 - a) ** float(col.mcount))
             col.firing, col.below, col.recent = True, 0, magnitude
             col.source = 0 if src is None else int(src[i])
             col.onset = step - n_run + 1
@@ -468,7 +526,7 @@ class StragglerDetector(Detector):
         score = min(1.0, max(0.0, (ratio - self.min_ratio) / (self.critical_ratio - self.min_ratio)))
         evidence = {"ratio": round(ratio, 4), "value_s": float(value),
                     "peer_median_s": float(median), "source": SOURCES[col.source],
-                    "cusum": round(col.cusum, 2), "steps_since_onset": n_run}
+                    "cusum": round(float(col.cusum), 2), "steps_since_onset": n_run}
         if t == t and col.fire_ts >= 0:
             evidence.update(lasted_s=round(t - col.fire_ts, 3), min_duration_s=self.min_duration_s)
         return Finding(kind=self.kind, step=step, ranks=(rank,), severity=severity,
@@ -494,8 +552,10 @@ class _Column:
 
 
 def _quantiles(sorted_rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Median and inter-quartile range of each row of an ascending-sorted ``(n, m)`` array."""
+    """Median and inter-quartile range (float64) of each row of an ascending-sorted ``(n, m)``
+    array: the same arithmetic on the same values as the one-row path of ``_reference``."""
     lo, hi = (m - 1) // 2, m // 2
-    med = 0.5 * (sorted_rows[:, lo] + sorted_rows[:, hi])
-    iqr = sorted_rows[:, (3 * (m - 1)) // 4] - sorted_rows[:, (m - 1) // 4]
+    med = 0.5 * (sorted_rows[:, lo].astype(np.float64) + sorted_rows[:, hi])
+    iqr = (sorted_rows[:, (3 * (m - 1)) // 4].astype(np.float64)
+           - sorted_rows[:, (m - 1) // 4])
     return med, iqr

@@ -40,7 +40,8 @@ RUN_ID = "demo-gpt-4r"
 CONFIG = {
     "world_size": 4,
     "batch_size_per_rank": 8,
-    "hang_timeout_floor_s": 15.0,  # above the restart gap (importing torch, starting gloo)
+    # The hang timeout stays above the restart gap (importing torch, starting gloo).
+    "detectors": {"hang": {"timeout_floor_s": 15.0}},
     "tags": {"model": "char-gpt-30k", "source": "examples/record_run.py"},
 }
 CKPT_EVERY = 20

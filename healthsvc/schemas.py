@@ -9,7 +9,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from healthsvc.limits import INT64_MAX, check_storable, NonNegInt, PositiveInt, PositiveSeconds, Seconds
+from healthsvc.limits import INT64_MAX, check_storable, NonNegInt, PositiveInt, Seconds
 from clients.wire import EVENT_KINDS, HEARTBEAT_PHASES, KEY_FIELDS, METRIC_FIELDS, STRING_FIELDS
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
@@ -74,14 +74,47 @@ class Accepted(BaseModel):
     attempt: int = Field(..., description="Attempt the records were stored under (a new one opens when steps go back).")
 
 
+LEGACY_HANG_FLOOR = "hang_timeout_floor_s"
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     world_size: PositiveInt | None = Field(None, description="Number of ranks expected, count (at most max_ranks).")
     batch_size_per_rank: PositiveInt | None = Field(None, description="Samples per rank per step, count (effective batch = world_size x this).")
-    hang_timeout_floor_s: PositiveSeconds | None = Field(None, description="Smallest silence that counts as a hang, seconds.")
+    # Renamed: one knob, one name (detectors.hang.timeout_floor_s). Kept only to refuse it with a
+    # message that says where it went; configs stored before the rename are upgraded on read.
+    hang_timeout_floor_s: Any = Field(None, exclude=True, json_schema_extra={"deprecated": True},
+                                      description="Renamed: set detectors.hang.timeout_floor_s (seconds, the smallest "
+                                                  "silence that counts as a hang). A value here is refused.")
     detectors: dict[str, dict[str, Any]] = Field(default_factory=dict,
-                                                 description="Per-detector parameters, by finding kind, e.g. {\"straggler\": {\"threshold\": 1.2}}.")
+                                                 description="Per-detector parameters, by finding kind, e.g. {\"straggler\": {\"min_ratio\": 1.1}, \"hang\": {\"timeout_floor_s\": 120}}.")
     tags: dict[str, str] = Field(default_factory=dict, description="Free-form labels (team, model, cluster).")
+
+    @field_validator("hang_timeout_floor_s")
+    @classmethod
+    def _renamed(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError("renamed: set detectors.hang.timeout_floor_s instead, e.g. "
+                             '{"detectors": {"hang": {"timeout_floor_s": 120}}}')
+        return None
+
+
+def upgrade_stored_config(config: Any) -> Any:
+    """A stored run config in today's names. Configs stored before the rename carry the hang
+    detector's floor as a top-level ``hang_timeout_floor_s`` (every one carries the key, most of
+    them null); it becomes ``detectors.hang.timeout_floor_s`` unless that is set, which wins, as it
+    always did. Anything else is left for validation to judge."""
+    if not isinstance(config, dict) or LEGACY_HANG_FLOOR not in config:
+        return config
+    config = dict(config)
+    floor = config.pop(LEGACY_HANG_FLOOR)
+    detectors = config.get("detectors") if config.get("detectors") is not None else {}
+    if floor is None or not isinstance(detectors, dict) or not isinstance(detectors.get("hang", {}), dict):
+        return config
+    hang = detectors.get("hang", {})
+    if "timeout_floor_s" not in hang:
+        config["detectors"] = {**detectors, "hang": {"timeout_floor_s": floor, **hang}}
+    return config
 
 
 class CheckpointIn(BaseModel):

@@ -1,7 +1,7 @@
 """Run economics over HTTP: timeline, checkpoint interval advice, retention plan, goodput.
 
 Each handler loads the run's facts (``facts.py``) and calls one pure function of
-``healthsvc.economics``; the response models (every field, with its unit) are in ``schemas.py``,
+``detectors.offline.economics``; the response models (every field, with its unit) are in ``schemas.py``,
 the formulas in docs/economics.md.
 """
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from healthsvc.deps import RunId, StoreDep
-from healthsvc.economics.advice import MtbfPrior, advise_interval
-from healthsvc.economics.goodput import compute_goodput
-from healthsvc.economics.retention import RetentionPolicy, plan_retention
-from healthsvc.economics.timeline import build_timeline
-from healthsvc.economics.service import RunFacts, fleet_failures_and_exposure, load_run_facts
+from detectors.offline.economics.advice import MtbfPrior, advise_interval
+from detectors.offline.economics.goodput import compute_goodput
+from detectors.offline.economics.retention import RetentionPolicy, plan_retention
+from detectors.offline.economics.timeline import build_timeline
 from healthsvc.economics.schemas import AdviceOut, GoodputOut, RetentionOut, TimelineOut
+from healthsvc.economics.service import RunFacts, fleet_failures_and_exposure, load_run_facts
 from healthsvc.errors import InvalidInput, NotFound
 
 router = APIRouter(prefix="/v1/runs", tags=["economics"])

@@ -1,4 +1,4 @@
-"""What the store knows about a run, as the typed records of :mod:`healthsvc.economics`.
+"""What the store knows about a run, as the typed records of :mod:`detectors.offline.economics`.
 
 Times are the service's clock (when records, checkpoints, events and findings were stored), so
 every duration is measured on one clock. Sources:
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from detectors.finding import Finding
-from healthsvc.economics.records import Attempt, CheckpointWrite, Corruption, Incident, RunEvent
+from detectors.offline.economics.records import Attempt, CheckpointWrite, Corruption, Incident, RunEvent
 
 _DECODE_FIELDS = {"step_time", "world_size"}
 

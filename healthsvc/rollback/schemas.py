@@ -132,7 +132,7 @@ class SignalOnset(BaseModel):
 
 
 class Onset(BaseModel):
-    """The estimate of the first corrupted update (``detectors.onset.OnsetEstimate``)."""
+    """The estimate of the first corrupted update (``detectors.offline.onset.OnsetEstimate``)."""
     step: int = Field(..., description="Point estimate of the first corrupted update, steps.")
     low: int = Field(..., description="Earliest step it may be, steps (inclusive).")
     high: int = Field(..., description="Latest step it may be, steps (inclusive).")

@@ -1,11 +1,11 @@
 """Rollback and bisection in the service: stored history, findings and checkpoints in, decisions out.
 
-The maths is in :mod:`detectors.onset`, :mod:`detectors.rollback` and :mod:`detectors.bisection`;
+The maths is in :mod:`detectors.offline.onset`, :mod:`detectors.offline.rollback` and :mod:`detectors.offline.bisection`;
 this module only gathers their inputs from the store and persists the bisection state. The
 policy (what counts as evidence, the restart rule, the margin) is
-:func:`detectors.rollback.decide_rollback`'s.
+:func:`detectors.offline.rollback.decide_rollback`'s.
 
-- Findings of the incident: every corruption-kind finding (``detectors.rollback.CORRUPTION_KINDS``)
+- Findings of the incident: every corruption-kind finding (``detectors.offline.rollback.CORRUPTION_KINDS``)
   of the current attempt, firing and resolved, so the decision can tell an episode that is still
   on (or lasted) from a transient that recovered by itself.
 - Restarts: each attempt after the first (it resumed at its ``start_step``) and each ``restart``
@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from detectors.bisection import Bisection, BisectionError
-from detectors.onset import OnsetParams
+from detectors.offline.bisection import Bisection, BisectionError
+from detectors.offline.onset import OnsetParams
 from detectors.frame import StepBlock
-from detectors.rollback import (CORRUPTION_KINDS, Checkpoint, Restart, RollbackDecision,
-                                decide_rollback, episodes, evidence_episodes, onset_window)
+from detectors.offline.rollback import (CORRUPTION_KINDS, Checkpoint, Restart, RollbackDecision,
+                                        decide_rollback, episodes, evidence_episodes, onset_window)
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.history import load_history
 from healthsvc.store.bisections import CheckpointVerdict, NoBisection

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from healthsvc.errors import NotFound
-from healthsvc.schemas import RunConfig
+from healthsvc.schemas import RunConfig, upgrade_stored_config
 from healthsvc.store.interface import RunReads
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def shown_config(config: object) -> tuple[dict[str, Any], str | None]:
     """The stored config as the schema describes it, and why not when it no longer validates (a
     config written by an older version, or by hand, must not make every listing a 500)."""
     try:
-        return RunConfig.model_validate(config).model_dump(), None
+        return RunConfig.model_validate(upgrade_stored_config(config)).model_dump(), None
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 
-from detectors.simulate import Straggler, simulate_run
+from simulation import Straggler, simulate_run
 
 N_RANKS = 8
 SLOW_RANK, STRAGGLER_STEP = 5, 100

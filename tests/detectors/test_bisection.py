@@ -7,8 +7,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from detectors.bisection import (Bisection, BisectionError, ContradictoryReport, ProbeNotProposed,
-                                 UnknownCheckpoint)
+from detectors.offline.bisection import (Bisection, BisectionError, ContradictoryReport, ProbeNotProposed,
+                                         UnknownCheckpoint)
 
 
 def linear_scan(steps, good):

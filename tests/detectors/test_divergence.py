@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from detectors.divergence import DivergenceDetector
-from detectors.simulate import Divergence, LossSpike, iter_blocks, simulate_run
+from simulation import Divergence, LossSpike, iter_blocks, simulate_run
 
 
 def feed(det, block, size=32):

@@ -233,12 +233,13 @@ def test_shift_clock_discounts_downtime_after_a_restart():
     assert scenario(shift=True) == []
 
 
-def test_repeated_ranks_in_one_push_keep_the_newest_step_and_update_is_a_no_op():
+def test_repeated_ranks_in_one_push_keep_the_newest_step_and_blocks_are_not_its_input():
     det = HangDetector(timeout_floor_s=5.0)
     det.observe(np.array([1, 0, 1, 0]), np.array([7, 3, 9, 4]), 1.0)
     assert det.state_dict()["last_step"] == [4, 9]
-    from detectors.frame import StepBlock
-    assert det.update(StepBlock.from_dense([0], [0], loss=[[1.0]])) == []
+    # Blocks carry no arrival time: the hang detector is an absence detector, not a block one.
+    from detectors.base import AbsenceDetector, BlockDetector
+    assert isinstance(det, AbsenceDetector) and not isinstance(det, BlockDetector)
 
 
 def test_bad_parameters_are_refused():

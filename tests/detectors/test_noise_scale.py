@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.frame import StepBlock
-from detectors.robust import RobustTrend
+from detectors.stats.trend import RobustTrend
 from detectors.spike import LossSpikeDetector
 
 

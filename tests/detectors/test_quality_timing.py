@@ -1,7 +1,7 @@
 """Fault-injection quality of the timing detectors over realistic traces.
 
 Block-driven detectors (straggler, slowdown) run over 10,000-step, 64/128-rank seeded traces from
-:mod:`detectors.simulate` (warm-up, 2 % jitter — 6 % in three "noisy" traces —, per-rank hardware
+:mod:`simulation` (warm-up, 2 % jitter — 6 % in three "noisy" traces —, per-rank hardware
 offsets, a 5x slow step every 500 steps, some traces with 2 % of values missing), streamed in
 blocks of 1..64 steps.
 The hang detector is driven by an event simulation on a fake clock: 64 ranks, 10,000 steps of
@@ -29,7 +29,7 @@ import pytest
 
 from detectors.finding import SEVERITY_ORDER, Finding
 from detectors.hang import HangDetector
-from detectors.simulate import Straggler, iter_blocks, simulate_run
+from simulation import Straggler, iter_blocks, simulate_run
 from detectors.slowdown import SlowdownDetector
 from detectors.straggler import StragglerDetector
 

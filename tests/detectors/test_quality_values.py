@@ -26,8 +26,8 @@ from detectors.divergence import DivergenceDetector
 from detectors.finding import SEVERITY_ORDER
 from detectors.non_finite import NonFiniteDetector
 from detectors.rank_outlier import RankOutlierDetector
-from detectors.simulate import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite, Truth,
-                                iter_blocks, simulate_run)
+from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite, Truth,
+                        iter_blocks, simulate_run)
 from detectors.spike import GradSpikeDetector, LossSpikeDetector
 
 N_STEPS, N_RANKS = 10_000, 64

@@ -8,7 +8,7 @@ import pytest
 
 from detectors.frame import StepBlock
 from detectors.rank_outlier import RankOutlierDetector
-from detectors.simulate import CorruptRank, iter_blocks, simulate_run
+from simulation import CorruptRank, iter_blocks, simulate_run
 
 
 def feed(det, block, size=32):

@@ -1,12 +1,12 @@
 """Rollback accuracy on seeded simulated runs, from the findings of the real detectors.
 
-Each incident: a seeded trace from :mod:`detectors.simulate` (16 ranks, loss / grad_norm /
+Each incident: a seeded trace from :mod:`simulation` (16 ranks, loss / grad_norm /
 local_grad_norm / lr) with one fault whose first corrupted update ``s`` is known. The service's
 default corruption detectors (``healthsvc.monitor.suite.build_suite({})``: non_finite, loss and
 gradient spikes, rank_outlier, divergence) watch it in 16-step blocks, as the aligner feeds them;
 the stream stops 100 steps after the first evidence (a warning or critical episode that did not
 recover as a transient) or at the horizon. The rollback is decided by the same function the
-service calls (:func:`detectors.rollback.decide_rollback`) for checkpoints every 50, 200 and
+service calls (:func:`detectors.offline.rollback.decide_rollback`) for checkpoints every 50, 200 and
 1000 steps, a seeded few deleted. Nothing in the findings is hand-made.
 
 Kinds (x three magnitudes each):
@@ -39,14 +39,14 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from detectors.bisection import Bisection
+from detectors.offline.bisection import Bisection
 from detectors.finding import Finding
 from detectors.frame import StepBlock
-from detectors.onset import OnsetEstimate
-from detectors.rollback import (CORRUPTION_KINDS, Checkpoint, RollbackDecision, choose_rollback,
-                                decide_rollback, episodes)
-from detectors.simulate import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite,
-                                iter_blocks, simulate_run)
+from detectors.offline.onset import OnsetEstimate
+from detectors.offline.rollback import (CORRUPTION_KINDS, Checkpoint, RollbackDecision, choose_rollback,
+                                        decide_rollback, episodes)
+from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite,
+                        iter_blocks, simulate_run)
 from healthsvc.monitor.suite import build_suite
 
 KINDS: tuple[str, ...] = ("nan", "lasting", "rank", "drift", "burst", "clean")

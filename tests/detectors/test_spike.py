@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from detectors.frame import StepBlock
-from detectors.simulate import GradSpike, LossSpike, iter_blocks, simulate_run
+from simulation import GradSpike, LossSpike, iter_blocks, simulate_run
 from detectors.spike import GradSpikeDetector, LossSpikeDetector, SpikeDetector
 
 

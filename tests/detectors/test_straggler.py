@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from detectors.frame import StepBlock
-from detectors.simulate import Straggler, iter_blocks, simulate_run
+from simulation import Straggler, iter_blocks, simulate_run
 from detectors.straggler import StragglerDetector
 
 

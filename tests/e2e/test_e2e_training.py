@@ -224,7 +224,7 @@ def test_rank_leaving_restarts_with_fewer_ranks_without_a_false_alarm(url, share
     # Rank 3 dies at step 60; the survivors restart from the step-49 checkpoint and run ~300 more
     # steps, so rank 3 stays silent longer than the hang timeout: only the world-size change tells
     # the service it is gone. The timeout stays above the restart gap (a few seconds).
-    configure(shared_http, "e2e-leave", hang_timeout_floor_s=15.0)
+    configure(shared_http, "e2e-leave", detectors={"hang": {"timeout_floor_s": 15.0}})
     summary = train(url, "e2e-leave", tmp_path, "--steps", "350", "--fault", "leave",
                     "--fault-rank", "3", "--fault-step", "60", "--ckpt-every", "25")
     assert summary["start_step"] == 50  # resumed after the newest checkpoint (step 49)

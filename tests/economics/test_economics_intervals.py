@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 
-from healthsvc.economics.intervals import (daly_interval_s, expected_overhead_fraction,
-                                           expected_wall_per_work, young_interval_s)
+from detectors.offline.economics.intervals import (daly_interval_s, expected_overhead_fraction,
+                                                   expected_wall_per_work, young_interval_s)
 
 C_S = 60.0
 M_S = 4 * 3600.0  # 14,400 s

@@ -4,9 +4,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthsvc.economics.records import CheckpointWrite, Corruption
-from healthsvc.economics.retention import (GUARANTEE_REASONS, RetentionPolicy, lag_window_steps,
-                                           plan_retention)
+from detectors.offline.economics.records import CheckpointWrite, Corruption
+from detectors.offline.economics.retention import (GUARANTEE_REASONS, RetentionPolicy, lag_window_steps,
+                                                   plan_retention)
 
 
 @st.composite

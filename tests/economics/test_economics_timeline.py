@@ -3,8 +3,8 @@ import json
 import random
 
 from detectors.finding import Finding
-from healthsvc.economics.records import Attempt, CheckpointWrite, Incident, RunEvent
-from healthsvc.economics.timeline import build_timeline
+from detectors.offline.economics.records import Attempt, CheckpointWrite, Incident, RunEvent
+from detectors.offline.economics.timeline import build_timeline
 
 
 def elastic_run():

@@ -1,6 +1,6 @@
 """The rollback policy, pinned: what counts as evidence, where the answer lands, restarts, margin.
 
-Pure (no server): :func:`detectors.rollback.decide_rollback` on seeded histories and explicit
+Pure (no server): :func:`detectors.offline.rollback.decide_rollback` on seeded histories and explicit
 findings. The service calls the same function (tests/rollback/test_rollback_api.py drives it
 over HTTP with the real detectors).
 """
@@ -11,9 +11,9 @@ import pytest
 
 from detectors.finding import Finding
 from detectors.frame import StepBlock
-from detectors.rollback import (RESTART_BLOWUP_STEPS, TRANSIENT_STEPS, Checkpoint, Restart,
-                                decide_rollback, episodes)
-from detectors.simulate import LossSpike, simulate_run
+from detectors.offline.rollback import (RESTART_BLOWUP_STEPS, TRANSIENT_STEPS, Checkpoint, Restart,
+                                        decide_rollback, episodes)
+from simulation import LossSpike, simulate_run
 
 METRICS = ("loss", "grad_norm", "local_grad_norm", "lr")
 

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from detectors.simulate import GradSpike, LossSpike, NonFinite, simulate_run
+from simulation import GradSpike, LossSpike, NonFinite, simulate_run
 from healthsvc.cli import main as cli_main
 
 N_RANKS = 4

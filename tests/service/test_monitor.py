@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from detectors.simulate import NonFinite, Straggler, simulate_run
+from simulation import NonFinite, Straggler, simulate_run
 from healthsvc.monitor.aligner import StepAligner
 from healthsvc.ingest.batch import MetricBatch
 from healthsvc.testing import ServerProcess
@@ -121,7 +121,7 @@ def test_new_attempt_restarts_detection(http):
 def test_hang_from_silence_and_finish_is_not_a_stall(tmp_path):
     env = {"HEALTHSVC_TICK_INTERVAL_S": "0.2"}
     with ServerProcess(tmp_path / "hang.db", env=env) as server, httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
-        http.put("/v1/runs/h", json={"world_size": 4, "hang_timeout_floor_s": 1.0})
+        http.put("/v1/runs/h", json={"world_size": 4, "detectors": {"hang": {"timeout_floor_s": 1.0}}})
         step = 0
         t_end = time.monotonic() + 6.0
         stopped_at = None
@@ -234,7 +234,7 @@ def test_service_downtime_is_not_the_ranks_silence(tmp_path):
     server = ServerProcess(tmp_path / "down.db", env=env).start()
     try:
         with httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
-            http.put("/v1/runs/d", json={"world_size": 2, "hang_timeout_floor_s": 1.0})
+            http.put("/v1/runs/d", json={"world_size": 2, "detectors": {"hang": {"timeout_floor_s": 1.0}}})
 
             def push(step):
                 http.post("/v1/runs/d/metrics", json={"records": [{"step": step, "rank": r, "loss": 1.0}

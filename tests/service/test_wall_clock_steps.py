@@ -35,7 +35,7 @@ def test_wall_clock_steps_raise_no_false_stall_and_delay_no_hang(tmp_path):
     settings = Settings(db=str(tmp_path / "c.db"), tick_interval_s=0.1, alert_webhooks=[])
     app = create_app(settings, clock=ServiceClock(wall=wall))
     with TestClient(app) as c:
-        assert c.put("/v1/runs/w", json={"world_size": 2, "hang_timeout_floor_s": 1.5}).status_code == 200
+        assert c.put("/v1/runs/w", json={"world_size": 2, "detectors": {"hang": {"timeout_floor_s": 1.5}}}).status_code == 200
         step = 0
         for _ in range(10):                        # two healthy ranks, a push every 0.1 s
             _push(c, step, [0, 1])

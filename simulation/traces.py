@@ -3,7 +3,7 @@
 Pure numpy. One call builds a whole run as a :class:`~detectors.frame.StepBlock` (steps x ranks)
 plus the ground truth of what was injected::
 
-    >>> from detectors.simulate import simulate_run, NonFinite, iter_blocks
+    >>> from simulation import simulate_run, NonFinite, iter_blocks
     >>> run = simulate_run(n_steps=2_000, n_ranks=64, seed=0, faults=[NonFinite(step=1500, rank=7)])
     >>> run.block.values["loss"].shape
     (2000, 64)

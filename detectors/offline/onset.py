@@ -8,7 +8,8 @@ step ``t`` therefore means ``s = t - 1`` (poisoned weights), or ``s = t`` when t
 bad (its own forward pass shows it): the point is ``t - 1``, the interval keeps both. A change first
 seen in a gradient norm at ``t`` means ``s = t``.
 
-Signals (each used when the history carries it; ``OnsetEstimate.per_signal`` keeps each one):
+Signals (each used when the history carries it; ``OnsetEstimate.per_signal`` keeps each one;
+the extractors are in :mod:`detectors.offline.onset_signals`, this module combines them):
 
 - ``non_finite``: the first NaN/Inf in the loss, the gradient norm or a rank's local gradient
   norm. An exact, abrupt onset; it bounds ``high`` even when an earlier drift caused it.
@@ -19,7 +20,7 @@ Signals (each used when the history carries it; ``OnsetEstimate.per_signal`` kee
 - ``findings``: steps of the findings of this incident; the onset is no later than the earliest.
 
 The change point model (per series ``y``, in log space; the machinery is in
-:mod:`detectors.changepoint`): a trend (quadratic in ``log(step)`` plus
+:mod:`detectors.offline.changepoint`): a trend (quadratic in ``log(step)`` plus
 linear in ``step``) plus
 either a level shift (abrupt) or a hinge ``max(0, step - tau)`` (gradual, a drift), fitted by
 least squares for *every* ``tau`` at once from suffix sums, so one fit costs O(n). The best
@@ -44,7 +45,7 @@ point).
 Near the evidence only: the rollback does not ask "where did this curve change?" but "where did the
 incident that these findings vouch for begin?". :func:`estimate_onset_near` runs the estimate on
 the history around the findings and ``search_from`` (the earliest update the evidence allows, see
-:func:`detectors.rollback.onset_window`) drops signals that end before it and clips the others, so
+:func:`detectors.offline.rollback.onset_window`) drops signals that end before it and clips the others, so
 a change point of a clean, smoothly decaying curve against its own trend far from the evidence
 cannot become the onset.
 
@@ -62,106 +63,20 @@ Example: a gradient burst on every rank at step 3000 of a noisy, decaying loss.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Literal, Sequence
+from dataclasses import replace
+from typing import Iterable, Sequence
 
 import numpy as np
 
-from detectors.changepoint import Shape, scan
 from detectors.frame import StepBlock
+from detectors.offline.onset_model import (ONSET_SIGNALS, RANK_METRICS, OnsetEstimate,
+                                           OnsetParams, Origin, SignalEstimate)
+from detectors.offline.onset_signals import (history_signals, non_finite_signal, row_median,
+                                             warmup_end_from_lr)
 
-Origin = Literal["data", "hardware", "unknown"]
-ONSET_SIGNALS: tuple[str, ...] = (
-    "non_finite", "loss_trend", "grad_norm", "rank_disagreement", "findings")
-# Per-rank metrics compared across ranks, in order of preference.
-RANK_METRICS: tuple[str, ...] = ("local_grad_norm", "loss")
+__all__ = ["OnsetEstimate", "OnsetParams", "SignalEstimate", "estimate_onset",
+           "estimate_onset_from_block", "estimate_onset_near", "warmup_end_from_lr"]
 
-
-@dataclass(frozen=True)
-class OnsetParams:
-    """Hyper-parameters of the onset estimate (defaults tuned on the seeded evaluation).
-
-    ``min_window``: samples in the first, most local analysis window.
-    ``max_points``: longer windows are averaged into this many bins.
-    ``significance``: LR needed above ``2 ln n`` for a change to count (unitless, chi^2 scale).
-    ``interval_lr``: LR drop from the best change point that still belongs to the interval.
-    ``min_excess_sigma``: the fitted change at the last sample, in noise standard deviations.
-    ``min_pre_ratio``: samples before the change per sample after it before the window is
-    trusted (the earlier trend must be estimated from enough history).
-    ``rank_score_min``: a rank's deviation from its peers (t-statistic) to be a suspect.
-    ``located_significance``: the ``significance`` used when a finding vouches for a change the
-    history alone does not show; the default accepts the likeliest change point whatever its LR.
-    ``rank_history_steps``: how many recent steps the per-rank comparison looks at (its cost is
-    steps x ranks; the aggregate series always use the whole history).
-    """
-
-    min_window: int = 512
-    max_points: int = 8192
-    significance: float = 16.0
-    interval_lr: float = 12.0
-    min_excess_sigma: float = 1.5
-    min_pre_ratio: float = 0.5
-    rank_score_min: float = 8.0
-    located_significance: float = -1e9
-    rank_history_steps: int = 262_144
-
-
-@dataclass(frozen=True)
-class SignalEstimate:
-    """One signal's view of the first corrupted update (steps are update steps, see module doc).
-
-    ``score`` in [0, 1): 0 at the significance threshold, towards 1 as the evidence grows.
-    """
-
-    signal: str
-    step: int
-    low: int
-    high: int
-    shape: Shape
-    score: float
-    ranks: tuple[int, ...] = ()
-    detail: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"signal": self.signal, "step": self.step, "low": self.low, "high": self.high,
-                "shape": self.shape, "score": round(self.score, 4), "ranks": list(self.ranks),
-                "detail": self.detail}
-
-
-@dataclass(frozen=True)
-class OnsetEstimate:
-    """The first corrupted update: ``step`` within ``[low, high]`` (inclusive update steps).
-
-    ``confidence`` in [0, 1] is a heuristic, not a calibrated probability: the strongest signal's
-    score times the share of signals that agree with ``step``. ``origin`` says whether the evidence
-    points at the data (a change on every rank at once) or at hardware (one rank, ``ranks``);
-    ``spike_end`` is the last step of the abrupt excursion that began at ``step`` (data to skip).
-    """
-
-    step: int
-    low: int
-    high: int
-    confidence: float
-    signals_used: list[str]
-    per_signal: dict[str, SignalEstimate]
-    shape: Shape = "abrupt"
-    origin: Origin = "unknown"
-    ranks: tuple[int, ...] = ()
-    spike_end: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step, "low": self.low, "high": self.high,
-            "confidence": round(self.confidence, 4), "signals_used": list(self.signals_used),
-            "shape": self.shape, "origin": self.origin, "ranks": list(self.ranks),
-            "spike_end": self.spike_end,
-            "per_signal": {k: v.to_dict() for k, v in self.per_signal.items()},
-        }
-
-
-# --------------------------------------------------------------------------------------------
-# Public entry points
-# --------------------------------------------------------------------------------------------
 
 def estimate_onset(
     steps: Sequence[int] | np.ndarray,
@@ -196,7 +111,7 @@ def estimate_onset(
     hints = sorted(int(h) for h in finding_steps)
     signals: dict[str, SignalEstimate] = {}
 
-    non_finite = _non_finite_signal(steps, loss, grad_norm, per_rank, first_non_finite_step)
+    non_finite = non_finite_signal(steps, loss, grad_norm, per_rank, first_non_finite_step)
     if non_finite is not None:
         signals["non_finite"] = non_finite
     anchors = hints + ([non_finite.step] if non_finite is not None else [])
@@ -209,7 +124,7 @@ def estimate_onset(
             per_rank = per_rank.slice_steps(int(np.searchsorted(per_rank.steps, warmup_end_step)),
                                             per_rank.n_steps)
         # Evidence inside the warm-up still counts (the findings below), with no change points.
-    signals.update(_history_signals(steps, loss, grad_norm, per_rank, anchor, params))
+    signals.update(history_signals(steps, loss, grad_norm, per_rank, anchor, params))
 
     if hints:
         h = max(hints[0], first_step)
@@ -220,7 +135,7 @@ def estimate_onset(
             # The finding says a change exists, so locate the likeliest one up to the finding
             # without asking it to be significant on its own (scores stay 0).
             upto = int(np.searchsorted(steps, h, side="right"))
-            located = _history_signals(
+            located = history_signals(
                 steps[:upto], _head(loss, upto), _head(grad_norm, upto),
                 None if per_rank is None else _block_upto(per_rank, h), h,
                 replace(params, significance=params.located_significance, min_excess_sigma=0.0),
@@ -251,47 +166,8 @@ def _clip_signals(signals: dict[str, SignalEstimate], floor: int) -> dict[str, S
     return out
 
 
-def _history_signals(steps, loss, grad_norm, per_rank, anchor, params,
-                     located: bool = False) -> dict[str, SignalEstimate]:
-    """The change point signals of the history: loss trend, gradient norm, rank disagreement."""
-    out: dict[str, SignalEstimate] = {}
-    if loss is not None:
-        est = _series_signal("loss_trend", steps, np.asarray(loss, float), anchor, params, lag=1,
-                             located=located)
-        if est is not None:
-            out["loss_trend"] = est
-    if grad_norm is not None:
-        est = _series_signal("grad_norm", steps, np.asarray(grad_norm, float), anchor, params,
-                             lag=0, located=located)
-        if est is not None:
-            out["grad_norm"] = est
-    if per_rank is not None:
-        est = _rank_signal(per_rank, anchor, params, located=located)
-        if est is not None:
-            out["rank_disagreement"] = est
-    return out
-
-
 def _tail(values, n: int):
     return None if values is None else np.asarray(values, float)[n:]
-
-
-def warmup_end_from_lr(steps: np.ndarray, lr: np.ndarray) -> int | None:
-    """The first step at which the learning rate reaches 99 % of its peak, if it rose to it.
-
-    >>> warmup_end_from_lr(np.arange(10), np.array([1, 2, 3, 4, 5, 5, 5, 4, 3, 2.0]))
-    4
-    """
-    lr = np.asarray(lr, float)
-    ok = np.isfinite(lr)
-    if ok.sum() < 2:
-        return None
-    peak = lr[ok].max()
-    at = int(np.argmax(ok & (lr >= 0.99 * peak)))
-    first = int(np.argmax(ok))
-    if at <= first or lr[first] >= 0.99 * peak:
-        return None
-    return int(steps[at])
 
 
 def _head(values, n: int):
@@ -319,8 +195,8 @@ def estimate_onset_from_block(
     The aggregate loss is the median over the ranks that reported a finite loss at each step, the
     gradient norm the median of the reported global norms (they agree across ranks when healthy).
     """
-    loss = _row_median(block.values["loss"], block.present["loss"]) if block.has("loss") else None
-    grad = (_row_median(block.values["grad_norm"], block.present["grad_norm"])
+    loss = row_median(block.values["loss"], block.present["loss"]) if block.has("loss") else None
+    grad = (row_median(block.values["grad_norm"], block.present["grad_norm"])
             if block.has("grad_norm") else None)
     # A non-finite value on any rank makes the aggregate non-finite: NaN is data.
     for name, agg in (("loss", loss), ("grad_norm", grad)):
@@ -329,7 +205,7 @@ def estimate_onset_from_block(
             agg[bad] = np.nan
     if warmup_end_step is None and block.has("lr"):
         warmup_end_step = warmup_end_from_lr(block.steps,
-                                             _row_median(block.values["lr"], block.present["lr"]))
+                                             row_median(block.values["lr"], block.present["lr"]))
     return estimate_onset(block.steps, loss=loss, grad_norm=grad, per_rank=block,
                           finding_steps=finding_steps,
                           first_non_finite_step=first_non_finite_step,
@@ -349,7 +225,7 @@ def estimate_onset_near(
     history around them only.
 
     The estimate may not start before ``search_from`` (what the evidence allows, see
-    :func:`detectors.rollback.onset_window`) and uses the history up to ``upto``; the trend it
+    :func:`detectors.offline.rollback.onset_window`) and uses the history up to ``upto``; the trend it
     compares with is learned from ``2 * min_window`` samples before ``search_from``. Looking only
     near the evidence keeps a change point of the whole curve against its own trend (clean,
     smoothly decaying curves have some) and old, recovered events out of the answer.
@@ -362,139 +238,6 @@ def estimate_onset_near(
     return estimate_onset_from_block(window, finding_steps=finding_steps,
                                      search_from=search_from, params=params)
 
-
-# --------------------------------------------------------------------------------------------
-# Signals
-# --------------------------------------------------------------------------------------------
-
-def _non_finite_signal(steps, loss, grad_norm, per_rank, known_step) -> SignalEstimate | None:
-    """The first non-finite value; the loss lags the update by one step, gradients do not."""
-    candidates: list[tuple[int, int, str, tuple[int, ...]]] = []  # (update low, high, metric, ranks)
-    if known_step is not None:
-        candidates.append((int(known_step) - 1, int(known_step), "reported", ()))
-    for name, series, lag in (("loss", loss, 1), ("grad_norm", grad_norm, 0)):
-        # With the per-rank block at hand its masks tell a NaN from a step nobody reported (the
-        # aggregate is NaN in both cases): NaN is data, missing is not.
-        if series is None or (per_rank is not None and per_rank.has(name)):
-            continue
-        idx = np.flatnonzero(~np.isfinite(np.asarray(series, float)))
-        if idx.size:
-            t = int(steps[idx[0]])
-            # A NaN loss at t: poisoned weights (update t-1) or a poisoned batch (update t).
-            candidates.append((t - lag, t, name, ()))
-    if per_rank is not None:
-        for name in ("local_grad_norm", "loss", "grad_norm"):
-            if not per_rank.has(name):
-                continue
-            bad = per_rank.present[name] & ~np.isfinite(per_rank.values[name])
-            rows = np.flatnonzero(bad.any(axis=1))
-            if rows.size:
-                t = int(per_rank.steps[rows[0]])
-                lag = 1 if name == "loss" else 0
-                # The global norm is the same on every rank: it cannot say where a NaN began.
-                ranks = (() if name == "grad_norm"
-                         else tuple(int(r) for r in per_rank.ranks[bad[rows[0]]]))
-                candidates.append((t - lag, t, name, ranks))
-    if not candidates:
-        return None
-    low = min(c[0] for c in candidates)
-    high = min(c[1] for c in candidates)
-    # Among the earliest, prefer a per-rank metric that names its ranks (the fewest: the origin).
-    first = min(candidates, key=lambda c: (c[1], not c[3], len(c[3])))
-    # The earliest update the values allow: exact when a gradient norm went non-finite first.
-    return SignalEstimate("non_finite", step=min(low, high), low=min(low, high), high=high,
-                          shape="abrupt", score=1.0, ranks=first[3],
-                          detail={"metric": first[2], "first_step": first[1]})
-
-
-def _series_signal(name: str, steps: np.ndarray, values: np.ndarray, anchor: int | None,
-                   params: OnsetParams, lag: int, located: bool = False) -> SignalEstimate | None:
-    """A change point in one aggregate series, converted to update steps (``lag`` = 1 for loss)."""
-    ok = np.isfinite(values)
-    if not ok.any():
-        return None
-    y = values[ok]
-    if np.all(y > 0):
-        y = np.log(y)
-        space = "log"
-    else:
-        space = "linear"
-    change = scan(steps[ok], y, direction=1.0, anchor=anchor, params=params, located=located)
-    if change is None:
-        return None
-    # A loss first changed at t: poisoned weights (update t - 1) or a poisoned batch whose own
-    # forward pass shows it (update t). Keep both in the interval; the point is the earlier.
-    return SignalEstimate(
-        name, step=change.step - lag, low=change.low - lag, high=change.high,
-        shape=change.shape, score=change.score,
-        detail={**change.detail, "space": space, "lag_steps": lag})
-
-
-def _rank_signal(block: StepBlock, anchor: int | None, params: OnsetParams,
-                 located: bool = False) -> SignalEstimate | None:
-    """One rank's log deviation from the cross-rank median: a change point in that series."""
-    for name in RANK_METRICS:
-        if not block.has(name) or block.n_ranks < 3:
-            continue
-        # Only the recent rows: per-rank work is n x r, and a rank that has disagreed for longer
-        # than this is better told by the loss and gradient norm over the whole history.
-        rows0 = max(0, block.n_steps - params.rank_history_steps)
-        v, p = block.values[name][rows0:], block.present[name][rows0:]
-        valid = p & np.isfinite(v) & (v > 0)
-        logv = np.log(np.where(valid, v, 1.0))
-        med = _row_median(logv, valid)
-        dev = np.where(valid, logv - med[:, None], np.nan)
-        counts = valid.sum(axis=1)
-        dev[counts < 3] = np.nan  # a median of two ranks says nothing about either
-        rows = counts >= 3
-        dev, rank_steps = dev[rows], block.steps[rows0:][rows]
-        if dev.shape[0] < 24:
-            continue
-        # The typical spread of a rank around the median (recent rows suffice: O(1) in n).
-        recent = dev[-65536:]
-        scale = np.median(np.abs(recent[np.isfinite(recent)])) * 1.4826 if np.isfinite(
-            recent).any() else np.nan
-        if not np.isfinite(scale) or scale <= 0:
-            continue
-        suspect, direction, score, tail = _suspect_rank(dev, scale)
-        if score < params.rank_score_min:
-            continue
-        series = dev[:, suspect]
-        ok = np.isfinite(series)
-        change = scan(rank_steps[ok], series[ok], direction=direction, anchor=anchor,
-                       params=params, located=located)
-        if change is None:
-            continue
-        tail_means, tail_counts = _column_means(dev[-tail:])
-        blamed = np.flatnonzero(direction * tail_means * np.sqrt(tail_counts) / scale
-                                >= max(params.rank_score_min, 0.5 * score))
-        ranks = tuple(int(r) for r in block.ranks[blamed]) or (int(block.ranks[suspect]),)
-        return SignalEstimate(
-            "rank_disagreement", step=change.step, low=change.low, high=change.high,
-            shape=change.shape, score=change.score, ranks=ranks,
-            detail={**change.detail, "metric": name, "rank_score": round(float(score), 2)})
-    return None
-
-
-def _suspect_rank(dev: np.ndarray, scale: float) -> tuple[int, float, float, int]:
-    """The rank whose recent mean deviation is largest, as a t-statistic over a few tails."""
-    best = (0, 1.0, 0.0, 1)
-    for tail in (8, 64, 512):
-        tail = min(tail, dev.shape[0])
-        means, counts = _column_means(dev[-tail:])
-        stat = np.abs(means) * np.sqrt(counts) / scale
-        r = int(np.argmax(stat))
-        if stat[r] > best[2]:
-            best = (r, float(np.sign(means[r]) or 1.0), float(stat[r]), tail)
-    return best
-
-
-def _column_means(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean of the finite entries of each column (0 where none) and their count."""
-    ok = np.isfinite(x)
-    counts = ok.sum(axis=0)
-    sums = np.where(ok, x, 0.0).sum(axis=0)
-    return sums / np.maximum(counts, 1), counts
 
 
 # --------------------------------------------------------------------------------------------
@@ -604,19 +347,3 @@ def _spike_end(steps: np.ndarray, grad_norm, step: int, z_min: float = 4.0) -> i
     runs = np.flatnonzero(np.convolve(~high, np.ones(4, int), mode="valid") == 4)
     end = (runs[0] if runs.size else high.size) - 1
     return int(steps[at + max(end, 0)])
-
-
-# --------------------------------------------------------------------------------------------
-# The change point machinery
-def _row_median(values: np.ndarray, present: np.ndarray) -> np.ndarray:
-    """Median over the finite, present entries of each row; NaN where a row has none."""
-    valid = present & np.isfinite(values)
-    count = valid.sum(axis=1)
-    x = np.sort(np.where(valid, values, np.inf), axis=1)
-    lo = np.maximum((count - 1) // 2, 0)
-    hi = np.maximum(count // 2, 0)
-    hi = np.minimum(hi, np.maximum(count - 1, 0))
-    rows = np.arange(values.shape[0])
-    med = 0.5 * (x[rows, lo] + x[rows, hi])
-    med[count == 0] = np.nan
-    return med

@@ -14,7 +14,7 @@ on replay; when it points at hardware (one rank disagrees) it names the ranks in
 
 Example:
 
->>> from detectors.onset import OnsetEstimate
+>>> from detectors.offline.onset import OnsetEstimate
 >>> ckpts = [Checkpoint(1000, "s3://run/1000"), Checkpoint(2000, "s3://run/2000"),
 ...          Checkpoint(3000, "s3://run/3000")]
 >>> onset = OnsetEstimate(step=2400, low=2350, high=2410, confidence=0.9,
@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Literal, Sequence
 
-from detectors.bisection import Bisection
+from detectors.offline.bisection import Bisection
 from detectors.finding import SEVERITY_ORDER, Finding
 from detectors.frame import StepBlock
-from detectors.onset import OnsetEstimate, OnsetParams, estimate_onset_near
+from detectors.offline.onset import OnsetEstimate, OnsetParams, estimate_onset_near
 
 CheckpointStatus = Literal["ok", "deleted", "verified"]
 Verdict = Literal["good", "bad"]
@@ -303,7 +303,7 @@ def decide_rollback(
     2. No evidence (and no probe verdict): the newest usable checkpoint, whatever the history's
        trend looks like; no change point search at all.
     3. Evidence: the onset is estimated from the history near it (:func:`onset_window`,
-       :func:`detectors.onset.estimate_onset_near`); recorded non-evidence findings inside that
+       :func:`detectors.offline.onset.estimate_onset_near`); recorded non-evidence findings inside that
        window count as hints too (a leading gradient jump).
     4. Evidence in the first ``RESTART_BLOWUP_STEPS`` steps after a restart blames the restore:
        the answer is the checkpoint the run resumed from (such an episode counts even when it

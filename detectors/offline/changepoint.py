@@ -17,7 +17,7 @@ ratio divides that gain by the residual variance inflated by the AR(1) long-run 
 Example: a level shift at index 300 of white noise.
 
 >>> import numpy as np
->>> from detectors.onset import OnsetParams
+>>> from detectors.offline.onset_model import OnsetParams
 >>> rng = np.random.default_rng(1)
 >>> y = rng.normal(0, 1, 400); y[300:] += 3
 >>> c = scan(np.arange(1000, 1400), y, direction=1.0, anchor=None, params=OnsetParams())
@@ -28,14 +28,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from detectors.onset import OnsetParams
-
-Shape = Literal["abrupt", "gradual"]
+from detectors.offline.onset_model import OnsetParams, Shape
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ class Fit:
 
 
 def scan(steps: np.ndarray, y: np.ndarray, direction: float, anchor: int | None,
-          params: "OnsetParams", located: bool = False) -> Change | None:
+          params: OnsetParams, located: bool = False) -> Change | None:
     """Fit change points in windows that end at the last sample and double in length.
 
     The first window with a significant change whose interval leaves enough history before it
@@ -128,7 +125,7 @@ def _suffix(a: np.ndarray) -> np.ndarray:
     return np.cumsum(a[::-1], axis=0)[::-1]
 
 
-def fit_change(t: np.ndarray, y: np.ndarray, direction: float, params: "OnsetParams",
+def fit_change(t: np.ndarray, y: np.ndarray, direction: float, params: OnsetParams,
                 k_min: int = 8) -> Fit | None:
     """Best level shift or hinge after a quadratic trend in log(step), for all taus in O(n)."""
     n = y.size

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from healthsvc.economics.records import Attempt, CheckpointWrite, Corruption
+from detectors.offline.economics.records import Attempt, CheckpointWrite, Corruption
 
 
 @dataclass(frozen=True)

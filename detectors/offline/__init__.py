@@ -1,0 +1,15 @@
+"""Offline maths over a run's stored history: pure numpy, no HTTP, no storage, no clock reads.
+
+Where the streaming detectors (``detectors/*.py``) judge each block as it arrives, these answer
+questions about the whole history, asked by the service's features:
+
+- :mod:`~detectors.offline.onset` — where the corruption began (an interval for the first
+  corrupted update): the signals in :mod:`~detectors.offline.onset_signals`, the change point
+  machinery in :mod:`~detectors.offline.changepoint`, the data model in
+  :mod:`~detectors.offline.onset_model`;
+- :mod:`~detectors.offline.rollback` — which checkpoint to resume from, and why;
+- :mod:`~detectors.offline.bisection` — which checkpoint to probe next when the statistics
+  cannot decide;
+- :mod:`~detectors.offline.economics` — goodput, checkpoint intervals, retention and the run's
+  timeline.
+"""

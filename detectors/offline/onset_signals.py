@@ -1,0 +1,201 @@
+"""The signals of the onset estimate: each reads one kind of evidence from a run's history.
+
+- :func:`non_finite_signal`: the first NaN/Inf (exact; a loss lags its update by one step);
+- :func:`series_signal`: a change point in one aggregate series (loss trend, gradient norm);
+- :func:`rank_signal`: a change point in one rank's deviation from the cross-rank median;
+- :func:`history_signals`: the change point signals together;
+- :func:`warmup_end_from_lr`: where the learning-rate warm-up ends (no change point before it).
+
+Each returns a :class:`~detectors.offline.onset_model.SignalEstimate` in update steps, or None;
+:mod:`detectors.offline.onset` combines them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.frame import StepBlock
+from detectors.offline.changepoint import scan
+from detectors.offline.onset_model import RANK_METRICS, OnsetParams, SignalEstimate
+
+
+def history_signals(steps, loss, grad_norm, per_rank, anchor, params,
+                    located: bool = False) -> dict[str, SignalEstimate]:
+    """The change point signals of the history: loss trend, gradient norm, rank disagreement."""
+    out: dict[str, SignalEstimate] = {}
+    if loss is not None:
+        est = series_signal("loss_trend", steps, np.asarray(loss, float), anchor, params, lag=1,
+                            located=located)
+        if est is not None:
+            out["loss_trend"] = est
+    if grad_norm is not None:
+        est = series_signal("grad_norm", steps, np.asarray(grad_norm, float), anchor, params,
+                            lag=0, located=located)
+        if est is not None:
+            out["grad_norm"] = est
+    if per_rank is not None:
+        est = rank_signal(per_rank, anchor, params, located=located)
+        if est is not None:
+            out["rank_disagreement"] = est
+    return out
+
+
+def warmup_end_from_lr(steps: np.ndarray, lr: np.ndarray) -> int | None:
+    """The first step at which the learning rate reaches 99 % of its peak, if it rose to it.
+
+    >>> warmup_end_from_lr(np.arange(10), np.array([1, 2, 3, 4, 5, 5, 5, 4, 3, 2.0]))
+    4
+    """
+    lr = np.asarray(lr, float)
+    ok = np.isfinite(lr)
+    if ok.sum() < 2:
+        return None
+    peak = lr[ok].max()
+    at = int(np.argmax(ok & (lr >= 0.99 * peak)))
+    first = int(np.argmax(ok))
+    if at <= first or lr[first] >= 0.99 * peak:
+        return None
+    return int(steps[at])
+
+
+def non_finite_signal(steps, loss, grad_norm, per_rank, known_step) -> SignalEstimate | None:
+    """The first non-finite value; the loss lags the update by one step, gradients do not."""
+    candidates: list[tuple[int, int, str, tuple[int, ...]]] = []  # (update low, high, metric, ranks)
+    if known_step is not None:
+        candidates.append((int(known_step) - 1, int(known_step), "reported", ()))
+    for name, series, lag in (("loss", loss, 1), ("grad_norm", grad_norm, 0)):
+        # With the per-rank block at hand its masks tell a NaN from a step nobody reported (the
+        # aggregate is NaN in both cases): NaN is data, missing is not.
+        if series is None or (per_rank is not None and per_rank.has(name)):
+            continue
+        idx = np.flatnonzero(~np.isfinite(np.asarray(series, float)))
+        if idx.size:
+            t = int(steps[idx[0]])
+            # A NaN loss at t: poisoned weights (update t-1) or a poisoned batch (update t).
+            candidates.append((t - lag, t, name, ()))
+    if per_rank is not None:
+        for name in ("local_grad_norm", "loss", "grad_norm"):
+            if not per_rank.has(name):
+                continue
+            bad = per_rank.present[name] & ~np.isfinite(per_rank.values[name])
+            rows = np.flatnonzero(bad.any(axis=1))
+            if rows.size:
+                t = int(per_rank.steps[rows[0]])
+                lag = 1 if name == "loss" else 0
+                # The global norm is the same on every rank: it cannot say where a NaN began.
+                ranks = (() if name == "grad_norm"
+                         else tuple(int(r) for r in per_rank.ranks[bad[rows[0]]]))
+                candidates.append((t - lag, t, name, ranks))
+    if not candidates:
+        return None
+    low = min(c[0] for c in candidates)
+    high = min(c[1] for c in candidates)
+    # Among the earliest, prefer a per-rank metric that names its ranks (the fewest: the origin).
+    first = min(candidates, key=lambda c: (c[1], not c[3], len(c[3])))
+    # The earliest update the values allow: exact when a gradient norm went non-finite first.
+    return SignalEstimate("non_finite", step=min(low, high), low=min(low, high), high=high,
+                          shape="abrupt", score=1.0, ranks=first[3],
+                          detail={"metric": first[2], "first_step": first[1]})
+
+
+def series_signal(name: str, steps: np.ndarray, values: np.ndarray, anchor: int | None,
+                  params: OnsetParams, lag: int, located: bool = False) -> SignalEstimate | None:
+    """A change point in one aggregate series, converted to update steps (``lag`` = 1 for loss)."""
+    ok = np.isfinite(values)
+    if not ok.any():
+        return None
+    y = values[ok]
+    if np.all(y > 0):
+        y = np.log(y)
+        space = "log"
+    else:
+        space = "linear"
+    change = scan(steps[ok], y, direction=1.0, anchor=anchor, params=params, located=located)
+    if change is None:
+        return None
+    # A loss first changed at t: poisoned weights (update t - 1) or a poisoned batch whose own
+    # forward pass shows it (update t). Keep both in the interval; the point is the earlier.
+    return SignalEstimate(
+        name, step=change.step - lag, low=change.low - lag, high=change.high,
+        shape=change.shape, score=change.score,
+        detail={**change.detail, "space": space, "lag_steps": lag})
+
+
+def rank_signal(block: StepBlock, anchor: int | None, params: OnsetParams,
+                located: bool = False) -> SignalEstimate | None:
+    """One rank's log deviation from the cross-rank median: a change point in that series."""
+    for name in RANK_METRICS:
+        if not block.has(name) or block.n_ranks < 3:
+            continue
+        # Only the recent rows: per-rank work is n x r, and a rank that has disagreed for longer
+        # than this is better told by the loss and gradient norm over the whole history.
+        rows0 = max(0, block.n_steps - params.rank_history_steps)
+        v, p = block.values[name][rows0:], block.present[name][rows0:]
+        valid = p & np.isfinite(v) & (v > 0)
+        logv = np.log(np.where(valid, v, 1.0))
+        med = row_median(logv, valid)
+        dev = np.where(valid, logv - med[:, None], np.nan)
+        counts = valid.sum(axis=1)
+        dev[counts < 3] = np.nan  # a median of two ranks says nothing about either
+        rows = counts >= 3
+        dev, rank_steps = dev[rows], block.steps[rows0:][rows]
+        if dev.shape[0] < 24:
+            continue
+        # The typical spread of a rank around the median (recent rows suffice: O(1) in n).
+        recent = dev[-65536:]
+        scale = np.median(np.abs(recent[np.isfinite(recent)])) * 1.4826 if np.isfinite(
+            recent).any() else np.nan
+        if not np.isfinite(scale) or scale <= 0:
+            continue
+        suspect, direction, score, tail = _suspect_rank(dev, scale)
+        if score < params.rank_score_min:
+            continue
+        series = dev[:, suspect]
+        ok = np.isfinite(series)
+        change = scan(rank_steps[ok], series[ok], direction=direction, anchor=anchor,
+                       params=params, located=located)
+        if change is None:
+            continue
+        tail_means, tail_counts = _column_means(dev[-tail:])
+        blamed = np.flatnonzero(direction * tail_means * np.sqrt(tail_counts) / scale
+                                >= max(params.rank_score_min, 0.5 * score))
+        ranks = tuple(int(r) for r in block.ranks[blamed]) or (int(block.ranks[suspect]),)
+        return SignalEstimate(
+            "rank_disagreement", step=change.step, low=change.low, high=change.high,
+            shape=change.shape, score=change.score, ranks=ranks,
+            detail={**change.detail, "metric": name, "rank_score": round(float(score), 2)})
+    return None
+
+
+def _suspect_rank(dev: np.ndarray, scale: float) -> tuple[int, float, float, int]:
+    """The rank whose recent mean deviation is largest, as a t-statistic over a few tails."""
+    best = (0, 1.0, 0.0, 1)
+    for tail in (8, 64, 512):
+        tail = min(tail, dev.shape[0])
+        means, counts = _column_means(dev[-tail:])
+        stat = np.abs(means) * np.sqrt(counts) / scale
+        r = int(np.argmax(stat))
+        if stat[r] > best[2]:
+            best = (r, float(np.sign(means[r]) or 1.0), float(stat[r]), tail)
+    return best
+
+
+def _column_means(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of the finite entries of each column (0 where none) and their count."""
+    ok = np.isfinite(x)
+    counts = ok.sum(axis=0)
+    sums = np.where(ok, x, 0.0).sum(axis=0)
+    return sums / np.maximum(counts, 1), counts
+
+
+def row_median(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Median over the finite, present entries of each row; NaN where a row has none."""
+    valid = present & np.isfinite(values)
+    count = valid.sum(axis=1)
+    x = np.sort(np.where(valid, values, np.inf), axis=1)
+    lo = np.maximum((count - 1) // 2, 0)
+    hi = np.maximum(count // 2, 0)
+    hi = np.minimum(hi, np.maximum(count - 1, 0))
+    rows = np.arange(values.shape[0])
+    med = 0.5 * (x[rows, lo] + x[rows, hi])
+    med[count == 0] = np.nan
+    return med

@@ -1,0 +1,71 @@
+"""Block-vectorised state machines: each carries its state from the previous block (``carry``),
+so a block of n steps gives exactly what n one-step blocks would."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def hysteresis(enter: np.ndarray, leave: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """State per (row, column): on after an ``enter`` row, off after a ``leave`` row.
+
+    ``enter`` wins when both hold on the same row. Rows with neither keep the previous state;
+    ``carry`` (per column) is the state before the first row. Exactly the sequential machine.
+    """
+    n = enter.shape[0]
+    idx = np.arange(n)[:, None]
+    last_on = np.maximum.accumulate(np.where(enter, idx, -1), axis=0)
+    last_off = np.maximum.accumulate(np.where(leave & ~enter, idx, -1), axis=0)
+    return np.where(last_on > last_off, True, np.where(last_off > last_on, False, carry[None, :]))
+
+
+def run_length(active: np.ndarray, observed: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """Consecutive observed rows with ``active`` per column, counting from ``carry``.
+
+    An observed row where ``active`` is False resets the count; an unobserved row neither counts
+    nor resets (missing is not evidence either way).
+    """
+    hits = (active & observed).astype(np.int64)
+    cum = np.cumsum(hits, axis=0) + carry[None, :]
+    reset = observed & ~active
+    base = np.maximum.accumulate(np.where(reset, cum, 0), axis=0)
+    return cum - base
+
+
+def last_step_where(mask: np.ndarray, steps: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """Per (row, column): the latest step at or before the row where ``mask`` held (else carry)."""
+    marked = np.where(mask, steps[:, None], np.iinfo(np.int64).min)
+    return np.maximum(np.maximum.accumulate(marked, axis=0), carry[None, :])
+
+
+def ewma_rows(x: np.ndarray, observed: np.ndarray | None, alpha: float, m0: np.ndarray,
+          zero_below: float = 0.0) -> np.ndarray:
+    """Per-column exponentially weighted mean after each row: the (n, r) trajectory.
+
+    ``m = (1 - g) m + g x`` with ``g = alpha`` where observed and 0 elsewhere (a missing cell
+    leaves the mean exactly as it was); ``observed=None`` means every cell (a faster path that
+    rounds identically). Means below ``zero_below`` become exactly 0. Works in ``x``'s dtype;
+    ``x`` is overwritten.
+
+    >>> ewma_rows(np.array([[1.0], [1.0]]), None, 0.5, np.zeros(1)).ravel().tolist()
+    [0.5, 0.75]
+    """
+    dtype = x.dtype
+    out = np.empty(x.shape, dtype=dtype)
+    prev = m0.astype(dtype, copy=True)
+    if observed is None:
+        x *= dtype.type(alpha)
+        keep: np.ndarray | float = dtype.type(1.0) - dtype.type(alpha)   # as the masked path rounds it
+        keep_rows = None
+    else:
+        gain = np.where(observed, dtype.type(alpha), dtype.type(0.0))
+        np.copyto(x, 0.0, where=~observed)
+        x *= gain
+        keep_rows = 1.0 - gain
+    for i in range(x.shape[0]):   # sequential in steps, vectorised over ranks, in place
+        row = out[i]
+        np.multiply(prev, keep if keep_rows is None else keep_rows[i], out=row)
+        row += x[i]
+        if zero_below:
+            row[row < zero_below] = 0.0
+        prev = row
+    return out

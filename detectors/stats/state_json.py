@@ -1,0 +1,37 @@
+"""Numbers in a detector's JSON state dict. JSON has no NaN, and the service's encoder may not
+keep one, so non-finite floats are written as the strings ``'nan'``, ``'inf'``, ``'-inf'``.
+
+>>> array_to_json(np.array([1.5, np.nan, -np.inf]))
+[1.5, 'nan', '-inf']
+>>> array_from_json(['nan', 2.0], np.dtype(np.float64)).tolist()
+[nan, 2.0]
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def array_to_json(a: np.ndarray) -> list:
+    # JSON has no NaN: encode non-finite floats as strings so state survives any JSON encoder.
+    if a.dtype.kind == "f":
+        return [float(v) if math.isfinite(v) else repr(float(v)) for v in a.tolist()]
+    return a.tolist()
+
+
+def array_from_json(values: list, dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "f":
+        return np.array([float(v) for v in values], dtype=dtype)
+    return np.asarray(values, dtype=dtype)
+
+
+def float_to_json(v: float | None) -> float | str | None:
+    """A float for a JSON state dict: non-finite values as the strings 'nan', 'inf', '-inf'."""
+    if v is None:
+        return None
+    return float(v) if math.isfinite(v) else repr(float(v))
+
+
+def float_from_json(v: float | str | None) -> float | None:
+    return None if v is None else float(v)

@@ -1,0 +1,436 @@
+"""The conformance suite: every detector of :mod:`detectors.registry` keeps the protocol's promises.
+
+Generated from the registry, so a detector registered there runs all of it without a line here.
+Each runs on its registry defaults (what the service builds), on one trace where it fires *and*
+resolves, so "the same findings" compares something.
+
+Block detectors (:class:`~detectors.base.BlockDetector`), on one seeded trace that carries every
+value and timing fault at once (5 % of cells missing, the trainer's clock ``ts`` on every rank):
+
+- split anywhere: the trace in one block, or cut anywhere, gives the same findings;
+- permuted ranks: relabelling rank ids (a permutation, so the columns reorder too) maps every
+  finding's ranks through the same permutation and changes nothing else;
+- constants: constant healthy series never fire;
+- missing is not NaN: whatever sits in a cell that is not present is ignored, a block with
+  nothing present fires nothing, and a field left out equals a field present nowhere;
+- state round trip: a snapshot (strict JSON, as the service stores it) restored mid-trace into
+  a fresh detector gives the same findings afterwards;
+- repr and clone: ``repr`` names the class and every hyper-parameter; a clone is fresh, shares
+  nothing and behaves as a new detector.
+
+Absence detectors (:class:`~detectors.base.AbsenceDetector`) are driven by a scripted job on the
+caller's clock (8 ranks pushing every second; a rank falls silent and comes back; the whole job
+stops with one rank outside the collective; a checkpoint pause; an elastic shrink; the finish).
+Their equivalents: a push split into several arrivals at the same instant, extra ticks in
+between (the same findings, only found no later), permuted rank ids, a steady job that never
+fires, an unknown step that is no progress, a snapshot restored mid-script (with the downtime
+shifted away), a clock offset, and repr and clone.
+"""
+from __future__ import annotations
+
+import doctest
+import importlib
+import inspect
+import json
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detectors.base import AbsenceDetector, BlockDetector
+from detectors.frame import StepBlock
+from detectors.registry import REGISTRY
+from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite, Straggler,
+                        iter_blocks, simulate_run, split_at)
+
+BLOCK = [name for name, entry in REGISTRY.items() if entry.role != "absence"]
+ABSENCE = [name for name, entry in REGISTRY.items() if entry.role == "absence"]
+FEW = settings(max_examples=4, deadline=None, derandomize=True)
+
+
+def fresh(name: str):
+    return REGISTRY[name].cls()
+
+
+def key(f) -> tuple:
+    """A finding's identity for order-free comparison (within one step the order follows ids)."""
+    return (f.step, f.kind, f.metric or "", f.status, f.ranks, f.severity, f.score, f.onset_step or -1)
+
+
+def same(a: list, b: list) -> bool:
+    return sorted(map(key, a)) == sorted(map(key, b))
+
+
+# ----------------------------------------------------------------------------- the protocols
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_the_registry_says_the_protocol_and_the_class_keeps_it(name):
+    entry = REGISTRY[name]
+    det = fresh(name)
+    assert isinstance(det, entry.protocol)
+    other = BlockDetector if entry.protocol is AbsenceDetector else AbsenceDetector
+    assert not isinstance(det, other), f"{name} has both shapes: pick one"
+    assert det.kind == name
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_registered_detector_documents_a_running_example(name):
+    # --doctest-modules runs them; this says every detector module has one to run.
+    module = importlib.import_module(REGISTRY[name].cls.__module__)
+    assert any(t.examples for t in doctest.DocTestFinder().find(module)), module.__name__
+
+
+# ----------------------------------------------------------------------------- block detectors
+N_STEPS, N_RANKS = 3_000, 16
+FAULTS = [
+    Straggler(step=600, rank=6), LossSpike(step=700, factor=2.0),
+    LossSpike(step=800, factor=3.0, ranks=(3, 11), duration=30), GradSpike(step=1_000, factor=8.0),
+    LossSpike(step=1_200, factor=2.0, duration=40), CorruptRank(step=1_400, rank=5, loss_scale=1.1),
+    CorruptRank(step=1_500, rank=13, local_grad_scale=1.0, grad_norm_scale=1.2),
+    Divergence(step=2_200, rate=1e-3), NonFinite(step=2_950, rank=9),
+]
+
+
+def _with_trainer_clock(block: StepBlock) -> StepBlock:
+    st_ = np.where(block.present["step_time"], block.values["step_time"], np.nan)
+    ts = 1_000.0 + np.cumsum(np.nanmedian(st_, axis=1))
+    block.values["ts"] = np.repeat(ts[:, None], block.n_ranks, axis=1)
+    block.present["ts"] = np.ones(st_.shape, dtype=bool)
+    return block
+
+
+@pytest.fixture(scope="module")
+def trace() -> StepBlock:
+    block = simulate_run(n_steps=N_STEPS, n_ranks=N_RANKS, seed=21, faults=FAULTS,
+                         missing_fraction=0.05).block
+    # The straggler recovers at 1,600 (the timings of the same seed without faults from then on:
+    # the value faults leave timings alone), then the whole job is slower for a while.
+    clean = simulate_run(n_steps=N_STEPS, n_ranks=N_RANKS, seed=21, missing_fraction=0.05).block
+    for metric in ("step_time", "compute_time", "comm_time"):
+        block.values[metric][1_600:] = clean.values[metric][1_600:]
+    block.values["step_time"][1_700:2_100] *= 1.3
+    return _with_trainer_clock(block)
+
+
+def feed(det, blocks) -> list:
+    return [f for b in blocks for f in det.update(b)]
+
+
+@pytest.fixture(scope="module")
+def whole(trace) -> dict[str, list]:
+    return {name: fresh(name).update(trace) for name in BLOCK}
+
+
+@pytest.mark.parametrize("name", BLOCK)
+def test_the_trace_makes_every_block_detector_fire_and_resolve(name, whole):
+    statuses = {f.status for f in whole[name]}
+    assert "firing" in statuses, f"{name} never fires on the conformance trace: add its fault to FAULTS"
+    if name != "non_finite":     # a NaN poisons the weights: it stays
+        assert "resolved" in statuses, f"{name} never resolves on the conformance trace"
+
+
+@pytest.mark.parametrize("name", BLOCK)
+@FEW
+@given(cuts=st.lists(st.integers(1, N_STEPS - 1), min_size=1, max_size=40))
+def test_split_anywhere(name, cuts, trace, whole):
+    assert feed(fresh(name), split_at(trace, cuts)) == whole[name]
+
+
+@pytest.mark.parametrize("name", BLOCK)
+def test_one_step_blocks_around_the_faults(name, trace, whole):
+    head = trace.slice_steps(0, 1_050)        # the straggler, both loss spikes, the grad spike
+    assert feed(fresh(name), iter_blocks(head, 1)) == [f for f in whole[name] if f.step < 1_050]
+
+
+def _relabel(block: StepBlock, mapping: np.ndarray) -> StepBlock:
+    """Rank ``r`` becomes ``mapping[r]``; columns stay sorted by id, as a block's must."""
+    ids = mapping[block.ranks]
+    order = np.argsort(ids)
+    return StepBlock(steps=block.steps, ranks=ids[order],
+                     values={m: v[:, order] for m, v in block.values.items()},
+                     present={m: p[:, order] for m, p in block.present.items()})
+
+
+@pytest.mark.parametrize("name", BLOCK)
+@pytest.mark.parametrize("seed", [0])
+def test_permuted_ranks_map_through_the_permutation(name, seed, trace, whole):
+    mapping = 100 + np.random.default_rng(seed).permutation(N_RANKS)
+    got = feed(fresh(name), iter_blocks(_relabel(trace, mapping), 64))
+    want = [replace(f, ranks=tuple(sorted(int(mapping[r]) for r in f.ranks))) for f in whole[name]]
+    assert same(got, want)
+
+
+@pytest.mark.parametrize("name", BLOCK)
+@pytest.mark.parametrize("value", [1e-3, 1.0, 1e3])
+def test_constant_healthy_series_never_fire(name, value):
+    n, r = 1_500, 16
+    metrics = ("loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time",
+               "data_time", "lr")
+    block = StepBlock.from_dense(np.arange(n), np.arange(r), **{m: np.full((n, r), value) for m in metrics})
+    _with_trainer_clock(block)
+    assert feed(fresh(name), iter_blocks(block, 50)) == []
+
+
+@pytest.mark.parametrize("name", BLOCK)
+def test_missing_is_not_nan(name, trace, whole):
+    # Whatever fills a cell that was not reported (NaN filler, garbage, infinities) is ignored.
+    rng = np.random.default_rng(5)
+    junk = [np.nan, np.inf, -np.inf, 0.0, -3.0, 1e9]
+    garbage = StepBlock(steps=trace.steps, ranks=trace.ranks, values={
+        m: np.where(trace.present[m], v, rng.choice(junk, size=v.shape)) for m, v in trace.values.items()},
+        present={m: p.copy() for m, p in trace.present.items()})
+    assert feed(fresh(name), iter_blocks(garbage, 64)) == whole[name]
+    nothing = StepBlock(steps=trace.steps, ranks=trace.ranks, values=garbage.values,
+                        present={m: np.zeros_like(p) for m, p in trace.present.items()})
+    assert feed(fresh(name), iter_blocks(nothing, 64)) == []
+
+
+@pytest.mark.parametrize("name", BLOCK)
+def test_a_field_left_out_is_a_field_present_nowhere(name, trace):
+    for metric in ("ts", "compute_time", "local_grad_norm"):
+        absent = {m: p if m != metric else np.zeros_like(p) for m, p in trace.present.items()}
+        masked = StepBlock(steps=trace.steps, ranks=trace.ranks, values=dict(trace.values), present=absent)
+        left_out = StepBlock(steps=trace.steps, ranks=trace.ranks,
+                             values={m: v for m, v in trace.values.items() if m != metric},
+                             present={m: p for m, p in trace.present.items() if m != metric})
+        assert fresh(name).update(masked) == fresh(name).update(left_out), metric
+
+
+def _snapshot(det) -> dict[str, Any]:
+    """The state as the service stores it (``json`` keeps NaN/Infinity tokens)."""
+    return json.loads(json.dumps(det.state_dict(), allow_nan=True))
+
+
+@pytest.mark.parametrize("name", BLOCK)
+@FEW
+@given(cut=st.integers(1, N_STEPS - 1))
+def test_state_round_trip(name, cut, trace, whole):
+    first = fresh(name)
+    head = feed(first, iter_blocks(trace.slice_steps(0, cut), 97))
+    restored = fresh(name)
+    restored.load_state_dict(_snapshot(first))
+    assert head + feed(restored, iter_blocks(trace.slice_steps(cut, N_STEPS), 97)) == whole[name]
+
+
+def _own_params(cls) -> list[str]:
+    return [p.name for p in inspect.signature(cls.__init__).parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_repr_names_the_class_and_every_hyper_parameter(name):
+    det = fresh(name)
+    text = repr(det)
+    assert text.startswith(f"{type(det).__name__}(") and text.endswith(")")
+    for param in _own_params(type(det)):
+        assert f"{param}=" in text, f"{name}: {param} missing from repr"
+    assert repr(det.clone()) == text
+
+
+@pytest.mark.parametrize("name", BLOCK)
+def test_a_clone_is_fresh_and_shares_nothing(name, trace, whole):
+    used = fresh(name)
+    used.update(trace.slice_steps(0, 1_300))
+    before = json.dumps(used.state_dict(), allow_nan=True)
+    twin = used.clone()
+    assert twin is not used and twin.update(trace) == whole[name]
+    assert json.dumps(used.state_dict(), allow_nan=True) == before
+
+
+# --------------------------------------------------------------------------- absence detectors
+# The scripted job: events on the caller's clock, in seconds.
+Event = tuple
+
+
+def _job_script() -> list[Event]:
+    """8 ranks push every second and send heartbeats; rank 3 falls silent at 40 s and comes back
+    at 160 s; at 260 s the job stops with rank 5 outside the collective (the others wait in it)
+    and resumes at 330 s; a checkpoint pauses every rank from 420 s to 520 s; the world shrinks
+    to 6 ranks at 560 s (ranks 6 and 7 leave); the run finishes at 700 s."""
+    events: list[Event] = []
+    step = 0
+    for t in range(0, 700):
+        now = float(t)
+        world = 8 if t < 560 else 6
+        if t == 560:
+            events.append(("set_world", tuple(range(6)), now))
+        stopped = 260 <= t < 330
+        paused = 420 <= t < 520
+        if not stopped and not paused:
+            step += 1
+            ranks = [r for r in range(world) if not (r == 3 and 40 <= t < 160)]
+            events.append(("observe", tuple(ranks), tuple([step] * len(ranks)), now))
+        for r in range(world):
+            if r == 3 and 40 <= t < 160:
+                continue
+            phase = ("checkpoint" if paused else "data" if (stopped and r == 5)
+                     else "collective" if stopped else "forward")
+            events.append(("heartbeat", r, step if not stopped or r != 5 else step - 1, phase, now + 0.5))
+        events.append(("tick", now + 0.9))
+    events.append(("finish", 700.0))
+    events += [("tick", 700.0 + 10 * k) for k in range(1, 60)]
+    return events
+
+
+SCRIPT = _job_script()
+
+
+def drive(det, events) -> list[list]:
+    """The findings of each event, in order."""
+    out = []
+    for ev in events:
+        kind = ev[0]
+        if kind == "observe":
+            out.append(det.observe(np.asarray(ev[1], dtype=np.int64), np.asarray(ev[2], dtype=np.int64), ev[3]))
+        elif kind == "heartbeat":
+            out.append(det.heartbeat(*ev[1:]))
+        elif kind == "set_world":
+            out.append(det.set_world(ev[1], ev[2]))
+        elif kind == "tick":
+            out.append(det.tick(ev[1]))
+        elif kind == "finish":
+            out.append(det.finish(ev[1]))
+        else:
+            raise ValueError(kind)
+    return out
+
+
+def flat(per_event: list[list]) -> list:
+    return [f for fs in per_event for f in fs]
+
+
+def identity(f) -> tuple:
+    return (f.kind, f.status, f.step, f.ranks)
+
+
+@pytest.fixture(scope="module")
+def scripted() -> dict[str, list[list]]:
+    return {name: drive(fresh(name), SCRIPT) for name in ABSENCE}
+
+
+@pytest.mark.parametrize("name", ABSENCE)
+def test_the_script_makes_every_absence_detector_fire_and_resolve(name, scripted):
+    found = flat(scripted[name])
+    assert {"firing", "resolved"} <= {f.status for f in found}, f"{name}: extend the job script"
+
+
+def _split_pushes(events, rng) -> list[Event]:
+    out = []
+    for ev in events:
+        if ev[0] == "observe" and len(ev[1]) > 1:
+            cut = sorted(rng.choice(np.arange(1, len(ev[1])), size=rng.integers(1, len(ev[1])), replace=False))
+            for lo, hi in zip([0, *cut], [*cut, len(ev[1])]):
+                out.append(("observe", ev[1][lo:hi], ev[2][lo:hi], ev[3]))
+        else:
+            out.append(ev)
+    return out
+
+
+@pytest.mark.parametrize("name", ABSENCE)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_absence_split_a_push_into_arrivals_at_the_same_instant(name, seed, scripted):
+    # A push of many ranks, or the same records in several smaller arrivals at the same instant:
+    # only the grouping of the resolved findings can differ.
+    got = drive(fresh(name), _split_pushes(SCRIPT, np.random.default_rng(seed)))
+    assert same(flat(got), flat(scripted[name]))
+
+
+@pytest.mark.parametrize("name", ABSENCE)
+@FEW
+@given(extra=st.lists(st.floats(0.0, 1_200.0), max_size=60))
+def test_absence_extra_ticks_find_the_same_and_no_later(name, extra, scripted):
+    ticks = sorted(extra)
+    events, i = [], 0
+    for ev in SCRIPT:
+        now = ev[-1] if ev[0] != "tick" else ev[1]
+        while i < len(ticks) and ticks[i] < now:
+            events.append(("tick", ticks[i]))
+            i += 1
+        events.append(ev)
+    got = flat(drive(fresh(name), events))
+    want = flat(scripted[name])
+    assert [identity(f) for f in got] == [identity(f) for f in want]
+
+
+@pytest.mark.parametrize("name", ABSENCE)
+def test_absence_permuted_rank_ids_map_through_the_permutation(name, scripted):
+    mapping = 100 + np.random.default_rng(3).permutation(8)
+
+    def move(ev):
+        if ev[0] == "observe":
+            return ("observe", tuple(int(mapping[r]) for r in ev[1]), ev[2], ev[3])
+        if ev[0] == "heartbeat":
+            return ("heartbeat", int(mapping[ev[1]]), *ev[2:])
+        if ev[0] == "set_world":
+            return ("set_world", tuple(int(mapping[r]) for r in ev[1]), ev[2])
+        return ev
+
+    got = drive(fresh(name), [move(ev) for ev in SCRIPT])
+    for g, w in zip(got, scripted[name]):
+        want = [replace(f, ranks=tuple(sorted(int(mapping[r]) for r in f.ranks))) for f in w]
+        assert same(g, want)
+
+
+@pytest.mark.parametrize("name", ABSENCE)
+def test_absence_a_steady_job_never_fires(name):
+    det, step = fresh(name), 0
+    events: list[Event] = []
+    for t in range(0, 2_000, 2):
+        step += 1
+        events.append(("observe", tuple(range(8)), tuple([step] * 8), float(t)))
+        events += [("heartbeat", r, step, "forward", t + 0.5) for r in range(8)]
+        events.append(("tick", t + 1.0))
+    assert flat(drive(det, events)) == []
+
+
+@pytest.mark.parametrize("name", ABSENCE)
+def test_absence_an_unknown_step_is_no_progress(name, scripted):
+    # A heartbeat that does not tell its step says "alive", never "moved": added to the script
+    # for the silent rank it changes nothing about which findings fire.
+    quiet = [("heartbeat", 3, -1, "forward", t + 0.7) for t in range(40, 160)]
+    events = sorted(SCRIPT + quiet, key=lambda ev: ev[-1] if ev[0] != "tick" else ev[1])
+    got = flat(drive(fresh(name), events))
+    assert {identity(f) for f in got if f.status == "firing"} == \
+        {identity(f) for f in flat(scripted[name]) if f.status == "firing"}
+
+
+@pytest.mark.parametrize("name", ABSENCE)
+@pytest.mark.parametrize("cut", [100, 2_000, 4_500, 6_000, 8_000])
+def test_absence_state_round_trip_with_downtime_shifted_away(name, cut, scripted):
+    first = fresh(name)
+    head = drive(first, SCRIPT[:cut])
+    restored = fresh(name)
+    restored.load_state_dict(_snapshot(first))
+    # The service was down for 1,000 s: it shifts the detector's clock, then time goes on later.
+    restored.shift_clock(1_000.0)
+    tail = drive(restored, [_shifted(ev, 1_000.0) for ev in SCRIPT[cut:]])
+    assert [identity(f) for f in flat(head + tail)] == [identity(f) for f in flat(scripted[name])]
+
+
+def _shifted(ev: Event, dt: float) -> Event:
+    if ev[0] == "observe":
+        return (*ev[:3], ev[3] + dt)
+    if ev[0] == "heartbeat":
+        return (*ev[:4], ev[4] + dt)
+    if ev[0] == "set_world":
+        return (ev[0], ev[1], ev[2] + dt)
+    return (ev[0], ev[1] + dt)
+
+
+@pytest.mark.parametrize("name", ABSENCE)
+def test_absence_only_the_clock_difference_matters(name, scripted):
+    got = drive(fresh(name), [_shifted(ev, 12_345.0) for ev in SCRIPT])
+    for g, w in zip(got, scripted[name]):
+        assert [(identity(f), f.severity, f.score) for f in g] == [(identity(f), f.severity, f.score) for f in w]
+
+
+@pytest.mark.parametrize("name", ABSENCE)
+def test_absence_a_clone_is_fresh_and_shares_nothing(name, scripted):
+    used = fresh(name)
+    drive(used, SCRIPT[:3_000])
+    before = json.dumps(used.state_dict(), allow_nan=True)
+    twin = used.clone()
+    assert [identity(f) for f in flat(drive(twin, SCRIPT))] == [identity(f) for f in flat(scripted[name])]
+    assert json.dumps(used.state_dict(), allow_nan=True) == before
