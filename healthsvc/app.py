@@ -20,8 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
-from healthsvc import dashboard, monitor, rollback, run_metrics
-from healthsvc.economics import feature as economics_feature
+from healthsvc import dashboard, economics, monitor, rollback, run_metrics
 from healthsvc.alerting import service as alerting_feature
 from healthsvc.alerting.service import AlertingService
 from healthsvc.auth.guard import Guard
@@ -133,7 +132,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     app.include_router(auth_router)
     ctx.summaries.add_contributor(ctx.health.summary)
     monitor.install(app, ctx)
-    economics_feature.install(app, ctx)
+    economics.install(app, ctx)
     alerting_feature.install(app, ctx)
     rollback.install(app, ctx)
     dashboard.install(app, ctx)
