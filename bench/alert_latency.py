@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from healthsvc.alerting.signing import generate_secret  # noqa: E402
-from healthsvc.testing import ServerProcess  # noqa: E402
+from tests.server_process import ServerProcess  # noqa: E402
 
 
 class ArrivalLog:

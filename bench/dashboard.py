@@ -41,7 +41,7 @@ from healthsvc.dashboard.hub import RollupHub  # noqa: E402
 from healthsvc.findings import FindingsService  # noqa: E402
 from healthsvc.ingest.batch import MetricBatch  # noqa: E402
 from healthsvc.store.sqlite import SQLiteStore  # noqa: E402
-from healthsvc.testing import ServerProcess  # noqa: E402
+from tests.server_process import ServerProcess  # noqa: E402
 from tests.dashboard import browser  # noqa: E402
 
 RUN = "frontier-16k"

@@ -27,7 +27,7 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from healthsvc.testing import ServerProcess, free_port  # noqa: E402
+from tests.server_process import ServerProcess, free_port  # noqa: E402
 
 FIELDS = ("loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time")
 RANKS_PER_STEP = 1024

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from clients import read  # noqa: E402
 from clients.read import _arrow_to_frame  # noqa: E402
-from healthsvc.testing import ServerProcess  # noqa: E402
+from tests.server_process import ServerProcess  # noqa: E402
 
 FIELDS = ("loss", "grad_norm", "step_time", "compute_time")
 RANKS = 1024

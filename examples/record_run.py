@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from healthsvc.replay import export_run  # noqa: E402
-from healthsvc.testing import ServerProcess  # noqa: E402
+from healthsvc.local_server import LocalServer  # noqa: E402
 
 RUN_ID = "demo-gpt-4r"
 CONFIG = {
@@ -82,7 +82,7 @@ def wait_for_findings(http: httpx.Client, run_id: str, settle_s: float = 3.0) ->
 
 
 def record(out_dir: Path, workdir: Path) -> dict:
-    with ServerProcess(workdir / "record.db") as server, httpx.Client(base_url=server.url, timeout=60) as http:
+    with LocalServer(workdir / "record.db") as server, httpx.Client(base_url=server.url, timeout=60) as http:
         assert http.put(f"/v1/runs/{RUN_ID}", json=CONFIG).status_code == 200
         done = []
         for launch in launches(workdir / "ckpt"):

@@ -22,8 +22,10 @@ class Tick:
 
 @dataclass(frozen=True)
 class Drain:
-    """A barrier: ``done`` is set once everything queued before it has been processed."""
+    """A barrier: ``done`` is set once everything queued before it has been processed (and, with
+    ``tick``, once the stage did what is due at its clock's time now)."""
     done: threading.Event = field(default_factory=threading.Event)
+    tick: bool = False
 
 
 @dataclass(frozen=True)

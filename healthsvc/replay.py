@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.ipc as paipc
 
 from healthsvc.encode import float_column_to_json
-from healthsvc.testing import ServerProcess
+from healthsvc.local_server import LocalServer
 
 MANIFEST = "manifest.json"
 METRICS = "metrics.arrow"
@@ -241,7 +241,7 @@ class LoadedService:
     url: str
     run_id: str
     recorded: RecordedRun
-    server: ServerProcess | None = None
+    server: LocalServer | None = None
     _tmp: Any = None
 
     def as_of(self, event_kind: str = "rollback", *, speed: float = 8.0) -> str:
@@ -286,7 +286,7 @@ def connect_or_serve(data_dir: str | os.PathLike, *, url: str | None = None, spe
             replay(recorded, url, speed=speed)
         return LoadedService(url, recorded.run_id, recorded)
     tmp = tempfile.TemporaryDirectory(prefix="healthsvc-replay-")
-    server = ServerProcess(Path(tmp.name) / "healthsvc.db").start()
+    server = LocalServer(Path(tmp.name) / "healthsvc.db").start()
     try:
         replay(recorded, server.url, speed=speed)
     except BaseException:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 from typing import Any, Callable
 
 
@@ -15,3 +16,12 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 15.0, what: str 
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def answers_ok(url: str, timeout_s: float = 1.0) -> bool:
+    """True when ``url`` answers 200 now (a readiness probe, for ``wait_until``)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status == 200
+    except OSError:
+        return False

@@ -1,4 +1,9 @@
-"""Shared fixtures: a real healthsvc server (uvicorn on 127.0.0.1, SQLite file in tmp_path)."""
+"""Shared fixtures: a real healthsvc server (uvicorn on 127.0.0.1, SQLite file in tmp_path).
+
+``server``/``http``: a server process of the test's own (``server.kill()`` is a crash).
+``shared_server``/``shared_http``: one server per module, in this process on its own clock
+(``tests/harness.py``), so ``shared_http.drain()`` waits until everything sent so far is
+processed; tests only add their own runs to it."""
 from __future__ import annotations
 
 import os
@@ -6,7 +11,7 @@ import os
 import httpx
 import pytest
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 
 # The tests' webhook receivers listen on loopback, which the service refuses by default (a webhook
 # must not reach the service's own host or network); servers started by tests inherit this.
@@ -35,13 +40,12 @@ def http(server):
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory):
     """One server for a whole module (for tests that only add their own runs)."""
-    proc = ServerProcess(tmp_path_factory.mktemp("shared") / "healthsvc.db")
-    proc.start()
-    yield proc
-    proc.stop()
+    from tests.harness import ServedService   # the server stack, only for modules that use it
+    with ServedService(tmp_path_factory.mktemp("shared"), real_time=True) as service:
+        yield service
 
 
 @pytest.fixture(scope="module")
 def shared_http(shared_server):
-    with httpx.Client(base_url=shared_server.url, timeout=30, headers=JSON) as client:
-        yield client
+    """A client of the shared server that can also ``drain()`` it."""
+    return shared_server.http

@@ -8,11 +8,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
-from healthsvc.testing import free_port
+from tests.barriers import answers_ok, wait_until
+from tests.server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,17 +31,11 @@ def test_dev_serve_starts_the_service(tmp_path):
     proc = subprocess.Popen([str(ROOT / "dev"), "serve", "--port", str(port), "--db", str(tmp_path / "q.db")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240  # the first run may install the server's dependencies
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError("./dev serve did not become ready")
+            return answers_ok(f"http://127.0.0.1:{port}/readyz")
+        # The first run may install the server's dependencies.
+        wait_until(ready, timeout_s=240, interval_s=0.2, what="./dev serve to become ready")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/runs", timeout=5) as r:
             assert r.read() == b"[]"
         assert (tmp_path / "q.db").exists()

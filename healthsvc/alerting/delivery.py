@@ -178,6 +178,22 @@ class DeliveryWorker:
         with self._inflight_lock:
             return len(self._inflight)
 
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until no delivery is due at the clock's time now and none is in flight (each
+        attempt recorded); False if that took longer than ``timeout_s``. Retries scheduled for
+        later are not waited for: they fall due when the clock gets there."""
+        deadline = time.monotonic() + timeout_s
+        self.wake()
+        while time.monotonic() < deadline:
+            # A row the loop has claimed is in flight until its attempt is recorded; one it has
+            # not claimed yet is still due: either way not idle.
+            if self.inflight == 0 and not self.outbox.due(self._clock(), limit=1):
+                return True
+            if self._stopping.is_set():
+                return False
+            time.sleep(0.002)  # a barrier's poll: an attempt is an HTTP round trip in a pool thread
+        return False
+
     # -- work ---------------------------------------------------------------------------------
 
     def run_once(self) -> int:

@@ -31,9 +31,9 @@ from healthsvc.alerting.model import LifecyclePolicy
 from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import DEFAULT_TIMINGS, PolicyConfig, Timing
 from healthsvc.alerting.subscription import Subscription
-from healthsvc.messages import FindingsStored, RolledBack, Stop
+from healthsvc.messages import Drain, FindingsStored, RolledBack, Stop
 
-AlertingInput = FindingsStored | RolledBack | Stop
+AlertingInput = FindingsStored | RolledBack | Drain | Stop
 
 log = logging.getLogger(__name__)
 
@@ -173,16 +173,26 @@ class AlertingService:
                     items.append(self._queue.get_nowait())
             except queue.Empty:
                 pass
+            drains = [item for item in items if isinstance(item, Drain)]
             try:
                 for item in items:
-                    if not isinstance(item, Stop):
+                    if not isinstance(item, (Stop, Drain)):
                         self._handle(item)
                 now = self.clock()
-                if now - last_tick >= tick_s:
+                if now - last_tick >= tick_s or any(d.tick for d in drains):
                     self.manager.tick(now)
                     last_tick = now
             except Exception:  # one bad batch must not end alerting for the process
                 log.exception("alerting loop failed on %d items", len(items))
+            for d in drains:
+                d.done.set()
+
+    def drain(self, timeout_s: float = 10.0, *, tick: bool = False) -> bool:
+        """Wait until everything queued so far has been processed (and, with ``tick``, the
+        manager ticked at the clock's time now); False if that took longer than ``timeout_s``."""
+        barrier = Drain(tick=tick)
+        self._queue.put(barrier)
+        return barrier.done.wait(timeout_s)
 
     def _handle(self, item: FindingsStored | RolledBack) -> None:
         assert self.manager is not None

@@ -142,6 +142,10 @@ class RollupHub:
         self._queue.put(barrier)
         return barrier.done.wait(timeout_s)
 
+    def tick(self) -> None:
+        """Queue the aligner's timeouts and due snapshots at the clock's time now."""
+        self._queue.put(Tick(self.clock()))
+
     def flush(self, run_id: str) -> None:
         """Fold in a run's pending steps now (the run finished: nothing more will complete them)."""
         self._queue.put(Flush(run_id))
@@ -163,7 +167,7 @@ class RollupHub:
 
     def _tick_loop(self) -> None:
         while not self._stopping.wait(self.tick_interval_s):
-            self._queue.put(Tick(self.clock()))
+            self.tick()
 
     def _loop(self) -> None:
         try:

@@ -68,11 +68,16 @@ class MonitorHub:
         for run_id in list(self.monitors):
             self._snapshot(run_id, force=True)
 
-    def drain(self, timeout_s: float = 10.0) -> None:
-        """Wait until everything queued so far has been processed (for tests and shutdown)."""
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until everything queued so far has been processed (for tests and shutdown);
+        False if that took longer than ``timeout_s``."""
         barrier = Drain()
         self._queue.put(barrier)
-        barrier.done.wait(timeout_s)
+        return barrier.done.wait(timeout_s)
+
+    def tick(self) -> None:
+        """Queue the absence checks (hang, stall, aligner timeouts) at the clock's time now."""
+        self._queue.put(Tick(self.clock()))
 
     # -- input ----------------------------------------------------------------------------
     def _after_commit(self, results: list[Any]) -> None:
@@ -85,7 +90,7 @@ class MonitorHub:
 
     def _tick_loop(self) -> None:
         while not self._stopping.wait(self.tick_interval_s):
-            self._queue.put(Tick(self.clock()))
+            self.tick()
 
     def _loop(self) -> None:
         while True:

@@ -132,6 +132,11 @@ class SQLiteStore(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisec
             raise RuntimeError("store is not open")
         return self._writer.submit(job)
 
+    def barrier(self) -> Future:
+        """An empty write: resolves once every write queued before it is committed and its
+        after-commit listeners have run (the drain barrier's first stage)."""
+        return self.write(lambda conn: None)
+
     def ping(self) -> None:
         """Raise unless the store answers a read (readiness)."""
         self.read_conn().execute("SELECT 1").fetchone()

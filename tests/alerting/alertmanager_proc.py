@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
-from healthsvc.testing import free_port
+from tests.barriers import answers_ok, wait_until
+from tests.server_process import free_port
 
 BINARY = "prometheus-alertmanager"
 
@@ -54,17 +53,12 @@ class AlertmanagerProcess:
              "--cluster.listen-address=", "--log.level=warn"],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"alertmanager exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"alertmanager not ready; see {self.log_path}")
+            return answers_ok(self.url + "/-/ready")
+        wait_until(ready, timeout_s=30, interval_s=0.05, what=f"alertmanager to be ready (see {self.log_path})")
+        return self
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.barriers import wait_until
+
 
 @dataclass(frozen=True)
 class Received:
@@ -82,10 +84,13 @@ class Receiver:
             return [r for r in self.requests if 200 <= r.answered < 300]
 
     def wait_for(self, n_delivered: int, timeout_s: float = 10.0) -> list[Received]:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
+        """A barrier for a sender the test cannot drain (a worker on the real clock, another
+        process): at least ``n_delivered`` deliveries."""
+        def enough() -> list[Received] | None:
             got = self.delivered()
-            if len(got) >= n_delivered:
-                return got
-            time.sleep(0.01)
-        raise AssertionError(f"receiver got {len(self.delivered())} deliveries, wanted {n_delivered}: {self.requests}")
+            return got if len(got) >= n_delivered else None
+        try:
+            return wait_until(enough, timeout_s=timeout_s, interval_s=0.01, what=f"{n_delivered} deliveries")
+        except AssertionError:
+            raise AssertionError(f"receiver got {len(self.delivered())} deliveries, wanted {n_delivered}: "
+                                 f"{self.requests}") from None

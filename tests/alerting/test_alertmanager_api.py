@@ -11,11 +11,11 @@ import httpx
 import jsonschema
 import pytest
 
-from healthsvc.testing import ServerProcess
 from tests.alerting.alertmanager_proc import AlertmanagerProcess
 from tests.alerting.amschema import ALERTMANAGER_V4
 from tests.alerting.receiver import Receiver
 from tests.barriers import wait_until
+from tests.harness import ServedService
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -32,8 +32,8 @@ def test_a_latched_alert_fed_to_alertmanager_stays_firing_then_resolves(tmp_path
     with Receiver() as rx, AlertmanagerProcess(tmp_path, rx.url, resolve_timeout="2s") as am_proc:
         subs = [{"id": "am", "url": am_proc.url, "format": "alertmanager_api", "pass_through": True,
                  "resend_interval_s": RESEND_S}]
-        env = {"HEALTHSVC_ALERT_WEBHOOKS": json.dumps(subs)}
-        with ServerProcess(tmp_path / "svc.db", env=env) as srv, \
+        # Real time on both sides: Alertmanager's resolve_timeout runs on its own clock.
+        with ServedService(tmp_path, real_time=True, alert_webhooks=subs) as srv, \
                 httpx.Client(base_url=srv.url, timeout=30) as c, \
                 httpx.Client(base_url=am_proc.url, timeout=10) as am:
             records = [{"step": s, "rank": r, "loss": 2.0, "grad_norm": 1.0} for s in range(10) for r in range(2)]
@@ -69,8 +69,9 @@ def test_a_latched_alert_fed_to_alertmanager_stays_firing_then_resolves(tmp_path
                                   what="the resolved notification from Alertmanager")
             assert resolved[0]["alerts"][0]["labels"]["alertname"] == "non_finite"
             assert resolved[0]["alerts"][0]["endsAt"] != "0001-01-01T00:00:00Z"
+            srv.drain()
             n = len(delivered(c))
-            time.sleep(2 * RESEND_S + 1.5)   # resends would have gone out by now
+            srv.advance(2 * RESEND_S + 1.5)   # resends, if any, would go out at this tick
             assert len(delivered(c)) == n
 
 

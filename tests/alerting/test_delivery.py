@@ -17,20 +17,13 @@ from healthsvc.alerting.signing import generate_secret, verify
 from healthsvc.alerting.subscription import Subscription
 from tests.alerting.amschema import ALERTMANAGER_V4
 from tests.alerting.receiver import Receiver, free_port
+from tests.barriers import wait_until
+from tests.harness import FakeClock
 
 pytestmark = pytest.mark.timeout(60)
 
 FAST = dict(timeout_s=0.3, backoff=Backoff(base_s=0.01, cap_s=0.05), poll_interval_s=0.05, rng=random.Random(7))
 SECRET = generate_secret()
-
-
-def wait_until(pred, timeout_s=10.0):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.01)
-    raise AssertionError("condition not reached in time")
 
 
 def assert_signed(r):
@@ -107,12 +100,14 @@ def test_timeouts_are_retried():
 @pytest.mark.parametrize("code", [400, 401, 404, 410, 422])
 def test_other_4xx_fail_at_once_with_the_error(code):
     ob = Outbox(":memory:")
+    clock = FakeClock()
     with Receiver(script=[("status", code)]) as rx:
-        wid = one_delivery(ob, rx.url)
-        w = DeliveryWorker(ob, **FAST).start()
+        wid = ob.enqueue("sub", rx.url, SECRET, b'{"n":1}', now=clock())
+        w = DeliveryWorker(ob, **{**FAST, "clock": clock}).start()
         try:
-            wait_until(lambda: ob.get(wid).state != "pending")
-            time.sleep(0.1)   # a retry, if there were one, would come within 50 ms
+            assert w.drain()                            # the first attempt is recorded
+            clock.advance(FAST["backoff"].cap_s * 10)   # a retry, if there were one, is due by now
+            assert w.drain()
         finally:
             w.stop()
     row = ob.get(wid)

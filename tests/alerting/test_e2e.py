@@ -1,4 +1,5 @@
-"""Through the real server: a NaN pushed on 512 ranks at once pages once, signed."""
+"""Through the real server (uvicorn on 127.0.0.1, default settings, a fake clock): a NaN pushed
+on 512 ranks at once pages once, signed."""
 from __future__ import annotations
 
 import json
@@ -8,10 +9,11 @@ import httpx
 import jsonschema
 import pytest
 
+from healthsvc.alerting.policy import DEFAULT_TIMINGS
 from healthsvc.alerting.signing import generate_secret, verify
-from healthsvc.testing import ServerProcess
 from tests.alerting.amschema import ALERTMANAGER_V4
 from tests.alerting.receiver import Receiver
+from tests.harness import ServedService
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -27,15 +29,16 @@ def records(step, loss):
 def test_nan_pushed_on_512_ranks_is_one_notification(tmp_path):
     secret = generate_secret()
     with Receiver() as rx:
-        env = {"HEALTHSVC_ALERT_WEBHOOKS": json.dumps(
-            [{"id": "am", "url": rx.url, "format": "alertmanager", "secret": secret}])}
-        with ServerProcess(tmp_path / "svc.db", env=env) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        webhooks = [{"id": "am", "url": rx.url, "format": "alertmanager", "secret": secret}]
+        with ServedService(tmp_path, alert_webhooks=webhooks) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
             assert c.put("/v1/runs/big", json={"world_size": WORLD}).status_code == 200
             for step in range(20):
                 assert c.post("/v1/runs/big/metrics", json=records(step, 2.0 - 0.01 * step)).status_code == 202
             assert c.post("/v1/runs/big/metrics", json=records(20, "NaN")).status_code == 202
-            (got,) = rx.wait_for(1)
-            time.sleep(1.5)   # anything else would have been sent by now (critical: group_wait 0)
+            srv.drain()   # every finding, alert and delivery the pushes caused (critical: group_wait 0)
+            (got,) = rx.delivered()
+            # Through a group interval (the aligner's waits included): nothing more to say.
+            srv.advance(DEFAULT_TIMINGS["critical"].group_interval_s)
             assert len(rx.requests) == 1
             verify(secret, got.headers, got.body, now=time.time())
             body = json.loads(got.body)

@@ -1,19 +1,19 @@
-"""Through the real server: custom headers and a bearer token go out on every webhook kind (and
+"""Through the real server (uvicorn on 127.0.0.1 in process, a fake clock): custom headers and a bearer token go out on every webhook kind (and
 are never shown back by the API), PagerDuty events follow the published Events API v2 schema
 through trigger, acknowledge and resolve, and links are absolute without HEALTHSVC_EXTERNAL_URL."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
 
-from healthsvc.testing import ServerProcess
+from healthsvc.alerting.policy import DEFAULT_TIMINGS
 from tests.alerting.amschema import ALERTMANAGER_V4
 from tests.alerting.receiver import Receiver
+from tests.harness import ServedService
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -33,10 +33,10 @@ def test_every_kind_sends_headers_and_bearer_and_pagerduty_follows_the_alert(tmp
         subs = [{"id": f, "url": f"http://127.0.0.1:{rx.port}/{f}", "format": f, "secret": "",
                  "headers": {"X-Team": "ml-infra"}, "bearer_token": f"tok-{f}",
                  **({"routing_key": ROUTING_KEY} if f == "pagerduty" else {})} for f in FORMATS]
-        env = {"HEALTHSVC_ALERT_WEBHOOKS": json.dumps(subs)}
-        with ServerProcess(tmp_path / "svc.db", env=env) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        with ServedService(tmp_path, alert_webhooks=subs) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
             push_nan(c, "pd-run")
-            got = {r.path.split("/")[1]: r for r in rx.wait_for(len(FORMATS))}
+            srv.drain()
+            got = {r.path.split("/")[1]: r for r in rx.delivered()}
             assert set(got) == set(FORMATS)
             for fmt, r in got.items():
                 assert r.headers["authorization"] == f"Bearer tok-{fmt}" and r.headers["x-team"] == "ml-infra"
@@ -64,12 +64,11 @@ def test_every_kind_sends_headers_and_bearer_and_pagerduty_follows_the_alert(tmp
 
             fp = alert["fingerprint"]
             assert c.post(f"/v1/alerts/{fp}/acknowledge", json={"by": "alice"}).status_code == 200
-            rx.wait_for(len(FORMATS) + 1)
+            srv.drain()
+            assert len(rx.delivered()) >= len(FORMATS) + 1
             assert c.post(f"/v1/alerts/{fp}/resolve", json={"by": "alice"}).status_code == 200
-            end = time.monotonic() + 10
-            while [e["event_action"] for e in pd_events()] != ["trigger", "acknowledge", "resolve"]:
-                assert time.monotonic() < end, [e["event_action"] for e in pd_events()]
-                time.sleep(0.05)
+            srv.advance(DEFAULT_TIMINGS["critical"].group_interval_s)   # the group's next flush
+            assert [e["event_action"] for e in pd_events()] == ["trigger", "acknowledge", "resolve"]
             for event in pd_events():
                 jsonschema.validate(event, PD_SCHEMA)
                 assert event["dedup_key"] == fp

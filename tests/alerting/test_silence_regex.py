@@ -7,7 +7,7 @@ import time
 import httpx
 
 from healthsvc.alerting.policy import Matcher
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 from tests.alerting.receiver import Receiver
 
 RUN = "a" * 40            # each extra character used to double the match time of (a+)+b

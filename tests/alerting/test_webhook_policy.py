@@ -8,8 +8,9 @@ import httpx
 import pytest
 
 from healthsvc.alerting.address_policy import AddressPolicy
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 from tests.alerting.receiver import Receiver
+from tests.harness import InProcessService
 
 
 @pytest.mark.parametrize("url", [
@@ -49,18 +50,13 @@ def test_the_service_refuses_internal_webhooks_and_hides_receiver_bodies(tmp_pat
         assert c.get("/v1/webhooks").json()["webhooks"] == []
 
     with Receiver(script=[("status", 400)] * 5) as rx:
-        env = {"HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
-               "HEALTHSVC_ALERT_WEBHOOKS": json.dumps([{"id": "rx", "url": rx.url, "format": "json"}])}
-        with ServerProcess(tmp_path / "q.db", env=env) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        with InProcessService(tmp_path, db=tmp_path / "q.db", webhook_allowed_networks="127.0.0.0/8",
+                              alert_webhooks=[{"id": "rx", "url": rx.url, "format": "json"}]) as svc:
+            c = svc.http
             assert c.post("/v1/runs/r/metrics", json={"records": [{"step": 0, "rank": 0, "loss": "NaN"}]}).status_code == 202
-            import time
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                failed = c.get("/v1/webhooks/rx/deliveries", params={"state": "failed"}).json()
-                items = failed.get("deliveries", failed) if isinstance(failed, dict) else failed
-                if items:
-                    break
-                time.sleep(0.05)
+            svc.drain()
+            failed = c.get("/v1/webhooks/rx/deliveries", params={"state": "failed"}).json()
+            items = failed.get("deliveries", failed) if isinstance(failed, dict) else failed
             assert items, "the 400 was not recorded"
             assert items[0]["last_error"] == "HTTP 400 Bad Request"      # not the receiver's "ok" body
 

@@ -10,7 +10,7 @@ import pytest
 
 from clients.read import Reader
 from healthsvc.replay import RecordedRun, export_run, replay
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 
 RUN = "rec-small"
 
@@ -24,23 +24,29 @@ def _post(http, path, body):
 def recorded(shared_server, shared_http, tmp_path_factory) -> RecordedRun:
     """Attempt 1: steps 0..5 on 2 ranks (a NaN, an Inf, a missing value); checkpoint at 3;
     attempt 2 resumes at step 4 after a rollback event."""
-    http, t = shared_http, time.time()
+    # The trainer's clock (``ts``) is the time of each push, as a real trainer's is: the recording
+    # keeps the order things were sent in however fast this machine is (the service stamps the
+    # event with its own clock).
+    http = shared_http
     assert http.put(f"/v1/runs/{RUN}", json={"world_size": 2, "batch_size_per_rank": 4}).status_code == 200
     for step in range(6):
         loss = {1: "NaN", 2: "Infinity"}.get(step, 3.0 - 0.1 * step)
-        rows = [{"step": step, "rank": 0, "loss": loss, "grad_norm": 1.0, "ts": t + 0.02 * step, "host": "a"},
-                {"step": step, "rank": 1, "grad_norm": 1.0, "ts": t + 0.02 * step + 0.001, "host": "b",
+        t = time.time()
+        rows = [{"step": step, "rank": 0, "loss": loss, "grad_norm": 1.0, "ts": t, "host": "a"},
+                {"step": step, "rank": 1, "grad_norm": 1.0, "ts": t + 0.001, "host": "b",
                  **({"loss": 2.0} if step != 4 else {})}]
         _post(http, f"/v1/runs/{RUN}/metrics", {"records": rows})
         if step == 3:
             _post(http, f"/v1/runs/{RUN}/checkpoints", {"step": 3, "uri": "file:///c3", "duration_s": 0.5, "bytes": 10})
     _post(http, f"/v1/runs/{RUN}/events", {"kind": "rollback", "step": 3, "data": {"reason": "test"}})
     for step in (4, 5, 6):
-        rows = [{"step": step, "rank": r, "loss": 1.5, "grad_norm": 0.9, "ts": t + 0.2 + 0.02 * step} for r in (0, 1)]
+        t = time.time()
+        rows = [{"step": step, "rank": r, "loss": 1.5, "grad_norm": 0.9, "ts": t} for r in (0, 1)]
         _post(http, f"/v1/runs/{RUN}/metrics", {"records": rows})
+    finished_at = time.time() + 0.01
     out = export_run(shared_server.url, RUN, tmp_path_factory.mktemp("rec"),
                      {"launches": [{"fault": {"kind": "corrupt_grad", "rank": 0, "step": 2}, "finished": True,
-                                    "finished_at": t + 0.4}]})
+                                    "finished_at": finished_at}]})
     return RecordedRun.load(out)
 
 

@@ -40,10 +40,14 @@ def test_nan_and_inf_leave_as_json_tokens_not_null(make_run, service):
 
 def test_non_finite_value_is_flushed_without_waiting_for_the_interval(make_run, service):
     run = make_run(flush_interval_s=30.0)
+    wakes = []   # the sender sends when woken or when its interval is over (30 s: not in this test)
+    wake = run._wake.set
+    run._wake.set = lambda: (wakes.append(True), wake())[1]
     run.log(loss=1.0, step=0)
     run.log(loss=1.5, step=1)
-    assert not wait_until(lambda: service.requests("metrics"), timeout_s=0.2)  # batched, waiting
+    assert wakes == [] and service.requests("metrics") == []   # batched, waiting: nobody woke the sender
     run.log(loss=float("nan"), step=2)
+    assert wakes == [True]
     assert wait_until(lambda: service.requests("metrics"), timeout_s=2.0)
     assert [r["step"] for r in service.records()] == [0, 1, 2]
 
@@ -64,10 +68,10 @@ def test_step_defaults_to_previous_plus_one_and_same_step_calls_merge(make_run, 
 def test_a_step_logged_in_two_calls_never_straddles_two_batches(make_run, service):
     # The service reads a (step, rank) it has already seen as a restart, so the client holds the
     # newest step back for one interval while more fields for it may follow.
-    run = make_run(flush_interval_s=0.3)
+    run = make_run(flush_interval_s=5.0)
     run.log(loss=1.0, step=5)
     run._wake.set()            # a sender cycle now, before the interval is over
-    time.sleep(0.1)
+    assert wait_until(lambda: run._held is not None)   # barrier: that cycle held the step back
     assert service.requests("metrics") == []
     run.log(grad_norm=2.0, step=5)
     assert run.flush(2.0)
@@ -75,10 +79,10 @@ def test_a_step_logged_in_two_calls_never_straddles_two_batches(make_run, servic
 
 
 def test_finish_never_overtakes_a_held_back_record(make_run, service):
-    run = make_run(flush_interval_s=0.3)
+    run = make_run(flush_interval_s=5.0)
     run.log(loss=1.0, step=9)
     run._wake.set()
-    time.sleep(0.1)              # the sender holds step 9 back
+    assert wait_until(lambda: run._held is not None)   # the sender holds step 9 back
     run.checkpoint(9, "file:///c9")
     assert run.finish(2.0)
     order = [r.path.rsplit("/", 1)[-1] for _, r in service.arrivals]

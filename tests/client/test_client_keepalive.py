@@ -15,21 +15,13 @@ import httpx
 
 from clients.client import Run
 from clients.transport import HTTPTransport, Request
+from tests.barriers import wait_until
 
 
 def server_closed(sock: socket.socket) -> bool:
     """True once the peer closed the connection (the socket is readable and reads EOF)."""
     readable, _, _ = select.select([sock], [], [], 0)
     return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
-
-
-def wait_until(cond, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_a_request_on_a_connection_the_server_closed_is_sent_again_on_a_fresh_one(server):
@@ -39,7 +31,8 @@ def test_a_request_on_a_connection_the_server_closed_is_sent_again_on_a_fresh_on
     for t in (lazy, prompt):
         assert t.request(ping, 5.0).status == 200
     socks = [t._local.conn.sock for t in (lazy, prompt)]
-    assert wait_until(lambda: all(server_closed(s) for s in socks), 15.0), "server kept the connections"
+    wait_until(lambda: all(server_closed(s) for s in socks), timeout_s=15.0, interval_s=0.05,
+               what="the server to close the idle connections (it kept them)")
 
     assert lazy.request(ping, 5.0).status == 200       # written into a closed socket, then re-sent
     assert lazy.reconnects == 1

@@ -73,8 +73,9 @@ def test_heartbeat_stops_after_finish(make_run, service):
     run = make_run(heartbeat_interval_s=0.01)
     assert wait_until(lambda: len(service.requests("heartbeats")) >= 2)
     run.finish(1.0)
+    # Barrier: the heartbeat thread has ended, so no heartbeat can follow the count below.
+    assert wait_until(lambda: not run._heartbeat.is_alive())
     n = len(service.requests("heartbeats"))
-    time.sleep(0.1)
     assert len(service.requests("heartbeats")) == n
 
 
@@ -126,7 +127,10 @@ def test_exit_with_the_service_unreachable_is_bounded_by_exit_flush_timeout(unus
         clients.init("http://127.0.0.1:{unused_tcp_port}", run_id="r", rank=0,
                      exit_flush_timeout_s=0.5, backoff_base_s=5.0, max_attempts=100)
         clients.log(loss=1.0, step=0)
-        time.sleep(0.2)        # the first attempt failed; the sender now waits seconds to retry
+        deadline = time.monotonic() + 10
+        while clients.stats().last_error is None:   # barrier: the first attempt failed; the
+            assert time.monotonic() < deadline       # sender now waits seconds to retry
+            time.sleep(0.01)
         print(time.monotonic())
     """)
     assert result.returncode == 0, result.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,14 +48,15 @@ def start_browser(profile_dir: Path):
 
 def wait_for(driver, js: str, timeout_s: float = 15.0, what: str = "") -> Any:
     """Poll ``return <js>`` until it is truthy; its value, or AssertionError with ``what``."""
-    deadline = time.monotonic() + timeout_s
-    value = None
-    while time.monotonic() < deadline:
-        value = driver.execute_script(f"return {js}")
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what or js} (last: {value!r})")
+    last: list[Any] = [None]
+
+    def value() -> Any:
+        last[0] = driver.execute_script(f"return {js}")
+        return last[0]
+    try:
+        return wait_until(value, timeout_s=timeout_s, interval_s=0.05, what=what or js)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc} (last: {last[0]!r})") from None
 
 
 def console_errors(driver) -> list[dict]:

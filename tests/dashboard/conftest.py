@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 from tests.dashboard import browser
 
 

@@ -29,7 +29,7 @@ PER_RANK_BATCH = 8
 @pytest.fixture(scope="module")
 def economics_run(shared_server, shared_http, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("economics")
-    config = {"world_size": 4, "batch_size_per_rank": PER_RANK_BATCH, "detectors": {"hang": {"timeout_floor_s": 15.0}}}
+    config = {"world_size": 4, "batch_size_per_rank": PER_RANK_BATCH}
     assert shared_http.put(f"/v1/runs/{RUN}", json=config).status_code == 200
     ckpt = ["--ckpt-every", "20"]
     first = train(shared_server.url, RUN, workdir, "--steps", "70", *ckpt)

@@ -15,7 +15,7 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 from healthsvc.replay import RecordedRun, replay  # noqa: E402
-from healthsvc.testing import ServerProcess  # noqa: E402
+from tests.server_process import ServerProcess  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 ALL = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "quality"
 

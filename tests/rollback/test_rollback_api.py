@@ -1,14 +1,18 @@
-"""The rollback answer and active bisection over HTTP, against a real server (uvicorn + SQLite)."""
+"""The rollback answer and active bisection over HTTP, against a real server (uvicorn + SQLite).
+
+The shared server runs in process on a fake clock (``conftest.py``); a test settles it before it
+reads an answer, so the answer rests on every finding the pushes cause. The bisection's crash
+test runs a server process of its own."""
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
 
 from simulation import GradSpike, LossSpike, NonFinite, simulate_run
 from healthsvc.cli import main as cli_main
+from healthsvc.settings import Settings
 
 N_RANKS = 4
 
@@ -32,15 +36,18 @@ def push_run(http, run_id: str, faults=(), n_steps: int = 900, checkpoints=range
         assert r.status_code < 300, r.text
 
 
-def wait_for_finding(http, run_id: str, kind: str, timeout_s: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = http.get(f"/v1/runs/{run_id}/findings", params={"kind": kind}).json()
-        items = found if isinstance(found, list) else found.get("findings", found.get("items", []))
-        if items:
-            return items[0]
-        time.sleep(0.2)
-    raise AssertionError(f"no {kind} finding for {run_id} within {timeout_s} s")
+def settle(http) -> None:
+    """Every step pushed so far judged by the detectors (the aligner's longest wait passed), and
+    everything that caused stored: findings, alerts."""
+    http.service.advance(Settings().align_timeout_s)
+
+
+def wait_for_finding(http, run_id: str, kind: str) -> dict:
+    """The first ``kind`` finding of the run, once the service has settled."""
+    settle(http)
+    found = http.get(f"/v1/runs/{run_id}/findings", params={"kind": kind}).json()
+    assert found, f"no {kind} finding for {run_id}"
+    return found[0]
 
 
 def checkpoint_id(http, run_id: str, step: int) -> int:
@@ -49,6 +56,7 @@ def checkpoint_id(http, run_id: str, step: int) -> int:
 
 def test_a_clean_run_resumes_from_its_newest_checkpoint(shared_http):
     push_run(shared_http, "rb-clean")
+    settle(shared_http)
     answer = shared_http.get("/v1/runs/rb-clean/rollback").json()
     assert answer["checkpoint"]["step"] == 800 and answer["checkpoint"]["uri"] == "mem://rb-clean/800"
     assert answer["onset"] is None and answer["findings"] == []
@@ -138,6 +146,7 @@ def test_checkpoints_of_an_abandoned_branch_are_never_recommended(shared_http):
     # Resume from checkpoint 400: steps 401.. are reported again, as a new attempt.
     cols = {"step": [401, 401, 402, 402], "rank": [0, 1, 0, 1], "loss": [2.0] * 4}
     assert shared_http.post("/v1/runs/rb-branch/metrics", json={"columns": cols}).status_code == 202
+    settle(shared_http)
     answer = shared_http.get("/v1/runs/rb-branch/rollback").json()
     assert answer["checkpoint"]["step"] == 400
     assert answer["evidence"]["superseded"] == [500, 600, 700, 800]
@@ -152,26 +161,16 @@ def test_the_rollback_target_reaches_the_run_summary_and_the_alert(shared_http):
     push_run(shared_http, "rb-alert", [NonFinite(step=650, rank=1)], checkpoints=())
     wait_for_finding(shared_http, "rb-alert", "non_finite")
     assert shared_http.get("/v1/runs/rb-alert").json()["rollback"]["step"] == 600
-    deadline = time.monotonic() + 20
-    alerts = []
-    while time.monotonic() < deadline:
-        alerts = shared_http.get("/v1/alerts", params={"run": "rb-alert", "kind": "non_finite"}).json()["alerts"]
-        if alerts and alerts[0].get("rollback_target"):
-            break
-        time.sleep(0.2)
+    alerts = shared_http.get("/v1/alerts", params={"run": "rb-alert", "kind": "non_finite"}).json()["alerts"]
     assert alerts and alerts[0]["rollback_target"]["step"] == 600
 
 
-def wait_for_rollback(http, run_id: str, predicate, timeout_s: float = 30.0) -> dict:
-    """Poll the rollback answer until ``predicate(answer)`` holds (findings arrive async)."""
-    deadline = time.monotonic() + timeout_s
-    answer = None
-    while time.monotonic() < deadline:
-        answer = http.get(f"/v1/runs/{run_id}/rollback").json()
-        if predicate(answer):
-            return answer
-        time.sleep(0.2)
-    raise AssertionError(f"rollback of {run_id} never satisfied the condition: {answer}")
+def wait_for_rollback(http, run_id: str, predicate) -> dict:
+    """The rollback answer once the service has settled; ``predicate(answer)`` must hold."""
+    settle(http)
+    answer = http.get(f"/v1/runs/{run_id}/rollback").json()
+    assert predicate(answer), f"rollback of {run_id} does not satisfy the condition: {answer}"
+    return answer
 
 
 def test_a_transient_spike_that_recovered_keeps_the_newest_checkpoint(shared_http):

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 
 import httpx
 import pytest
 
-from healthsvc.testing import ServerProcess, free_port
+from tests.barriers import answers_ok, wait_until
+from tests.server_process import ServerProcess, free_port
 
 ADMIN = "bootstrap-secret-for-tests"
 PUSH = {"records": [{"step": 0, "rank": 0, "loss": 1.0}]}
@@ -146,16 +145,8 @@ def test_open_by_default_on_loopback_loudly_and_refused_elsewhere(tmp_path):
                                  "--host", "0.0.0.0", "--port", str(port), "--insecure"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
-                    assert resp.status == 200
-                    break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("--insecure did not start")
+        wait_until(lambda: answers_ok(f"http://127.0.0.1:{port}/readyz"), timeout_s=30,
+                   what="--insecure to start")
     finally:
         insecure.terminate()
         insecure.wait(15)

@@ -54,7 +54,7 @@ def test_rejections_name_the_field(shared_http, body, status, loc):
 
 
 def test_oversized_and_bad_gzip(tmp_path):
-    from healthsvc.testing import ServerProcess
+    from tests.server_process import ServerProcess
     import httpx
     with ServerProcess(tmp_path / "small.db", env={"HEALTHSVC_MAX_BODY_BYTES": "4096"}) as server, \
             httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
 
 import httpx
 import pytest
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 from tests.alerting.receiver import Receiver
+from tests.harness import InProcessService
 
 
 def _post_whole(url: str, body: bytes) -> tuple[int, dict]:
@@ -75,26 +75,29 @@ def test_a_full_disk_is_a_507_and_not_ready_until_space_returns(small_disk):
 
 
 def test_delivery_resumes_within_seconds_of_the_receivers_recovery(tmp_path):
+    # In process on a fake clock, default delivery settings (backoff capped at 10 s).
     from tests.alerting.receiver import free_port
     port = free_port()
     url = f"http://127.0.0.1:{port}/hook"
-    env = {"HEALTHSVC_ALERT_WEBHOOKS": json.dumps([{"id": "rx", "url": url, "format": "json"}])}
-    with ServerProcess(tmp_path / "w.db", env=env) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+    with InProcessService(tmp_path, alert_webhooks=[{"id": "rx", "url": url, "format": "json"}]) as svc:
+        c = svc.http
         for run in ("r1", "r2"):
             assert c.post(f"/v1/runs/{run}/metrics",
                           json={"records": [{"step": 0, "rank": 0, "loss": "NaN"}]}).status_code == 202
         # The receiver stays down until each delivery has failed 5 times (the backoff has grown: with
         # the old 300 s cap the next attempt could be minutes away).
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
+        svc.drain()
+        for _ in range(600):
             items = c.get("/v1/webhooks/rx/deliveries").json()
             items = items.get("deliveries", items) if isinstance(items, dict) else items
             if len(items) >= 2 and min(d["attempts"] for d in items) >= 5:
                 break
-            time.sleep(0.2)
+            svc.advance(1.0)
         else:
             raise AssertionError(f"deliveries did not retry: {items}")
         with Receiver(port=port) as rx:
-            recovered = time.monotonic()
-            rx.wait_for(2, timeout_s=20)
-            assert time.monotonic() - recovered < 12.0
+            recovered = svc.clock()
+            while len(rx.delivered()) < 2 and svc.clock() - recovered < 20.0:
+                svc.advance(1.0)
+            assert len(rx.delivered()) == 2
+            assert svc.clock() - recovered < 12.0

@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 from tests.alerting.receiver import Receiver
 from tests.barriers import wait_until
 

@@ -3,9 +3,10 @@ restart it on the same file, and every record that got a 202 is there."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
+
+from tests.barriers import wait_until
 
 
 def pusher(url: str, rank: int, acked: list, stop: threading.Event) -> None:
@@ -29,14 +30,13 @@ def test_sigkill_loses_no_acknowledged_record(server, http):
     threads = [threading.Thread(target=pusher, args=(server.url, rank, acked, stop)) for rank in range(8)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while len(acked) < 3000 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    server.kill()  # mid-flight: requests are being parsed, committed and answered
-    stop.set()
-    for t in threads:
-        t.join(10)
-    assert len(acked) >= 3000, "the load did not get going"
+    try:
+        wait_until(lambda: len(acked) >= 3000, timeout_s=30, interval_s=0.05, what="the load to get going (3000 acknowledged records)")
+    finally:
+        server.kill()  # mid-flight: requests are being parsed, committed and answered
+        stop.set()
+        for t in threads:
+            t.join(10)
 
     server.start()
     cols = http.get("/v1/runs/crash/metrics", params={"fields": "loss"}).json()["columns"]

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from healthsvc.testing import ServerProcess
+from tests.server_process import ServerProcess
 
 FUZZ_EXAMPLES = int(os.environ.get("HEALTHSVC_FUZZ_EXAMPLES", "25"))
 SEEDED_RUNS = ("fz-a", "fz-b")

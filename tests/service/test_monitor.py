@@ -1,9 +1,13 @@
-"""Detection inside the real service: findings with ranks and hosts, state that survives a crash
-without repeating findings, attempts restarting detection, and hangs from the server's clock."""
+"""Detection inside the service: findings with ranks and hosts, state that survives a crash
+without repeating findings, attempts restarting detection, and hangs from the server's clock.
+
+The service runs in process on a fake clock (``tests/harness.py``) with its default settings:
+time passes only when a test advances it, and every assertion, of absence above all, follows a
+drain. One test crashes a real server process with SIGKILL."""
 from __future__ import annotations
 
 import json
-import time
+import sqlite3
 
 import httpx
 import numpy as np
@@ -12,7 +16,13 @@ import pytest
 from simulation import NonFinite, Straggler, simulate_run
 from healthsvc.monitor.aligner import StepAligner
 from healthsvc.ingest.batch import MetricBatch
-from healthsvc.testing import ServerProcess
+from healthsvc.settings import Settings
+from tests.barriers import wait_until
+from tests.harness import InProcessService
+from tests.server_process import ServerProcess
+
+# How long the aligner may hold a step for missing ranks: after it, every pushed step has been seen.
+ALIGN_S = Settings().align_timeout_s
 
 
 def column_pushes(block, hosts=None, steps_per_push=10):
@@ -35,23 +45,21 @@ def findings(http, run, **params):
     return http.get(f"/v1/runs/{run}/findings", params=params).json()
 
 
-def wait_for(fn, timeout_s=20.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = fn()
-        if out:
-            return out
-        time.sleep(0.2)
-    return fn()
+@pytest.fixture
+def svc(tmp_path):
+    with InProcessService(tmp_path) as service:
+        yield service
 
 
-def test_nan_origin_rank_and_host(http):
+def test_nan_origin_rank_and_host(svc):
+    http = svc.http
     run = simulate_run(n_steps=400, n_ranks=16, seed=3, faults=[NonFinite(step=300, rank=5)])
     hosts = {r: f"node{r // 4}" for r in range(16)}
     http.put("/v1/runs/nan", json={"world_size": 16})
     for body in column_pushes(run.block, hosts):
         assert http.post("/v1/runs/nan/metrics", content=body).status_code == 202
-    found = wait_for(lambda: findings(http, "nan", kind="non_finite"))
+    svc.drain()
+    found = findings(http, "nan", kind="non_finite")
     origin = [f for f in found if f["evidence"].get("role") == "origin"]
     assert origin and origin[0]["step"] == 300 and origin[0]["ranks"] == [5] and origin[0]["hosts"] == ["node1"]
     assert origin[0]["severity"] == "critical"
@@ -65,86 +73,125 @@ def straggler_run():
 
 
 def straggler_findings(http, run_id):
-    found = wait_for(lambda: findings(http, run_id, kind="straggler", status="firing"))
-    return [(f["step"], f["ranks"]) for f in found]
+    return [(f["step"], f["ranks"]) for f in findings(http, run_id, kind="straggler", status="firing")]
+
+
+def settled_findings(tmp_path, db):
+    """What a service on ``db`` holds once every stored push has been seen: (stragglers, all)."""
+    with InProcessService(tmp_path, db=db) as svc:
+        svc.advance(ALIGN_S)
+        return straggler_findings(svc.http, "s"), findings(svc.http, "s")
 
 
 def test_detector_state_survives_a_crash_without_repeating_findings(tmp_path):
     run = straggler_run()
     bodies = list(column_pushes(run.block))
     # Reference: one uninterrupted service.
-    with ServerProcess(tmp_path / "ref.db") as server, httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
-        http.put("/v1/runs/s", json={"world_size": 16})
+    with InProcessService(tmp_path, db=tmp_path / "ref.db") as svc:
+        svc.http.put("/v1/runs/s", json={"world_size": 16})
         for body in bodies:
-            http.post("/v1/runs/s/metrics", content=body)
-        reference = straggler_findings(http, "s")
+            svc.http.post("/v1/runs/s/metrics", content=body)
+        svc.advance(ALIGN_S)
+        reference = straggler_findings(svc.http, "s")
     assert reference and reference[0][1] == [7] and 200 <= reference[0][0] <= 250
 
-    # The same pushes with a SIGKILL in the middle of the straggler episode.
-    server = ServerProcess(tmp_path / "crash.db").start()
+    # The same pushes to a real server process, SIGKILLed in the middle of the straggler episode
+    # once its detectors' state is in a snapshot.
+    db = tmp_path / "crash.db"
+    server = ServerProcess(db).start()
     try:
         with httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
             http.put("/v1/runs/s", json={"world_size": 16})
             half = len(bodies) * 2 // 5
             for body in bodies[:half]:
                 http.post("/v1/runs/s/metrics", content=body)
-            time.sleep(1.5)
+
+            def snapshot_taken():
+                with sqlite3.connect(db) as conn:
+                    return conn.execute("SELECT 1 FROM run_state WHERE run_id='s' AND kind='monitor'").fetchone()
+            wait_until(snapshot_taken, what="the monitor's first snapshot of run s")
             server.kill()
             server.start()
             for body in bodies[half:]:
                 http.post("/v1/runs/s/metrics", content=body)
-            assert straggler_findings(http, "s") == reference
-            all_found = findings(http, "s")
-            keys = [(f["kind"], f["metric"], tuple(f["ranks"]), f["step"], f["status"]) for f in all_found]
-            assert len(keys) == len(set(keys)), "a finding was stored twice"
     finally:
-        server.stop()
+        server.stop()   # SIGTERM: what was queued is processed before it exits
+    stragglers, all_found = settled_findings(tmp_path, db)
+    assert stragglers == reference
+    keys = [(f["kind"], f["metric"], tuple(f["ranks"]), f["step"], f["status"]) for f in all_found]
+    assert len(keys) == len(set(keys)), "a finding was stored twice"
 
 
-def test_new_attempt_restarts_detection(http):
+def test_new_attempt_restarts_detection(svc):
+    http = svc.http
     run = simulate_run(n_steps=300, n_ranks=8, seed=5, faults=[NonFinite(step=250, rank=2)])
     http.put("/v1/runs/att", json={"world_size": 8})
     for body in column_pushes(run.block):
         http.post("/v1/runs/att/metrics", content=body)
-    first = wait_for(lambda: findings(http, "att", kind="non_finite"))
-    assert {f["attempt"] for f in first} == {1}
+    svc.drain()
+    first = findings(http, "att", kind="non_finite")
+    assert first and {f["attempt"] for f in first} == {1}
     # Roll back to step 200 and train again (slightly different numbers, as real reruns give):
     # the NaN is found again, in attempt 2. (A byte-identical body would be taken for a retry.)
     resumed = run.block.slice_steps(200, 300)
     resumed.values["loss"] = resumed.values["loss"] * (1 + 1e-9)
     for body in column_pushes(resumed):
         assert http.post("/v1/runs/att/metrics", content=body).json()["attempt"] == 2
-    again = wait_for(lambda: [f for f in findings(http, "att", kind="non_finite") if f["attempt"] == 2])
+    svc.drain()
+    again = [f for f in findings(http, "att", kind="non_finite") if f["attempt"] == 2]
     assert again and min(f["step"] for f in again) == 250
 
 
-def test_hang_from_silence_and_finish_is_not_a_stall(tmp_path):
-    env = {"HEALTHSVC_TICK_INTERVAL_S": "0.2"}
-    with ServerProcess(tmp_path / "hang.db", env=env) as server, httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
-        http.put("/v1/runs/h", json={"world_size": 4, "detectors": {"hang": {"timeout_floor_s": 1.0}}})
-        step = 0
-        t_end = time.monotonic() + 6.0
-        stopped_at = None
-        while time.monotonic() < t_end:
-            ranks = range(4) if time.monotonic() < t_end - 4.0 else range(3)  # rank 3 goes silent
-            if len(ranks) == 3 and stopped_at is None:
-                stopped_at = step
-            http.post("/v1/runs/h/metrics", json={"records": [{"step": step, "rank": r, "loss": 1.0} for r in ranks]})
-            step += 1
-            time.sleep(0.05)
-        hangs = wait_for(lambda: findings(http, "h", kind="hang"), timeout_s=5)
-        assert [f["ranks"] for f in hangs if f["status"] == "firing"] == [[3]]
-        assert findings(http, "h", kind="stall") == []
-        # A finished run's silence is neither a hang nor a stall.
-        http.post("/v1/runs/h/finish")
-        time.sleep(2.5)
-        assert findings(http, "h", kind="stall") == []
+def push_step(http, run, step, ranks):
+    resp = http.post(f"/v1/runs/{run}/metrics", json={"records": [{"step": step, "rank": r, "loss": 1.0} for r in ranks]})
+    assert resp.status_code < 300, resp.text
 
 
-def test_a_rank_stuck_outside_the_collective_is_named_within_20_s_of_the_last_metrics(http):
-    # Default settings (1 s ticker) and detector defaults: 4 ranks step every 0.1 s with 1 Hz
+def test_hang_from_silence_and_finish_is_not_a_stall(svc):
+    # Default detectors: a rank that stepped every second hangs after the 60 s floor of silence.
+    http = svc.http
+    http.put("/v1/runs/h", json={"world_size": 4})
+    for step in range(30):
+        push_step(http, "h", step, range(4))
+        svc.advance(1.0)
+    for step in range(30, 30 + 90):   # rank 3 goes silent; the others carry on
+        push_step(http, "h", step, range(3))
+        svc.advance(1.0)
+    hangs = findings(http, "h", kind="hang")
+    assert [f["ranks"] for f in hangs if f["status"] == "firing"] == [[3]]
+    assert findings(http, "h", kind="stall") == []
+    # A finished run's silence is neither a hang nor a stall, however long it lasts.
+    assert http.post("/v1/runs/h/finish").status_code < 300
+    svc.drain()
+    svc.advance(3600.0, step_s=10.0)
+    assert findings(http, "h", kind="stall") == []
+
+
+def test_a_rank_that_left_is_not_hung_however_long_it_stays_away(svc):
+    # Default detectors (60 s hang floor): 4 ranks step every second; rank 3 dies after step 29 and
+    # the job goes on with 3 ranks (a world_size_change event) for three times the hang timeout.
+    # The same silence without the event is a hang (test_hang_from_silence_and_finish_is_not_a_stall).
+    http = svc.http
+    http.put("/v1/runs/leave", json={"world_size": 4})
+    for step in range(30):
+        push_step(http, "leave", step, range(4))
+        svc.advance(1.0)
+    svc.advance(5.0)   # the elastic restart
+    assert http.post("/v1/runs/leave/events", json={"kind": "world_size_change", "step": 30,
+                                                    "data": {"old": 4, "new": 3}}).status_code == 201
+    for step in range(30, 30 + 180):
+        push_step(http, "leave", step, range(3))
+        svc.advance(1.0)
+    found = findings(http, "leave")
+    assert not [f for f in found if f["kind"] == "hang" and 3 in f["ranks"]], found
+    assert not [f for f in found if f["kind"] in ("hang", "stall") and f["status"] == "firing"], found
+
+
+def test_a_rank_stuck_outside_the_collective_is_named_within_20_s_of_the_last_metrics(svc):
+    # Default settings (1 s ticks) and detector defaults: 4 ranks step every 0.1 s with 1 Hz
     # heartbeats; then rank 1 stops in step 41 outside the collective while ranks 0, 2 and 3 wait
     # inside it. Their heartbeats keep coming; no metrics do.
+    http = svc.http
     http.put("/v1/runs/c", json={"world_size": 4})
 
     def beat(step, phase_of):
@@ -152,24 +199,23 @@ def test_a_rank_stuck_outside_the_collective_is_named_within_20_s_of_the_last_me
             assert http.post("/v1/runs/c/heartbeats",
                              json={"rank": r, "step": step, "phase": phase_of(r)}).status_code < 300
 
-    last_beat = 0.0
+    clock = svc.clock
+    last_beat = None
     for step in range(1, 41):
-        resp = http.post("/v1/runs/c/metrics",
-                         json={"records": [{"step": step, "rank": r, "loss": 1.0} for r in range(4)]})
-        assert resp.status_code < 300
-        if time.monotonic() - last_beat >= 1.0:
+        push_step(http, "c", step, range(4))
+        if last_beat is None or clock() - last_beat >= 1.0 - 1e-9:
             beat(step + 1, lambda r: "compute")
-            last_beat = time.monotonic()
-        time.sleep(0.1)
-    last_metrics = time.monotonic()
+            last_beat = clock()
+        svc.advance(0.1, step_s=0.1)
+    last_metrics = clock()
     hangs: list = []
-    while time.monotonic() - last_metrics < 40.0 and not hangs:
-        if time.monotonic() - last_beat >= 1.0:
+    while clock() - last_metrics < 40.0 and not hangs:
+        if clock() - last_beat >= 1.0 - 1e-9:
             beat(41, lambda r: "compute" if r == 1 else "collective")
-            last_beat = time.monotonic()
+            last_beat = clock()
+        svc.advance(0.2, step_s=0.2)
         hangs = [f for f in findings(http, "c", kind="hang") if f["status"] == "firing"]
-        time.sleep(0.2)
-    delay = time.monotonic() - last_metrics
+    delay = clock() - last_metrics
     assert [f["ranks"] for f in hangs] == [[1]], hangs
     assert 9.0 <= delay <= 20.0, delay   # not before collective_wait_s (10 s); within 20 s
     ev = hangs[0]["evidence"]
@@ -230,29 +276,26 @@ def test_non_finite_evidence_is_stored_as_strings_not_null(tmp_path):
 
 
 def test_service_downtime_is_not_the_ranks_silence(tmp_path):
-    env = {"HEALTHSVC_TICK_INTERVAL_S": "0.2", "HEALTHSVC_SNAPSHOT_EVERY_S": "0.5"}
-    server = ServerProcess(tmp_path / "down.db", env=env).start()
-    try:
-        with httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
-            http.put("/v1/runs/d", json={"world_size": 2, "detectors": {"hang": {"timeout_floor_s": 1.0}}})
+    # Default detectors: ranks stepping every 0.05 s hang after the 60 s floor of silence. The
+    # service crashes right after the last push and is down for 3 minutes.
+    timeout_s = 60.0
 
-            def push(step):
-                http.post("/v1/runs/d/metrics", json={"records": [{"step": step, "rank": r, "loss": 1.0}
-                                                                  for r in range(2)]})
-            for step in range(40):  # 2 s of pushes: snapshots land meanwhile
-                push(step)
-                time.sleep(0.05)
-            server.kill()           # right after the last push: the ranks were not silent
-            time.sleep(3.0)       # the service is down for 3x the hang timeout
-            server.start()
-            time.sleep(0.5)         # a few ticks before the ranks are heard again (< the timeout)
-            for step in range(40, 80):
-                push(step)
-                time.sleep(0.05)
-            time.sleep(0.5)
-            assert findings(http, "d", kind="stall") == [] and findings(http, "d", kind="hang") == []
-    finally:
-        server.stop()
+    def push_steps(svc, steps):
+        for step in steps:
+            push_step(svc.http, "d", step, range(2))
+            svc.advance(0.05, step_s=0.05)
+
+    with InProcessService(tmp_path, db=tmp_path / "before.db") as svc:
+        svc.http.put("/v1/runs/d", json={"world_size": 2})
+        push_steps(svc, range(40))   # 2 s of pushes: a snapshot lands meanwhile
+        crashed = svc.crash_image(tmp_path / "after.db")   # right after the last push
+        clock = svc.clock
+    clock.advance(3 * timeout_s)     # the service is down for 3x the hang timeout
+    with InProcessService(tmp_path, db=crashed, clock=clock) as svc:
+        svc.advance(timeout_s / 2)   # ticks before the ranks are heard again (< the timeout)
+        push_steps(svc, range(40, 80))
+        svc.advance(0.5)
+        assert findings(svc.http, "d", kind="stall") == [] and findings(svc.http, "d", kind="hang") == []
 
 
 def test_batch_to_block_fast_path_equals_the_general_scatter():

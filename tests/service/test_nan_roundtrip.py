@@ -97,7 +97,7 @@ def test_framework_route_behaves_like_the_fast_path(tmp_path):
     """With the ASGI fast path off, the documented FastAPI route serves the same contract."""
     import httpx
 
-    from healthsvc.testing import ServerProcess
+    from tests.server_process import ServerProcess
     with ServerProcess(tmp_path / "slow.db", env={"HEALTHSVC_INGEST_FAST_PATH": "0"}) as server, \
             httpx.Client(base_url=server.url, headers={"content-type": "application/json"}) as http:
         r = http.post("/v1/runs/rt/metrics", content=rows_body("strings"))

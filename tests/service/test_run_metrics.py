@@ -1,4 +1,4 @@
-"""Per-run series on /metrics against the real server: they parse with prometheus_client's text
+"""Per-run series on /metrics in the service: they parse with prometheus_client's text
 parser, cover active runs only (not a finished run, not one silent past the window, at most
 HEALTHSVC_METRICS_MAX_RUNS), and docs/grafana-dashboard.json queries only series that exist."""
 from __future__ import annotations
@@ -6,16 +6,14 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import time
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from healthsvc.testing import ServerProcess
+from tests.harness import InProcessService
 
 ROOT = Path(__file__).resolve().parents[2]
-WINDOW_S = 3.0
 
 
 def scrape(c: httpx.Client) -> dict[str, list]:
@@ -34,28 +32,28 @@ def push(c: httpx.Client, run: str, steps: range, step_time=lambda s, r: 0.5, na
 
 
 def test_per_run_series_cover_active_runs_only(tmp_path):
-    env = {"HEALTHSVC_METRICS_RUN_WINDOW_S": str(WINDOW_S), "HEALTHSVC_METRICS_MAX_RUNS": "2"}
-    with ServerProcess(tmp_path / "svc.db", env=env) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+    # In process on a fake clock: the default window of activity passes in an instant.
+    with InProcessService(tmp_path, db=tmp_path / "svc.db", metrics_max_runs=2) as svc:
+        c = svc.http
         push(c, "old", range(5))
         push(c, "done", range(5))
         assert c.post("/v1/runs/done/finish", json={}).status_code < 300
-        # Barrier: "old" leaves the series once its last push is older than the window.
-        deadline = time.monotonic() + 20
-        while "old" in runs_in(scrape(c), "healthsvc_run_last_step"):
-            assert time.monotonic() < deadline, "the silent run never dropped out"
-            time.sleep(0.2)
+        svc.drain()
+        assert "old" in runs_in(scrape(c), "healthsvc_run_last_step")
+        # "old" leaves the series once its last push is older than the window.
+        svc.advance(svc.settings.metrics_run_window_s + 1, step_s=60.0)
+        assert "old" not in runs_in(scrape(c), "healthsvc_run_last_step"), "the silent run never dropped out"
 
         push(c, "a", range(3))
+        svc.advance(1.0)   # pushed a second apart: the newest runs are "b" and "live"
         push(c, "b", range(3))
+        svc.advance(1.0)
         times = lambda s, r: 0.4 + 0.1 * r + 0.01 * s   # noqa: E731
         push(c, "live", range(12), step_time=times, nan_at=10)
-        deadline = time.monotonic() + 20
-        while True:  # barrier: the NaN has become a finding
-            fams = scrape(c)
-            if any(s.labels.get("run") == "live" for s in fams.get("healthsvc_run_active_findings", [])):
-                break
-            assert time.monotonic() < deadline, "no finding for the live run"
-            time.sleep(0.2)
+        svc.drain()   # the NaN has become a finding
+        fams = scrape(c)
+        assert any(s.labels.get("run") == "live" for s in fams.get("healthsvc_run_active_findings", [])), \
+            "no finding for the live run"
 
         for name in ("healthsvc_run_health", "healthsvc_run_last_step", "healthsvc_run_step_time_median_seconds",
                      "healthsvc_run_last_push_timestamp_seconds"):

@@ -1,11 +1,13 @@
-"""Run a real healthsvc server in a subprocess: for tests, benchmarks and notebooks.
+"""A local healthsvc in a subprocess (``python -m healthsvc serve`` on 127.0.0.1, a free port).
 
-    with ServerProcess(db_path) as server:
+    with LocalServer(db_path) as server:
         httpx.get(server.url + "/v1/runs")
 
-The server is the real thing (``python -m healthsvc serve`` under uvicorn on 127.0.0.1); only its
-port is picked free. ``kill()`` sends SIGKILL (a crash), ``stop()`` SIGTERM (a clean shutdown),
-``start()`` starts it again on the same database file.
+Shipped (not a test helper) because :func:`healthsvc.replay.connect_or_serve` starts one for a
+notebook that has no service to read from, and ``examples/record_run.py`` records a run through
+one. The tests' server (``tests/server_process.py``) builds on it and adds what only tests and
+benchmarks need. ``stop()`` sends SIGTERM (a clean shutdown), ``kill()`` SIGKILL; ``start()``
+starts it again on the same database file.
 """
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ from pathlib import Path
 
 
 def free_port() -> int:
+    """A loopback port free now (the server binds it a moment later)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-class ServerProcess:
+class LocalServer:
     def __init__(self, db_path: str | os.PathLike, *, port: int | None = None, env: dict[str, str] | None = None,
                  log_path: str | os.PathLike | None = None, extra_args: list[str] | None = None) -> None:
         self.db_path = str(db_path)
@@ -37,7 +40,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def __repr__(self) -> str:
-        return f"ServerProcess(url={self.url!r}, pid={self.pid})"
+        return f"{type(self).__name__}(url={self.url!r}, pid={self.pid})"
 
     @property
     def url(self) -> str:
@@ -47,7 +50,7 @@ class ServerProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self, timeout_s: float = 30.0) -> "ServerProcess":
+    def start(self, timeout_s: float = 30.0) -> "LocalServer":
         env = {**os.environ, **self.env}
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -85,14 +88,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process so far, from /proc."""
-        with open(f"/proc/{self.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks
-
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> "LocalServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
