@@ -35,9 +35,9 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        value = getattr(importlib.import_module("clients.api"), name)
-        globals()[name] = value  # later lookups are plain attribute reads (health.log is hot)
-        return value
+        # Loading clients.api sets every name of __all__ on this package (later lookups are
+        # plain attribute reads: health.log is hot).
+        return getattr(importlib.import_module("clients.api"), name)
     raise AttributeError(f"module 'clients' has no attribute {name!r}")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,3 +138,10 @@ def rollback_target(timeout_s: float | None = None) -> dict[str, Any] | None:
 def stats() -> ClientStats | None:
     run = _run()
     return run.stats() if run is not None else None
+
+
+# The package's names are these, not the submodules some share a name with (``clients.stats``,
+# set on the package when ``clients.stats`` is imported): put them on the package once loaded.
+_package = sys.modules["clients"]
+for _name in __all__:
+    setattr(_package, _name, globals()[_name])

@@ -26,3 +26,10 @@ def test_the_service_loads_the_wire_and_not_the_trainer_client():
 def test_the_run_api_is_still_one_import_away():
     loaded = loaded_after("import clients as health; assert callable(health.init) and callable(health.log)")
     assert "clients.client" in loaded and "clients.api" in loaded
+
+
+def test_the_package_names_are_the_run_api_not_the_submodules_of_the_same_name():
+    for first in ("import clients", "import clients.client"):
+        out = subprocess.run([sys.executable, "-c", f"{first}; import clients; clients.init\n"
+                              "print(callable(clients.stats))"], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "True", first
