@@ -16,27 +16,13 @@ torchrun's ``RANK`` and ``WORLD_SIZE``. The module-level functions act on the ru
 ``init`` and do nothing (one warning) before it. See ``clients.client.Run`` for the whole API and
 ``docs/client.md`` for what happens when the service is down.
 """
+# The package loads nothing until one of the names below is used: the service imports
+# ``clients.wire`` (the wire vocabulary) and must not load the trainer client, which registers
+# fork and exit handlers. ``health.init`` & co. come from ``clients.api``, loaded on first use.
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-from collections.abc import Mapping
+import importlib
 from typing import Any
-
-from clients.client import MODES, Run
-from clients.stats import ClientStats
-from clients.timing import StepTimer
-from clients.transport import (
-    ConnectError,
-    HTTPTransport,
-    MockTransport,
-    Request,
-    RequestTimeout,
-    Response,
-    Transport,
-    TransportError,
-)
 
 __all__ = [
     "init", "log", "log_columns", "fingerprint", "checkpoint", "event", "alert", "finish", "flush",
@@ -46,118 +32,14 @@ __all__ = [
     "TransportError", "ConnectError", "RequestTimeout",
 ]
 
-_current: Run | None = None
-_warned_no_run = False
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        # Loading clients.api sets every name of __all__ on this package (later lookups are
+        # plain attribute reads: health.log is hot).
+        return getattr(importlib.import_module("clients.api"), name)
+    raise AttributeError(f"module 'clients' has no attribute {name!r}")
 
 
-def init(url: str | None = None, run_id: str | None = None, rank: int | None = None,
-         host: str | None = None, world_size: int | None = None, **options: Any) -> Run:
-    """Start reporting for this rank and make the run current. Options: see ``clients.client.Run``.
-
-    Raises ValueError (with how to fix the call) for missing or invalid arguments: a
-    misconfigured job fails at start-up, never in the middle of training.
-    """
-    global _current
-    env = os.environ
-    url = url or env.get("HEALTHSVC_URL")
-    run_id = run_id or env.get("HEALTHSVC_RUN_ID")
-    if rank is None:
-        rank = int(env.get("RANK", "0"))
-    if world_size is None and "WORLD_SIZE" in env:
-        world_size = int(env["WORLD_SIZE"])
-    options.setdefault("mode", env.get("HEALTHSVC_MODE", "online"))
-    if "HEALTHSVC_SPOOL" in env:
-        options.setdefault("spool_path", env["HEALTHSVC_SPOOL"])
-    if not run_id:
-        raise ValueError("init() needs run_id=... (or HEALTHSVC_RUN_ID), shared by all ranks")
-    _current = Run(url, run_id, rank, host=host, world_size=world_size, **options)
-    return _current
-
-
-def current_run() -> Run | None:
-    """The run made by the last ``init()``, or None."""
-    return _current
-
-
-def _run() -> Run | None:
-    global _warned_no_run
-    if _current is None and not _warned_no_run:
-        _warned_no_run = True
-        logging.getLogger("healthsvc.client").warning("healthsvc: call init() before log(); "
-                                                      "calls are ignored until then")
-    return _current
-
-
-def log(metrics: Mapping[str, Any] | None = None, /, *, step: int | None = None, **fields: Any) -> None:
-    """``log({"loss": 2.3}, step=10)`` or ``log(loss=2.3, step=10)``; see ``Run.log``."""
-    run = _current  # read directly: this is the one facade call on the hot path
-    if run is not None:
-        run.log(metrics, step=step, **fields)
-    else:
-        _run()
-
-
-def log_columns(columns: Mapping[str, Any], *, step: int | None = None) -> None:
-    """Aggregator mode: one block for many ranks; see ``Run.log_columns``."""
-    run = _run()
-    if run is not None:
-        run.log_columns(columns, step=step)
-
-
-def fingerprint(model_or_params: Any, step: int | None = None, *, optimizer: Any = None,
-                replica_group: int | None = None) -> str | None:
-    """Log this rank's replica fingerprint (``param_digest``) for ``step``; see ``Run.fingerprint``
-    and ``clients.digest``. Call it every ``clients.digest.FINGERPRINT_EVERY`` steps."""
-    run = _run()
-    if run is None:
-        return None
-    return run.fingerprint(model_or_params, step, optimizer=optimizer, replica_group=replica_group)
-
-
-def checkpoint(step: int, uri: str, duration_s: float | None = None, bytes: int | None = None) -> None:  # noqa: A002
-    run = _run()
-    if run is not None:
-        run.checkpoint(step, uri, duration_s=duration_s, bytes=bytes)
-
-
-def event(kind: str, step: int | None = None, **data: Any) -> None:
-    run = _run()
-    if run is not None:
-        run.event(kind, step=step, **data)
-
-
-def alert(message: str, severity: str = "warning", step: int | None = None, **data: Any) -> None:
-    run = _run()
-    if run is not None:
-        run.alert(message, severity=severity, step=step, **data)
-
-
-def phase(name: str, step: int | None = None) -> contextlib.AbstractContextManager:
-    run = _run()
-    return run.phase(name, step=step) if run is not None else contextlib.nullcontext()
-
-
-def set_phase(name: str, step: int | None = None) -> None:
-    run = _run()
-    if run is not None:
-        run.set_phase(name, step=step)
-
-
-def flush(timeout_s: float = 5.0) -> bool:
-    run = _run()
-    return run.flush(timeout_s) if run is not None else False
-
-
-def finish(timeout_s: float = 10.0) -> bool:
-    run = _run()
-    return run.finish(timeout_s) if run is not None else False
-
-
-def rollback_target(timeout_s: float | None = None) -> dict[str, Any] | None:
-    run = _run()
-    return run.rollback_target(timeout_s) if run is not None else None
-
-
-def stats() -> ClientStats | None:
-    run = _run()
-    return run.stats() if run is not None else None
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

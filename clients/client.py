@@ -690,3 +690,7 @@ def _flush_all_at_exit() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_flush_all_at_exit)
 
+
+# Whoever imports the client gets the package's run API with it (``clients.stats`` is then the
+# function, not the submodule of the same name).
+import clients.api  # noqa: E402,F401

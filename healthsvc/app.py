@@ -1,12 +1,13 @@
 """The app factory: settings in, a FastAPI app out. Nothing is opened at import time.
 
-Features (detection, alerting, rollback, economics) plug in through :class:`ServiceContext`:
-each has an ``install(app, ctx)`` that includes its router and registers start/stop hooks,
-summary contributors and store listeners. ``FEATURES`` lists them in start order.
+The services every feature builds on (store, findings, run health, alerting) are constructed
+here, in the order their dependencies dictate; then each feature (detection, economics,
+alerting, rollback, dashboard, run metrics) is installed by a plain call to its
+``install(app, ctx, ...)``, which includes its router and registers start/stop hooks, summary
+contributors and store listeners. Start hooks run in installation order, stop hooks in reverse.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import sqlite3
 import time
@@ -19,6 +20,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
+from healthsvc import dashboard, economics, monitor, probes, rollback, run_metrics
+from healthsvc.alerting import service as alerting_feature
+from healthsvc.alerting.service import AlertingService
 from healthsvc.auth.guard import Guard
 from healthsvc.auth.router import router as auth_router
 from healthsvc.auth.tokens import TokenStore
@@ -26,38 +30,34 @@ from healthsvc.body_limit import BodyLimitMiddleware
 from healthsvc.clock import ServiceClock
 from healthsvc.errors import HealthsvcError, store_error
 from healthsvc.findings import FindingsService
+from healthsvc.findings import api as findings_api
+from healthsvc.health import RunHealth
+from healthsvc.ingest import api as ingest_api
 from healthsvc.ingest.fast_path import IngestFastPath
 from healthsvc.observability import ServiceMetrics
-from healthsvc.routers import findings, ingest, ops, runs
+from healthsvc.ops import api as ops_api
+from healthsvc.runs import api as runs_api
 from healthsvc.runs import RunSummaries
 from healthsvc.schemas import ErrorBody, ErrorItem, MetricsColumnar, MetricsRows
 from healthsvc.settings import Settings
+from healthsvc.store.interface import Store
+from healthsvc.store.outbox import Outbox
 from healthsvc.store.sqlite import SQLiteStore
 
 log = logging.getLogger("healthsvc")
 
 Hook = Callable[[], Any | Awaitable[Any]]
 
-# Modules with an ``install(app, ctx)``, installed in this order.
-FEATURES: list[str] = [
-    "healthsvc.monitor",
-    "healthsvc.economics_service",
-    "healthsvc.alerting.service",
-    "healthsvc.rollback",
-    "healthsvc.probes",
-    "healthsvc.dashboard",
-    "healthsvc.run_metrics",
-]
-
-
 @dataclass
 class ServiceContext:
     """What a feature gets to build on."""
     settings: Settings
-    store: SQLiteStore
+    store: Store
     metrics: ServiceMetrics
     summaries: RunSummaries
     findings: FindingsService
+    health: RunHealth               # what is firing (findings and their alerts' state)
+    alerting: AlertingService
     clock: Callable[[], float] = time.time
     on_startup: list[Hook] = field(default_factory=list)   # run after the store opens, in order
     on_shutdown: list[Hook] = field(default_factory=list)  # run before the store closes, in reverse
@@ -77,8 +77,16 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     store = SQLiteStore(settings.db, snapshot_every_s=settings.snapshot_every_s,
                         dedupe_window_s=settings.dedupe_window_s, clock=clock)
     metrics = ServiceMetrics(store.size_bytes)
+    findings = FindingsService(store, clock)
+    # Alerting's rollback annotation asks the rollback feature, which reads through ``ctx``
+    # (bound below; the lookup is called only once the service runs).
+    alerting = AlertingService(Outbox(store), settings, clock, findings_after=findings.stored_after,
+                               newest_finding_id=findings.newest_id,
+                               rollback_lookup=lambda run_id: rollback.rollback_target(ctx, run_id),
+                               onset_lookup=lambda run_id: rollback.incident_onset(ctx, run_id))
     ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store),
-                         findings=FindingsService(store, clock), clock=clock)
+                         findings=findings, health=RunHealth(findings, alerting.alert_states),
+                         alerting=alerting, clock=clock)
 
     tokens = TokenStore(store, clock, admin_token=settings.admin_token)
 
@@ -117,14 +125,19 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     app.state.ready = False
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     _install_error_handlers(app)
-    app.include_router(ingest.router)
-    app.include_router(runs.router)
-    app.include_router(findings.router)
-    app.include_router(ops.router)
+    app.include_router(ingest_api.router)
+    app.include_router(runs_api.router)
+    app.include_router(findings_api.router)
+    app.include_router(ops_api.router)
     app.include_router(auth_router)
-    ctx.summaries.add_contributor(ctx.findings.summary)
-    for name in FEATURES:
-        importlib.import_module(name).install(app, ctx)
+    ctx.summaries.add_contributor(ctx.health.summary)
+    monitor.install(app, ctx)
+    economics.install(app, ctx)
+    alerting_feature.install(app, ctx)
+    rollback.install(app, ctx)
+    probes.install(app, ctx)
+    dashboard.install(app, ctx)
+    run_metrics.install(app, ctx)
     _install_openapi(app)
     return app
 

@@ -8,12 +8,12 @@ from fastapi import Depends, Path, Request
 from healthsvc.observability import ServiceMetrics
 from healthsvc.runs import RunSummaries
 from healthsvc.settings import Settings
-from healthsvc.store.sqlite import SQLiteStore
+from healthsvc.store.interface import Store
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 
-async def _store(request: Request) -> SQLiteStore:
+async def _store(request: Request) -> Store:
     return request.app.state.store
 
 
@@ -29,7 +29,7 @@ async def _summaries(request: Request) -> RunSummaries:
     return request.app.state.summaries
 
 
-StoreDep = Annotated[SQLiteStore, Depends(_store)]
+StoreDep = Annotated[Store, Depends(_store)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 MetricsDep = Annotated[ServiceMetrics, Depends(_metrics)]
 SummariesDep = Annotated[RunSummaries, Depends(_summaries)]

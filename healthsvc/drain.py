@@ -49,7 +49,7 @@ def drain(app: Any, *, tick: bool = False, timeout_s: float = 30.0) -> None:
         # listeners of every group before it (which queue work for the next stages) have run.
         for _ in range(2):
             try:
-                store.write(lambda conn: None).result(left())
+                store.barrier().result(left())
             except FuturesTimeout:
                 check(False, "store's writer")
 

@@ -11,7 +11,7 @@ from typing import Iterator
 import numpy as np
 
 from healthsvc.ingest.batch import MetricBatch
-from healthsvc.store.sqlite import SQLiteStore
+from healthsvc.store.interface import RunReads
 
 
 @dataclass
@@ -32,7 +32,7 @@ class History:
         return list(self.values)
 
 
-def iter_history_batches(store: SQLiteStore, run_id: str, *, step_min: int | None = None,
+def iter_history_batches(store: RunReads, run_id: str, *, step_min: int | None = None,
                          step_max: int | None = None, ranks: set[int] | None = None,
                          fields: set[str] | None = None, attempt: int | None = None,
                          ) -> Iterator[tuple[int, MetricBatch]]:
@@ -47,7 +47,7 @@ def iter_history_batches(store: SQLiteStore, run_id: str, *, step_min: int | Non
         yield chunk_attempt, batch
 
 
-def load_history(store: SQLiteStore, run_id: str, **filters) -> History:
+def load_history(store: RunReads, run_id: str, **filters) -> History:
     parts = list(iter_history_batches(store, run_id, **filters))
     return concat_batches(parts)
 

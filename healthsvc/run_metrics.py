@@ -98,7 +98,7 @@ class RunSeriesCollector:
                                      "HEALTHSVC_METRICS_MAX_RUNS).")
         runs = self.active_runs(now)
         for run_id, st in runs:
-            active = self.ctx.findings.active(run_id)
+            active = [af.stored for af in self.ctx.health.active(run_id)]
             worst = max((HEALTH_VALUE.get(sf.finding.severity, 0) if sf.finding.severity != "info" else 0
                          for sf in active), default=0)
             health.add_metric([run_id], worst)
@@ -116,7 +116,7 @@ class RunSeriesCollector:
 
 
 def install(app: Any, ctx: Any) -> None:
-    """The feature hook (``healthsvc.app.FEATURES``)."""
+    """The feature hook (called by ``healthsvc.app.create_app``)."""
     step_times = StepTimes()
     ctx.store.subscribe(step_times.on_store_results)
     ctx.metrics.registry.register(RunSeriesCollector(ctx, step_times))

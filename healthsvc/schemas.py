@@ -224,10 +224,14 @@ class RunSummary(BaseModel):
                                                        "by an older version): the run is watched with default "
                                                        "detector parameters until a PUT fixes it.")
     attempts: list[AttemptSummary] = Field(default_factory=list, description="Every attempt, oldest first (detail view).")
-    health: str | None = Field(None, description="ok | warning | critical: the worst active finding (detail view).")
+    health: str | None = Field(None, description="ok | warning | critical: the worst active finding (detail view); "
+                                                  "an acknowledged alert still counts.")
     findings_by_kind: dict[str, int] | None = Field(None, description="Firing findings ever recorded, by kind (detail view).")
     active_findings: list[dict[str, Any]] | None = Field(
-        None, description="Findings still firing, as in GET .../findings (detail view).")
+        None, description="Findings still firing, as in GET .../findings (detail view), each with its alert's "
+                           "state under 'alert' ({fingerprint, status, acknowledged_at, acknowledged_by}; null "
+                           "before alerting has it). A finding whose alert was resolved since (by hand, by a "
+                           "rollback past its onset, or by its condition staying clear) is not listed.")
     rollback: dict[str, Any] | None = Field(
         None, description="The checkpoint to resume from now ({id, step, uri}), as in GET .../rollback (detail view).")
     timeline: Any = Field(None, description="The newest entries of the run timeline, as in GET .../timeline (detail view).")

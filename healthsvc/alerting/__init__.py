@@ -10,9 +10,10 @@ Modules, one concept each::
     subscription  Subscription: URL, body format, filters, secret, headers, bearer token
     formats       webhook bodies: alertmanager | slack | json | alertmanager_api | pagerduty
     signing       Standard Webhooks headers, sign and verify
-    outbox        the durable outbox and the alerting tables (all the SQL)
+    (healthsvc.store.outbox: the durable outbox and the alerting tables, all the SQL)
     delivery      DeliveryWorker: backoff with full jitter, Retry-After, dead letters
-    manager       AlertManager: ties the above together
+    manager       AlertManager: ties the above together (the notify pipeline)
+    admin         silences, API subscriptions, alert queries (operator CRUD; AlertManager's mixin)
 
 Errors::
 
@@ -25,7 +26,7 @@ from healthsvc.alerting.delivery import Backoff, DeliveryWorker, parse_retry_aft
 from healthsvc.alerting.formats import Notification, render
 from healthsvc.alerting.manager import AlertingError, AlertManager, NotFound, ReadOnly
 from healthsvc.alerting.model import Alert, LifecyclePolicy, alert_labels, fingerprint
-from healthsvc.alerting.outbox import Delivery, Outbox
+from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import (
     DEFAULT_INHIBIT_RULES, DEFAULT_TIMINGS, InhibitRule, Matcher, NotificationLogEntry, NotifyReason,
     PolicyConfig, Silence, Timing, needs_update,

@@ -37,7 +37,7 @@ import httpx
 
 from healthsvc.alerting.address_policy import AddressPolicy
 
-from healthsvc.alerting.outbox import Delivery, Outbox
+from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.signing import sign_headers
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ table on change and read back by the constructor.
 Example::
 
     >>> from detectors.finding import Finding
-    >>> from healthsvc.alerting.outbox import Outbox
+    >>> from healthsvc.store.outbox import Outbox
     >>> from healthsvc.alerting.subscription import Subscription
     >>> m = AlertManager(Outbox(":memory:"), subscriptions=[Subscription("s", "http://127.0.0.1:9/h")])
     >>> f = Finding("non_finite", step=7, ranks=tuple(range(512)), severity="critical", metric="loss")
@@ -37,29 +37,20 @@ from typing import Any, Callable, Iterable, Mapping
 from detectors.finding import SEVERITY_ORDER, Finding
 
 from healthsvc.alerting import model
+from healthsvc.alerting.admin import AlertAdmin, AlertingError, NotFound, ReadOnly  # noqa: F401 - the package's errors
 from healthsvc.alerting.formats import Notification, render_all
 from healthsvc.alerting.model import Alert, LifecyclePolicy
-from healthsvc.alerting.outbox import Outbox
+from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.policy import (
-    Matcher, NotificationLogEntry, NotifyReason, PolicyConfig, Silence, flush_due, group_key,
+    NotificationLogEntry, NotifyReason, PolicyConfig, Silence, flush_due, group_key,
     group_timing, inhibited, needs_update, next_flush_at, silenced,
 )
-from healthsvc.alerting.signing import generate_message_id
 from healthsvc.alerting.subscription import Subscription
+from healthsvc.identity import finding_fingerprint
 
 RollbackLookup = Callable[[str], "dict[str, Any] | None"]
 
-
-class AlertingError(Exception):
-    """Root of the alerting package's errors."""
-
-
-class NotFound(AlertingError):
-    """No alert, silence or subscription with that id."""
-
-
-class ReadOnly(AlertingError):
-    """Subscriptions from settings cannot be changed through the API."""
+__all__ = ["AlertManager", "AlertingError", "NotFound", "ReadOnly"]
 
 
 @dataclass
@@ -80,8 +71,9 @@ class ManagerCounters:
     notifications: dict[str, int] = field(default_factory=dict)   # by reason
 
 
-class AlertManager:
-    """Alerts, silences, subscriptions and the notification log of one service process.
+class AlertManager(AlertAdmin):
+    """Alerts, silences, subscriptions and the notification log of one service process (the
+    silences, subscriptions and queries are :class:`~healthsvc.alerting.admin.AlertAdmin`'s).
 
     ``on_enqueue`` is called after deliveries were enqueued (the service passes the delivery
     worker's ``wake``). ``rollback_lookup(run_id)`` may return ``{"step", "uri"}`` for the
@@ -134,14 +126,14 @@ class AlertManager:
 
     def process(self, run_id: str, findings: Iterable[Finding], hosts: Mapping[int, str], now: float) -> list[str]:
         """Fold findings into alerts and flush the run's group if due; returns enqueued webhook ids."""
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             for f in findings:
                 self._apply(run_id, f, hosts, now)
             return self._flush(run_id, now) + self._pass_through(now)
 
     def tick(self, now: float) -> list[str]:
         """Resolve alerts whose condition stayed clear, flush due groups, forget old alerts."""
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             for fp, a in list(self._alerts.items()):
                 b = model.expire(a, now, self.lifecycle)
                 if b is not a:
@@ -164,7 +156,7 @@ class AlertManager:
     # -- operator actions ---------------------------------------------------------------------
 
     def acknowledge(self, fp: str, by: str, now: float) -> Alert:
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             a = model.acknowledge(self._get(fp), now, by)
             self._store_alert(a, now)
             for sub in self.subscriptions():
@@ -176,7 +168,7 @@ class AlertManager:
 
     def resolve(self, fp: str, by: str, now: float) -> Alert:
         """Resolve by hand (latched alerts too); the resolution is notified at the next flush."""
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             a = model.resolve_by_hand(self._get(fp), now, "hand")
             a = model.acknowledge(a, now, by) if a.acknowledged_at is None else a
             self._store_alert(a, now)
@@ -184,13 +176,16 @@ class AlertManager:
             self._pass_through(now)
             return a
 
-    def rollback(self, run_id: str, step: int, now: float) -> list[Alert]:
+    def rollback(self, run_id: str, step: int, now: float, onset: int | None = None) -> list[Alert]:
         """A rollback to the checkpoint at ``step`` was performed: resolve the latched alerts of the
-        run that began after it (their corrupted updates are gone); earlier onsets stay firing."""
-        with self._lock:
+        run whose corruption began after it (their corrupted updates are gone); earlier onsets stay
+        firing. ``onset`` is the run's estimated first corrupted update, the one ``GET /rollback``
+        dates the incident by (its ``onset.low``): given, it decides for every latched alert of
+        the run; without an estimate each alert's own onset (else first step) decides."""
+        with self._lock, self.outbox.batch():  # one store job
             done = []
             for a in list(self._alerts.values()):
-                began = a.onset_step if a.onset_step is not None else a.first_step
+                began = onset if onset is not None else (a.onset_step if a.onset_step is not None else a.first_step)
                 if a.run == run_id and a.latched and a.status == "firing" and began > step:
                     b = model.resolve_by_hand(a, now, "rollback")
                     self._store_alert(b, now)
@@ -201,116 +196,16 @@ class AlertManager:
 
     def set_rollback_target(self, run_id: str, target: dict[str, Any] | None, now: float) -> None:
         """Annotate the run's firing corruption alerts with where to resume (``{"step", "uri"}``)."""
-        with self._lock:
+        with self._lock, self.outbox.batch():  # one store job
             for a in list(self._alerts.values()):
                 if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target != target:
                     self._store_alert(replace(a, rollback_target=target), now)
 
-    # -- silences -----------------------------------------------------------------------------
-
-    def add_silence(self, matchers: Iterable[Matcher], starts_at: float, ends_at: float, now: float,
-                    created_by: str = "", comment: str = "") -> Silence:
-        with self._lock:
-            s = Silence("sil_" + generate_message_id()[4:], tuple(matchers), starts_at, ends_at, created_by, comment)
-            self._silences[s.id] = s
-            self.outbox.put_record("silence", s.id, s.to_dict(), now)
-            return s
-
-    def expire_silence(self, silence_id: str, now: float) -> Silence:
-        """End a silence now (kept, listed as expired)."""
-        with self._lock:
-            s = self._silences.get(silence_id)
-            if s is None:
-                raise NotFound(f"no silence {silence_id!r}")
-            if s.ends_at > now:
-                s = Silence(s.id, s.matchers, min(s.starts_at, now - 1e-3), now, s.created_by, s.comment)
-                self._silences[s.id] = s
-                self.outbox.put_record("silence", s.id, s.to_dict(), now)
-            return s
-
-    def silences(self) -> list[Silence]:
-        with self._lock:
-            return sorted(self._silences.values(), key=lambda s: s.starts_at)
-
-    # -- subscriptions ------------------------------------------------------------------------
-
-    def subscriptions(self) -> list[Subscription]:
-        with self._lock:
-            return [*self._settings_subs.values(), *self._api_subs.values()]
-
-    def subscription(self, sub_id: str) -> Subscription:
-        with self._lock:
-            s = self._settings_subs.get(sub_id) or self._api_subs.get(sub_id)
-        if s is None:
-            raise NotFound(f"no subscription {sub_id!r}")
-        return s
-
-    def put_subscription(self, sub: Subscription, now: float) -> Subscription:
-        """Create or replace an API subscription."""
-        with self._lock:
-            if sub.id in self._settings_subs:
-                raise ReadOnly(f"subscription {sub.id!r} comes from settings; change it there")
-            sub = replace(sub, source="api")
-            self._api_subs[sub.id] = sub
-            self.outbox.put_record("subscription", sub.id, sub.to_record(), now)
-            return sub
-
-    def delete_subscription(self, sub_id: str, now: float) -> int:
-        """Delete an API subscription; its pending deliveries are cancelled (count returned)."""
-        with self._lock:
-            if sub_id in self._settings_subs:
-                raise ReadOnly(f"subscription {sub_id!r} comes from settings; remove it there")
-            if self._api_subs.pop(sub_id, None) is None:
-                raise NotFound(f"no subscription {sub_id!r}")
-            self.outbox.delete_record("subscription", sub_id)
-            for key in [k for k in self._nflog if k[0] == sub_id]:
-                del self._nflog[key]
-                self._resent_at.pop(key, None)
-                self.outbox.delete_record("nflog", "|".join(key))
-            return self.outbox.cancel_pending(sub_id, now)
-
-    # -- queries ------------------------------------------------------------------------------
-
-    def alerts(self, *, run: str | None = None, kind: str | None = None, status: str | None = None,
-               min_severity: str | None = None, acknowledged: bool | None = None) -> list[Alert]:
-        """Alerts, newest first, filtered by every argument that is set."""
-        with self._lock:
-            out = [a for a in self._alerts.values()
-                   if (run is None or a.run == run) and (kind is None or a.kind == kind)
-                   and (status is None or a.status == status)
-                   and (min_severity is None or SEVERITY_ORDER[a.severity] >= SEVERITY_ORDER[min_severity])
-                   and (acknowledged is None or (a.acknowledged_at is not None) == acknowledged)]
-        return sorted(out, key=lambda a: a.starts_at, reverse=True)
-
-    def alert(self, fp: str) -> Alert:
-        with self._lock:
-            return self._get(fp)
-
-    def muting(self, alerts: Iterable[Alert], now: float) -> dict[str, dict[str, Any]]:
-        """For each alert: ``{"silenced_by": [silence ids], "inhibited": bool}``."""
-        with self._lock:
-            alerts = list(alerts)
-            inhibited_fps: set[str] = set()
-            for run in {a.run for a in alerts}:
-                inhibited_fps |= inhibited([a for a in self._alerts.values() if a.run == run],
-                                           self.policy.inhibit_rules)
-            active = [s for s in self._silences.values() if s.active(now)]
-            return {a.fingerprint: {
-                "silenced_by": [s.id for s in active if s.matches(a.routing_labels())],
-                "inhibited": a.fingerprint in inhibited_fps,
-            } for a in alerts}
-
     # -- internals ----------------------------------------------------------------------------
-
-    def _get(self, fp: str) -> Alert:
-        a = self._alerts.get(fp)
-        if a is None:
-            raise NotFound(f"no alert with fingerprint {fp!r}")
-        return a
 
     def _apply(self, run_id: str, f: Finding, hosts: Mapping[int, str], now: float) -> None:
         self.counters.findings += 1
-        fp = model.fingerprint(model.alert_labels(f, run_id))
+        fp = finding_fingerprint(run_id, f)
         existing = self._alerts.get(fp)
         if f.status == "resolved":
             if existing is not None and existing.status == "firing":
@@ -389,7 +284,7 @@ class AlertManager:
         if not firing_members:
             del self._groups[run_id]
         if enqueued and self._on_enqueue is not None:
-            self._on_enqueue()
+            self.outbox.after_commit(self._on_enqueue)
         return enqueued
 
     def _enqueue(self, sub: Subscription, run_id: str, reason: NotifyReason, alerts: list[Alert], now: float,
@@ -404,7 +299,7 @@ class AlertManager:
                for body in render_all(sub.format, n)]
         self.counters.notifications[reason.value] = self.counters.notifications.get(reason.value, 0) + 1
         if ids and wake and self._on_enqueue is not None:
-            self._on_enqueue()
+            self.outbox.after_commit(self._on_enqueue)
         return ids
 
     def _pass_through(self, now: float) -> list[str]:

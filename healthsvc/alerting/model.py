@@ -34,19 +34,18 @@ Example::
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping
 
 import numpy as np
 
 from detectors.finding import SEVERITY_ORDER, Finding
+# The identity (labels and fingerprint) is healthsvc.identity's; re-exported for alerting's callers.
+from healthsvc.identity import ALL_RANKS, IDENTITY_LABELS, condition_labels, fingerprint  # noqa: F401
 
 LATCHED_KINDS: frozenset[str] = frozenset({"non_finite", "rank_outlier", "divergence",
                                            "replica_mismatch", "resume_mismatch"})
 EXPLICIT_RESOLVE_KINDS: frozenset[str] = frozenset({"hang", "stall"})
-IDENTITY_LABELS: tuple[str, ...] = ("alertname", "run", "rank", "metric")
-ALL_RANKS = "*"
 
 ResolvedBy = Literal["condition", "hand", "rollback"]
 
@@ -61,25 +60,9 @@ class LifecyclePolicy:
 
 
 def alert_labels(finding: Finding, run_id: str) -> dict[str, str]:
-    """Identity labels of the alert a finding belongs to (see module docstring)."""
-    labels = {
-        "alertname": finding.kind,
-        "run": run_id,
-        "rank": str(finding.ranks[0]) if len(finding.ranks) == 1 else ALL_RANKS,
-    }
-    if finding.metric:
-        labels["metric"] = finding.metric
-    return labels
-
-
-def fingerprint(labels: Mapping[str, str]) -> str:
-    """Stable id of a label set: 16 hex digits of SHA-256 over ``name=value`` lines, sorted.
-
-    >>> fingerprint({"run": "r", "alertname": "stall"}) == fingerprint({"alertname": "stall", "run": "r"})
-    True
-    """
-    text = "\n".join(f"{k}={labels[k]}" for k in sorted(labels))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """Identity labels of the alert a finding belongs to (see module docstring and
+    :mod:`healthsvc.identity`, which owns them)."""
+    return condition_labels(finding, run_id)
 
 
 def compact_ranks(ranks: tuple[int, ...] | list[int] | np.ndarray) -> str:

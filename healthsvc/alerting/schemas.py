@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from detectors.finding import FINDING_KINDS
-from healthsvc.alerting.outbox import DeliveryState
+from healthsvc.store.outbox import DeliveryState
 from healthsvc.alerting.policy import MatchOp, NotifyReason
 from healthsvc.alerting.subscription import BodyFormat
 from healthsvc.limits import PositiveSeconds, UnixSeconds

@@ -11,8 +11,8 @@ Wiring (see INTEGRATION.md of the repository's notes for the extension points):
 - Prometheus: alerts by state, notifications by reason, webhook attempts by outcome, deliveries
   by state (a collector reading current values at scrape time).
 
-The running service is ``app.state.alerting`` (an :class:`AlertingService`); the rollback feature
-sets its ``rollback_lookup`` so corruption alerts carry the rollback target.
+The running service is ``app.state.alerting`` (an :class:`AlertingService`, built by the app factory
+with the rollback feature's lookup, so corruption alerts carry the rollback target).
 """
 from __future__ import annotations
 
@@ -28,9 +28,12 @@ from healthsvc.alerting.address_policy import AddressPolicy
 from healthsvc.alerting.delivery import AttemptResult, Backoff, DeliveryWorker
 from healthsvc.alerting.manager import AlertManager
 from healthsvc.alerting.model import LifecyclePolicy
-from healthsvc.alerting.outbox import Delivery, Outbox
+from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import DEFAULT_TIMINGS, PolicyConfig, Timing
 from healthsvc.alerting.subscription import Subscription
+from healthsvc.messages import Drain, FindingsStored, RolledBack, Stop
+
+AlertingInput = FindingsStored | RolledBack | Drain | Stop
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,9 @@ class AlertingService:
 
     def __init__(self, outbox: Outbox, settings: Any, clock: Callable[[], float],
                  findings_after: Callable[[int], list] | None = None,
-                 newest_finding_id: Callable[[], int] | None = None) -> None:
+                 newest_finding_id: Callable[[], int] | None = None,
+                 rollback_lookup: Callable[[str], dict | None] | None = None,
+                 onset_lookup: Callable[[str], int | None] | None = None) -> None:
         self.outbox = outbox
         # Findings reach alerting through an in-memory queue; a persisted cursor (the id of the
         # newest finding processed) lets start() replay what a crash left unprocessed.
@@ -62,25 +67,32 @@ class AlertingService:
         self.manager: AlertManager | None = None
         self.worker: DeliveryWorker | None = None
         self.attempts: Counter[str] = Counter()
-        self._queue: queue.Queue[tuple] = queue.Queue()
+        self._queue: queue.Queue[AlertingInput] = queue.Queue()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.settings_subscriptions = [Subscription.from_dict({**d, "source": "settings"})
                                        for d in settings.alert_webhooks]
         self.address_policy = AddressPolicy.parse(getattr(settings, "webhook_allowed_networks", ""))
-        # Set by the rollback feature: run_id -> {"step", "uri"} | None, for the annotations of
-        # corruption alerts.
-        self.rollback_lookup: Callable[[str], dict | None] | None = None
+        # run_id -> {"step", "uri"} | None, for the annotations of corruption alerts.
+        self.rollback_lookup = rollback_lookup
+        # run_id -> the estimated first corrupted update (GET /rollback's onset.low) | None: the
+        # one onset a rollback resolves latched alerts by.
+        self.onset_lookup = onset_lookup
+
+    def alert_states(self, run_id: str) -> dict[str, Any]:
+        """The run's alerts by fingerprint (none before start): run health reads them."""
+        m = self.manager
+        return {} if m is None else {a.fingerprint: a for a in m.alerts(run=run_id)}
 
     # -- listeners (store writer thread: enqueue only) ----------------------------------------
 
     def on_findings(self, stored: list) -> None:
-        self._queue.put(("findings", stored))
+        self._queue.put(FindingsStored(stored))
 
     def on_store_results(self, results: list) -> None:
         for r in results:
             if getattr(r, "kind", None) == "event" and r.data.get("kind") == "rollback" and r.data.get("step") is not None:
-                self._queue.put(("rollback", r.run_id, int(r.data["step"])))
+                self._queue.put(RolledBack(r.run_id, int(r.data["step"])))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -122,15 +134,22 @@ class AlertingService:
             if not pending:
                 return
             log.info("alerting: replaying %d findings stored after %d", len(pending), self._cursor)
-            self._handle(("findings", pending))
+            self._handle(FindingsStored(pending))
 
     def stop(self) -> None:
         self._stopping.set()
-        self._queue.put(("stop",))
+        self._queue.put(Stop())
         if self._thread is not None:
             self._thread.join(10.0)
         if self.worker is not None:
             self.worker.stop()
+
+    def _incident_onset(self, run_id: str) -> int | None:
+        try:
+            return self.onset_lookup(run_id) if self.onset_lookup is not None else None
+        except Exception:  # no estimate: each alert's own onset decides
+            log.exception("alerting: no onset estimate for run %s", run_id)
+            return None
 
     def _headers_for(self, subscription_id: str) -> dict[str, str]:
         """A subscription's own request headers at attempt time (none once it was deleted)."""
@@ -147,53 +166,55 @@ class AlertingService:
         tick_s = self.settings.alert_tick_s
         last_tick = 0.0
         while not self._stopping.is_set():
-            items: list[tuple] = []
+            items: list[AlertingInput] = []
             try:
                 items.append(self._queue.get(timeout=tick_s))
                 while True:
                     items.append(self._queue.get_nowait())
             except queue.Empty:
                 pass
-            drains = [item for item in items if item[0] == "drain"]
+            drains = [item for item in items if isinstance(item, Drain)]
             try:
                 for item in items:
-                    if item[0] not in ("stop", "drain"):
+                    if not isinstance(item, (Stop, Drain)):
                         self._handle(item)
                 now = self.clock()
-                if now - last_tick >= tick_s or any(tick for _, _, tick in drains):
+                if now - last_tick >= tick_s or any(d.tick for d in drains):
                     self.manager.tick(now)
                     last_tick = now
             except Exception:  # one bad batch must not end alerting for the process
                 log.exception("alerting loop failed on %d items", len(items))
-            for _, done, _ in drains:
-                done.set()
+            for d in drains:
+                d.done.set()
 
     def drain(self, timeout_s: float = 10.0, *, tick: bool = False) -> bool:
         """Wait until everything queued so far has been processed (and, with ``tick``, the
         manager ticked at the clock's time now); False if that took longer than ``timeout_s``."""
-        done = threading.Event()
-        self._queue.put(("drain", done, tick))
-        return done.wait(timeout_s)
+        barrier = Drain(tick=tick)
+        self._queue.put(barrier)
+        return barrier.done.wait(timeout_s)
 
-    def _handle(self, item: tuple) -> None:
+    def _handle(self, item: FindingsStored | RolledBack) -> None:
         assert self.manager is not None
-        if item[0] == "findings":
-            fresh = [sf for sf in item[1] if sf.id > self._cursor]  # a replay may have seen them
-            if not fresh:
-                return
-            by_run: dict[str, tuple[list, dict[int, str]]] = {}
-            for sf in fresh:
-                findings, hosts = by_run.setdefault(sf.run_id, ([], {}))
-                findings.append(sf.finding)
-                hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
+        if isinstance(item, RolledBack):
+            self.manager.rollback(item.run_id, item.step, self.clock(), onset=self._incident_onset(item.run_id))
+            return
+        fresh = [sf for sf in item.findings if sf.id > self._cursor]  # a replay may have seen them
+        if not fresh:
+            return
+        by_run: dict[str, tuple[list, dict[int, str]]] = {}
+        for sf in fresh:
+            findings, hosts = by_run.setdefault(sf.run_id, ([], {}))
+            findings.append(sf.finding)
+            hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
+        # The alerts, notifications and cursor this batch of findings causes are one store job:
+        # a crash stores all of it or none (then the findings are replayed from the cursor, and
+        # the manager's notification log keeps a replay from paging twice).
+        with self.outbox.batch():
             for run_id, (findings, hosts) in by_run.items():
                 self.manager.process(run_id, findings, hosts, self.clock())
-            # After the notifications are in the outbox: a crash before this line replays them
-            # (at least once; the manager's notification log keeps a replay from paging twice).
             self._cursor = max(sf.id for sf in fresh)
             self.outbox.put_record("cursor", "findings", {"id": self._cursor}, self.clock())
-        elif item[0] == "rollback":
-            self.manager.rollback(item[1], item[2], self.clock())
 
 
 class _AlertingCollector:
@@ -229,14 +250,11 @@ class _AlertingCollector:
 
 
 def install(app: Any, ctx: Any) -> None:
-    """The feature hook (``healthsvc.app.FEATURES``)."""
+    """The feature: its router, listeners, start/stop hooks and collector (``ctx.alerting`` is
+    built by the app factory)."""
     from healthsvc.alerting.api import router
 
-    def newest_finding_id() -> int:
-        return ctx.store.read_conn().execute("SELECT coalesce(max(id), 0) FROM findings").fetchone()[0]
-
-    service = AlertingService(Outbox(ctx.store), ctx.settings, ctx.clock,
-                              findings_after=ctx.findings.stored_after, newest_finding_id=newest_finding_id)
+    service = ctx.alerting
     app.state.alerting = service
     app.include_router(router)
     ctx.findings.subscribe(service.on_findings)

@@ -13,34 +13,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import sqlite3
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import orjson
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS api_tokens (
-    id         TEXT PRIMARY KEY,
-    name       TEXT NOT NULL,
-    hash       TEXT NOT NULL UNIQUE,
-    scopes     TEXT NOT NULL,
-    run_prefix TEXT,
-    created_at REAL NOT NULL,
-    created_by TEXT NOT NULL,
-    revoked_at REAL
-);
-CREATE TABLE IF NOT EXISTS audit_log (
-    id     INTEGER PRIMARY KEY,
-    at     REAL NOT NULL,
-    actor  TEXT NOT NULL,
-    method TEXT NOT NULL,
-    path   TEXT NOT NULL,
-    status INTEGER NOT NULL
-);
-"""
-
+from healthsvc.store.tokens import TokenRow
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
@@ -76,14 +53,13 @@ class TokenStore:
         self._bootstrap_hash = hash_token(admin_token) if admin_token else None
         self._by_hash: dict[str, Token] = {}
         self._lock = threading.Lock()
-        store.register_schema(SCHEMA)
 
     def load(self) -> None:
         """Read live tokens into memory (after the store opens)."""
-        rows = self.store.read_conn().execute(
-            "SELECT id, name, hash, scopes, run_prefix, created_at, created_by FROM api_tokens WHERE revoked_at IS NULL")
+        rows = self.store.live_tokens()
         with self._lock:
-            self._by_hash = {h: Token(i, n, frozenset(orjson.loads(s)), p, c, b) for i, n, h, s, p, c, b in rows}
+            self._by_hash = {r.hash: Token(r.id, r.name, frozenset(r.scopes), r.run_prefix, r.created_at, r.created_by)
+                             for r in rows}
 
     @property
     def enabled(self) -> bool:
@@ -102,40 +78,30 @@ class TokenStore:
         tok = Token(id="tok_" + secrets.token_hex(6), name=name, scopes=frozenset(scopes), run_prefix=run_prefix,
                     created_at=self.clock(), created_by=created_by)
         h = hash_token(secret)
-
-        def job(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO api_tokens (id, name, hash, scopes, run_prefix, created_at, created_by)"
-                         " VALUES (?, ?, ?, ?, ?, ?, ?)", (tok.id, name, h, orjson.dumps(sorted(scopes)).decode(),
-                                                           run_prefix, tok.created_at, created_by))
-        self.store.write(job).result(timeout=60)
+        self.store.submit_token(TokenRow(tok.id, name, h, sorted(scopes), run_prefix, tok.created_at,
+                                         created_by)).result(timeout=60)
         with self._lock:
             self._by_hash = {**self._by_hash, h: tok}
         return secret, tok
 
     def revoke(self, token_id: str) -> bool:
         now = self.clock()
-        changed = self.store.write(lambda conn: conn.execute(
-            "UPDATE api_tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL", (now, token_id)).rowcount
-        ).result(timeout=60)
+        changed = self.store.submit_token_revocation(token_id, now).result(timeout=60)
         with self._lock:
             self._by_hash = {h: t for h, t in self._by_hash.items() if t.id != token_id}
         return bool(changed)
 
     def list(self) -> list[Token]:
-        rows = self.store.read_conn().execute(
-            "SELECT id, name, scopes, run_prefix, created_at, created_by, revoked_at FROM api_tokens ORDER BY created_at")
-        return [Token(i, n, frozenset(orjson.loads(s)), p, c, b, r) for i, n, s, p, c, b, r in rows]
+        return [Token(r.id, r.name, frozenset(r.scopes), r.run_prefix, r.created_at, r.created_by, r.revoked_at)
+                for r in self.store.all_tokens()]
 
     # -- audit ----------------------------------------------------------------------------------
     def record(self, actor: str, method: str, path: str, status: int):
         """Append to the audit log; returns the store's future (the guard awaits it, so an admin
         action is in the log by the time its answer is complete)."""
         now = self.clock()
-        return self.store.write(lambda conn: conn.execute(
-            "INSERT INTO audit_log (at, actor, method, path, status) VALUES (?, ?, ?, ?, ?)",
-            (now, actor, method, path[:500], status)))
+        return self.store.submit_audit(now, actor, method, path, status)
 
     def audit(self, limit: int = 1000) -> list[dict[str, Any]]:
-        rows = self.store.read_conn().execute(
-            "SELECT id, at, actor, method, path, status FROM audit_log ORDER BY id DESC LIMIT ?", (limit,))
-        return [{"id": i, "at": a, "actor": who, "method": m, "path": p, "status": s} for i, a, who, m, p, s in rows]
+        return [{"id": e.id, "at": e.at, "actor": e.actor, "method": e.method, "path": e.path, "status": e.status}
+                for e in self.store.audit_log(limit)]

@@ -22,15 +22,15 @@ from typing import Any, Callable
 import numpy as np
 
 from healthsvc.ingest.batch import MetricBatch
+from healthsvc.messages import Drain, Flush, Stop, Tick
 from healthsvc.monitor.aligner import StepAligner
-from healthsvc.store.codec import decode_chunk
-from healthsvc.store.sqlite import IngestResult, RunEvent, SQLiteStore
+from healthsvc.store.interface import Store
+from healthsvc.store.results import IngestResult, RunEvent
 from healthsvc.dashboard.rollup import HEAT_FIELDS, LINE_FIELDS, RunRollup
 
 log = logging.getLogger(__name__)
 
 FIELDS = set(LINE_FIELDS) | set(HEAT_FIELDS)
-_STOP = object()
 
 
 class RunFeed:
@@ -106,7 +106,7 @@ class RunFeed:
 
 
 class RollupHub:
-    def __init__(self, store: SQLiteStore, *, clock: Callable[[], float] = time.time, align_timeout_s: float = 5.0,
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, align_timeout_s: float = 5.0,
                  tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0) -> None:
         self.store = store
         self.clock = clock
@@ -116,7 +116,7 @@ class RollupHub:
         self.feeds: dict[str, RunFeed] = {}
         self.lock = threading.Lock()  # readers (HTTP threads) vs the hub thread
         self.catching_up = True
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue[IngestResult | RunEvent | Tick | Flush | Drain | Stop] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="healthsvc-dashboard", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-dashboard-ticker", daemon=True)
         self._stopping = threading.Event()
@@ -130,7 +130,7 @@ class RollupHub:
 
     def stop(self) -> None:
         self._stopping.set()
-        self._queue.put(_STOP)
+        self._queue.put(Stop())
         self._thread.join(30)
         self._ticker.join(5)
         for run_id in list(self.feeds):
@@ -138,17 +138,17 @@ class RollupHub:
 
     def drain(self, timeout_s: float = 60.0) -> bool:
         """Wait until everything queued so far has been folded in (benchmarks, tests)."""
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout_s)
+        barrier = Drain()
+        self._queue.put(barrier)
+        return barrier.done.wait(timeout_s)
 
     def tick(self) -> None:
         """Queue the aligner's timeouts and due snapshots at the clock's time now."""
-        self._queue.put(("tick", None))
+        self._queue.put(Tick(self.clock()))
 
     def flush(self, run_id: str) -> None:
         """Fold in a run's pending steps now (the run finished: nothing more will complete them)."""
-        self._queue.put(("flush", run_id))
+        self._queue.put(Flush(run_id))
 
     # -- reading --------------------------------------------------------------------------
     def read(self, run_id: str, fn: Callable[[RunRollup], Any]) -> Any:
@@ -177,10 +177,10 @@ class RollupHub:
         self.catching_up = False
         while True:
             item = self._queue.get()
-            if item is _STOP:
+            if isinstance(item, Stop):
                 return
-            if isinstance(item, threading.Event):
-                item.set()
+            if isinstance(item, Drain):
+                item.done.set()
                 continue
             try:
                 with self.lock:
@@ -201,16 +201,15 @@ class RollupHub:
                 return int(a["start_step"])
         return None
 
-    def _handle(self, item: Any) -> None:
-        now = self.clock()
-        if isinstance(item, tuple):
-            what, run_id = item
+    def _handle(self, item: IngestResult | RunEvent | Tick | Flush) -> None:
+        if isinstance(item, Tick):
             for rid, feed in list(self.feeds.items()):
-                if what == "tick":
-                    feed.tick(now)
-                    self._snapshot(rid)
-                elif rid == run_id:
-                    feed.flush_all()
+                feed.tick(item.now)
+                self._snapshot(rid)
+            return
+        if isinstance(item, Flush):
+            if item.run_id in self.feeds:
+                self.feeds[item.run_id].flush_all()
             return
         if isinstance(item, IngestResult):
             feed = self._feed(item.run_id)
@@ -233,14 +232,12 @@ class RollupHub:
         feed.dirty = False
         self._last_snapshot[run_id] = now
         try:
-            self.store.write(lambda conn: conn.execute(
-                "INSERT OR REPLACE INTO run_state VALUES (?, 'dashboard', ?, ?)", (run_id, watermark, blob)))
+            self.store.save_snapshot(run_id, "dashboard", watermark, blob)
         except RuntimeError:  # the store is closing: the next start replays from the last snapshot
             log.warning("dashboard snapshot of run %s skipped: store closed", run_id)
 
     def _restore(self) -> None:
-        conn = self.store.read_conn()
-        snapshots = {r: s for r, s in conn.execute("SELECT run_id, state FROM run_state WHERE kind='dashboard'")}
+        snapshots = {r: snap.state for r, snap in self.store.snapshots("dashboard").items()}
         for row in self.store.list_run_rows():
             run_id = row["run_id"]
             with self.lock:
@@ -252,12 +249,9 @@ class RollupHub:
                         log.exception("dashboard snapshot of run %s unreadable; replaying its history", run_id)
                         feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, row["config"].get("world_size"))
             starts = {a["attempt"]: int(a["start_step"]) for a in self.store.attempts(run_id)}
-            for chunk_id, attempt, received_at, payload in conn.execute(
-                    "SELECT id, attempt, received_at, payload FROM chunks WHERE run_id=? AND id>? ORDER BY id",
-                    (run_id, feed.watermark)):
-                batch = decode_chunk(payload, FIELDS)
+            for chunk in self.store.chunks_after(run_id, feed.watermark, FIELDS):
                 with self.lock:
-                    feed.add(batch, attempt, starts.get(attempt), chunk_id, received_at)
+                    feed.add(chunk.batch, chunk.attempt, starts.get(chunk.attempt), chunk.id, chunk.received_at)
             with self.lock:
                 if row["status"] == "finished":
                     feed.flush_all()

@@ -53,13 +53,13 @@ def _require_run(request: Request, run_id: str) -> None:
 
 @api.get("/v1/dashboard/runs", response_model=list[DashboardRun], summary="Every run with its health (the runs page)")
 def dashboard_runs(request: Request, summaries: SummariesDep) -> Response:
-    return _json(request, views.runs(summaries, request.app.state.ctx.findings))
+    return _json(request, views.runs(summaries, request.app.state.ctx.health))
 
 
 @api.get("/v1/dashboard/runs/{run_id}", response_model=DashboardRunDetail,
          summary="One run's header for the run page (the rollback answer is GET .../rollback)")
 def dashboard_run(run_id: RunId, request: Request, summaries: SummariesDep) -> Response:
-    return _json(request, views.run_detail(summaries, request.app.state.ctx.findings, _hub(request), run_id))
+    return _json(request, views.run_detail(summaries, request.app.state.ctx.health, _hub(request), run_id))
 
 
 @api.get("/v1/runs/{run_id}/dashboard/series", response_model=SeriesOut,

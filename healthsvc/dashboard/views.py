@@ -17,28 +17,27 @@ from healthsvc.errors import InvalidInput
 MAX_NONFINITE_STEPS = 1000
 
 
-def _row(findings, base: dict[str, Any]) -> dict[str, Any]:
-    sec = findings.summary(base["run_id"])
+def _row(health, base: dict[str, Any]) -> dict[str, Any]:
+    sec = health.summary(base["run_id"])
     active = sec["active_findings"]
     return {**base, "health": sec["health"], "active_findings": len(active),
             "active_kinds": sorted({f["kind"] for f in active})}
 
 
-def runs(summaries, findings) -> list[dict[str, Any]]:
+def runs(summaries, health) -> list[dict[str, Any]]:
     """Every run with its health. Not ``GET /v1/runs?detail``: that asks the rollback answer of
     every run, which reads history; the runs page needs only the findings."""
-    return [_row(findings, base) for base in summaries.list()]
+    return [_row(health, base) for base in summaries.list()]
 
 
-def run_detail(summaries, findings, hub: RollupHub, run_id: str) -> dict[str, Any]:
+def run_detail(summaries, health, hub: RollupHub, run_id: str) -> dict[str, Any]:
     base = summaries.summary(run_id, detail=False)  # NotFound (404) for an unknown run
     base["attempts"] = summaries.store.attempts(run_id)
     last = hub.read(run_id, lambda r: r.last_step)
     # Asked here so the page requests GET .../bisection only when there is one (no 404 to log).
-    has_bisection = summaries.store.read_conn().execute(
-        "SELECT 1 FROM bisections WHERE run_id=?", (run_id,)).fetchone() is not None
-    return {**_row(findings, base), "rollup_last_step": -1 if last is None else last,
-            "catching_up": hub.catching_up, "has_bisection": has_bisection}
+    bisecting = summaries.store.has_bisection(run_id)
+    return {**_row(health, base), "rollup_last_step": -1 if last is None else last,
+            "catching_up": hub.catching_up, "has_bisection": bisecting}
 
 
 def _range(r: RunRollup, step_min: int | None, step_max: int | None) -> tuple[int, int]:

@@ -13,17 +13,20 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from detectors.finding import Finding
 from healthsvc.findings import FindingsService
+from healthsvc.messages import Drain, Stop, Tick
 from healthsvc.monitor.run_monitor import RunMonitor
-from healthsvc.store.codec import decode_chunk
-from healthsvc.store.sqlite import IngestResult, RunEvent, SQLiteStore
+from healthsvc.store.interface import Store
+from healthsvc.store.results import IngestResult, RunEvent
 
 log = logging.getLogger(__name__)
 
-_STOP = object()
+
+# What the monitor thread consumes: committed input from the store, and its own control messages.
+MonitorInput = Union[IngestResult, RunEvent, Tick, Drain, Stop]
 
 
 def _dump_state(state: dict) -> bytes:
@@ -32,7 +35,7 @@ def _dump_state(state: dict) -> bytes:
 
 
 class MonitorHub:
-    def __init__(self, store: SQLiteStore, findings: FindingsService, *, clock: Callable[[], float] = time.time,
+    def __init__(self, store: Store, findings: FindingsService, *, clock: Callable[[], float] = time.time,
                  tick_interval_s: float = 1.0, snapshot_every_s: float = 5.0, align_timeout_s: float = 5.0) -> None:
         self.store = store
         self.findings = findings
@@ -42,7 +45,7 @@ class MonitorHub:
         self.align_timeout_s = align_timeout_s
         self.monitors: dict[str, RunMonitor] = {}
         self._last_snapshot: dict[str, float] = {}
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue[MonitorInput] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="healthsvc-monitor", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-ticker", daemon=True)
         self._stopping = threading.Event()
@@ -59,7 +62,7 @@ class MonitorHub:
 
     def stop(self) -> None:
         self._stopping.set()
-        self._queue.put(_STOP)
+        self._queue.put(Stop())
         self._thread.join(10)
         self._ticker.join(5)
         for run_id in list(self.monitors):
@@ -68,13 +71,13 @@ class MonitorHub:
     def drain(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything queued so far has been processed (for tests and shutdown);
         False if that took longer than ``timeout_s``."""
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout_s)
+        barrier = Drain()
+        self._queue.put(barrier)
+        return barrier.done.wait(timeout_s)
 
     def tick(self) -> None:
         """Queue the absence checks (hang, stall, aligner timeouts) at the clock's time now."""
-        self._queue.put(("tick", self.clock()))
+        self._queue.put(Tick(self.clock()))
 
     # -- input ----------------------------------------------------------------------------
     def _after_commit(self, results: list[Any]) -> None:
@@ -92,10 +95,10 @@ class MonitorHub:
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
-            if item is _STOP:
+            if isinstance(item, Stop):
                 return
-            if isinstance(item, threading.Event):
-                item.set()
+            if isinstance(item, Drain):
+                item.done.set()
                 continue
             try:
                 self._handle(item)
@@ -125,11 +128,10 @@ class MonitorHub:
             fallback = {k: config.get(k) for k in ("world_size",) if isinstance(config, dict)}
             return RunMonitor(run_id, fallback, align_timeout_s=self.align_timeout_s)
 
-    def _handle(self, item: Any) -> None:
-        if isinstance(item, tuple) and item[0] == "tick":
-            now = item[1]
+    def _handle(self, item: IngestResult | RunEvent | Tick) -> None:
+        if isinstance(item, Tick):
             for run_id, mon in list(self.monitors.items()):
-                self._record(mon, mon.tick(now))
+                self._record(mon, mon.tick(item.now))
                 self._snapshot(run_id)
             return
         if isinstance(item, IngestResult):
@@ -174,21 +176,18 @@ class MonitorHub:
         state["saved_at"] = now
         blob = _dump_state(state)
         self._last_snapshot[run_id] = now
-        self.store.write(lambda conn: conn.execute(
-            "INSERT OR REPLACE INTO run_state VALUES (?, 'monitor', ?, ?)", (run_id, mon.watermark, blob)))
+        self.store.save_snapshot(run_id, "monitor", mon.watermark, blob)
 
     def _restore(self) -> None:
-        conn = self.store.read_conn()
         now = self.clock()
-        snapshots = {r: (w, s) for r, w, s in conn.execute(
-            "SELECT run_id, watermark, state FROM run_state WHERE kind='monitor'")}
+        snapshots = self.store.snapshots("monitor")
         for row in self.store.list_run_rows():
             run_id = row["run_id"]
             mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
             watermark, saved_at = 0, None
             if run_id in snapshots:
-                watermark, blob = snapshots[run_id]
-                state = json.loads(blob)
+                watermark = snapshots[run_id].watermark
+                state = json.loads(snapshots[run_id].state)
                 try:
                     mon.load_state_dict(state)
                     saved_at = state.get("saved_at")
@@ -197,10 +196,8 @@ class MonitorHub:
                     mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
                     watermark = 0
             replayed = 0
-            for chunk_id, attempt, received_at, payload in conn.execute(
-                    "SELECT id, attempt, received_at, payload FROM chunks WHERE run_id=? AND id>? ORDER BY id",
-                    (run_id, watermark)):
-                self._record(mon, mon.on_metrics(decode_chunk(payload), attempt, chunk_id, received_at))
+            for chunk in self.store.chunks_after(run_id, watermark):
+                self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
                 replayed += 1
             if row["status"] == "finished":
                 self._record(mon, mon.on_finish(now))

@@ -15,13 +15,8 @@ if TYPE_CHECKING:  # the client-only install runs ``healthsvc rollback`` without
 
 def install(app: FastAPI, ctx) -> None:
     from healthsvc.rollback.router import router
-    from healthsvc.rollback.service import BISECTION_SCHEMA
 
-    ctx.store.register_schema(BISECTION_SCHEMA)
     app.include_router(router)
-    alerting = getattr(app.state, "alerting", None)
-    if alerting is not None:
-        alerting.rollback_lookup = lambda run_id: rollback_target(ctx, run_id)
     ctx.summaries.add_contributor(lambda run_id: {"rollback": rollback_target(ctx, run_id)})
 
 
@@ -30,3 +25,12 @@ def rollback_target(ctx, run_id: str) -> dict | None:
     from healthsvc.rollback.service import decide
 
     return decide(ctx, run_id).to_dict(run_id)["checkpoint"]
+
+
+def incident_onset(ctx, run_id: str) -> int | None:
+    """The earliest step the first corrupted update may be (``onset.low`` of the rollback answer),
+    or None without an estimate: what a rollback resolves latched alerts by."""
+    from healthsvc.rollback.service import decide
+
+    onset = decide(ctx, run_id).decision.onset
+    return None if onset is None else int(onset.low)

@@ -46,9 +46,8 @@ def get_rollback(run_id: RunId, request: Request) -> dict:
              summary="Start a bisection over checkpoints")
 def start_bisection(run_id: RunId, body: BisectionStartIn, request: Request, store: StoreDep) -> dict:
     _require_run(store, run_id)
-    job, ids, uris = service.start_bisection(_ctx(request), run_id, body.steps, body.known_good,
-                                             body.known_bad)
-    b = store.write(job).result()
+    b, ids, uris = service.start_bisection(_ctx(request), run_id, body.steps, body.known_good,
+                                           body.known_bad)
     return {"run_id": run_id, **service.bisection_status(b, ids, uris)}
 
 
@@ -68,8 +67,7 @@ def get_bisection(run_id: RunId, store: StoreDep) -> dict:
 def report_probe(run_id: RunId, body: ProbeReportIn, request: Request, store: StoreDep) -> dict:
     _require_run(store, run_id)
     _, ids, _ = service.stored_checkpoints(store, run_id)
-    b = store.write(service.report_job(_ctx(request), run_id, body.step, body.good, body.value,
-                                       ids)).result()
+    b = service.report_probe(_ctx(request), run_id, body.step, body.good, body.value, ids)
     return _status(store, run_id, b)
 
 
@@ -77,9 +75,6 @@ def report_probe(run_id: RunId, body: ProbeReportIn, request: Request, store: St
                summary="Abandon the bisection (checkpoint verdicts stay)")
 def delete_bisection(run_id: RunId, store: StoreDep) -> dict:
     _require_run(store, run_id)
-
-    def job(conn):
-        return conn.execute("DELETE FROM bisections WHERE run_id=?", (run_id,)).rowcount
-    if not store.write(job).result():
+    if not store.submit_bisection_delete(run_id).result():
         raise NotFound(f"run {run_id!r} has no bisection", loc=("path", "run_id"))
     return {"ok": True}

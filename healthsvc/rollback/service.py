@@ -19,12 +19,10 @@ policy (what counts as evidence, the restart rule, the margin) is
 """
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
 from detectors.offline.bisection import Bisection, BisectionError
 from detectors.offline.onset import OnsetParams
@@ -33,19 +31,10 @@ from detectors.offline.rollback import (CORRUPTION_KINDS, Checkpoint, Restart, R
                                         decide_rollback, episodes, evidence_episodes, onset_window)
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.history import load_history
+from healthsvc.store.bisections import CheckpointVerdict, NoBisection
 
 HISTORY_FIELDS = ("loss", "grad_norm", "local_grad_norm", "lr")
 MAX_CELLS = 50_000_000  # steps x ranks pivoted for the estimate (~1.2 GB of float64 + masks, worst)
-
-BISECTION_SCHEMA = """
-CREATE TABLE IF NOT EXISTS bisections (
-    run_id     TEXT PRIMARY KEY,
-    state      TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-"""
-
 
 @dataclass
 class RollbackAnswer:
@@ -174,9 +163,8 @@ def history_block(store, run_id: str, step_min: int | None = None,
 
 
 def load_bisection(store, run_id: str) -> Bisection | None:
-    row = store.read_conn().execute("SELECT state FROM bisections WHERE run_id=?",
-                                    (run_id,)).fetchone()
-    return None if row is None else Bisection.from_dict(orjson.loads(row[0]))
+    state = store.bisection_state(run_id)
+    return None if state is None else Bisection.from_dict(state)
 
 
 def decide(ctx, run_id: str) -> RollbackAnswer:
@@ -241,7 +229,7 @@ def bisection_status(b: Bisection, ids: dict[int, int], uris: dict[int, str]) ->
 
 def start_bisection(ctx, run_id: str, steps: list[int] | None, known_good: int | None,
                     known_bad: int | None):
-    """A writer job factory: replace the run's bisection with a new one."""
+    """Start (or replace) the run's bisection; returns it, the checkpoint ids and uris by step."""
     answer = decide(ctx, run_id) if steps is None else None
     ckpts, ids, _ = stored_checkpoints(ctx.store, run_id)
     if steps is None:
@@ -259,37 +247,25 @@ def start_bisection(ctx, run_id: str, steps: list[int] | None, known_good: int |
     except BisectionError as exc:
         raise Conflict(str(exc), loc=("body",)) from None
     b.next_probe()  # propose the first probe now, so GET shows it
-    now = ctx.clock()
-
-    def job(conn: sqlite3.Connection) -> Bisection:
-        conn.execute("INSERT OR REPLACE INTO bisections (run_id, state, created_at, updated_at)"
-                     " VALUES (?, ?, ?, ?)", (run_id, orjson.dumps(b.to_dict()).decode(), now, now))
-        return b
-    return job, ids, {c.step: c.uri for c in ckpts}
+    ctx.store.submit_bisection(run_id, b.to_dict()).result()
+    return b, ids, {c.step: c.uri for c in ckpts}
 
 
-def report_job(ctx, run_id: str, step: int, good: bool, value: float | None, ids: dict[int, int]):
-    """A writer job: apply one probe report atomically and mark the checkpoint verified/bad."""
-    now = ctx.clock()
-
-    def job(conn: sqlite3.Connection) -> Bisection:
-        row = conn.execute("SELECT state FROM bisections WHERE run_id=?", (run_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"run {run_id!r} has no bisection", loc=("path", "run_id"),
-                           hint="start one with POST /v1/runs/{run_id}/bisection")
-        b = Bisection.from_dict(orjson.loads(row[0]))
+def report_probe(ctx, run_id: str, step: int, good: bool, value: float | None, ids: dict[int, int]) -> Bisection:
+    """Apply one probe report atomically and mark the checkpoint verified/bad."""
+    def update(state: dict[str, Any]) -> tuple[dict[str, Any], CheckpointVerdict | None]:
+        b = Bisection.from_dict(state)
         b.next_probe()
         try:
             b.report(step, good, value)
         except BisectionError as exc:
             raise Conflict(str(exc), loc=("body", "step")) from None
         b.next_probe()
-        conn.execute("UPDATE bisections SET state=?, updated_at=? WHERE run_id=?",
-                     (orjson.dumps(b.to_dict()).decode(), now, run_id))
-        if step in ids:
-            conn.execute("UPDATE checkpoints SET status=?, note=? WHERE run_id=? AND id=?",
-                         ("verified" if good else "bad",
-                          f"bisection probe{'' if value is None else f' value={value:g}'}",
-                          run_id, ids[step]))
-        return b
-    return job
+        verdict = None if step not in ids else CheckpointVerdict(
+            ids[step], "verified" if good else "bad", f"bisection probe{'' if value is None else f' value={value:g}'}")
+        return b.to_dict(), verdict
+    try:
+        return Bisection.from_dict(ctx.store.submit_bisection_update(run_id, update).result())
+    except NoBisection:
+        raise NotFound(f"run {run_id!r} has no bisection", loc=("path", "run_id"),
+                       hint="start one with POST /v1/runs/{run_id}/bisection") from None

@@ -12,7 +12,7 @@ import pytest
 from detectors.finding import Finding
 from healthsvc.alerting.delivery import Backoff, DeliveryWorker, parse_retry_after
 from healthsvc.alerting.manager import AlertManager
-from healthsvc.alerting.outbox import Outbox
+from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.signing import generate_secret, verify
 from healthsvc.alerting.subscription import Subscription
 from tests.alerting.amschema import ALERTMANAGER_V4

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from healthsvc.alerting.delivery import Backoff, DeliveryWorker
-from healthsvc.alerting.outbox import Outbox
+from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.signing import generate_secret
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import json
 from detectors.finding import Finding
 from healthsvc.alerting.manager import AlertManager
 from healthsvc.alerting.model import LifecyclePolicy
-from healthsvc.alerting.outbox import Outbox
+from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.policy import Matcher
 from healthsvc.alerting.subscription import Subscription
 
@@ -193,3 +193,16 @@ def test_deleting_a_subscription_cancels_its_pending_deliveries():
     m.process("r1", [nan()], HOSTS, 100.0)
     assert m.delete_subscription("x", 101.0) == 1
     assert m.outbox.state_counts("x")["cancelled"] == 1
+
+
+def test_rollback_resolves_by_the_runs_estimated_onset_when_there_is_one():
+    """One onset: with the estimate GET /rollback dates the incident by, a checkpoint after it
+    still holds the corruption, so nothing resolves; one before it resolves every latched alert."""
+    m = manager()
+    m.process("r1", [nan(step=300)], HOSTS, 100.0)
+    m.process("r1", [Finding("rank_outlier", step=290, ranks=(7,), severity="critical", metric="grad_norm",
+                             onset_step=280)], HOSTS, 100.0)
+    assert m.rollback("r1", step=200, now=150.0, onset=150) == []
+    assert {a.status for a in m.alerts(run="r1")} == {"firing"}
+    done = m.rollback("r1", step=100, now=160.0, onset=150)
+    assert sorted(a.kind for a in done) == ["non_finite", "rank_outlier"]

@@ -8,7 +8,7 @@ from datetime import datetime
 from detectors.finding import Finding
 from healthsvc.alerting.manager import AlertManager
 from healthsvc.alerting.model import LifecyclePolicy
-from healthsvc.alerting.outbox import Outbox
+from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.policy import Matcher
 from healthsvc.alerting.subscription import Subscription
 

@@ -1,6 +1,6 @@
 """The durable webhook outbox: every notification is a row before anyone tries to send it.
 
-All of the alerting package's SQL lives here. Tables (created with ``CREATE TABLE IF NOT
+All of the alerting package's SQL lives here (in the store package, beside the store's own). Tables (created with ``CREATE TABLE IF NOT
 EXISTS`` in the service's SQLite file, next to the service store's own tables):
 
 - ``alert_outbox``: one row per (notification, subscription) delivery. ``webhook_id`` is fixed at
@@ -27,11 +27,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Protocol, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, TypeVar
 
-from healthsvc.alerting.formats import jsonable
+from healthsvc.encode import jsonable
 from healthsvc.alerting.signing import generate_message_id
 
 T = TypeVar("T")
@@ -118,6 +119,14 @@ class Delivery:
         }
 
 
+@dataclass
+class _Batch:
+    """Writes collected by :meth:`Outbox.batch`, and what waits for them to be durable."""
+    jobs: list[Callable[[sqlite3.Connection], Any]] = field(default_factory=list)
+    after: list[Callable[[], None]] = field(default_factory=list)
+    depth: int = 0
+
+
 class Outbox:
     """The outbox over one of:
 
@@ -130,6 +139,7 @@ class Outbox:
 
     def __init__(self, db: "str | Path | StoreLike") -> None:
         self._lock = threading.RLock()
+        self._batches = threading.local()
         self._store: StoreLike | None = None
         self._conn: sqlite3.Connection | None = None
         if hasattr(db, "write") and hasattr(db, "read_conn"):
@@ -147,7 +157,50 @@ class Outbox:
             with self._lock:
                 self._conn.close()
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Collect this thread's writes (deliveries enqueued, records put and deleted) and commit
+        them as ONE job when the outermost ``batch`` ends: what one batch of findings, a tick or
+        an operator action changes is stored at once, or not at all. Inside a batch those writes
+        return None; :meth:`after_commit` callbacks run once the batch is durable."""
+        b = getattr(self._batches, "current", None)
+        if b is None:
+            b = self._batches.current = _Batch()
+        b.depth += 1
+        try:
+            yield
+        finally:
+            b.depth -= 1
+            if b.depth == 0:
+                # Even when the body raised: what it wrote so far was decided (and is in memory).
+                self._batches.current = None
+                self._commit(b)
+
+    def _commit(self, b: _Batch) -> None:
+        if b.jobs:
+            jobs = b.jobs
+
+            def run_all(conn: sqlite3.Connection) -> None:
+                for job in jobs:
+                    job(conn)
+            self._write(run_all)
+        for callback in b.after:
+            callback()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once this thread's writes are durable: at the end of the current
+        :meth:`batch`, or now outside one."""
+        b = getattr(self._batches, "current", None)
+        if b is None:
+            callback()
+        elif callback not in b.after:
+            b.after.append(callback)
+
     def _write(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        b = getattr(self._batches, "current", None)
+        if b is not None:
+            b.jobs.append(job)
+            return None  # type: ignore[return-value]  # see batch()
         if self._store is not None:
             return self._store.write(job).result(timeout=60)
         with self._lock:

@@ -1,7 +1,8 @@
 """Run economics in the service (a feature): timeline, interval advice, retention plan, goodput.
 
-Adds ``GET /v1/runs/{run_id}/timeline|advice|retention|goodput`` and a compact ``timeline``
-section to ``GET /v1/runs/{run_id}``. The maths is in :mod:`detectors.offline.economics` (pure).
+Adds ``GET /v1/runs/{run_id}/timeline|advice|retention|goodput`` (``api``, ``schemas``) and a
+compact ``timeline`` section to ``GET /v1/runs/{run_id}``; ``service`` gathers a run's facts from
+the store. The maths is in :mod:`detectors.offline.economics` (pure).
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ SUMMARY_TIMELINE_ENTRIES = 50  # the run summary shows the newest entries; /time
 
 
 def install(app: FastAPI, ctx) -> None:
-    from healthsvc.economics_service.facts import AttemptStatsCache, load_run_facts
-    from healthsvc.economics_service.router import router, timeline_dict
+    from healthsvc.economics.service import AttemptStatsCache, load_run_facts
+    from healthsvc.economics.api import router, timeline_dict
 
     cache = AttemptStatsCache(ctx.store)
     app.state.economics_cache = cache

@@ -25,7 +25,7 @@ def healthz() -> dict:
             responses={200: {"model": Status}, 503: {"model": Status, "description": "Not ready: the store is not open."}})
 def readyz(request: Request, store: StoreDep) -> Response:
     try:
-        store.read_conn().execute("SELECT 1").fetchone()
+        store.ping()
         ready = getattr(request.app.state, "ready", False)
     except Exception as exc:  # noqa: BLE001 - readiness reports any failure
         return JSONResponse({"status": "not ready", "reason": str(exc)}, status_code=503)

@@ -26,7 +26,6 @@ import numpy as np
 
 from detectors.finding import Finding
 from detectors.offline.economics.records import Attempt, CheckpointWrite, Corruption, Incident, RunEvent
-from healthsvc.store.codec import decode_chunk
 
 _DECODE_FIELDS = {"step_time", "world_size"}
 
@@ -59,11 +58,8 @@ class AttemptStatsCache:
         with self._lock:
             cache = self._runs.setdefault(run_id, _RunCache())
         with cache.lock:
-            rows = self.store.read_conn().execute(
-                "SELECT id, attempt, received_at, payload FROM chunks WHERE run_id=? AND id>? ORDER BY id",
-                (run_id, cache.last_chunk_id))
-            for chunk_id, attempt, received_at, payload in rows:
-                batch = decode_chunk(payload, _DECODE_FIELDS)
+            for chunk in self.store.chunks_after(run_id, cache.last_chunk_id, _DECODE_FIELDS):
+                chunk_id, attempt, received_at, batch = chunk.id, chunk.attempt, chunk.received_at, chunk.batch
                 st = cache.attempts.get(attempt)
                 if st is None:
                     st = cache.attempts[attempt] = _AttemptStats(received_at, received_at)
@@ -207,9 +203,7 @@ def fleet_failures_and_exposure(store, exclude_run_id: str) -> tuple[int, float]
     Only restarts are counted here (an attempt after the first), which the store knows without
     decoding history; it is a prior, refined by each run's own incidents.
     """
-    rows = store.read_conn().execute(
-        "SELECT run_id, attempt, min(received_at), max(received_at) FROM chunks WHERE run_id<>?"
-        " GROUP BY run_id, attempt", (exclude_run_id,)).fetchall()
+    rows = store.attempt_spans(exclude_run_id=exclude_run_id)
     exposure = sum(hi - lo for _, _, lo, hi in rows)
     attempts_by_run: dict[str, int] = {}
     for run_id, _, _, _ in rows:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from healthsvc.errors import NotFound
 from healthsvc.schemas import RunConfig, upgrade_stored_config
-from healthsvc.store.sqlite import SQLiteStore
+from healthsvc.store.interface import RunReads
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ Contributor = Callable[[str], dict[str, Any]]
 
 
 class RunSummaries:
-    def __init__(self, store: SQLiteStore) -> None:
+    def __init__(self, store: RunReads) -> None:
         self.store = store
         self.contributors: list[Contributor] = []
 

@@ -15,8 +15,8 @@ from detectors.offline.economics.advice import MtbfPrior, advise_interval
 from detectors.offline.economics.goodput import compute_goodput
 from detectors.offline.economics.retention import RetentionPolicy, plan_retention
 from detectors.offline.economics.timeline import build_timeline
-from healthsvc.economics_service.facts import RunFacts, fleet_failures_and_exposure, load_run_facts
-from healthsvc.economics_service.schemas import AdviceOut, GoodputOut, RetentionOut, TimelineOut
+from healthsvc.economics.schemas import AdviceOut, GoodputOut, RetentionOut, TimelineOut
+from healthsvc.economics.service import RunFacts, fleet_failures_and_exposure, load_run_facts
 from healthsvc.errors import InvalidInput, NotFound
 
 router = APIRouter(prefix="/v1/runs", tags=["economics"])

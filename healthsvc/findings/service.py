@@ -1,0 +1,74 @@
+"""Stored findings as the service uses them: recorded by the monitor, queried by the API, run
+health, rollback and economics, announced once to listeners (alerting) after they are committed.
+
+The table and its SQL are the store's (:mod:`healthsvc.store.findings`); a finding's identity is
+:mod:`healthsvc.identity`'s, so a replay after a restart never stores or announces one twice.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from detectors.finding import Finding
+from healthsvc.store.findings import FindingsRecorded, StoredFinding
+from healthsvc.store.interface import Store
+
+__all__ = ["FindingsRecorded", "FindingsService", "StoredFinding"]
+
+log = logging.getLogger(__name__)
+
+
+class FindingsService:
+    def __init__(self, store: Store, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.clock = clock
+        self._listeners: list[Callable[[list[StoredFinding]], None]] = []
+        store.subscribe(self._after_commit)
+
+    def subscribe(self, listener: Callable[[list[StoredFinding]], None]) -> None:
+        """``listener(findings)`` runs on the writer thread after commit; keep it quick (enqueue)."""
+        self._listeners.append(listener)
+
+    def _after_commit(self, results: list[Any]) -> None:
+        for res in results:
+            if isinstance(res, FindingsRecorded) and res.findings:
+                for listener in self._listeners:
+                    try:
+                        listener(res.findings)
+                    except Exception:
+                        log.exception("findings listener failed")
+
+    def record(self, run_id: str, attempt: int, findings: list[Finding], hosts: dict[int, str]) -> Future:
+        """Store findings (skipping ones already stored); resolves to the newly stored ones."""
+        return self.store.submit_findings(run_id, attempt, findings, hosts)
+
+    def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
+              since_step: int | None = None, since: float | None = None, min_severity: str | None = None,
+              limit: int = 1000, since_id: int | None = None) -> list[StoredFinding]:
+        return self.store.findings(run_id, kind=kind, status=status, since_step=since_step, since=since,
+                                   min_severity=min_severity, limit=limit, since_id=since_id)
+
+    def stored_after(self, after_id: int, limit: int = 10_000) -> list[StoredFinding]:
+        """Findings of every run stored after ``after_id``, oldest first (alerting replays these
+        at start: the ones it had not processed when the service stopped)."""
+        out = [sf for run_id in self.store.runs_with_findings_after(after_id)
+               for sf in self.query(run_id, since_id=after_id, limit=limit)]
+        return sorted(out, key=lambda sf: sf.id)[:limit]
+
+    def newest_id(self) -> int:
+        """The id of the newest stored finding (0: none)."""
+        return self.store.newest_finding_id()
+
+    def unresolved(self, run_id: str) -> list[StoredFinding]:
+        """Firing findings whose condition (kind, metric, ranks, attempt) no later finding resolved.
+        What is *active* also depends on alerting: see :class:`healthsvc.health.RunHealth`."""
+        latest: dict[tuple, StoredFinding] = {}
+        for sf in self.query(run_id, limit=1_000_000):
+            f = sf.finding
+            latest[(sf.attempt, f.kind, f.metric, f.ranks)] = sf
+        return [sf for sf in latest.values() if sf.finding.status == "firing"]
+
+    def firing_counts(self, run_id: str) -> dict[str, int]:
+        """Firing findings ever stored for the run, by kind."""
+        return self.store.firing_counts(run_id)

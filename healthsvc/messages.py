@@ -1,0 +1,52 @@
+"""The typed messages of the pipeline: ingest → monitor → alerting → outbox.
+
+Each stage runs on its own thread and is fed through a queue; what travels on a queue is one of
+these (or a store result, :mod:`healthsvc.store.results`), never a tuple tagged by a string::
+
+    store writer ──IngestResult, RunEvent──▶ monitor hub ──findings job──▶ store writer
+    store writer ──FindingsStored, RolledBack──▶ alerting ──one job per batch──▶ store (outbox)
+    ticker ──Tick──▶ every stage;   tests, shutdown ──Drain, Stop──▶ every stage
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A ticker's beat: do what is due at ``now`` (service clock, unix seconds)."""
+    now: float
+
+
+@dataclass(frozen=True)
+class Drain:
+    """A barrier: ``done`` is set once everything queued before it has been processed (and, with
+    ``tick``, once the stage did what is due at its clock's time now)."""
+    done: threading.Event = field(default_factory=threading.Event)
+    tick: bool = False
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the stage's thread once what was queued before it is processed."""
+
+
+@dataclass(frozen=True)
+class Flush:
+    """Hand on a run's pending steps now (the run finished: nothing more will complete them)."""
+    run_id: str
+
+
+@dataclass(frozen=True)
+class FindingsStored:
+    """Findings newly committed to the store (``healthsvc.findings.StoredFinding``, oldest first)."""
+    findings: list[Any]
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    """The run resumed from the checkpoint at ``step`` (a ``rollback`` event was committed)."""
+    run_id: str
+    step: int

@@ -1,0 +1,1 @@
+"""Operations (a feature): liveness, readiness and Prometheus ``/metrics`` (``api``)."""

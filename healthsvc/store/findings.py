@@ -1,0 +1,128 @@
+"""The findings table: what the detectors found, per run, with the hosts they blame.
+
+A finding's occurrence identity (:func:`healthsvc.identity.occurrence_key`) is unique per run, so
+a replay after a restart never stores a finding twice: :meth:`FindingsTable.submit_findings`
+resolves to the findings it newly stored (a :class:`FindingsRecorded`, which the store's
+after-commit listeners also receive).
+"""
+from __future__ import annotations
+
+import sqlite3
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import orjson
+
+from detectors.finding import SEVERITY_ORDER, Finding
+from healthsvc.encode import jsonable
+from healthsvc.identity import occurrence_key
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS findings (
+    id         INTEGER PRIMARY KEY,
+    run_id     TEXT NOT NULL,
+    attempt    INTEGER NOT NULL,
+    kind       TEXT NOT NULL,
+    metric     TEXT,
+    ranks      TEXT NOT NULL,
+    hosts      TEXT NOT NULL,
+    step       INTEGER NOT NULL,
+    status     TEXT NOT NULL,
+    severity   TEXT NOT NULL,
+    score      REAL NOT NULL,
+    onset_step INTEGER,
+    evidence   TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    identity   TEXT NOT NULL,
+    UNIQUE (run_id, identity)
+);
+CREATE INDEX IF NOT EXISTS findings_by_run ON findings (run_id, id);
+"""
+
+
+@dataclass(frozen=True)
+class StoredFinding:
+    id: int
+    run_id: str
+    attempt: int
+    hosts: tuple[str | None, ...]   # one per blamed rank, None where unknown
+    created_at: float               # when the service stored it, unix seconds
+    finding: Finding
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.finding.to_dict()
+        d.update(id=self.id, run_id=self.run_id, attempt=self.attempt, hosts=list(self.hosts),
+                 created_at=self.created_at)
+        return d
+
+
+@dataclass
+class FindingsRecorded:
+    """The result of a findings job; the store's after-commit hook hands it to listeners."""
+    findings: list[StoredFinding]
+
+
+class FindingsTable:
+    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: the findings table."""
+
+    _clock: Callable[[], float]
+
+    def submit_findings(self, run_id: str, attempt: int, findings: list[Finding],
+                        hosts: dict[int, str]) -> Future:
+        """Store findings, skipping ones already stored; resolves to a :class:`FindingsRecorded`."""
+        def job(conn: sqlite3.Connection) -> FindingsRecorded:
+            now = self._clock()
+            stored = []
+            for f in findings:
+                # What listeners see is what is stored: evidence with NaN as "NaN", never null.
+                f = replace(f, evidence=jsonable(f.evidence))
+                blamed_hosts = tuple(hosts.get(r) for r in f.ranks)
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO findings (run_id, attempt, kind, metric, ranks, hosts, step, status, severity,"
+                    " score, onset_step, evidence, created_at, identity) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (run_id, attempt, f.kind, f.metric, orjson.dumps(list(f.ranks)), orjson.dumps(blamed_hosts),
+                     int(f.step), f.status, f.severity, float(f.score), f.onset_step,
+                     orjson.dumps(f.evidence), now, occurrence_key(attempt, f)))
+                if cur.rowcount:
+                    stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f))
+            return FindingsRecorded(stored)
+        return self.write(job)  # type: ignore[attr-defined]  # SQLiteStore's
+
+    def findings(self, run_id: str, *, kind: str | None = None, status: str | None = None,
+                 since_step: int | None = None, since: float | None = None, min_severity: str | None = None,
+                 limit: int = 1000, since_id: int | None = None) -> list[StoredFinding]:
+        """A run's stored findings, oldest first, filtered by every argument that is set."""
+        sql = ("SELECT id, attempt, kind, metric, ranks, hosts, step, status, severity, score, onset_step, evidence,"
+               " created_at FROM findings WHERE run_id=?")
+        args: list[Any] = [run_id]
+        for column, op, value in (("kind", "=", kind), ("status", "=", status), ("step", ">=", since_step),
+                                  ("created_at", ">=", since), ("id", ">", since_id)):
+            if value is not None:
+                sql += f" AND {column}{op}?"
+                args.append(value)
+        sql += " ORDER BY id LIMIT ?"
+        args.append(limit)
+        out = []
+        for (fid, attempt, k, metric, ranks, hosts, step, st, sev, score, onset, evidence, created) in \
+                self.read_conn().execute(sql, args):  # type: ignore[attr-defined]  # SQLiteStore's
+            if min_severity is not None and SEVERITY_ORDER[sev] < SEVERITY_ORDER[min_severity]:
+                continue
+            f = Finding(kind=k, step=step, ranks=tuple(orjson.loads(ranks)), severity=sev, score=score,
+                        metric=metric, status=st, onset_step=onset, evidence=orjson.loads(evidence))
+            out.append(StoredFinding(fid, run_id, attempt, tuple(orjson.loads(hosts)), created, f))
+        return out
+
+    def runs_with_findings_after(self, after_id: int) -> list[str]:
+        return [r for (r,) in self.read_conn().execute(  # type: ignore[attr-defined]
+            "SELECT DISTINCT run_id FROM findings WHERE id > ?", (after_id,))]
+
+    def newest_finding_id(self) -> int:
+        """The id of the newest stored finding (0: none)."""
+        return self.read_conn().execute(  # type: ignore[attr-defined]
+            "SELECT coalesce(max(id), 0) FROM findings").fetchone()[0]
+
+    def firing_counts(self, run_id: str) -> dict[str, int]:
+        """Firing findings ever stored for the run, by kind."""
+        return dict(self.read_conn().execute(  # type: ignore[attr-defined]
+            "SELECT kind, count(*) FROM findings WHERE run_id=? AND status='firing' GROUP BY kind", (run_id,)))

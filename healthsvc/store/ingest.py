@@ -1,0 +1,147 @@
+"""The metrics write path: accept a batch into the store, keeping each run's ingest state.
+
+One job per accepted batch: deduplicate by the batch's digest, open a new attempt when steps went
+back, record host changes, append one columnar chunk, and advance the run's :class:`RunState`
+(after the SQL, which is what can fail). The run states are snapshotted now and then
+(``snapshots``) and rebuilt on open from the snapshot and the chunks after it.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import numpy as np
+import orjson
+
+from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store import snapshots
+from healthsvc.store.codec import encode_chunk
+from healthsvc.store.results import IngestResult
+from healthsvc.store.runstate import RunState
+
+log = logging.getLogger(__name__)
+
+
+class MetricsIngest:
+    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: the ingest and the run states."""
+
+    _runs: dict[str, RunState]
+    _last_snapshot: dict[str, float]
+    _last_prune: float
+    _clock: Callable[[], float]
+    _write_conn: sqlite3.Connection | None
+    snapshot_every_s: float
+    dedupe_window_s: float
+
+
+    def submit_metrics(self, run_id: str, batch: MetricBatch, digest: str) -> Future:
+        return self._run_job(run_id, lambda conn: self._ingest(conn, run_id, batch, digest))
+
+    def _ensure_run(self, conn: sqlite3.Connection, run_id: str, now: float) -> RunState:
+        st = self._runs.get(run_id)
+        if st is None:
+            conn.execute("INSERT OR IGNORE INTO runs (run_id, created_at, updated_at) VALUES (?, ?, ?)",
+                         (run_id, now, now))
+            st = self._runs[run_id] = RunState(run_id)
+        return st
+
+    def _ingest(self, conn: sqlite3.Connection, run_id: str, batch: MetricBatch, digest: str) -> IngestResult:
+        now = self._clock()
+        st = self._ensure_run(conn, run_id, now)
+        cur = conn.execute("INSERT OR IGNORE INTO batches VALUES (?, ?, ?, ?)", (run_id, digest, len(batch), now))
+        if cur.rowcount == 0:
+            n = conn.execute("SELECT n_records FROM batches WHERE run_id=? AND digest=?", (run_id, digest)).fetchone()[0]
+            return IngestResult(run_id, n, True, st.attempt, False, None, now)
+        if len(batch) == 0:
+            return IngestResult(run_id, 0, False, st.attempt, False, None, now)
+        # First everything that can fail (the SQL), computed from the state without changing it;
+        # then the in-memory state, which cannot fail. A failed job leaves both untouched.
+        new_attempt = st.needs_new_attempt(batch)
+        attempt = st.attempt + 1 if new_attempt else st.attempt
+        step_min, step_max = int(batch.steps.min()), int(batch.steps.max())
+        hosts = st.host_updates(batch)
+        if new_attempt:
+            conn.execute("INSERT INTO attempts VALUES (?, ?, ?, ?)", (run_id, attempt, step_min, now))
+        if hosts:
+            conn.executemany("INSERT OR REPLACE INTO hosts VALUES (?, ?, ?)", [(run_id, r, h) for r, h in hosts])
+        cur = conn.execute(
+            "INSERT INTO chunks (run_id, attempt, step_min, step_max, n_records, n_points, fields, has_hosts,"
+            " received_at, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, attempt, step_min, step_max, len(batch), batch.n_points, ",".join([*batch.values, *batch.labels]),
+             batch.host_index is not None, now, encode_chunk(batch)))
+        chunk_id = cur.lastrowid
+        if st.finished:  # data after the run finished: it resumed
+            conn.execute("UPDATE runs SET status='running', finished_at=NULL, updated_at=? WHERE run_id=?",
+                         (now, run_id))
+
+        if new_attempt:
+            st.open_attempt(step_min)
+        st.advance(batch)
+        st.set_hosts(hosts)
+        st.finished = False
+        if st.finished_ranks:  # a rank that said finish and reports again has resumed
+            st.finished_ranks.difference_update(np.unique(batch.ranks).tolist())
+        # Per-attempt progress and the last push are derivable from the chunks: kept in memory,
+        # rebuilt from the chunks table on open, not written per batch.
+        st.record_push(step_max, len(batch), now)
+        if now - self._last_prune >= min(60.0, self.dedupe_window_s / 4):
+            self._last_prune = now
+            conn.execute("DELETE FROM batches WHERE received_at < ?", (now - self.dedupe_window_s,))
+        if now - self._last_snapshot.get(run_id, 0.0) >= self.snapshot_every_s:
+            try:
+                self._write_snapshot(conn, run_id, st)
+            except sqlite3.Error:  # a snapshot is an optimisation: never fail the batch for it
+                log.exception("snapshot of run %s failed; the next batch tries again", run_id)
+        return IngestResult(run_id, len(batch), False, st.attempt, new_attempt, chunk_id, now, batch)
+
+    def _write_snapshot(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> None:
+        snapshots.write_snapshot(conn, run_id, "ingest", snapshots.newest_chunk_id(conn, run_id),
+                                 orjson.dumps(st.to_dict()))
+        self._last_snapshot[run_id] = self._clock()
+
+    def _snapshot_all(self, conn: sqlite3.Connection) -> None:
+        for run_id, st in self._runs.items():
+            self._write_snapshot(conn, run_id, st)
+
+    def _reload_run_states(self) -> None:
+        """A group commit failed (disk full, I/O error): what the jobs changed in memory was not
+        stored, so rebuild the in-memory run state from what is (runs, attempts, chunks)."""
+        self._runs = {}
+        self._load_run_states(self._write_conn)
+
+    def _run_job(self, run_id: str, fn: Callable[[sqlite3.Connection], Any]) -> Future:
+        """A write that may create the run: if it fails, the run's row is rolled back with it,
+        so the in-memory state must forget a run this job created (no phantom run that takes
+        pushes but answers 404)."""
+        def job(conn: sqlite3.Connection) -> Any:
+            existed = run_id in self._runs
+            try:
+                return fn(conn)
+            except BaseException:
+                if not existed:
+                    self._runs.pop(run_id, None)
+                raise
+        return self.write(job)
+
+    def _load_run_states(self, conn: sqlite3.Connection) -> None:
+        """Rebuild each run's ingest state: its snapshot, then the chunks written after it."""
+        saved = snapshots.read_snapshots(conn, "ingest")
+        attempts = {(r, a): s for r, a, s in conn.execute("SELECT run_id, attempt, start_step FROM attempts")}
+        for (run_id, status) in conn.execute("SELECT run_id, status FROM runs").fetchall():
+            snap = saved.get(run_id)
+            st = RunState.from_dict(run_id, orjson.loads(snap.state)) if snap else RunState(run_id)
+            for chunk in snapshots.chunks_after(conn, run_id, snap.watermark if snap else 0, fields=set()):
+                if chunk.attempt != st.attempt:
+                    st.attempt = chunk.attempt - 1
+                    st.open_attempt(attempts[(run_id, chunk.attempt)])
+                st.advance(chunk.batch)
+                st.set_hosts(st.host_updates(chunk.batch))
+            st.finished = status == "finished"
+            for attempt, last_step, n_records, last_push in conn.execute(
+                    "SELECT attempt, max(step_max), sum(n_records), max(received_at) FROM chunks WHERE run_id=?"
+                    " GROUP BY attempt", (run_id,)):
+                st.attempt_progress[attempt] = [last_step, n_records]
+                st.last_push = max(st.last_push or 0.0, last_push)
+            self._runs[run_id] = st

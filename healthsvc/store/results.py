@@ -1,0 +1,32 @@
+"""What a committed store write hands on: the typed messages of the pipeline's first stage.
+
+The writer thread passes every committed job's result to the store's after-commit listeners
+(``SQLiteStore.subscribe``); the monitor, the dashboard and alerting pick the messages they need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from healthsvc.ingest.batch import MetricBatch
+
+
+@dataclass
+class IngestResult:
+    """What one accepted metrics batch did; also handed to after-commit listeners."""
+    run_id: str
+    accepted: int
+    duplicate: bool
+    attempt: int
+    new_attempt: bool
+    chunk_id: int | None
+    received_at: float
+    batch: MetricBatch | None = None
+
+
+@dataclass
+class RunEvent:
+    """A non-metrics write that listeners (the run monitor) care about."""
+    run_id: str
+    kind: str                      # "heartbeat" | "finish" | "config" | "event" | "checkpoint"
+    data: dict
+    received_at: float

@@ -1,0 +1,93 @@
+"""The API tokens table (only each token's SHA-256 is stored) and the audit log of admin actions.
+
+Rows in, rows out: what a token *is* (scopes, the bootstrap token, hashing) is
+:mod:`healthsvc.auth.tokens`'s.
+"""
+from __future__ import annotations
+
+import sqlite3
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import orjson
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS api_tokens (
+    id         TEXT PRIMARY KEY,
+    name       TEXT NOT NULL,
+    hash       TEXT NOT NULL UNIQUE,
+    scopes     TEXT NOT NULL,
+    run_prefix TEXT,
+    created_at REAL NOT NULL,
+    created_by TEXT NOT NULL,
+    revoked_at REAL
+);
+CREATE TABLE IF NOT EXISTS audit_log (
+    id     INTEGER PRIMARY KEY,
+    at     REAL NOT NULL,
+    actor  TEXT NOT NULL,
+    method TEXT NOT NULL,
+    path   TEXT NOT NULL,
+    status INTEGER NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    id: str
+    name: str
+    hash: str | None              # None in listings (never shown back)
+    scopes: list[str]
+    run_prefix: str | None
+    created_at: float             # unix seconds
+    created_by: str
+    revoked_at: float | None = None
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    id: int
+    at: float                     # unix seconds
+    actor: str
+    method: str
+    path: str
+    status: int
+
+
+class TokensTable:
+    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: API tokens and the audit log."""
+
+    def live_tokens(self) -> list[TokenRow]:
+        rows = self.read_conn().execute(  # type: ignore[attr-defined]  # SQLiteStore's
+            "SELECT id, name, hash, scopes, run_prefix, created_at, created_by FROM api_tokens WHERE revoked_at IS NULL")
+        return [TokenRow(i, n, h, orjson.loads(s), p, c, b) for i, n, h, s, p, c, b in rows]
+
+    def all_tokens(self) -> list[TokenRow]:
+        """Every token, revoked ones too, oldest first (without hashes)."""
+        rows = self.read_conn().execute(  # type: ignore[attr-defined]
+            "SELECT id, name, scopes, run_prefix, created_at, created_by, revoked_at FROM api_tokens ORDER BY created_at")
+        return [TokenRow(i, n, None, orjson.loads(s), p, c, b, r) for i, n, s, p, c, b, r in rows]
+
+    def submit_token(self, row: TokenRow) -> Future:
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO api_tokens (id, name, hash, scopes, run_prefix, created_at, created_by)"
+                         " VALUES (?, ?, ?, ?, ?, ?, ?)", (row.id, row.name, row.hash, orjson.dumps(sorted(row.scopes)).decode(),
+                                                           row.run_prefix, row.created_at, row.created_by))
+        return self.write(job)  # type: ignore[attr-defined]
+
+    def submit_token_revocation(self, token_id: str, now: float) -> Future:
+        """Resolves to whether a live token was revoked."""
+        return self.write(lambda conn: conn.execute(  # type: ignore[attr-defined]
+            "UPDATE api_tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL", (now, token_id)).rowcount > 0)
+
+    def submit_audit(self, at: float, actor: str, method: str, path: str, status: int) -> Future:
+        return self.write(lambda conn: conn.execute(  # type: ignore[attr-defined]
+            "INSERT INTO audit_log (at, actor, method, path, status) VALUES (?, ?, ?, ?, ?)",
+            (at, actor, method, path[:500], status)))
+
+    def audit_log(self, limit: int = 1000) -> list[AuditEntry]:
+        """Newest first."""
+        rows = self.read_conn().execute(  # type: ignore[attr-defined]
+            "SELECT id, at, actor, method, path, status FROM audit_log ORDER BY id DESC LIMIT ?", (limit,))
+        return [AuditEntry(*r) for r in rows]
