@@ -3,7 +3,7 @@
 Adds ``POST /v1/runs/{run_id}/probes`` (ask for a probe of a suspect rank), ``GET
 /v1/runs/{run_id}/probes/next`` (what the trainer polls), ``POST
 /v1/runs/{run_id}/probes/{probe_id}/reports`` (each rank's recomputed gradient norm), ``GET
-/v1/runs/{run_id}/probes[/{probe_id}]``, and a ``probes`` table. The trainer's side is
+/v1/runs/{run_id}/probes[/{probe_id}]``; the probes are the store's (``healthsvc.store.probes``). The trainer's side is
 ``clients.probe``; the verdict is :func:`detectors.offline.replay.judge_replay`'s. The service asks for
 a probe itself when a warning or critical ``replica_mismatch``, ``rank_outlier`` or per-rank spike
 names a rank that has none pending.
@@ -18,8 +18,7 @@ if TYPE_CHECKING:
 
 def install(app: FastAPI, ctx) -> None:
     from healthsvc.probes.router import router
-    from healthsvc.probes.service import PROBES_SCHEMA, auto_probe_listener
+    from healthsvc.probes.service import auto_probe_listener
 
-    ctx.store.register_schema(PROBES_SCHEMA)
     app.include_router(router)
     ctx.findings.subscribe(auto_probe_listener(ctx))

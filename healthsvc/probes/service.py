@@ -1,37 +1,20 @@
 """Replay probes in the service: stored requests, the trainer's reports, the verdict.
 
-A probe is a row of the ``probes`` table: who is suspected, whom to compare it with, which
-step's batch to replay, and the reports so far (rank -> gradient norm). Once both ranks reported,
+A probe is a row of the store's ``probes`` table (:mod:`healthsvc.store.probes`): who is
+suspected, whom to compare it with, which step's batch to replay, and the reports so far (rank ->
+gradient norm). Once both ranks reported,
 :func:`detectors.offline.replay.judge_replay` decides and the suspect's host is named.
 """
 from __future__ import annotations
 
 import math
-import sqlite3
 from typing import Any
-
-import orjson
 
 from detectors.offline.replay import judge_replay
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.limits import INT64_MAX
+from healthsvc.store.probes import NoProbe, ProbeRow
 
-PROBES_SCHEMA = """
-CREATE TABLE IF NOT EXISTS probes (
-    id           INTEGER PRIMARY KEY,
-    run_id       TEXT NOT NULL,
-    suspect_rank INTEGER NOT NULL,
-    healthy_rank INTEGER NOT NULL,
-    step         INTEGER NOT NULL,
-    finding_id   INTEGER,
-    reason       TEXT,
-    created_at   REAL NOT NULL,
-    reports      TEXT NOT NULL DEFAULT '{}',
-    verdict      TEXT
-);
-CREATE INDEX IF NOT EXISTS probes_by_run ON probes (run_id, id);
-"""
-_COLUMNS = "id, run_id, suspect_rank, healthy_rank, step, finding_id, reason, created_at, reports, verdict"
 
 
 def _finding(ctx, run_id: str, finding_id: int):
@@ -71,14 +54,9 @@ def request_probe(ctx, run_id: str, suspect: int | None, healthy: int | None, st
         raise InvalidInput("healthy_rank must differ from suspect_rank", loc=("body", "healthy_rank"))
     if step is None:
         step = max(0, st.max_step()) if st is not None else 0
-    now = ctx.clock()
-
-    def job(conn: sqlite3.Connection) -> int:
-        cur = conn.execute(
-            "INSERT INTO probes (run_id, suspect_rank, healthy_rank, step, finding_id, reason, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)", (run_id, suspect, healthy, step, finding_id, reason, now))
-        return int(cur.lastrowid)
-    return get_probe(ctx, run_id, store.write(job).result())
+    probe_id = store.submit_probe(run_id, suspect, healthy, step, finding_id, reason,
+                                  ctx.clock()).result()
+    return get_probe(ctx, run_id, probe_id)
 
 
 # Findings that make a rank a suspect worth a replay probe: asked for by the service itself.
@@ -100,27 +78,16 @@ def auto_probe_listener(ctx):
             seen = [] if st is None else [int(r) for r in st.ranks_seen()]
             healthy = next((r for r in seen if r not in f.ranks), None)
             if healthy is not None:
-                ctx.store.write(_auto_job(sf.run_id, int(f.ranks[0]), healthy, int(f.step), sf.id,
-                                          f"asked for by the service: {f.kind} (finding {sf.id})",
-                                          ctx.clock()))
+                ctx.store.submit_probe(sf.run_id, int(f.ranks[0]), healthy, int(f.step), sf.id,
+                                       f"asked for by the service: {f.kind} (finding {sf.id})",
+                                       ctx.clock(), unless_pending=True)
     return on_findings
 
 
-def _auto_job(run_id: str, suspect: int, healthy: int, step: int, finding_id: int, reason: str,
-              now: float):
-    def job(conn: sqlite3.Connection) -> None:
-        pending = conn.execute("SELECT 1 FROM probes WHERE run_id=? AND suspect_rank=? AND verdict IS NULL",
-                               (run_id, suspect)).fetchone()
-        if pending is None:
-            conn.execute(
-                "INSERT INTO probes (run_id, suspect_rank, healthy_rank, step, finding_id, reason, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)", (run_id, suspect, healthy, step, finding_id, reason, now))
-    return job
-
-
-def _row_to_probe(ctx, row: tuple) -> dict[str, Any]:
-    pid, run_id, suspect, healthy, step, finding_id, reason, created_at, reports, verdict = row
-    got = {int(k): v for k, v in orjson.loads(reports).items()}
+def _row_to_probe(ctx, row: ProbeRow) -> dict[str, Any]:
+    pid, run_id, suspect, healthy, step = row.id, row.run_id, row.suspect_rank, row.healthy_rank, row.step
+    finding_id, reason, created_at, verdict = row.finding_id, row.reason, row.created_at, row.verdict
+    got = {int(k): v for k, v in row.reports.items()}
     host = ctx.store.hosts(run_id).get(suspect)
     out = {"id": pid, "run_id": run_id, "status": "done" if verdict else "pending",
            "suspect_rank": suspect, "healthy_rank": healthy, "step": step, "finding_id": finding_id,
@@ -144,52 +111,45 @@ def _row_to_probe(ctx, row: tuple) -> dict[str, Any]:
 
 
 def get_probe(ctx, run_id: str, probe_id: int) -> dict[str, Any]:
-    row = ctx.store.read_conn().execute(
-        f"SELECT {_COLUMNS} FROM probes WHERE run_id=? AND id=?", (run_id, probe_id)).fetchone()
+    row = ctx.store.probe(run_id, probe_id)
     if row is None:
         raise NotFound(f"run {run_id!r} has no probe {probe_id}", loc=("path", "probe_id"))
     return _row_to_probe(ctx, row)
 
 
 def list_probes(ctx, run_id: str) -> list[dict[str, Any]]:
-    rows = ctx.store.read_conn().execute(
-        f"SELECT {_COLUMNS} FROM probes WHERE run_id=? ORDER BY id", (run_id,)).fetchall()
-    return [_row_to_probe(ctx, r) for r in rows]
+    return [_row_to_probe(ctx, r) for r in ctx.store.probes(run_id)]
 
 
 def next_probe(ctx, run_id: str, after: int, upto_step: int | None = None) -> dict[str, Any] | None:
     """The oldest pending probe with an id above ``after`` (what the trainer has not taken yet)
     and, with ``upto_step``, a step the trainer has reached."""
-    row = ctx.store.read_conn().execute(
-        f"SELECT {_COLUMNS} FROM probes WHERE run_id=? AND id>? AND verdict IS NULL AND step<=?"
-        " ORDER BY id LIMIT 1", (run_id, after, INT64_MAX if upto_step is None else upto_step)).fetchone()
+    row = ctx.store.next_probe(run_id, after, INT64_MAX if upto_step is None else upto_step)
     return None if row is None else _row_to_probe(ctx, row)
 
 
 def report(ctx, run_id: str, probe_id: int, rank: int, grad_norm: float) -> dict[str, Any]:
     """Store one rank's measurement; with both in, the verdict."""
 
-    def job(conn: sqlite3.Connection) -> None:
-        row = conn.execute("SELECT suspect_rank, healthy_rank, reports, verdict FROM probes"
-                           " WHERE run_id=? AND id=?", (run_id, probe_id)).fetchone()
-        if row is None:
-            raise NotFound(f"run {run_id!r} has no probe {probe_id}", loc=("path", "probe_id"))
-        suspect, healthy, reports, verdict = row
+    def decide(row: ProbeRow) -> tuple[dict[str, Any], str | None] | None:
+        suspect, healthy, verdict = row.suspect_rank, row.healthy_rank, row.verdict
         if rank not in (suspect, healthy):
             raise InvalidInput(f"rank {rank} is neither the probe's suspect ({suspect}) nor its "
                                f"healthy rank ({healthy})", loc=("body", "rank"))
-        got = orjson.loads(reports)
+        got = dict(row.reports)
         if verdict is not None:
             if _same(got.get(str(rank)), grad_norm):
-                return  # a retried report
+                return None  # a retried report
             raise Conflict(f"probe {probe_id} is already decided ({verdict}); rank {rank} reported "
                            f"{got.get(str(rank))!r} before", loc=("body", "grad_norm"))
         got[str(rank)] = _storable(grad_norm)
         if str(suspect) in got and str(healthy) in got:
             verdict = judge_replay(float(got[str(suspect)]), float(got[str(healthy)]))
-        conn.execute("UPDATE probes SET reports=?, verdict=? WHERE run_id=? AND id=?",
-                     (orjson.dumps(got).decode(), verdict, run_id, probe_id))
-    ctx.store.write(job).result()
+        return got, verdict
+    try:
+        ctx.store.submit_probe_report(run_id, probe_id, decide).result()
+    except NoProbe:
+        raise NotFound(f"run {run_id!r} has no probe {probe_id}", loc=("path", "probe_id")) from None
     return get_probe(ctx, run_id, probe_id)
 
 

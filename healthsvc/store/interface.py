@@ -11,6 +11,7 @@ at a glance what of the store it touches::
     Snapshots        the monitor, the dashboard (and the ingest itself): snapshot and replay
     FindingsStore    findings: record, query
     BisectionStore   rollback: the persisted bisection
+    ProbesStore      probes: replay probes of suspect ranks and their reports
     TokensStore      auth: API tokens (hashed) and the audit log
 
 Writes return a :class:`~concurrent.futures.Future` that resolves once the write is durable (or
@@ -30,6 +31,7 @@ from detectors.finding import Finding
 from healthsvc.ingest.batch import MetricBatch
 from healthsvc.store.bisections import BisectionUpdate
 from healthsvc.store.findings import StoredFinding
+from healthsvc.store.probes import ProbeReport, ProbeRow
 from healthsvc.store.runstate import RunState
 from healthsvc.store.snapshots import Snapshot, SnapshotKind, StoredChunk
 from healthsvc.store.tokens import AuditEntry, TokenRow
@@ -107,6 +109,16 @@ class BisectionStore(Protocol):
     def submit_bisection_delete(self, run_id: str) -> Future: ...
 
 
+class ProbesStore(Protocol):
+    def submit_probe(self, run_id: str, suspect: int, healthy: int, step: int,
+                     finding_id: int | None, reason: str | None, now: float, *,
+                     unless_pending: bool = False) -> Future: ...
+    def probe(self, run_id: str, probe_id: int) -> ProbeRow | None: ...
+    def probes(self, run_id: str) -> list[ProbeRow]: ...
+    def next_probe(self, run_id: str, after: int, upto_step: int) -> ProbeRow | None: ...
+    def submit_probe_report(self, run_id: str, probe_id: int, decide: ProbeReport) -> Future: ...
+
+
 class TokensStore(Protocol):
     def live_tokens(self) -> list[TokenRow]: ...
     def all_tokens(self) -> list[TokenRow]: ...
@@ -116,6 +128,6 @@ class TokensStore(Protocol):
     def audit_log(self, limit: int = 1000) -> list[AuditEntry]: ...
 
 
-class Store(StoreLifecycle, IngestWrites, RunReads, Snapshots, FindingsStore, BisectionStore, TokensStore,
-            Protocol):
+class Store(StoreLifecycle, IngestWrites, RunReads, Snapshots, FindingsStore, BisectionStore, ProbesStore,
+            TokensStore, Protocol):
     """Everything above: what :class:`~healthsvc.store.sqlite.SQLiteStore` is."""

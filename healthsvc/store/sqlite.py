@@ -6,7 +6,7 @@ row per rank. Writes go through :class:`GroupCommitWriter`; reads use a connecti
 
 :class:`SQLiteStore` is assembled from modules of one concept each: ``ingest`` (the metrics write
 path and the run states), ``control`` (config, checkpoints, events, heartbeats, finish),
-``reads``, ``findings``, ``bisections``, ``tokens`` (and the audit log), and ``snapshots`` (snapshot and replay, for every owner
+``reads``, ``findings``, ``bisections``, ``probes``, ``tokens`` (and the audit log), and ``snapshots`` (snapshot and replay, for every owner
 of in-memory state). What the
 rest of the service may call is :class:`healthsvc.store.interface.Store`.
 """
@@ -20,11 +20,12 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator
 
-from healthsvc.store import bisections, findings, snapshots, tokens
+from healthsvc.store import bisections, findings, probes, snapshots, tokens
 from healthsvc.store.bisections import BisectionsTable
 from healthsvc.store.control import ControlWrites
 from healthsvc.store.findings import FindingsTable
 from healthsvc.store.ingest import MetricsIngest
+from healthsvc.store.probes import ProbesTable
 from healthsvc.store.reads import StoreReads
 from healthsvc.store.results import IngestResult, RunEvent
 from healthsvc.store.runstate import RunState
@@ -50,7 +51,7 @@ def sqlite_path_from_uri(uri: str) -> str:
 
 
 class SQLiteStore(MetricsIngest, ControlWrites, StoreReads, FindingsTable, BisectionsTable,
-                  TokensTable):
+                  ProbesTable, TokensTable):
     def __init__(self, uri: str, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.path = sqlite_path_from_uri(uri)
@@ -66,7 +67,8 @@ class SQLiteStore(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisec
         self._local = threading.local()
         self._writer: GroupCommitWriter | None = None
         self._write_conn: sqlite3.Connection | None = None
-        self._schemas: list[str] = [SCHEMA, findings.SCHEMA, bisections.SCHEMA, tokens.SCHEMA]
+        self._schemas: list[str] = [SCHEMA, findings.SCHEMA, bisections.SCHEMA, probes.SCHEMA,
+                                     tokens.SCHEMA]
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
