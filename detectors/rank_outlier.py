@@ -260,6 +260,16 @@ class RankOutlierDetector(Detector, BlockDetector):
         near = near[:, local]
         means = means[:, local]
         ok = np.ones_like(near) if judged is None else judged[:, local]   # judged is aligned with sub
+        if not carry_active[cols].any() and not (s > warn).any():
+            # Near the warning level but never past it, and no episode open (the usual case for
+            # the few such ranks): nothing starts, escalates or ends. Only the run lengths and the
+            # last unremarkable step move, to what the machine below would give them.
+            table["run"][p] = np.where(ok.any(axis=0), 0, table["run"][p])
+            calm_step = np.where(~near, block.steps[:, None], np.iinfo(np.int64).min).max(axis=0)
+            table["quiet"][p] = np.maximum(calm_step, quiet_carry[cols])
+            table["active"][p] = False
+            table["critical"][p] = False
+            return []
         active = hysteresis(s > warn, ~near, carry_active[cols])
         runs = run_length(active, ok, table["run"][p])
         long = active & ok & (runs >= self._escalate_rows)
