@@ -174,8 +174,7 @@ class SpikeDetector(Detector, BlockDetector):
             if view is not None and self.metric == self.rank_metric:
                 job = view.centre
             else:
-                yj, vj = log_positive(block.values[self.metric][:, ref], block.present[self.metric][:, ref])
-                job = cross_section(yj, vj, None, 1, with_scale=False)[0]
+                job = self._job_centre(block, ref)
         else:
             job = np.full(n, np.nan)
         findings, spike_rows = self._judge_job(block, job, view, ref)
@@ -183,6 +182,20 @@ class SpikeDetector(Detector, BlockDetector):
             findings += self._judge_ranks(block, view, spike_rows)
         findings.sort(key=_order)
         return findings
+
+    def _job_centre(self, block: StepBlock, ref: np.ndarray) -> np.ndarray:
+        """Per row, the cross-rank median of the log of ``metric`` over the reference ranks."""
+        x, present = block.values[self.metric], block.present[self.metric]
+        if present.all() and bool((x.min(axis=1) == x.max(axis=1)).all()):
+            # An all-reduced value (grad_norm): every rank holds the very same number, which is
+            # its own median; two row reductions instead of a gather, a log and a sort per row
+            # (NaN fails ==, so a row with one takes the general path).
+            first = x[:, 0]
+            job = np.full(len(first), np.nan)
+            np.log(first, out=job, where=(first > 0) & (first < np.inf))
+            return job
+        yj, vj = log_positive(x[:, ref], present[:, ref])
+        return cross_section(yj, vj, None, 1, with_scale=False)[0]
 
     # ------------------------------------------------------------------------ job-wide view
     def _judge_job(self, block: StepBlock, job: np.ndarray, view: "_RankView | None",
