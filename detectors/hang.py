@@ -140,6 +140,7 @@ class HangDetector(Detector, AbsenceDetector):
     def _reset(self) -> None:
         for name, (dtype, _) in self._ARRAYS.items():
             setattr(self, "_" + name, np.zeros(0, dtype=dtype))
+        self._floor = np.zeros(0)    # timeout_floor_s per rank (a maximum against it is SIMD)
         self._phases: list[str] = []
         self._finished = False
         self._stalled = False
@@ -284,7 +285,10 @@ class HangDetector(Detector, AbsenceDetector):
             self._active.fill(True)
             self._all_active = True
         np.multiply(interval, self.timeout_factor, out=self._deadline_s)
-        np.maximum(self._deadline_s, self.timeout_floor_s, out=self._deadline_s)
+        floor = self._floor
+        if len(floor) != len(interval) or (len(floor) and floor[0] != self.timeout_floor_s):
+            floor = self._floor = np.full(len(interval), float(self.timeout_floor_s))
+        np.maximum(self._deadline_s, floor, out=self._deadline_s)   # SIMD against an array
         self._deadline_s += now
         return True
 
@@ -361,8 +365,8 @@ class HangDetector(Detector, AbsenceDetector):
             out = self._collective_wait(now)   # rare: the whole job has been quiet for a while
             if out:
                 return out
-        if not (self._deadline_s < now).any():
-            return []   # the common case: one comparison
+        if not len(self._deadline_s) or not self._deadline_s.min() < now:
+            return []   # the common case: one reduction
         paused = self._pausing(now)
         if paused is not None and (paused & self._active).any():
             # A checkpoint holds the job: its silence is not judged until the pause ends (or
