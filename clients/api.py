@@ -25,13 +25,9 @@ from clients.transport import (
     TransportError,
 )
 
-__all__ = [
-    "init", "log", "log_columns", "fingerprint", "checkpoint", "event", "alert", "finish", "flush",
-    "rollback_target", "phase", "set_phase", "stats", "current_run",
-    "Run", "ClientStats", "StepTimer", "MODES",
-    "Transport", "HTTPTransport", "MockTransport", "Request", "Response",
-    "TransportError", "ConnectError", "RequestTimeout",
-]
+from clients import __all__ as _package_names   # the package lists the public names, once
+
+__all__ = list(_package_names)
 
 _current: Run | None = None
 _warned_no_run = False
