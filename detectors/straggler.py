@@ -236,8 +236,8 @@ class StragglerDetector(Detector, BlockDetector):
             ref = v[:, self._ref_cols]
             ref_ok = None if ok is None else ok[:, self._ref_cols]
         usable = None
-        # The order statistics come from float32 copies: numpy sorts float32 with SIMD, about
-        # seven times faster than float64 at 512 peers, and a median rounded to 7 digits moves
+        # The order statistics come from float32 copies: numpy sorts float32 with SIMD, several
+        # times faster than float64 at 512 peers, and a median rounded to 7 digits moves
         # a ratio by less than 1e-7 (the noise floor of the scale is 5e-3). Every path rounds
         # the same way, so block boundaries still do not change results.
         if ref_ok is None or ref_ok.all():
@@ -324,7 +324,6 @@ class StragglerDetector(Detector, BlockDetector):
         else:
             cusum, level, run_count = self._cusum[pos], self._run_level[pos], self._run_count[pos]
             mcusum, mlevel, mcount = self._mcusum[pos], self._mlevel[pos], self._mcount[pos]
-        dk = self.onset_k - self.cusum_k
         firing = self._firing[sel]
         # Ranks that may reach h in this block (S rises by at most z_clip - k per step) are
         # replayed one by one afterwards from their start values; with long blocks that bound is
