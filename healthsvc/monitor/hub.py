@@ -5,6 +5,12 @@ Input reaches it from the store's after-commit hook (so detectors only ever see 
 a queue; the writer thread never waits on a detector. On start it restores each run's monitor from
 its snapshot and replays the chunks stored after it, so a restarted service neither re-warms nor
 repeats findings (stored findings are unique by identity).
+
+With several replicas (:mod:`healthsvc.monitor.ownership`) the hub watches only the runs this
+replica owns: a push to a run owned elsewhere is handed on to the owner (which pulls the chunks
+after its watermark from the store: the replay path), and a run taken over from a dead replica is
+restored the same way as at start, one run at a time. Every ownership change reaches the hub as a
+message on its queue, so all of its state stays on its one thread.
 """
 from __future__ import annotations
 
@@ -13,11 +19,13 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 from detectors.finding import Finding
 from healthsvc.findings import FindingsService
 from healthsvc.messages import Drain, Stop, Tick
+from healthsvc.monitor.ownership import RemoteMessage, RunOwnership, SoleOwner
 from healthsvc.monitor.run_monitor import RunMonitor
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
@@ -25,8 +33,22 @@ from healthsvc.store.results import IngestResult, RunEvent
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class OwnershipChange:
+    """This replica took the run over (``gained``) or lost its lease (not ``gained``)."""
+    run_id: str
+    gained: bool
+
+
+@dataclass(frozen=True)
+class RemotePush:
+    """Another replica accepted a push to a run this one owns (see ``RemoteMessage``)."""
+    run_id: str
+    message: RemoteMessage
+
+
 # What the monitor thread consumes: committed input from the store, and its own control messages.
-MonitorInput = Union[IngestResult, RunEvent, Tick, Drain, Stop]
+MonitorInput = Union[IngestResult, RunEvent, OwnershipChange, RemotePush, Tick, Drain, Stop]
 
 
 def _dump_state(state: dict) -> bytes:
@@ -36,8 +58,13 @@ def _dump_state(state: dict) -> bytes:
 
 class MonitorHub:
     def __init__(self, store: Store, findings: FindingsService, *, clock: Callable[[], float] = time.time,
-                 tick_interval_s: float = 1.0, snapshot_every_s: float = 5.0, align_timeout_s: float = 5.0) -> None:
+                 tick_interval_s: float = 1.0, snapshot_every_s: float = 5.0, align_timeout_s: float = 5.0,
+                 ownership: RunOwnership | None = None) -> None:
         self.store = store
+        self.ownership: RunOwnership = ownership or SoleOwner()
+        # The sole owner restored every run at start, so a run it has no monitor for is new; a
+        # replica restores a run when it first owns it (it may have a history written elsewhere).
+        self._restore_on_claim = not isinstance(self.ownership, SoleOwner)
         self.findings = findings
         self.clock = clock
         self.tick_interval_s = tick_interval_s
@@ -57,6 +84,9 @@ class MonitorHub:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         self._restore()
+        self.ownership.start(on_gained=lambda run_id: self._queue.put(OwnershipChange(run_id, True)),
+                             on_lost=lambda run_id: self._queue.put(OwnershipChange(run_id, False)),
+                             on_remote=lambda run_id, msg: self._queue.put(RemotePush(run_id, msg)))
         self._thread.start()
         self._ticker.start()
 
@@ -66,7 +96,11 @@ class MonitorHub:
         self._thread.join(10)
         self._ticker.join(5)
         for run_id in list(self.monitors):
-            self._snapshot(run_id, force=True)
+            if self.ownership.owns(run_id):
+                self._snapshot(run_id, force=True)
+        # The snapshots are durable before the leases go: the next owner starts from them.
+        self.store.barrier().result(timeout=10)
+        self.ownership.stop()
 
     def drain(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything queued so far has been processed (for tests and shutdown);
@@ -128,18 +162,36 @@ class MonitorHub:
             fallback = {k: config.get(k) for k in ("world_size",) if isinstance(config, dict)}
             return RunMonitor(run_id, fallback, align_timeout_s=self.align_timeout_s)
 
-    def _handle(self, item: IngestResult | RunEvent | Tick) -> None:
+    def _handle(self, item: MonitorInput) -> None:
         if isinstance(item, Tick):
             for run_id, mon in list(self.monitors.items()):
+                if not self.ownership.owns(run_id):
+                    self._drop(run_id)
+                    continue
+                if self._restore_on_claim:
+                    self._pull(run_id)  # what a lost notification did not bring
                 self._record(mon, mon.tick(item.now))
                 self._snapshot(run_id)
             return
+        if isinstance(item, OwnershipChange):
+            if not item.gained:
+                self._drop(item.run_id)
+            elif self.ownership.owns(item.run_id) and item.run_id not in self.monitors:
+                self._adopt(item.run_id)
+            return
+        if isinstance(item, RemotePush):
+            self._remote(item)
+            return
+        if not self._claim(item):
+            return
         if isinstance(item, IngestResult):
-            mon = self._monitor(item.run_id)
+            mon = self.monitors[item.run_id]
+            if item.chunk_id is not None and item.chunk_id <= mon.watermark:
+                return  # the restore on claim replayed it already
             self._record(mon, mon.on_metrics(item.batch, item.attempt, item.chunk_id, item.received_at))
             return
         ev: RunEvent = item
-        mon = self._monitor(ev.run_id)
+        mon = self.monitors[ev.run_id]
         if ev.kind == "heartbeat":
             found = mon.on_heartbeat(ev.data["rank"], ev.data["step"], ev.data["phase"], ev.received_at)
         elif ev.kind == "finish":
@@ -157,9 +209,57 @@ class MonitorHub:
             found = []
         self._record(mon, found)
 
+    # -- ownership ------------------------------------------------------------------------
+    def _claim(self, item: IngestResult | RunEvent) -> bool:
+        """Whether this replica watches the item's run; if another does, hand the push on."""
+        run_id = item.run_id
+        if not self.ownership.claim(run_id):
+            self._drop(run_id)
+            if isinstance(item, IngestResult):
+                self.ownership.announce(run_id, {"chunk": item.chunk_id})
+            else:
+                self.ownership.announce(run_id, {"event": item.kind, "data": item.data, "at": item.received_at})
+            return False
+        if run_id not in self.monitors:
+            if self._restore_on_claim:
+                self._adopt(run_id)
+            else:
+                self._monitor(run_id)
+        return True
+
+    def _remote(self, item: RemotePush) -> None:
+        msg = item.message
+        if "event" in msg:
+            # Handled as if accepted here (a config change is re-read: it may exceed a NOTIFY).
+            data = msg.get("data") or {}
+            if msg["event"] == "config":
+                row = self.store.get_run_row(item.run_id)
+                data = row["config"] if row else data
+            self._handle(RunEvent(item.run_id, msg["event"], data, float(msg.get("at") or self.clock())))
+            return
+        if self.ownership.owns(item.run_id):
+            if item.run_id not in self.monitors:
+                self._adopt(item.run_id)  # restore replays the announced chunk with the rest
+            else:
+                self._pull(item.run_id)
+
+    def _pull(self, run_id: str) -> None:
+        """Feed the run's chunks stored after the monitor's watermark (pushes accepted elsewhere)."""
+        mon = self.monitors[run_id]
+        for chunk in self.store.chunks_after(run_id, mon.watermark):
+            self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
+
+    def _drop(self, run_id: str) -> None:
+        """Forget a run another replica owns now (it writes the run's snapshots from here on)."""
+        if self.monitors.pop(run_id, None) is not None:
+            log.info("run %s is watched by another replica now", run_id)
+        self._last_snapshot.pop(run_id, None)
+
     def _record(self, mon: RunMonitor, found: list[Finding]) -> None:
         if not found:
             return
+        if not self.ownership.owns(mon.run_id):
+            return  # the lease ran out meanwhile: the new owner replays and finds these itself
         st = self.store.run_state(mon.run_id)
         ranks = {r for f in found for r in f.ranks}
         hosts = {r: h for r in ranks if st is not None and (h := st.host_of(r)) is not None}
@@ -171,6 +271,8 @@ class MonitorHub:
         now = self.clock()
         if not force and now - self._last_snapshot.get(run_id, 0.0) < self.snapshot_every_s:
             return
+        if not self.ownership.owns(run_id):
+            return
         mon = self.monitors[run_id]
         state = mon.state_dict()
         state["saved_at"] = now
@@ -179,30 +281,51 @@ class MonitorHub:
         self.store.save_snapshot(run_id, "monitor", mon.watermark, blob)
 
     def _restore(self) -> None:
-        now = self.clock()
+        """At start: restore every run this replica owns (the sole owner: all of them)."""
         snapshots = self.store.snapshots("monitor")
         for row in self.store.list_run_rows():
-            run_id = row["run_id"]
-            mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
-            watermark, saved_at = 0, None
-            if run_id in snapshots:
-                watermark = snapshots[run_id].watermark
-                state = json.loads(snapshots[run_id].state)
-                try:
-                    mon.load_state_dict(state)
-                    saved_at = state.get("saved_at")
-                except Exception:
-                    log.exception("monitor snapshot of run %s unreadable; replaying its history", run_id)
-                    mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
-                    watermark = 0
-            replayed = 0
-            for chunk in self.store.chunks_after(run_id, watermark):
-                self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
-                replayed += 1
-            if row["status"] == "finished":
-                self._record(mon, mon.on_finish(now))
+            if self.ownership.owns(row["run_id"]):
+                self._restore_run(row, snapshots.get(row["run_id"]))
+
+    def _adopt(self, run_id: str) -> None:
+        """A run this replica owns from now on: restored from its snapshot and later chunks."""
+        row = self.store.get_run_row(run_id)
+        if row is None:
+            return
+        self._restore_run(row, self.store.snapshots("monitor").get(run_id))
+
+    def _restore_run(self, row: dict, snapshot: Any) -> None:
+        now = self.clock()
+        run_id = row["run_id"]
+        mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
+        watermark, saved_at = 0, None
+        if snapshot is not None:
+            watermark = snapshot.watermark
+            state = json.loads(snapshot.state)
+            try:
+                mon.load_state_dict(state)
+                saved_at = state.get("saved_at")
+            except Exception:
+                log.exception("monitor snapshot of run %s unreadable; replaying its history", run_id)
+                mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
+                watermark = 0
+        replayed = 0
+        for chunk in self.store.chunks_after(run_id, watermark):
+            self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
+            replayed += 1
+        if self._restore_on_claim:
+            # Taken over from another replica: the other replicas accepted pushes and heartbeats
+            # all along, so the chunks replayed above and the newest heartbeat of each rank are
+            # the ranks' whole story, and a silence in them is theirs (a hang is found within
+            # its timeout plus the lease TTL). Heartbeats are stored as the newest per rank.
+            for hb in self.store.heartbeats(run_id):
+                if hb["ts"] > (saved_at or 0.0):
+                    self._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]))
+        if row["status"] == "finished":
+            self._record(mon, mon.on_finish(now))
+        if not self._restore_on_claim:
             # The service was down since its last input: that gap is not the ranks' silence.
             last_seen = max(mon.last_input_s, saved_at or 0.0)
             if last_seen and now > last_seen:
                 mon.shift_clock(now - last_seen)
-            log.info("restored monitor of run %s (replayed %d chunks)", run_id, replayed)
+        log.info("restored monitor of run %s (replayed %d chunks)", run_id, replayed)

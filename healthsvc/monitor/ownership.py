@@ -1,0 +1,88 @@
+"""Who watches a run: the one replica that runs its detectors, its ticker and its alert lifecycle.
+
+Any replica accepts any push (ingest is stateless beyond the store), but a run's detector state
+lives in one process's memory, so exactly one replica at a time may feed it, tick it, snapshot it
+and turn its findings into alerts. The monitor hub asks a :class:`RunOwnership` before each of
+those:
+
+- :meth:`~RunOwnership.claim` on a run's activity: ``True`` if this replica owns the run (it may
+  have just taken it); ``False`` if another replica does, and then the hub hands the push on with
+  :meth:`~RunOwnership.announce` so the owner pulls it from the store.
+- :meth:`~RunOwnership.owns`: the cheap, local question the ticker and alerting ask.
+- ``on_lost(run_id)`` / ``on_gained(run_id)`` (given to :meth:`~RunOwnership.start`): the lease
+  ran out or was taken (drop the run's in-memory state, write nothing more for it), or this
+  replica took an abandoned run over (restore it from its snapshot and the chunks after it).
+- ``on_remote(run_id, message)``: a push to the run was accepted by another replica.
+
+Two implementations:
+
+- :class:`SoleOwner` (the SQLite store, one process): owns every run, hears of no other
+  replica; every call is a constant, so a single server pays nothing for the protocol.
+- :class:`healthsvc.store.leases.PgLeases` (PostgreSQL): a lease row per run with a fencing token,
+  renewed by a background thread; pushes handed on with ``NOTIFY``.
+
+>>> own = SoleOwner()
+>>> own.claim("r1"), own.owns("r1"), own.held()
+(True, True, {})
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A held lease as the owner's writes carry it: a write is applied only while the run's
+    lease still has this ``token`` (a replica that lost the run cannot overwrite the new owner's
+    snapshot or findings)."""
+    run_id: str
+    owner: str
+    token: int
+
+
+# A push accepted by another replica, as the owner hears of it (see PgLeases.announce):
+# {"chunk": id} for metrics, {"event": kind, "data": {...}, "at": received_at} for the rest.
+RemoteMessage = dict[str, Any]
+
+
+class RunOwnership(Protocol):
+    replica_id: str
+
+    def start(self, *, on_gained: Callable[[str], None], on_lost: Callable[[str], None],
+              on_remote: Callable[[str, RemoteMessage], None]) -> None: ...
+    def stop(self) -> None: ...
+    def claim(self, run_id: str) -> bool: ...
+    def owns(self, run_id: str) -> bool: ...
+    def fence(self, run_id: str) -> Fence | None: ...
+    def announce(self, run_id: str, message: RemoteMessage) -> None: ...
+    def held(self) -> dict[str, int]: ...
+
+
+class SoleOwner:
+    """The only replica: owns every run from the start; nothing to renew, announce or hear."""
+
+    replica_id = "sole"
+
+    def start(self, *, on_gained: Callable[[str], None], on_lost: Callable[[str], None],
+              on_remote: Callable[[str, RemoteMessage], None]) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def claim(self, run_id: str) -> bool:
+        return True
+
+    def owns(self, run_id: str) -> bool:
+        return True
+
+    def fence(self, run_id: str) -> Fence | None:
+        return None
+
+    def announce(self, run_id: str, message: RemoteMessage) -> None:
+        raise AssertionError("the sole owner never hands a push on")  # claim() is always True
+
+    def held(self) -> dict[str, int]:
+        """Leases held, run id -> fencing token: none (this replica owns everything, no lease)."""
+        return {}
