@@ -1,0 +1,343 @@
+"""Run leases in PostgreSQL: which replica watches which run, with a fencing token.
+
+A row of ``run_leases`` per run says who owns it (``owner``, a replica id), until when
+(``expires_at``, the database's clock) and in which epoch (``token``, +1 at every change of hands).
+A replica claims a run on its first activity there (:meth:`PgLeases.claim`: insert, or take the row
+over once it expired); a background thread renews every lease it holds every ``ttl_s / 3`` and
+sweeps expired leases of other replicas (a dead owner's runs are taken over within ``ttl_s`` even
+when no push arrives, so a hang is still found). A replica counts a lease as its own only until
+``ttl_s`` after the renewal that extended it was *sent* (its monotonic clock, less a margin), so it
+stops acting before the database would let another replica take over.
+
+Fencing: the owner's writes that must not come from a stale owner (snapshots, findings) are made in a
+transaction that first runs :data:`FENCE_SQL` with the writer's :class:`Fence`: it locks the lease
+row ``FOR SHARE`` (a takeover waits for that transaction) and fails when the token moved on.
+
+Pushes accepted by a replica that does not own the run are handed to the owner with ``NOTIFY`` on
+the owner's own channel (``hs_`` + its id), coalesced per run; the owner ``LISTEN``\\ s on a
+connection of its own and pulls the chunks after its watermark from the store.
+
+>>> channel("replica-7f3a")
+'hs_replica_7f3a'
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import secrets
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from healthsvc.monitor.ownership import Fence, RemoteMessage
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS run_leases (
+    run_id     TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    token      BIGINT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+)
+"""
+
+# ttl_s is a float parameter: interval arithmetic in the database, on the database's clock.
+_CLAIM = """
+INSERT INTO run_leases AS l (run_id, owner, token, expires_at)
+VALUES (%(run)s, %(me)s, 1, clock_timestamp() + %(ttl)s * interval '1 second')
+ON CONFLICT (run_id) DO UPDATE
+    SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at
+    WHERE l.expires_at < clock_timestamp()
+RETURNING token
+"""
+_HOLDER = """
+SELECT owner, extract(epoch FROM expires_at - clock_timestamp())::float8 FROM run_leases WHERE run_id = %s
+"""
+_RENEW = """
+UPDATE run_leases l SET expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
+FROM unnest(%(runs)s::text[], %(tokens)s::bigint[]) AS h(run_id, token)
+WHERE l.run_id = h.run_id AND l.token = h.token AND l.owner = %(me)s
+RETURNING l.run_id
+"""
+# Other replicas sweep at the same time: SKIP LOCKED spreads a dead owner's runs over them.
+_SWEEP = """
+UPDATE run_leases l SET owner = %(me)s, token = l.token + 1,
+                        expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
+WHERE l.run_id IN (SELECT run_id FROM run_leases WHERE expires_at < clock_timestamp()
+                   ORDER BY expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING l.run_id, l.token
+"""
+_RELEASE = """
+UPDATE run_leases l SET expires_at = clock_timestamp() - interval '1 millisecond'
+FROM unnest(%(runs)s::text[], %(tokens)s::bigint[]) AS h(run_id, token)
+WHERE l.run_id = h.run_id AND l.token = h.token AND l.owner = %(me)s
+"""
+#: Run first in a fenced write's transaction, with (run_id, owner, token): no row means the
+#: writer lost the run (raise :class:`LeaseLost`, roll back).
+FENCE_SQL = """
+SELECT 1 FROM run_leases WHERE run_id = %s AND owner = %s AND token = %s
+    AND expires_at > clock_timestamp() FOR SHARE
+"""
+
+
+class LeaseLost(RuntimeError):
+    """A fenced write came from a replica that no longer owns the run."""
+
+
+def check_fence(cur: Any, fence: Fence | None) -> None:
+    """In a write's transaction: lock the lease of ``fence`` or raise :class:`LeaseLost`."""
+    if fence is None:
+        return
+    if cur.execute(FENCE_SQL, (fence.run_id, fence.owner, fence.token)).fetchone() is None:
+        raise LeaseLost(f"run {fence.run_id}: lease token {fence.token} of {fence.owner} is no longer valid")
+
+
+def channel(replica_id: str) -> str:
+    """The NOTIFY channel a replica listens on (an SQL identifier: letters, digits, _)."""
+    return "hs_" + re.sub(r"[^a-z0-9_]", "_", replica_id.lower())[:56]
+
+
+def new_replica_id() -> str:
+    """Unique per process: a restarted replica is a new owner (its leases are taken over)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class PgLeases:
+    """:class:`~healthsvc.monitor.ownership.RunOwnership` over ``run_leases`` (see the module)."""
+
+    def __init__(self, dsn: str, *, ttl_s: float = 10.0, replica_id: str | None = None,
+                 sweep_limit: int = 16, connect: Callable[..., Any] | None = None) -> None:
+        import psycopg
+
+        self.dsn = dsn
+        self.ttl_s = ttl_s
+        self.replica_id = replica_id or new_replica_id()
+        self.sweep_limit = sweep_limit
+        self._connect = connect or (lambda: psycopg.connect(dsn, autocommit=True))
+        # Acting stops this long before the database's expiry: clock rates and in-flight writes.
+        self._margin_s = ttl_s / 10
+        self._lock = threading.Lock()             # the lease connection and the maps below
+        self._conn: Any = None
+        self._held: dict[str, tuple[int, float]] = {}      # run -> (token, valid until, monotonic)
+        self._others: dict[str, tuple[str, float]] = {}    # run -> (owner, ask again at, monotonic)
+        self._outbox: queue.Queue[tuple[str, str, RemoteMessage] | None] = queue.Queue()
+        self._stopping = threading.Event()
+        self.listening = threading.Event()        # set once LISTEN is in place (tests wait on it)
+        self._threads: list[threading.Thread] = []
+        self._on_gained: Callable[[str], None] = lambda run_id: None
+        self._on_lost: Callable[[str], None] = lambda run_id: None
+        self._on_remote: Callable[[str, RemoteMessage], None] = lambda run_id, msg: None
+        self.takeovers = 0
+        self.notifications_sent = 0
+        self.notifications_heard = 0
+
+    def __repr__(self) -> str:
+        return f"PgLeases({self.replica_id!r}, ttl_s={self.ttl_s}, held={len(self._held)})"
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self, *, on_gained: Callable[[str], None], on_lost: Callable[[str], None],
+              on_remote: Callable[[str, RemoteMessage], None]) -> None:
+        self._on_gained, self._on_lost, self._on_remote = on_gained, on_lost, on_remote
+        with self._lock:
+            self._conn = self._connect()
+            self._conn.execute(SCHEMA)
+        for target, name in ((self._renew_loop, "leases"), (self._listen_loop, "leases-listen"),
+                             (self._notify_loop, "leases-notify")):
+            t = threading.Thread(target=target, name=f"healthsvc-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        """Release every lease (the other replicas take the runs at their next sweep) and stop."""
+        self._stopping.set()
+        self._outbox.put(None)
+        for t in self._threads:
+            t.join(5)
+        with self._lock:
+            held, self._held = self._held, {}
+            try:
+                if held and self._conn is not None:
+                    self._conn.execute(_RELEASE, {"runs": list(held), "tokens": [t for t, _ in held.values()],
+                                                  "me": self.replica_id})
+            except Exception:
+                log.exception("leases: release failed; they expire within %.0f s", self.ttl_s)
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # -- the protocol ---------------------------------------------------------------------
+    def owns(self, run_id: str) -> bool:
+        held = self._held.get(run_id)
+        return held is not None and time.monotonic() < held[1]
+
+    def fence(self, run_id: str) -> Fence | None:
+        held = self._held.get(run_id)
+        return Fence(run_id, self.replica_id, held[0]) if held is not None and self.owns(run_id) else None
+
+    def held(self) -> dict[str, int]:
+        now = time.monotonic()
+        return {run: token for run, (token, until) in list(self._held.items()) if now < until}
+
+    def claim(self, run_id: str) -> bool:
+        if self.owns(run_id):
+            return True
+        other = self._others.get(run_id)
+        if other is not None and time.monotonic() < other[1]:
+            return False
+        sent = time.monotonic()
+        with self._lock:
+            row = self._execute(_CLAIM, {"run": run_id, "me": self.replica_id, "ttl": self.ttl_s})
+            if row is not None:
+                self._held[run_id] = (int(row[0]), sent + self.ttl_s - self._margin_s)
+                self._others.pop(run_id, None)
+                log.info("leases: %s owns run %s (token %d)", self.replica_id, run_id, row[0])
+                return True
+            holder = self._execute(_HOLDER, (run_id,))
+        if holder is not None:
+            owner, remaining = holder
+            self._others[run_id] = (owner, time.monotonic() + max(0.0, remaining))
+        return False
+
+    def announce(self, run_id: str, message: RemoteMessage) -> None:
+        other = self._others.get(run_id)
+        if other is not None:
+            self._outbox.put((other[0], run_id, message))
+
+    # -- threads --------------------------------------------------------------------------
+    def _execute(self, sql: str, args: Any) -> Any:
+        """One statement on the lease connection (reconnecting once if it broke); the lock is held."""
+        for attempt in (0, 1):
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = self._connect()
+                return self._conn.execute(sql, args).fetchone()
+            except Exception:
+                if attempt:
+                    raise
+                log.warning("leases: connection lost; reconnecting", exc_info=True)
+                self._conn = None
+        return None
+
+    def _renew_loop(self) -> None:
+        while not self._stopping.wait(self.ttl_s / 3):
+            try:
+                self.renew()
+            except Exception:  # the leases run out locally; acting stops before anyone takes over
+                log.exception("leases: renewal failed")
+
+    def renew(self) -> None:
+        """Extend the held leases, learn which were lost, take over expired ones (the thread's beat)."""
+        sent = time.monotonic()
+        with self._lock:
+            held = dict(self._held)
+            kept: set[str] = set()
+            if held:
+                if self._conn is None or self._conn.closed:
+                    self._conn = self._connect()
+                rows = self._conn.execute(_RENEW, {"runs": list(held), "tokens": [t for t, _ in held.values()],
+                                                   "ttl": self.ttl_s, "me": self.replica_id}).fetchall()
+                kept = {r for (r,) in rows}
+            gained = [] if self._stopping.is_set() else self._conn.execute(
+                _SWEEP, {"me": self.replica_id, "ttl": self.ttl_s, "limit": self.sweep_limit}).fetchall()
+            until = sent + self.ttl_s - self._margin_s
+            lapsed = {r for r in kept if held[r][1] <= sent}   # ran out here, but nobody took it
+            for run_id in held.keys() - kept:
+                self._held.pop(run_id, None)
+            for run_id in kept:
+                self._held[run_id] = (held[run_id][0], until)
+            for run_id, token in gained:
+                self._held[run_id] = (int(token), until)
+                self._others.pop(run_id, None)
+        for run_id in held.keys() - kept:
+            log.warning("leases: %s lost run %s", self.replica_id, run_id)
+            self._on_lost(run_id)
+        for run_id in lapsed | {r for r, _ in gained}:
+            if run_id not in lapsed:
+                self.takeovers += 1
+                log.info("leases: %s took run %s over", self.replica_id, run_id)
+            self._on_gained(run_id)
+
+    def _listen_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn = self._connect()
+                try:
+                    conn.execute(f"LISTEN {channel(self.replica_id)}")
+                    self.listening.set()
+                    while not self._stopping.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            self._heard(note.payload)
+                finally:
+                    conn.close()
+            except Exception:
+                if not self._stopping.wait(0.5):
+                    log.exception("leases: listener failed; listening again")
+
+    def _heard(self, payload: str) -> None:
+        self.notifications_heard += 1
+        try:
+            msg = json.loads(payload)
+            for item in msg:
+                self._on_remote(item["run"], item["msg"])
+        except Exception:
+            log.exception("leases: bad notification %r", payload[:200])
+
+    def _notify_loop(self) -> None:
+        """Send the announcements; what queued up during one send goes in the next, one
+        notification per owner, each run's chunk announcements folded into one."""
+        conn = None
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                break
+            batch = [item]
+            while True:
+                try:
+                    nxt = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._outbox.put(None)
+                    break
+                batch.append(nxt)
+            by_owner: dict[str, dict[Any, dict]] = {}
+            for owner, run_id, message in batch:
+                key = (run_id, "chunk") if "chunk" in message else (run_id, len(by_owner.get(owner, {})))
+                by_owner.setdefault(owner, {})[key] = {"run": run_id, "msg": message}
+            try:
+                if conn is None or conn.closed:
+                    conn = self._connect()
+                for owner, items in by_owner.items():
+                    for payload in _payloads(list(items.values())):
+                        conn.execute("SELECT pg_notify(%s, %s)", (channel(owner), payload))
+                        self.notifications_sent += 1
+            except Exception:  # the owner's tick pulls the chunks anyway; events are retried never
+                log.exception("leases: notification failed")
+                conn = None
+        if conn is not None:
+            conn.close()
+
+
+def _payloads(items: list[dict], limit: int = 7900) -> list[str]:
+    """JSON lists of items, each under NOTIFY's 8000-byte payload limit.
+
+    >>> ps = _payloads([{"run": "r", "msg": {"chunk": i}} for i in range(1000)])
+    >>> len(ps), sum(len(json.loads(p)) for p in ps), max(len(p) for p in ps) < 8000
+    (5, 1000, True)
+    """
+    out, cur, size = [], [], 2
+    for item in items:
+        text = json.dumps(item, separators=(",", ":"))
+        if cur and size + len(text) + 1 > limit:
+            out.append("[" + ",".join(cur) + "]")
+            cur, size = [], 2
+        cur.append(text)
+        size += len(text) + 1
+    if cur:
+        out.append("[" + ",".join(cur) + "]")
+    return out
