@@ -9,7 +9,6 @@ contributors and store listeners. Start hooks run in installation order, stop ho
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -42,7 +41,8 @@ from healthsvc.schemas import ErrorBody, ErrorItem, MetricsColumnar, MetricsRows
 from healthsvc.settings import Settings
 from healthsvc.store.interface import Store
 from healthsvc.store.outbox import Outbox
-from healthsvc.store.sqlite import SQLiteStore
+from healthsvc.store.errors import STORE_ERRORS
+from healthsvc.store.open import open_store
 
 log = logging.getLogger("healthsvc")
 
@@ -74,7 +74,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     :class:`~healthsvc.clock.ServiceClock` (immune to steps of the system clock)."""
     settings = settings or Settings()
     clock = clock or ServiceClock()
-    store = SQLiteStore(settings.db, snapshot_every_s=settings.snapshot_every_s,
+    store = open_store(settings.db, snapshot_every_s=settings.snapshot_every_s,
                         dedupe_window_s=settings.dedupe_window_s, clock=clock)
     metrics = ServiceMetrics(store.size_bytes)
     findings = FindingsService(store, clock)
@@ -188,11 +188,13 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _domain_error(request: Request, exc: HealthsvcError) -> JSONResponse:
         return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code)
 
-    @app.exception_handler(sqlite3.Error)
-    async def _store_error(request: Request, exc: sqlite3.Error) -> JSONResponse:
+    async def _store_error(request: Request, exc: Exception) -> JSONResponse:
         err = store_error(exc)
         log.error("store error on %s %s: %s", request.method, request.url.path, exc)
         return JSONResponse({"detail": err.detail()}, status_code=err.status_code)
+
+    for error_class in STORE_ERRORS:   # sqlite3's, and psycopg's when installed
+        app.add_exception_handler(error_class, _store_error)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

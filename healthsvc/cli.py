@@ -47,6 +47,13 @@ def serve(args: argparse.Namespace) -> int:
                                    "insecure": args.insecure}.items()
                  if v is not None}
     settings = Settings(**overrides)
+    try:  # a database a newer healthsvc migrated: say so and stop (not a traceback from the server)
+        from healthsvc.store.migrations import SchemaTooNew
+        from healthsvc.store.open import open_store
+        open_store(settings.db).check_schema()
+    except SchemaTooNew as exc:
+        print(f"healthsvc: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"healthsvc: serving on http://{settings.host}:{settings.port} (store {settings.db}); "
           f"API docs at /docs", file=sys.stderr, flush=True)

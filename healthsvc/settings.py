@@ -14,7 +14,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HEALTHSVC_", extra="ignore")
 
     db: str = Field("sqlite:///healthsvc.db",
-                    description="Store URI: sqlite:///relative.db, sqlite:////absolute.db or a plain path.")
+                    description="Store URI: sqlite:///relative.db, sqlite:////absolute.db, a plain path, or "
+                                "postgresql://user@host:5432/db.")
     host: str = Field("127.0.0.1", description="Address to listen on.")
     admin_token: str = Field("", description="Bootstrap admin token (HEALTHSVC_ADMIN_TOKEN): with it, or once a token "
                                              "exists, every request needs a Bearer token. Never stored.")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 
 from healthsvc.errors import HealthsvcError, store_error
+from healthsvc.store.errors import STORE_ERRORS
 from healthsvc.ingest.parse import decode_body, parse_metrics
 
 
@@ -22,7 +22,7 @@ async def accept_metrics(ctx, run_id: str, raw: bytes, content_encoding: str | N
         raise
     try:
         result = await asyncio.wrap_future(ctx.store.submit_metrics(run_id, batch, digest))
-    except sqlite3.Error as exc:  # nothing was stored: a 503/507 the client retries
+    except STORE_ERRORS as exc:  # nothing was stored: a 503/507 the client retries
         metrics.ingest_requests.labels("failed").inc()
         raise store_error(exc) from None
     if result.duplicate:

@@ -25,7 +25,7 @@ class ControlWrites:
         def job(conn: sqlite3.Connection) -> dict:
             now = self._clock()
             self._ensure_run(conn, run_id, now)
-            conn.execute("UPDATE runs SET config=?, updated_at=? WHERE run_id=?", (orjson.dumps(config), now, run_id))
+            conn.execute("UPDATE runs SET config=?, updated_at=? WHERE run_id=?", (orjson.dumps(config).decode(), now, run_id))
             return RunEvent(run_id, "config", config, now)
         return self._run_job(run_id, job)
 
@@ -39,7 +39,8 @@ class ControlWrites:
             conn.execute(
                 "INSERT INTO checkpoints (run_id, step, uri, attempt, duration_s, bytes, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, step, uri) DO UPDATE SET"
-                " duration_s=coalesce(excluded.duration_s, duration_s), bytes=coalesce(excluded.bytes, bytes)",
+                " duration_s=coalesce(excluded.duration_s, checkpoints.duration_s),"
+                " bytes=coalesce(excluded.bytes, checkpoints.bytes)",
                 (run_id, step, uri, max(st.attempt, 1), duration_s, nbytes, now))
             (ckpt_id,) = conn.execute("SELECT id FROM checkpoints WHERE run_id=? AND step=? AND uri=?",
                                       (run_id, step, uri)).fetchone()
@@ -60,7 +61,7 @@ class ControlWrites:
             now = self._clock()
             st = self._ensure_run(conn, run_id, now)
             cur = conn.execute("INSERT INTO events (run_id, kind, step, attempt, ts, data) VALUES (?, ?, ?, ?, ?, ?)",
-                               (run_id, kind, step, st.attempt, now, orjson.dumps(data)))
+                               (run_id, kind, step, st.attempt, now, orjson.dumps(data).decode()))
             return RunEvent(run_id, "event", {"id": cur.lastrowid, "kind": kind, "step": step,
                                               "attempt": st.attempt, "data": data}, now)
         return self._run_job(run_id, job)

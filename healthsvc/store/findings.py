@@ -81,9 +81,9 @@ class FindingsTable:
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO findings (run_id, attempt, kind, metric, ranks, hosts, step, status, severity,"
                     " score, onset_step, evidence, created_at, identity) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (run_id, attempt, f.kind, f.metric, orjson.dumps(list(f.ranks)), orjson.dumps(blamed_hosts),
+                    (run_id, attempt, f.kind, f.metric, orjson.dumps(list(f.ranks)).decode(), orjson.dumps(blamed_hosts).decode(),
                      int(f.step), f.status, f.severity, float(f.score), f.onset_step,
-                     orjson.dumps(f.evidence), now, occurrence_key(attempt, f)))
+                     orjson.dumps(f.evidence).decode(), now, occurrence_key(attempt, f)))
                 if cur.rowcount:
                     stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f))
             return FindingsRecorded(stored)

@@ -18,6 +18,7 @@ import orjson
 from healthsvc.ingest.batch import MetricBatch
 from healthsvc.store import snapshots
 from healthsvc.store.codec import encode_chunk
+from healthsvc.store.errors import STORE_ERRORS
 from healthsvc.store.results import IngestResult
 from healthsvc.store.runstate import RunState
 
@@ -90,10 +91,15 @@ class MetricsIngest:
             self._last_prune = now
             conn.execute("DELETE FROM batches WHERE received_at < ?", (now - self.dedupe_window_s,))
         if now - self._last_snapshot.get(run_id, 0.0) >= self.snapshot_every_s:
+            # A snapshot is an optimisation: never fail the batch for it. Its own savepoint, so
+            # a failed snapshot leaves the transaction usable (PostgreSQL aborts it otherwise).
+            conn.execute("SAVEPOINT snapshot")
             try:
                 self._write_snapshot(conn, run_id, st)
-            except sqlite3.Error:  # a snapshot is an optimisation: never fail the batch for it
+            except STORE_ERRORS:
+                conn.execute("ROLLBACK TO snapshot")
                 log.exception("snapshot of run %s failed; the next batch tries again", run_id)
+            conn.execute("RELEASE snapshot")
         return IngestResult(run_id, len(batch), False, st.attempt, new_attempt, chunk_id, now, batch)
 
     def _write_snapshot(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, TypeVar
 
 from healthsvc.encode import jsonable
 from healthsvc.alerting.signing import generate_message_id
+from healthsvc.store import outbox_tables
 
 T = TypeVar("T")
 
@@ -43,42 +45,12 @@ class StoreLike(Protocol):
 
     def write(self, job: Callable[[sqlite3.Connection], Any]) -> Any: ...
     def read_conn(self) -> sqlite3.Connection: ...
-    def register_schema(self, script: str) -> None: ...
 
 
 DeliveryState = Literal["pending", "delivered", "failed", "dead", "cancelled"]
 DELIVERY_STATES: tuple[str, ...] = ("pending", "delivered", "failed", "dead", "cancelled")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS alert_outbox (
-    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
-    webhook_id      TEXT NOT NULL UNIQUE,
-    subscription_id TEXT NOT NULL,
-    url             TEXT NOT NULL,
-    secret          TEXT NOT NULL DEFAULT '',
-    content_type    TEXT NOT NULL DEFAULT 'application/json',
-    body            BLOB NOT NULL,
-    group_key       TEXT NOT NULL DEFAULT '',
-    reason          TEXT NOT NULL DEFAULT '',
-    state           TEXT NOT NULL DEFAULT 'pending',
-    created_at      REAL NOT NULL,
-    next_attempt_at REAL NOT NULL,
-    attempts        INTEGER NOT NULL DEFAULT 0,
-    last_attempt_at REAL,
-    last_status     INTEGER,
-    last_error      TEXT,
-    delivered_at    REAL
-);
-CREATE INDEX IF NOT EXISTS alert_outbox_due ON alert_outbox (state, next_attempt_at);
-CREATE INDEX IF NOT EXISTS alert_outbox_subscription ON alert_outbox (subscription_id, state);
-CREATE TABLE IF NOT EXISTS alert_records (
-    kind       TEXT NOT NULL,
-    key        TEXT NOT NULL,
-    value      TEXT NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (kind, key)
-);
-"""
+SCHEMA = outbox_tables.SCHEMA   # the tables (version 1 of the schema)
 
 _COLUMNS = ("seq", "webhook_id", "subscription_id", "url", "secret", "content_type", "body",
             "group_key", "reason", "state", "created_at", "next_attempt_at", "attempts",
@@ -132,9 +104,9 @@ class Outbox:
 
     - a SQLite path (or ``":memory:"``): the outbox opens and owns its connection (tests, tools);
     - the service store (any object with ``write(job) -> Future`` running ``job(conn)`` in its
-      single writer's transaction, ``read_conn()`` and ``register_schema(sql)``): every write goes
-      through the store's writer and is durable when the call returns. Construct it before the
-      store opens (the schema is registered then); use it after.
+      single writer's transaction, and ``read_conn()``): every write goes through the store's
+      writer and is durable when the call returns. Its tables are created by the store's
+      migrations (``healthsvc.store.migrations``); use it once the store is open.
     """
 
     def __init__(self, db: "str | Path | StoreLike") -> None:
@@ -144,13 +116,13 @@ class Outbox:
         self._conn: sqlite3.Connection | None = None
         if hasattr(db, "write") and hasattr(db, "read_conn"):
             self._store = db  # type: ignore[assignment]
-            db.register_schema(_SCHEMA)  # type: ignore[union-attr]
-            return
+            return   # the tables are the store's (its migrations create them)
         self._conn = sqlite3.connect(str(db), check_same_thread=False, timeout=30.0, isolation_level=None)
         if str(db) != ":memory:":
             self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA busy_timeout=30000")
-        self._conn.executescript(_SCHEMA)
+        from healthsvc.store import migrations   # (imports this module)
+        migrations.migrate(self._conn, "sqlite", str(db), time.time())
 
     def close(self) -> None:
         if self._conn is not None:

@@ -16,11 +16,15 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-Job = Callable[[sqlite3.Connection], Any]
+Job = Callable[[Any], Any]   # of a sqlite3 connection, or ``postgres.PgConnection``
 
 
 def is_io_error(exc: BaseException) -> bool:
-    """A write failed for the disk's sake (full, I/O error, read-only), not for the job's."""
+    """A write failed for the disk's (or the database server's) sake: full, I/O error,
+    read-only, connection lost; not for the job's."""
+    if type(exc).__module__.startswith("psycopg"):
+        return type(exc).__name__ in ("OperationalError", "DiskFull", "InsufficientResources",
+                                      "ReadOnlySqlTransaction", "AdminShutdown")
     if not isinstance(exc, sqlite3.OperationalError):
         return False
     text = str(exc).lower()
@@ -32,7 +36,7 @@ class WriterStopped(RuntimeError):
 
 
 class GroupCommitWriter:
-    def __init__(self, conn: sqlite3.Connection, *, max_group: int = 512,
+    def __init__(self, conn: Any, *, max_group: int = 512,
                  after_commit: Callable[[list[Any]], None] | None = None,
                  after_rollback: Callable[[], None] | None = None) -> None:
         self._conn = conn
@@ -104,7 +108,7 @@ class GroupCommitWriter:
             log.exception("group commit failed")
             try:
                 conn.execute("ROLLBACK")
-            except sqlite3.Error:
+            except Exception:  # noqa: BLE001 - the connection may be gone; the group failed anyway
                 pass
             self.failing = True
             if self._after_rollback is not None:

@@ -1,0 +1,241 @@
+"""The PostgreSQL store: ``--db postgresql://user@host:5432/db`` (psycopg 3, a pool for reads).
+
+The same store as SQLite's (:class:`~healthsvc.store.base.StoreBase`: one writer thread with
+group commit, so writes are ordered and after-commit listeners see what SQLite's see), over a
+:class:`PgConnection` that runs the store's SQLite-dialect SQL translated (``dialect``). Reads
+borrow a connection from a :class:`psycopg_pool.ConnectionPool` for one statement and return it:
+each read sees every commit made before it (the writer resolves a write only once committed).
+
+Types: ``REAL`` columns are ``DOUBLE PRECISION`` (float64, NaN and ±Inf kept bit for bit), the
+metric chunks are ``BYTEA`` (the same bytes as SQLite's ``BLOB``: NaN versus missing is the codec's
+presence bitmap, so it survives byte for byte); ``numeric`` results (``sum`` of a ``BIGINT``)
+come back as int.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import time
+from decimal import Decimal
+from typing import Any, Callable, Iterator, Sequence
+
+import psycopg
+from psycopg.adapt import Loader
+from psycopg_pool import ConnectionPool
+
+from healthsvc.store import migrations
+from healthsvc.store.base import StoreBase
+from healthsvc.store.dialect import Catalog, Statement, pg_ddl, pg_statement, split_script
+
+log = logging.getLogger(__name__)
+
+# Every migrator of one database takes this lock (pg_advisory_xact_lock), so replicas starting
+# together apply each step once.
+MIGRATION_LOCK = 0x6865616c7468   # "health"
+
+
+class _NumericAsNumber(Loader):
+    """``numeric`` as int when whole (``sum`` of integers), else float: what SQLite returns."""
+
+    def load(self, data: Any) -> int | float:
+        d = Decimal(bytes(data).decode())
+        return int(d) if d == d.to_integral_value() else float(d)
+
+
+def _configure(conn: psycopg.Connection) -> None:
+    conn.adapters.register_loader("numeric", _NumericAsNumber)
+
+
+def is_postgres_uri(uri: str) -> bool:
+    return uri.startswith(("postgresql://", "postgres://"))
+
+
+def redact(uri: str) -> str:
+    """The URI without its password (for logs and ``store.path``).
+
+    >>> redact("postgresql://hs:secret@db:5432/healthsvc")
+    'postgresql://hs:***@db:5432/healthsvc'
+    """
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", uri)
+
+
+class PgCursor:
+    """The rows of one statement, fetched at once, with sqlite3's cursor API."""
+
+    __slots__ = ("_rows", "rowcount", "lastrowid")
+
+    def __init__(self, rows: list[tuple], rowcount: int, lastrowid: int | None) -> None:
+        self._rows, self.rowcount, self.lastrowid = rows, rowcount, lastrowid
+
+    def fetchone(self) -> tuple | None:
+        return self._rows[0] if self._rows else None
+
+    def fetchall(self) -> list[tuple]:
+        return self._rows
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._rows)
+
+
+def _params(args: Sequence[Any]) -> list[Any]:
+    # SQLite stores a bool as 0/1 in an INTEGER column; PostgreSQL will not cast it on insert.
+    # (Always a list, never None: psycopg then reads %% in the statement as %.)
+    return [int(a) if isinstance(a, bool) else a for a in args]
+
+
+class PgConnection:
+    """A psycopg connection (autocommit: the writer and the migrations say BEGIN and COMMIT)
+    with sqlite3's methods, running SQLite-dialect statements translated."""
+
+    def __init__(self, conn: psycopg.Connection, catalog: Catalog) -> None:
+        self.raw = conn
+        self.catalog = catalog
+        self._translate = functools.lru_cache(maxsize=1024)(lambda sql: pg_statement(sql, catalog))
+
+    def _run(self, cur: psycopg.Cursor, st: Statement, args: Sequence[Any]) -> PgCursor:
+        cur.execute(st.sql, _params(args))
+        rows = cur.fetchall() if cur.description is not None else []
+        lastrowid = int(rows[0][0]) if st.returns_key and rows else None
+        return PgCursor(rows, cur.rowcount, lastrowid)
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
+        st = self._translate(sql)
+        with self.raw.cursor() as cur:
+            return self._run(cur, st, args)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> PgCursor:
+        st = self._translate(sql)
+        with self.raw.cursor() as cur:
+            cur.executemany(st.sql.rsplit(" RETURNING ", 1)[0] if st.returns_key else st.sql,
+                            [_params(r) for r in rows])
+            return PgCursor([], cur.rowcount, None)
+
+    def executescript(self, script: str) -> None:
+        for sql in split_script(pg_ddl(script)):
+            self.raw.execute(sql)
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class PooledReader:
+    """``read_conn()`` of the PostgreSQL store: each statement borrows a pooled connection."""
+
+    def __init__(self, pool: ConnectionPool, catalog: Catalog) -> None:
+        self._pool = pool
+        self.catalog = catalog
+        self._translate = functools.lru_cache(maxsize=1024)(lambda sql: pg_statement(sql, catalog))
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
+        st = self._translate(sql)
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            cur.execute(st.sql, _params(args))
+            rows = cur.fetchall() if cur.description is not None else []
+            return PgCursor(rows, cur.rowcount, None)
+
+
+def load_catalog(conn: psycopg.Connection) -> Catalog:
+    """Each table's columns, primary key and generated key, from ``information_schema``."""
+    tables: dict[str, tuple[list[str], list[str], str | None]] = {}
+    for table, column, identity in conn.execute(
+            "SELECT table_name, column_name, is_identity FROM information_schema.columns"
+            " WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position"):
+        cols, pk, key = tables.setdefault(table, ([], [], None))
+        cols.append(column)
+        if identity == "YES":
+            tables[table] = (cols, pk, column)
+    for table, column in conn.execute(
+            "SELECT tc.table_name, kcu.column_name FROM information_schema.table_constraints tc"
+            " JOIN information_schema.key_column_usage kcu ON tc.constraint_name = kcu.constraint_name"
+            " AND tc.table_schema = kcu.table_schema"
+            " WHERE tc.constraint_type = 'PRIMARY KEY' AND tc.table_schema = current_schema()"
+            " ORDER BY tc.table_name, kcu.ordinal_position"):
+        tables[table][1].append(column)
+    return Catalog({t: (tuple(c), tuple(p), k) for t, (c, p, k) in tables.items()})
+
+
+class PostgresStore(StoreBase):
+    def __init__(self, uri: str, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
+                 clock: Callable[[], float] = time.time, pool_size: int = 8) -> None:
+        super().__init__(snapshot_every_s=snapshot_every_s, dedupe_window_s=dedupe_window_s, clock=clock)
+        if not is_postgres_uri(uri):
+            raise ValueError(f"not a PostgreSQL URI: {uri!r}")
+        self.uri = uri
+        self.path = redact(uri)
+        self.pool_size = pool_size
+        self.catalog = Catalog()
+        self._pool: ConnectionPool | None = None
+        self._reader: PooledReader | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.path!r})"
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(self.uri, autocommit=True)
+        _configure(conn)
+        return conn
+
+    def _writer_connection(self) -> PgConnection:
+        return PgConnection(self._connect(), self.catalog)
+
+    def _migrate(self, conn: PgConnection) -> list[int]:
+        raw = conn.raw
+        # Migrations run their DDL and their own DML directly (no catalog yet).
+        applied = migrations.migrate(_Direct(raw), "postgresql", self.path, time.time(), ddl=pg_ddl,
+                                     lock=f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+        self._refresh_catalog(raw)
+        return applied
+
+    def _refresh_catalog(self, raw: psycopg.Connection) -> None:
+        self.catalog.tables = load_catalog(raw).tables
+
+    def _run_script(self, conn: PgConnection, script: str) -> None:
+        conn.executescript(script)
+        self._refresh_catalog(conn.raw)
+
+    def open(self) -> None:
+        super().open()
+        self._pool = ConnectionPool(self.uri, min_size=1, max_size=self.pool_size, open=True,
+                                    kwargs={"autocommit": True}, configure=_configure, name="healthsvc-read")
+        self._reader = PooledReader(self._pool, self.catalog)
+
+    def _close_readers(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+            self._reader = None
+
+    def read_conn(self) -> PooledReader:
+        if self._reader is None:
+            # Before open() finished (run states are loaded on the writer's connection) or
+            # after close(): read on a connection of one's own.
+            return _Direct(self._connect(), self.catalog, owned=True)  # type: ignore[return-value]
+        return self._reader
+
+    def check_schema(self) -> int:
+        with psycopg.connect(self.uri, autocommit=True) as raw:
+            return migrations.check_version(_Direct(raw), "postgresql", self.path)
+
+    def size_bytes(self) -> int:
+        return int(self.read_conn().execute("SELECT pg_database_size(current_database())").fetchone()[0])
+
+
+class _Direct:
+    """A raw connection running SQLite-dialect statements without a catalog (migrations, the
+    version check): placeholders only."""
+
+    def __init__(self, raw: psycopg.Connection, catalog: Catalog | None = None, owned: bool = False) -> None:
+        self.raw, self.catalog, self.owned = raw, catalog or Catalog(), owned
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
+        st = pg_statement(sql, self.catalog) if self.catalog.tables else Statement(
+            "BEGIN" if sql.strip().upper() == "BEGIN IMMEDIATE" else sql.replace("%", "%%").replace("?", "%s"), False)
+        try:
+            with self.raw.cursor() as cur:
+                cur.execute(st.sql, _params(args))
+                rows = cur.fetchall() if cur.description is not None else []
+                return PgCursor(rows, cur.rowcount, int(rows[0][0]) if st.returns_key and rows else None)
+        finally:
+            if self.owned:
+                self.raw.close()
