@@ -72,6 +72,10 @@ class MonitorHub:
         self.align_timeout_s = align_timeout_s
         self.monitors: dict[str, RunMonitor] = {}
         self._last_snapshot: dict[str, float] = {}
+        # run_id -> ids of the chunks fed lately, oldest first (see _seen): replicas only.
+        self._fed: dict[str, dict[int, None]] = {}
+        self._floor: dict[str, int] = {}
+        self._fed_kept = 4096
         self._queue: queue.Queue[MonitorInput] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="healthsvc-monitor", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-ticker", daemon=True)
@@ -186,7 +190,7 @@ class MonitorHub:
             return
         if isinstance(item, IngestResult):
             mon = self.monitors[item.run_id]
-            if item.chunk_id is not None and item.chunk_id <= mon.watermark:
+            if item.chunk_id is not None and self._seen(item.run_id, mon, item.chunk_id):
                 return  # the restore on claim replayed it already
             self._record(mon, mon.on_metrics(item.batch, item.attempt, item.chunk_id, item.received_at))
             return
@@ -216,7 +220,7 @@ class MonitorHub:
         if not self.ownership.claim(run_id):
             self._drop(run_id)
             if isinstance(item, IngestResult):
-                self.ownership.announce(run_id, {"chunk": item.chunk_id})
+                self.ownership.announce(run_id, {"chunks": [item.chunk_id]})
             else:
                 self.ownership.announce(run_id, {"event": item.kind, "data": item.data, "at": item.received_at})
             return False
@@ -239,21 +243,46 @@ class MonitorHub:
             return
         if self.ownership.owns(item.run_id):
             if item.run_id not in self.monitors:
-                self._adopt(item.run_id)  # restore replays the announced chunk with the rest
+                self._adopt(item.run_id)  # restore replays the announced chunks with the rest
             else:
-                self._pull(item.run_id)
+                self._pull(item.run_id, [int(c) for c in msg.get("chunks", ()) if c is not None])
 
-    def _pull(self, run_id: str) -> None:
-        """Feed the run's chunks stored after the monitor's watermark (pushes accepted elsewhere)."""
+    def _seen(self, run_id: str, mon: RunMonitor, chunk_id: int) -> bool:
+        """Whether the chunk was fed already; records it as fed otherwise.
+
+        With one replica, chunk ids commit in order: the watermark says it all. With several,
+        each has its own writer, so a run's chunk may commit after one with a higher id: the ids
+        fed lately are kept, above a floor (the restore's snapshot watermark, raised as old ids
+        are forgotten) below which every chunk counts as fed."""
+        if not self._restore_on_claim:
+            return chunk_id <= mon.watermark
+        fed = self._fed.setdefault(run_id, {})
+        if chunk_id <= self._floor.get(run_id, 0) or chunk_id in fed:
+            return True
+        fed[chunk_id] = None
+        if len(fed) > self._fed_kept:
+            old = sorted(fed)[: len(fed) - self._fed_kept // 2]
+            for c in old:
+                del fed[c]
+            self._floor[run_id] = max(self._floor.get(run_id, 0), old[-1])
+        return False
+
+    def _pull(self, run_id: str, announced: list[int] = ()) -> None:
+        """Feed the run's chunks not fed yet: those after the watermark, and announced ones below
+        it that committed late (pushes accepted elsewhere)."""
         mon = self.monitors[run_id]
-        for chunk in self.store.chunks_after(run_id, mon.watermark):
-            self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
+        low = max(self._floor.get(run_id, 0), min([mon.watermark, *(c - 1 for c in announced)]))
+        for chunk in self.store.chunks_after(run_id, low):
+            if not self._seen(run_id, mon, chunk.id):
+                self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
 
     def _drop(self, run_id: str) -> None:
         """Forget a run another replica owns now (it writes the run's snapshots from here on)."""
         if self.monitors.pop(run_id, None) is not None:
             log.info("run %s is watched by another replica now", run_id)
         self._last_snapshot.pop(run_id, None)
+        self._fed.pop(run_id, None)
+        self._floor.pop(run_id, None)
 
     def _record(self, mon: RunMonitor, found: list[Finding]) -> None:
         if not found:
@@ -310,9 +339,12 @@ class MonitorHub:
                 mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
                 watermark = 0
         replayed = 0
+        self._fed.pop(run_id, None)
+        self._floor[run_id] = watermark
         for chunk in self.store.chunks_after(run_id, watermark):
-            self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
-            replayed += 1
+            if not self._seen(run_id, mon, chunk.id):
+                self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
+                replayed += 1
         if self._restore_on_claim:
             # Taken over from another replica: the other replicas accepted pushes and heartbeats
             # all along, so the chunks replayed above and the newest heartbeat of each rank are

@@ -42,7 +42,7 @@ class Fence:
 
 
 # A push accepted by another replica, as the owner hears of it (see PgLeases.announce):
-# {"chunk": id} for metrics, {"event": kind, "data": {...}, "at": received_at} for the rest.
+# {"chunks": [ids]} for metrics, {"event": kind, "data": {...}, "at": received_at} for the rest.
 RemoteMessage = dict[str, Any]
 
 

@@ -1,6 +1,6 @@
 """Run leases in PostgreSQL: which replica watches which run, with a fencing token.
 
-A row of ``run_leases`` per run says who owns it (``owner``, a replica id), until when
+A row of ``leases`` (the store's table) per run says who owns it (``owner``, a replica id), until when
 (``expires_at``, the database's clock) and in which epoch (``token``, +1 at every change of hands).
 A replica claims a run on its first activity there (:meth:`PgLeases.claim`: insert, or take the row
 over once it expired); a background thread renews every lease it holds every ``ttl_s / 3`` and
@@ -37,51 +37,43 @@ from healthsvc.monitor.ownership import Fence, RemoteMessage
 
 log = logging.getLogger(__name__)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS run_leases (
-    run_id     TEXT PRIMARY KEY,
-    owner      TEXT NOT NULL,
-    token      BIGINT NOT NULL,
-    expires_at TIMESTAMPTZ NOT NULL
-)
-"""
+# The table is the store's (migration 2 of ``migrations``: run_id, owner, token, expires_at in unix
+# seconds). Every time below is the database's clock (one clock for every replica); ttl_s is a
+# parameter. _NOW is that clock in the table's unit.
+_NOW = "extract(epoch FROM clock_timestamp())::float8"
 
-# ttl_s is a float parameter: interval arithmetic in the database, on the database's clock.
-_CLAIM = """
-INSERT INTO run_leases AS l (run_id, owner, token, expires_at)
-VALUES (%(run)s, %(me)s, 1, clock_timestamp() + %(ttl)s * interval '1 second')
+_CLAIM = f"""
+INSERT INTO leases AS l (run_id, owner, token, expires_at)
+VALUES (%(run)s, %(me)s, 1, {_NOW} + %(ttl)s)
 ON CONFLICT (run_id) DO UPDATE
     SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at
-    WHERE l.expires_at < clock_timestamp()
+    WHERE l.expires_at < {_NOW}
 RETURNING token
 """
-_HOLDER = """
-SELECT owner, extract(epoch FROM expires_at - clock_timestamp())::float8 FROM run_leases WHERE run_id = %s
-"""
-_RENEW = """
-UPDATE run_leases l SET expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
+_HOLDER = f"SELECT owner, expires_at - {_NOW} FROM leases WHERE run_id = %s"
+_RENEW = f"""
+UPDATE leases l SET expires_at = {_NOW} + %(ttl)s
 FROM unnest(%(runs)s::text[], %(tokens)s::bigint[]) AS h(run_id, token)
 WHERE l.run_id = h.run_id AND l.token = h.token AND l.owner = %(me)s
 RETURNING l.run_id
 """
 # Other replicas sweep at the same time: SKIP LOCKED spreads a dead owner's runs over them.
-_SWEEP = """
-UPDATE run_leases l SET owner = %(me)s, token = l.token + 1,
-                        expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
-WHERE l.run_id IN (SELECT run_id FROM run_leases WHERE expires_at < clock_timestamp()
+_SWEEP = f"""
+UPDATE leases l SET owner = %(me)s, token = l.token + 1, expires_at = {_NOW} + %(ttl)s
+WHERE l.run_id IN (SELECT run_id FROM leases WHERE expires_at < {_NOW}
                    ORDER BY expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING l.run_id, l.token
 """
-_RELEASE = """
-UPDATE run_leases l SET expires_at = clock_timestamp() - interval '1 millisecond'
+_RELEASE = f"""
+UPDATE leases l SET expires_at = {_NOW} - 0.001
 FROM unnest(%(runs)s::text[], %(tokens)s::bigint[]) AS h(run_id, token)
 WHERE l.run_id = h.run_id AND l.token = h.token AND l.owner = %(me)s
 """
 #: Run first in a fenced write's transaction, with (run_id, owner, token): no row means the
-#: writer lost the run (raise :class:`LeaseLost`, roll back).
-FENCE_SQL = """
-SELECT 1 FROM run_leases WHERE run_id = %s AND owner = %s AND token = %s
-    AND expires_at > clock_timestamp() FOR SHARE
+#: writer lost the run (raise :class:`LeaseLost`, roll back). ``FOR SHARE``: a takeover (an
+#: UPDATE of the row) waits until the fenced write committed.
+FENCE_SQL = f"""
+SELECT 1 FROM leases WHERE run_id = %s AND owner = %s AND token = %s AND expires_at > {_NOW} FOR SHARE
 """
 
 
@@ -108,7 +100,7 @@ def new_replica_id() -> str:
 
 
 class PgLeases:
-    """:class:`~healthsvc.monitor.ownership.RunOwnership` over ``run_leases`` (see the module)."""
+    """:class:`~healthsvc.monitor.ownership.RunOwnership` over the ``leases`` table (see the module)."""
 
     def __init__(self, dsn: str, *, ttl_s: float = 10.0, replica_id: str | None = None,
                  sweep_limit: int = 16, connect: Callable[..., Any] | None = None) -> None:
@@ -145,7 +137,6 @@ class PgLeases:
         self._on_gained, self._on_lost, self._on_remote = on_gained, on_lost, on_remote
         with self._lock:
             self._conn = self._connect()
-            self._conn.execute(SCHEMA)
         for target, name in ((self._renew_loop, "leases"), (self._listen_loop, "leases-listen"),
                              (self._notify_loop, "leases-notify")):
             t = threading.Thread(target=target, name=f"healthsvc-{name}", daemon=True)
@@ -305,15 +296,22 @@ class PgLeases:
                     self._outbox.put(None)
                     break
                 batch.append(nxt)
-            by_owner: dict[str, dict[Any, dict]] = {}
+            by_owner: dict[str, list[dict]] = {}
+            chunks: dict[tuple[str, str], dict] = {}
             for owner, run_id, message in batch:
-                key = (run_id, "chunk") if "chunk" in message else (run_id, len(by_owner.get(owner, {})))
-                by_owner.setdefault(owner, {})[key] = {"run": run_id, "msg": message}
+                if "chunks" in message and (owner, run_id) in chunks:
+                    chunks[(owner, run_id)]["msg"]["chunks"].extend(message["chunks"])
+                    continue
+                item = {"run": run_id, "msg": {**message, "chunks": list(message["chunks"])}
+                        if "chunks" in message else message}
+                if "chunks" in message:
+                    chunks[(owner, run_id)] = item
+                by_owner.setdefault(owner, []).append(item)
             try:
                 if conn is None or conn.closed:
                     conn = self._connect()
                 for owner, items in by_owner.items():
-                    for payload in _payloads(list(items.values())):
+                    for payload in _payloads(items):
                         conn.execute("SELECT pg_notify(%s, %s)", (channel(owner), payload))
                         self.notifications_sent += 1
             except Exception:  # the owner's tick pulls the chunks anyway; events are retried never
@@ -326,7 +324,7 @@ class PgLeases:
 def _payloads(items: list[dict], limit: int = 7900) -> list[str]:
     """JSON lists of items, each under NOTIFY's 8000-byte payload limit.
 
-    >>> ps = _payloads([{"run": "r", "msg": {"chunk": i}} for i in range(1000)])
+    >>> ps = _payloads([{"run": "r", "msg": {"chunks": [i]}} for i in range(1000)])
     >>> len(ps), sum(len(json.loads(p)) for p in ps), max(len(p) for p in ps) < 8000
     (5, 1000, True)
     """

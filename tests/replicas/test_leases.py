@@ -8,13 +8,18 @@ import time
 import psycopg
 import pytest
 
+from healthsvc.store.open import open_store
 from healthsvc.store.leases import LeaseLost, PgLeases, check_fence
 from tests.replicas.pg import fresh_database
 
 
 @pytest.fixture
 def dsn():
+    """A fresh database at the current schema (the leases table is the store's)."""
     with fresh_database() as dsn:
+        store = open_store(dsn)
+        store.open()
+        store.close()
         yield dsn
 
 
@@ -97,10 +102,10 @@ def test_a_push_accepted_elsewhere_reaches_the_owner_within_100_ms(dsn):
         latencies = []
         for i in range(20):
             sent = time.monotonic()
-            other.announce("r1", {"chunk": i})
+            other.announce("r1", {"chunks": [i]})
             assert owner_events.wait(owner_events.remote, i + 1, timeout_s=2.0)
             latencies.append(owner_events.remote[-1][2] - sent)
-        assert [m for _, m, _ in owner_events.remote][-1] == {"chunk": 19}
+        assert [m for _, m, _ in owner_events.remote][-1] == {"chunks": [19]}
         assert max(latencies) < 0.1, latencies
     finally:
         owner.stop()
