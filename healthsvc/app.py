@@ -33,6 +33,7 @@ from healthsvc.findings import api as findings_api
 from healthsvc.health import RunHealth
 from healthsvc.ingest import api as ingest_api
 from healthsvc.ingest.fast_path import IngestFastPath
+from healthsvc.monitor.ownership import LeasesCollector, RunOwnership, SoleOwner, ownership_for
 from healthsvc.observability import ServiceMetrics
 from healthsvc.ops import api as ops_api
 from healthsvc.runs import api as runs_api
@@ -58,6 +59,7 @@ class ServiceContext:
     findings: FindingsService
     health: RunHealth               # what is firing (findings and their alerts' state)
     alerting: AlertingService
+    ownership: RunOwnership = field(default_factory=SoleOwner)
     clock: Callable[[], float] = time.time
     on_startup: list[Hook] = field(default_factory=list)   # run after the store opens, in order
     on_shutdown: list[Hook] = field(default_factory=list)  # run before the store closes, in reverse
@@ -78,17 +80,22 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
                         dedupe_window_s=settings.dedupe_window_s, clock=clock)
     metrics = ServiceMetrics(store.size_bytes)
     findings = FindingsService(store, clock)
+    ownership = ownership_for(settings, store)   # which runs this replica watches (replicas)
     # Alerting's rollback annotation asks the rollback feature, which reads through ``ctx``
     # (bound below; the lookup is called only once the service runs).
     alerting = AlertingService(Outbox(store), settings, clock, findings_after=findings.stored_after,
                                newest_finding_id=findings.newest_id,
                                rollback_lookup=lambda run_id: rollback.rollback_target(ctx, run_id),
-                               onset_lookup=lambda run_id: rollback.incident_onset(ctx, run_id))
+                               onset_lookup=lambda run_id: rollback.incident_onset(ctx, run_id),
+                               ownership=ownership,
+                               run_findings_after=lambda run_id, after: findings.query(run_id, since_id=after,
+                                                                                       limit=100_000))
     ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store),
                          findings=findings, health=RunHealth(findings, alerting.alert_states),
-                         alerting=alerting, clock=clock)
+                         alerting=alerting, ownership=ownership, clock=clock)
 
     tokens = TokenStore(store, clock, admin_token=settings.admin_token)
+    metrics.registry.register(LeasesCollector(ownership))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -50,3 +50,10 @@ class RolledBack:
     """The run resumed from the checkpoint at ``step`` (a ``rollback`` event was committed)."""
     run_id: str
     step: int
+
+
+@dataclass(frozen=True)
+class RunOwned:
+    """With replicas: this replica took the run over (``gained``), or another one did."""
+    run_id: str
+    gained: bool

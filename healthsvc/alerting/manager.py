@@ -92,6 +92,7 @@ class AlertManager(AlertAdmin):
         on_enqueue: Callable[[], None] | None = None,
         rollback_lookup: RollbackLookup | None = None,
         retention_s: float = 7 * 24 * 3600.0,
+        owns: Callable[[str], bool] | None = None,
     ) -> None:
         self.outbox = outbox
         self.policy = policy
@@ -107,10 +108,13 @@ class AlertManager(AlertAdmin):
         clash = set(self._settings_subs) & set(self._api_subs)
         if clash:
             raise AlertingError(f"subscription ids {sorted(clash)} exist in settings and via the API")
-        self._alerts = {k: Alert.from_dict(v) for k, v in outbox.records("alert").items()}
+        # With replicas (``owns``), this manager keeps the alerts of the runs its replica owns only:
+        # none at start; adopt_run() loads a run's when the replica takes it over.
+        self._owns = owns
+        self._alerts = {} if owns else {k: Alert.from_dict(v) for k, v in outbox.records("alert").items()}
         self._silences = {k: Silence.from_dict(v) for k, v in outbox.records("silence").items()}
-        self._nflog = {tuple(k.split("|", 1)): NotificationLogEntry.from_dict(v)
-                       for k, v in outbox.records("nflog").items()}
+        self._nflog = {} if owns else {tuple(k.split("|", 1)): NotificationLogEntry.from_dict(v)
+                                       for k, v in outbox.records("nflog").items()}
         self._groups: dict[str, _Group] = {}
         self._rebuild_groups()
         self._changed_runs: set[str] = set(self._groups)   # runs whose alerts changed (pass-through)
@@ -134,6 +138,9 @@ class AlertManager(AlertAdmin):
     def tick(self, now: float) -> list[str]:
         """Resolve alerts whose condition stayed clear, flush due groups, forget old alerts."""
         with self._lock, self.outbox.batch():  # one store job
+            for run in {a.run for a in self._alerts.values()} if self._owns else ():
+                if not self._owns(run):   # the lease ran out here: the next owner carries on
+                    self.forget_run(run)
             for fp, a in list(self._alerts.items()):
                 b = model.expire(a, now, self.lifecycle)
                 if b is not a:
@@ -200,6 +207,38 @@ class AlertManager(AlertAdmin):
             for a in list(self._alerts.values()):
                 if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target != target:
                     self._store_alert(replace(a, rollback_target=target), now)
+
+    # -- ownership (replicas) -----------------------------------------------------------------
+
+    def adopt_run(self, run_id: str) -> None:
+        """This replica took the run over: load its alerts and notification log as the previous
+        owner left them (what it sent is not sent again), and the silences and API subscriptions
+        as they are now (any replica may have changed them)."""
+        with self._lock:
+            self.forget_run(run_id)
+            for k, v in self.outbox.records("alert").items():
+                if v.get("run") == run_id:
+                    self._alerts[k] = Alert.from_dict(v)
+            for k, v in self.outbox.records("nflog").items():
+                sub, run = k.split("|", 1)
+                if run == run_id:
+                    self._nflog[(sub, run)] = NotificationLogEntry.from_dict(v)
+            self._silences = {k: Silence.from_dict(v) for k, v in self.outbox.records("silence").items()}
+            self._api_subs = {k: Subscription.from_dict(v) for k, v in self.outbox.records("subscription").items()
+                              if k not in self._settings_subs}
+            self._rebuild_groups(only=run_id)
+            self._changed_runs.add(run_id)
+
+    def forget_run(self, run_id: str) -> None:
+        """Another replica owns the run now: keep nothing of it in memory (it is in the store)."""
+        with self._lock:
+            for fp in [fp for fp, a in self._alerts.items() if a.run == run_id]:
+                del self._alerts[fp]
+            for key in [k for k in self._nflog if k[1] == run_id]:
+                del self._nflog[key]
+                self._resent_at.pop(key, None)
+            self._groups.pop(run_id, None)
+            self._changed_runs.discard(run_id)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -350,20 +389,25 @@ class AlertManager(AlertAdmin):
                     enqueued += self._enqueue(sub, key[1], NotifyReason.RESEND_INTERVAL_ELAPSED, still, now)
         return enqueued
 
-    def _rebuild_groups(self) -> None:
-        """After a restart: a run has a group while it has firing alerts, or while a receiver was
-        last told something fires there (its resolution is still owed)."""
+    def _rebuild_groups(self, only: str | None = None) -> None:
+        """After a restart (or a takeover of run ``only``): a run has a group while it has firing
+        alerts, or while a receiver was last told something fires there (its resolution is still
+        owed)."""
         last_sent: dict[str, float] = {}
         owed: set[str] = set()
         for (_, run), entry in self._nflog.items():
+            if only is not None and run != only:
+                continue
             last_sent[run] = max(last_sent.get(run, entry.sent_at), entry.sent_at)
             if entry.firing:
                 owed.add(run)
         for a in self._alerts.values():
+            if only is not None and a.run != only:
+                continue
             if a.status == "firing" or a.run in owed:
                 g = self._groups.setdefault(a.run, _Group(first_alert_at=a.starts_at, last_flush_at=last_sent.get(a.run)))
                 g.first_alert_at = min(g.first_alert_at, a.starts_at)
         for a in self._alerts.values():
-            g = self._groups.get(a.run)
+            g = self._groups.get(a.run) if only is None or a.run == only else None
             if g is not None and a.status == "resolved" and (g.last_flush_at is None or a.ends_at > g.last_flush_at):
                 g.resolved_pending.add(a.fingerprint)

@@ -31,9 +31,9 @@ from healthsvc.alerting.model import LifecyclePolicy
 from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import DEFAULT_TIMINGS, PolicyConfig, Timing
 from healthsvc.alerting.subscription import Subscription
-from healthsvc.messages import Drain, FindingsStored, RolledBack, Stop
+from healthsvc.messages import Drain, FindingsStored, RolledBack, RunOwned, Stop
 
-AlertingInput = FindingsStored | RolledBack | Drain | Stop
+AlertingInput = FindingsStored | RolledBack | RunOwned | Drain | Stop
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,16 @@ class AlertingService:
                  findings_after: Callable[[int], list] | None = None,
                  newest_finding_id: Callable[[], int] | None = None,
                  rollback_lookup: Callable[[str], dict | None] | None = None,
-                 onset_lookup: Callable[[str], int | None] | None = None) -> None:
+                 onset_lookup: Callable[[str], int | None] | None = None,
+                 ownership: Any = None, run_findings_after: Callable[[str, int], list] | None = None) -> None:
         self.outbox = outbox
+        # With replicas (an ownership that takes runs over, healthsvc.monitor.ownership), the
+        # alert lifecycle of a run is its owner's: the cursor is per run ("findings:<run>"), and a
+        # run taken over is loaded from the store and its unprocessed findings replayed.
+        self.ownership = ownership
+        self.replicated = ownership is not None and getattr(ownership, "takes_over", False)
+        self._run_findings_after = run_findings_after
+        self._run_cursor: dict[str, int] = {}
         # Findings reach alerting through an in-memory queue; a persisted cursor (the id of the
         # newest finding processed) lets start() replay what a crash left unprocessed.
         self._findings_after = findings_after
@@ -89,6 +97,11 @@ class AlertingService:
     def on_findings(self, stored: list) -> None:
         self._queue.put(FindingsStored(stored))
 
+    def on_ownership(self, run_id: str, gained: bool) -> None:
+        """The monitor hub took the run over or let it go (its thread: enqueue only). Queued
+        before the findings the new owner records for the run, so they meet its loaded alerts."""
+        self._queue.put(RunOwned(run_id, gained))
+
     def on_store_results(self, results: list) -> None:
         for r in results:
             if getattr(r, "kind", None) == "event" and r.data.get("kind") == "rollback" and r.data.get("step") is not None:
@@ -110,7 +123,8 @@ class AlertingService:
         self.manager = AlertManager(
             self.outbox, subscriptions=self.settings_subscriptions, policy=policy_from_settings(s),
             lifecycle=LifecyclePolicy(resolve_timeout_s=s.alert_resolve_timeout_s),
-            external_url=s.public_url(), on_enqueue=self.worker.wake, rollback_lookup=self.rollback_lookup)
+            external_url=s.public_url(), on_enqueue=self.worker.wake, rollback_lookup=self.rollback_lookup,
+            owns=self.ownership.owns if self.replicated else None)
         self._replay_unprocessed()
         self.worker.start()
         self._thread = threading.Thread(target=self._loop, name="alerting", daemon=True)
@@ -119,8 +133,8 @@ class AlertingService:
     def _replay_unprocessed(self) -> None:
         """Process the findings stored after the cursor (stored, but not processed before the
         service stopped: a crash between the finding's commit and its alert)."""
-        if self._findings_after is None:
-            return
+        if self._findings_after is None or self.replicated:
+            return  # replicas: per run, when a run is taken over (_adopt)
         saved = self.outbox.records("cursor").get("findings")
         if saved is None:
             # No cursor yet (a new store, or one from a version without it): start at the newest
@@ -194,8 +208,51 @@ class AlertingService:
         self._queue.put(barrier)
         return barrier.done.wait(timeout_s)
 
-    def _handle(self, item: FindingsStored | RolledBack) -> None:
+    def _adopt(self, run_id: str) -> None:
+        """A run this replica took over: its alerts as the previous owner left them, then the
+        findings stored after the run's cursor (stored, but not processed when that owner died)."""
         assert self.manager is not None
+        self.manager.adopt_run(run_id)
+        saved = self.outbox.records("cursor").get(f"findings:{run_id}")
+        if saved is None:  # a run no replica processed findings of, or one from a single server
+            saved = self.outbox.records("cursor").get("findings") or {"id": 0}
+        self._run_cursor[run_id] = int(saved["id"])
+        if self._run_findings_after is not None:
+            pending = self._run_findings_after(run_id, self._run_cursor[run_id])
+            if pending:
+                log.info("alerting: run %s taken over; replaying %d findings", run_id, len(pending))
+                self._handle(FindingsStored(pending))
+
+    def _handle_replicated(self, item: FindingsStored) -> None:
+        assert self.manager is not None
+        by_run: dict[str, tuple[list, dict[int, str], int]] = {}
+        for sf in item.findings:
+            if sf.id <= self._run_cursor.get(sf.run_id, 0) or not self.ownership.owns(sf.run_id):
+                continue
+            findings, hosts, top = by_run.get(sf.run_id, ([], {}, 0))
+            findings.append(sf.finding)
+            hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
+            by_run[sf.run_id] = (findings, hosts, max(top, sf.id))
+        with self.outbox.batch():
+            for run_id, (findings, hosts, top) in by_run.items():
+                self.manager.process(run_id, findings, hosts, self.clock())
+                self._run_cursor[run_id] = top
+                self.outbox.put_record("cursor", f"findings:{run_id}", {"id": top}, self.clock())
+
+    def _handle(self, item: FindingsStored | RolledBack | RunOwned) -> None:
+        assert self.manager is not None
+        if isinstance(item, RunOwned):
+            if item.gained:
+                self._adopt(item.run_id)
+            else:
+                self.manager.forget_run(item.run_id)
+                self._run_cursor.pop(item.run_id, None)
+            return
+        if isinstance(item, RolledBack) and self.replicated and not self.ownership.owns(item.run_id):
+            return  # the owner hears of it from the monitor hub (a pushed event)
+        if isinstance(item, FindingsStored) and self.replicated:
+            self._handle_replicated(item)
+            return
         if isinstance(item, RolledBack):
             self.manager.rollback(item.run_id, item.step, self.clock(), onset=self._incident_onset(item.run_id))
             return

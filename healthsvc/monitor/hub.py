@@ -64,7 +64,12 @@ class MonitorHub:
         self.ownership: RunOwnership = ownership or SoleOwner()
         # The sole owner restored every run at start, so a run it has no monitor for is new; a
         # replica restores a run when it first owns it (it may have a history written elsewhere).
-        self._restore_on_claim = not isinstance(self.ownership, SoleOwner)
+        self._restore_on_claim = self.ownership.takes_over
+        # Told (on this thread) when a run is taken over here (True) or let go (False), before
+        # the findings of its restore are recorded: alerting loads or forgets the run's alerts.
+        self.ownership_listeners: list[Callable[[str, bool], None]] = []
+        # Told of events accepted by another replica (a rollback resolves latched alerts).
+        self.remote_event_listeners: list[Callable[[list[RunEvent]], None]] = []
         self.findings = findings
         self.clock = clock
         self.tick_interval_s = tick_interval_s
@@ -239,7 +244,10 @@ class MonitorHub:
             if msg["event"] == "config":
                 row = self.store.get_run_row(item.run_id)
                 data = row["config"] if row else data
-            self._handle(RunEvent(item.run_id, msg["event"], data, float(msg.get("at") or self.clock())))
+            ev = RunEvent(item.run_id, msg["event"], data, float(msg.get("at") or self.clock()))
+            self._handle(ev)
+            for listener in self.remote_event_listeners:
+                listener([ev])
             return
         if self.ownership.owns(item.run_id):
             if item.run_id not in self.monitors:
@@ -280,6 +288,8 @@ class MonitorHub:
         """Forget a run another replica owns now (it writes the run's snapshots from here on)."""
         if self.monitors.pop(run_id, None) is not None:
             log.info("run %s is watched by another replica now", run_id)
+            for listener in self.ownership_listeners:
+                listener(run_id, False)
         self._last_snapshot.pop(run_id, None)
         self._fed.pop(run_id, None)
         self._floor.pop(run_id, None)
@@ -326,6 +336,9 @@ class MonitorHub:
     def _restore_run(self, row: dict, snapshot: Any) -> None:
         now = self.clock()
         run_id = row["run_id"]
+        if self._restore_on_claim:
+            for listener in self.ownership_listeners:
+                listener(run_id, True)
         mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
         watermark, saved_at = 0, None
         if snapshot is not None:

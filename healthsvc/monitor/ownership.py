@@ -48,6 +48,7 @@ RemoteMessage = dict[str, Any]
 
 class RunOwnership(Protocol):
     replica_id: str
+    takes_over: bool      # runs change hands: restore a run when it is first owned here
 
     def start(self, *, on_gained: Callable[[str], None], on_lost: Callable[[str], None],
               on_remote: Callable[[str, RemoteMessage], None]) -> None: ...
@@ -63,6 +64,7 @@ class SoleOwner:
     """The only replica: owns every run from the start; nothing to renew, announce or hear."""
 
     replica_id = "sole"
+    takes_over = False
 
     def start(self, *, on_gained: Callable[[str], None], on_lost: Callable[[str], None],
               on_remote: Callable[[str, RemoteMessage], None]) -> None:
@@ -86,3 +88,41 @@ class SoleOwner:
     def held(self) -> dict[str, int]:
         """Leases held, run id -> fencing token: none (this replica owns everything, no lease)."""
         return {}
+
+
+def ownership_for(settings: Any, store: Any) -> RunOwnership:
+    """Leases in PostgreSQL for a ``postgresql://`` store (replicas), else the sole owner."""
+    uri = getattr(store, "uri", "")
+    if not str(uri).startswith(("postgresql://", "postgres://")):
+        return SoleOwner()
+    from healthsvc.store.leases import PgLeases
+    return PgLeases(uri, ttl_s=settings.lease_ttl_s, replica_id=settings.replica_id or None)
+
+
+class LeasesCollector:
+    """Prometheus, at scrape time: the leases this replica holds (one series per run, valued by
+    its fencing token, so a takeover shows as a new value on another replica) and the
+    ownership's counters (takeovers, notifications sent and heard), where it keeps them."""
+
+    def __init__(self, ownership: RunOwnership) -> None:
+        self.ownership = ownership
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        held = self.ownership.held()
+        count = GaugeMetricFamily("healthsvc_leases_held", "Run leases this replica holds.", labels=["replica"])
+        count.add_metric([self.ownership.replica_id], len(held))
+        lease = GaugeMetricFamily("healthsvc_lease_token", "Fencing token of each run lease this replica holds.",
+                                  labels=["replica", "run"])
+        for run_id, token in sorted(held.items()):
+            lease.add_metric([self.ownership.replica_id, run_id], token)
+        yield count
+        yield lease
+        for name, doc in (("takeovers", "Runs this replica took over from an expired lease."),
+                          ("notifications_sent", "Pushes accepted here handed on to a run's owner (NOTIFY)."),
+                          ("notifications_heard", "Notifications of pushes accepted by other replicas.")):
+            if hasattr(self.ownership, name):
+                c = CounterMetricFamily(f"healthsvc_lease_{name}", doc, labels=["replica"])
+                c.add_metric([self.ownership.replica_id], getattr(self.ownership, name))
+                yield c

@@ -14,6 +14,9 @@ router = APIRouter(tags=["ops"])
 class Status(BaseModel):
     status: str = Field(..., description="ok (healthz); ready or not ready (readyz).")
     reason: str | None = Field(None, description="Why it is not ready.")
+    replica: str | None = Field(None, description="readyz, replicas only: this replica's id.")
+    leases: dict[str, int] | None = Field(None, description="readyz, replicas only: the runs this replica owns, "
+                                                            "with the fencing token of each lease.")
 
 
 @router.get("/healthz", response_model=Status, response_model_exclude_none=True, summary="The process is alive")
@@ -35,7 +38,10 @@ def readyz(request: Request, store: StoreDep) -> Response:
         return JSONResponse({"status": "not ready", "reason": "store writes are failing (disk full or I/O error); "
                                                               "ready again after the next successful write"},
                             status_code=503)
-    return JSONResponse({"status": "ready"})
+    ownership = request.app.state.ctx.ownership
+    if not ownership.takes_over:  # a single server owns every run: nothing more to say
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "ready", "replica": ownership.replica_id, "leases": ownership.held()})
 
 
 @router.get("/metrics", summary="Prometheus exposition of the service itself",

@@ -102,6 +102,8 @@ def new_replica_id() -> str:
 class PgLeases:
     """:class:`~healthsvc.monitor.ownership.RunOwnership` over the ``leases`` table (see the module)."""
 
+    takes_over = True
+
     def __init__(self, dsn: str, *, ttl_s: float = 10.0, replica_id: str | None = None,
                  sweep_limit: int = 16, connect: Callable[..., Any] | None = None) -> None:
         import psycopg
