@@ -1,5 +1,10 @@
 """Shared fixtures: a real healthsvc server (uvicorn on 127.0.0.1, SQLite file in tmp_path).
 
+Both stores: a module with ``pytestmark = pytest.mark.both_stores`` runs its tests that use
+``db_uri`` (and ``server``, ``http``, ``shared_server``, ``shared_http``, which use it) once on
+SQLite and once on PostgreSQL, each on a fresh database (``tests/pg.py``); ``--stores sqlite``
+(or ``postgresql``) runs one of them only. Other tests get a SQLite file.
+
 ``server``/``http``: a server process of the test's own (``server.kill()`` is a crash).
 ``shared_server``/``shared_http``: one server per module, in this process on its own clock
 (``tests/harness.py``), so ``shared_http.drain()`` waits until everything sent so far is
@@ -22,10 +27,52 @@ os.environ.setdefault("HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128
 JSON = {"content-type": "application/json"}
 
 
+STORES = ("sqlite", "postgresql")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--stores", default=",".join(STORES),
+                     help="the stores both_stores tests run on (comma-separated: sqlite,postgresql)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "both_stores: the module's db_uri tests run on SQLite and PostgreSQL")
+
+
+def pytest_generate_tests(metafunc):
+    if "db_kind" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_stores"):
+        kinds = [k for k in metafunc.config.getoption("stores").split(",") if k]
+        unknown = set(kinds) - set(STORES)
+        if unknown:
+            raise pytest.UsageError(f"--stores: unknown store {sorted(unknown)} (know {', '.join(STORES)})")
+        scope = "module" if {"shared_server", "shared_http"} & set(metafunc.fixturenames) else "function"
+        metafunc.parametrize("db_kind", kinds, indirect=True, scope=scope)
+
+
+@pytest.fixture(scope="module")
+def db_kind(request):
+    return getattr(request, "param", "sqlite")
+
+
+def _database(kind: str, directory):
+    from contextlib import nullcontext
+    if kind == "postgresql":
+        from tests.pg import fresh_database
+        return fresh_database()
+    return nullcontext(str(directory / "healthsvc.db"))
+
+
 @pytest.fixture
-def server(tmp_path):
+def db_uri(db_kind, tmp_path):
+    """A fresh database of the test's store: a SQLite path, or a PostgreSQL URI (dropped after)."""
+    with _database(db_kind, tmp_path) as uri:
+        yield uri
+
+
+@pytest.fixture
+def server(db_uri, tmp_path):
     """A running server on a fresh database; ``server.kill()`` / ``server.start()`` to crash/restart."""
-    proc = ServerProcess(tmp_path / "healthsvc.db")
+    proc = ServerProcess(db_uri, log_path=tmp_path / "healthsvc.server.log")
     proc.start()
     yield proc
     proc.stop()
@@ -38,10 +85,11 @@ def http(server):
 
 
 @pytest.fixture(scope="module")
-def shared_server(tmp_path_factory):
+def shared_server(tmp_path_factory, db_kind):
     """One server for a whole module (for tests that only add their own runs)."""
     from tests.harness import ServedService   # the server stack, only for modules that use it
-    with ServedService(tmp_path_factory.mktemp("shared"), real_time=True) as service:
+    directory = tmp_path_factory.mktemp("shared")
+    with _database(db_kind, directory) as uri, ServedService(directory, db=uri, real_time=True) as service:
         yield service
 
 

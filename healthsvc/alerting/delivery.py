@@ -131,6 +131,9 @@ class DeliveryWorker:
         self.max_age_s = max_age_s
         self.concurrency = concurrency
         self.poll_interval_s = poll_interval_s
+        # How long a claimed row is this worker's (clock seconds): longer than an attempt takes;
+        # if the worker dies mid-attempt, another takes the row over after it.
+        self.claim_hold_s = 2 * timeout_s + 5.0
         self._clock = clock
         self._rng = rng or random.Random()
         self._rng_lock = threading.Lock()
@@ -212,7 +215,12 @@ class DeliveryWorker:
             if free > 0:
                 with self._inflight_lock:
                     busy = set(self._inflight)
-                for d in self.outbox.due(self._clock(), limit=free, exclude=busy):
+                now = self._clock()
+                # Claimed, not just read: on a shared PostgreSQL database another replica's
+                # worker is never handed the same row (a read first: no write per idle poll).
+                due = self.outbox.claim(now, limit=free, hold_s=self.claim_hold_s, exclude=busy) \
+                    if self.outbox.due(now, limit=1, exclude=busy) else []
+                for d in due:
                     with self._inflight_lock:
                         self._inflight.add(d.webhook_id)
                     self._pool.submit(self._attempt_and_release, d)

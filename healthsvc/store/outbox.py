@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, TypeVar
 
 from healthsvc.encode import jsonable
-from healthsvc.alerting.signing import generate_message_id
 from healthsvc.store import outbox_tables
 
 T = TypeVar("T")
@@ -201,7 +200,10 @@ class Outbox:
         webhook_id: str | None = None,
     ) -> str:
         """Store a delivery, due at once; returns its ``webhook_id``. Durable when this returns."""
-        webhook_id = webhook_id or generate_message_id()
+        if webhook_id is None:
+            # (here, not at import: importing the alerting package imports this module)
+            from healthsvc.alerting.signing import generate_message_id
+            webhook_id = generate_message_id()
         self._write(lambda conn: conn.execute(
                 "INSERT INTO alert_outbox (webhook_id, subscription_id, url, secret, content_type,"
                 " body, group_key, reason, state, created_at, next_attempt_at)"
@@ -210,16 +212,42 @@ class Outbox:
         return webhook_id
 
     def due(self, now: float, limit: int = 32, exclude: Iterable[str] = ()) -> list[Delivery]:
-        """Pending deliveries whose next attempt is due, oldest first."""
+        """Pending deliveries whose next attempt is due and that no worker holds a claim on,
+        oldest first."""
         exclude = set(exclude)
         rows = self._read(
             f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox WHERE state = 'pending'"
-            " AND next_attempt_at <= ? ORDER BY next_attempt_at, seq LIMIT ?", (now, limit + len(exclude)))
+            " AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until <= ?)"
+            " ORDER BY next_attempt_at, seq LIMIT ?", (now, now, limit + len(exclude)))
         out = [_delivery(r) for r in rows]
         return [d for d in out if d.webhook_id not in exclude][:limit]
 
+    def claim(self, now: float, limit: int = 32, hold_s: float = 60.0, exclude: Iterable[str] = ()) -> list[Delivery]:
+        """Claim up to ``limit`` due deliveries for ``hold_s`` seconds, oldest first: no other
+        worker (of this process or another replica on the same PostgreSQL database) is handed
+        them until the claim's attempt is recorded (:meth:`record_attempt` releases it) or the
+        claim runs out (its worker died). On PostgreSQL concurrent claimers skip each other's
+        rows (``FOR UPDATE SKIP LOCKED``); SQLite's single writer serialises them."""
+        exclude = sorted(set(exclude))
+        holds = now + hold_s
+
+        def job(conn: Any) -> list[tuple]:
+            lock = " FOR UPDATE SKIP LOCKED" if getattr(conn, "dialect", "sqlite") == "postgresql" else ""
+            skip = f" AND webhook_id NOT IN ({', '.join('?' * len(exclude))})" if exclude else ""
+            return conn.execute(
+                f"UPDATE alert_outbox SET claimed_until = ? WHERE seq IN (SELECT seq FROM alert_outbox"
+                f" WHERE state = 'pending' AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until <= ?)"
+                f"{skip} ORDER BY next_attempt_at, seq LIMIT ?{lock}) RETURNING {', '.join(_COLUMNS)}",
+                (holds, now, now, *exclude, limit)).fetchall()
+        if getattr(self._batches, "current", None) is not None:
+            raise RuntimeError("claim() inside batch(): a claim is its own write")
+        rows = self._write(job)
+        return sorted((_delivery(r) for r in rows), key=lambda d: (d.next_attempt_at, d.seq))
+
     def next_due_at(self) -> float | None:
-        return self._read("SELECT MIN(next_attempt_at) FROM alert_outbox WHERE state = 'pending'")[0][0]
+        """When the next unclaimed pending delivery falls due (a claimed one: when its claim ends)."""
+        return self._read("SELECT MIN(CASE WHEN claimed_until > next_attempt_at THEN claimed_until"
+                          " ELSE next_attempt_at END) FROM alert_outbox WHERE state = 'pending'")[0][0]
 
     def record_attempt(
         self, webhook_id: str, now: float, *, state: DeliveryState, status: int | None,
@@ -227,7 +255,7 @@ class Outbox:
     ) -> None:
         """Write the outcome of one attempt (``state="pending"`` with ``next_attempt_at`` = retry)."""
         self._write(lambda conn: conn.execute(
-                "UPDATE alert_outbox SET state = ?, attempts = attempts + 1, last_attempt_at = ?,"
+                "UPDATE alert_outbox SET state = ?, attempts = attempts + 1, last_attempt_at = ?, claimed_until = NULL,"
                 " last_status = ?, last_error = ?, next_attempt_at = COALESCE(?, next_attempt_at),"
                 " delivered_at = CASE WHEN ? = 'delivered' THEN ? ELSE delivered_at END"
                 " WHERE webhook_id = ?",

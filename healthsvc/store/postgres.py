@@ -88,6 +88,8 @@ class PgConnection:
     """A psycopg connection (autocommit: the writer and the migrations say BEGIN and COMMIT)
     with sqlite3's methods, running SQLite-dialect statements translated."""
 
+    dialect = "postgresql"   # for the few statements only PostgreSQL has (FOR UPDATE SKIP LOCKED)
+
     def __init__(self, conn: psycopg.Connection, catalog: Catalog) -> None:
         self.raw = conn
         self.catalog = catalog

@@ -17,15 +17,15 @@ from tests.alerting.amschema import ALERTMANAGER_V4
 from tests.alerting.receiver import Receiver, free_port
 from tests.harness import InProcessService
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.both_stores]
 
 SECRET = generate_secret()
 HOSTS = {r: f"node{r // 8}" for r in range(512)}
 CRITICAL = DEFAULT_TIMINGS["critical"]
 
 
-def service(tmp_path, url, **kw):
-    return InProcessService(tmp_path, db=tmp_path / "svc.db", external_url="http://healthsvc.test",
+def service(tmp_path, db_uri, url, **kw):
+    return InProcessService(tmp_path, db=db_uri, external_url="http://healthsvc.test",
                             alert_webhooks=[{"id": "am", "url": url, "format": "alertmanager", "secret": SECRET}],
                             **kw)
 
@@ -43,8 +43,8 @@ def nan(step=7):
     return Finding("non_finite", step=step, ranks=tuple(range(512)), severity="critical", metric="loss")
 
 
-def test_a_stored_finding_pages_once_signed_in_alertmanager_shape(tmp_path):
-    with Receiver() as rx, service(tmp_path, rx.url) as svc:
+def test_a_stored_finding_pages_once_signed_in_alertmanager_shape(tmp_path, db_uri):
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         c = svc.http
         record(svc, "r1", [nan(), nan(step=8)])
         (got,) = rx.delivered()   # critical: group_wait 0, so sent at once; and only once
@@ -79,8 +79,8 @@ def test_a_stored_finding_pages_once_signed_in_alertmanager_shape(tmp_path):
         assert 'healthsvc_alerts{severity="critical",status="resolved"} 1.0' in metrics
 
 
-def test_webhook_crud_and_delivery_status(tmp_path):
-    with Receiver() as rx, service(tmp_path, rx.url) as svc:
+def test_webhook_crud_and_delivery_status(tmp_path, db_uri):
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         c = svc.http
         r = c.post("/v1/webhooks", json={"id": "slack", "url": rx.url, "format": "slack", "kinds": ["non_finite"]})
         assert r.status_code == 201 and r.json()["secret"].startswith("whsec_")   # shown once
@@ -106,8 +106,8 @@ def test_webhook_crud_and_delivery_status(tmp_path):
         assert c.get("/v1/webhooks/slack").status_code == 404
 
 
-def test_silences_through_the_api(tmp_path):
-    with Receiver() as rx, service(tmp_path, rx.url) as svc:
+def test_silences_through_the_api(tmp_path, db_uri):
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         c = svc.http
         r = c.post("/v1/silences", json={"matchers": [{"name": "run", "value": "r3"}], "duration_s": 3600,
                                          "created_by": "ann", "comment": "maintenance"})
@@ -128,16 +128,16 @@ def test_silences_through_the_api(tmp_path):
         assert len(rx.delivered()) == 1
 
 
-def test_delivery_resumes_after_a_service_restart(tmp_path):
+def test_delivery_resumes_after_a_service_restart(tmp_path, db_uri):
     port = free_port()
     url = f"http://127.0.0.1:{port}/hook"
-    with service(tmp_path, url) as svc:
+    with service(tmp_path, db_uri, url) as svc:
         record(svc, "r4", [nan()])                     # receiver down: the first attempt fails
         svc.advance(svc.settings.alert_retry_cap_s)    # the longest backoff: a retry fails too
         outbox = svc.alerting.outbox
         (pending,) = outbox.deliveries()
         assert pending.state == "pending" and pending.attempts >= 2
-    with Receiver(port=port) as rx, service(tmp_path, url, clock=svc.clock) as svc2:
+    with Receiver(port=port) as rx, service(tmp_path, db_uri, url, clock=svc.clock) as svc2:
         svc2.advance(svc2.settings.alert_retry_cap_s)  # the retry falls due in the new process
         (got,) = rx.delivered()
         assert got.headers["webhook-id"] == pending.webhook_id
@@ -146,8 +146,8 @@ def test_delivery_resumes_after_a_service_restart(tmp_path):
         assert len(c.get("/v1/alerts").json()["alerts"]) == 1   # the alert survived the restart too
 
 
-def test_drain_waits_for_a_delivery_in_flight_and_names_the_stage_behind(tmp_path):
-    with Receiver(script=[("sleep", 1.0)]) as rx, service(tmp_path, rx.url) as svc:
+def test_drain_waits_for_a_delivery_in_flight_and_names_the_stage_behind(tmp_path, db_uri):
+    with Receiver(script=[("sleep", 1.0)]) as rx, service(tmp_path, db_uri, rx.url) as svc:
         ctx = svc.app.state.ctx
         ctx.store.submit_run_config("r5", {}).result()
         ctx.findings.record("r5", 1, [nan()], HOSTS).result()

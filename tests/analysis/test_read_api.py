@@ -12,6 +12,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+pytestmark = pytest.mark.both_stores
+
 from clients import read
 from clients.read import Reader, ReadError
 

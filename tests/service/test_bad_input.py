@@ -5,6 +5,8 @@ import gzip
 import json
 
 import pytest
+
+pytestmark = pytest.mark.both_stores
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -7,6 +7,9 @@ import threading
 import httpx
 
 from tests.barriers import wait_until
+import pytest
+
+pytestmark = pytest.mark.both_stores
 
 
 def pusher(url: str, rank: int, acked: list, stop: threading.Event) -> None:

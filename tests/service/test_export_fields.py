@@ -7,6 +7,9 @@ import json
 
 import pyarrow.csv as pacsv
 import pyarrow.ipc as ipc
+import pytest
+
+pytestmark = pytest.mark.both_stores
 
 
 def test_a_field_named_twice_is_one_column_in_every_format(http):

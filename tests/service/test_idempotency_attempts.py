@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import pytest
+
+pytestmark = pytest.mark.both_stores
 
 
 def push(http, run, records, **extra):

@@ -10,6 +10,8 @@ import math
 
 import pytest
 
+pytestmark = pytest.mark.both_stores
+
 # rank -> value of "loss" at step 5; None = key absent/null (not reported).
 EXPECTED = {0: 1.5, 1: math.nan, 2: math.inf, 3: -math.inf, 4: None}
 
