@@ -10,7 +10,7 @@ import pytest
 
 from healthsvc.store.open import open_store
 from healthsvc.store.leases import LeaseLost, PgLeases, check_fence
-from tests.replicas.pg import fresh_database
+from tests.pg import fresh_database
 
 
 @pytest.fixture
