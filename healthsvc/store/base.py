@@ -120,11 +120,23 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
         for listener in self._listeners:
             listener(results)
 
-    def write(self, job: Callable[[Any], Any]) -> Future:
-        """Run ``job(conn)`` on the writer thread in the next group commit."""
+    def write(self, job: Callable[[Any], Any], fence: Any = None) -> Future:
+        """Run ``job(conn)`` on the writer thread in the next group commit; with a ``fence``
+        (replicas: :class:`~healthsvc.monitor.ownership.Fence`) only while that lease holds
+        (else the job fails alone with :class:`~healthsvc.store.leases.LeaseLost`)."""
         if self._writer is None:
             raise RuntimeError("store is not open")
+        if fence is not None:
+            inner = job
+
+            def job(conn: Any) -> Any:
+                self._check_fence(conn, fence)
+                return inner(conn)
         return self._writer.submit(job)
+
+    def _check_fence(self, conn: Any, fence: Any) -> None:
+        """A store whose runs can change hands checks the lease (PostgreSQL); one process owns
+        every run of a SQLite file, so there is nothing to check."""
 
     def barrier(self) -> Future:
         """An empty write: resolves once every write queued before it is committed and its
@@ -145,9 +157,10 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
         return self._writer.commits if self._writer else 0
 
     # -- snapshot and replay (see ``snapshots``) -------------------------------------------
-    def save_snapshot(self, run_id: str, kind: SnapshotKind, watermark: int, state: bytes) -> Future:
-        """Replace the run's snapshot of ``kind`` (in the next group commit)."""
-        return self.write(lambda conn: snapshots.write_snapshot(conn, run_id, kind, watermark, state))
+    def save_snapshot(self, run_id: str, kind: SnapshotKind, watermark: int, state: bytes,
+                      fence: Any = None) -> Future:
+        """Replace the run's snapshot of ``kind`` (in the next group commit; see ``write`` for ``fence``)."""
+        return self.write(lambda conn: snapshots.write_snapshot(conn, run_id, kind, watermark, state), fence)
 
     def snapshots(self, kind: SnapshotKind) -> dict[str, Snapshot]:
         return snapshots.read_snapshots(self.read_conn(), kind)

@@ -69,8 +69,9 @@ class FindingsTable:
     _clock: Callable[[], float]
 
     def submit_findings(self, run_id: str, attempt: int, findings: list[Finding],
-                        hosts: dict[int, str]) -> Future:
-        """Store findings, skipping ones already stored; resolves to a :class:`FindingsRecorded`."""
+                        hosts: dict[int, str], fence: Any = None) -> Future:
+        """Store findings, skipping ones already stored; resolves to a :class:`FindingsRecorded`
+        (``fence``: only while the replica's lease of the run holds, see the store's ``write``)."""
         def job(conn: sqlite3.Connection) -> FindingsRecorded:
             now = self._clock()
             stored = []
@@ -87,7 +88,7 @@ class FindingsTable:
                 if cur.rowcount:
                     stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f))
             return FindingsRecorded(stored)
-        return self.write(job)  # type: ignore[attr-defined]  # SQLiteStore's
+        return self.write(job, fence)  # type: ignore[attr-defined]  # the store's
 
     def findings(self, run_id: str, *, kind: str | None = None, status: str | None = None,
                  since_step: int | None = None, since: float | None = None, min_severity: str | None = None,

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 from detectors.finding import Finding
 from healthsvc.ingest.batch import MetricBatch
+from healthsvc.monitor.ownership import Fence
 from healthsvc.store.bisections import BisectionUpdate
 from healthsvc.store.findings import StoredFinding
 from healthsvc.store.probes import ProbeReport, ProbeRow
@@ -84,7 +85,8 @@ class RunReads(Protocol):
 
 
 class Snapshots(Protocol):
-    def save_snapshot(self, run_id: str, kind: SnapshotKind, watermark: int, state: bytes) -> Future: ...
+    def save_snapshot(self, run_id: str, kind: SnapshotKind, watermark: int, state: bytes,
+                      fence: Fence | None = None) -> Future: ...
     def snapshots(self, kind: SnapshotKind) -> dict[str, Snapshot]: ...
     def chunks_after(self, run_id: str, watermark: int,
                      fields: set[str] | None = None) -> Iterator[StoredChunk]: ...
@@ -92,7 +94,7 @@ class Snapshots(Protocol):
 
 class FindingsStore(Protocol):
     def submit_findings(self, run_id: str, attempt: int, findings: list[Finding],
-                        hosts: dict[int, str]) -> Future: ...
+                        hosts: dict[int, str], fence: Fence | None = None) -> Future: ...
     def findings(self, run_id: str, *, kind: str | None = None, status: str | None = None,
                  since_step: int | None = None, since: float | None = None, min_severity: str | None = None,
                  limit: int = 1000, since_id: int | None = None) -> list[StoredFinding]: ...

@@ -215,6 +215,10 @@ class PostgresStore(StoreBase):
             return _Direct(self._connect(), self.catalog, owned=True)  # type: ignore[return-value]
         return self._reader
 
+    def _check_fence(self, conn: PgConnection, fence: Any) -> None:
+        from healthsvc.store.leases import check_fence
+        check_fence(conn.raw, fence)   # in the group commit's transaction, on its connection
+
     def check_schema(self) -> int:
         with psycopg.connect(self.uri, autocommit=True) as raw:
             return migrations.check_version(_Direct(raw), "postgresql", self.path)
