@@ -39,9 +39,13 @@ class FindingsService:
                     except Exception:
                         log.exception("findings listener failed")
 
-    def record(self, run_id: str, attempt: int, findings: list[Finding], hosts: dict[int, str]) -> Future:
-        """Store findings (skipping ones already stored); resolves to the newly stored ones."""
-        return self.store.submit_findings(run_id, attempt, findings, hosts)
+    def record(self, run_id: str, attempt: int, findings: list[Finding], hosts: dict[int, str],
+               fence: Any = None) -> Future:
+        """Store findings (skipping ones already stored); resolves to the newly stored ones.
+        ``fence`` (replicas): stored only while this replica's lease of the run holds."""
+        if fence is None:
+            return self.store.submit_findings(run_id, attempt, findings, hosts)
+        return self.store.submit_findings(run_id, attempt, findings, hosts, fence=fence)
 
     def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
               since_step: int | None = None, since: float | None = None, min_severity: str | None = None,

@@ -302,7 +302,7 @@ class MonitorHub:
         st = self.store.run_state(mon.run_id)
         ranks = {r for f in found for r in f.ranks}
         hosts = {r: h for r in ranks if st is not None and (h := st.host_of(r)) is not None}
-        self.findings.record(mon.run_id, mon.attempt, found, hosts)
+        self.findings.record(mon.run_id, mon.attempt, found, hosts, fence=self.ownership.fence(mon.run_id))
         self.findings_recorded += len(found)
 
     # -- snapshots ------------------------------------------------------------------------
@@ -317,7 +317,11 @@ class MonitorHub:
         state["saved_at"] = now
         blob = _dump_state(state)
         self._last_snapshot[run_id] = now
-        self.store.save_snapshot(run_id, "monitor", mon.watermark, blob)
+        fence = self.ownership.fence(run_id)
+        if fence is None:
+            self.store.save_snapshot(run_id, "monitor", mon.watermark, blob)
+        else:  # a replica that lost the run meanwhile must not overwrite the new owner's snapshot
+            self.store.save_snapshot(run_id, "monitor", mon.watermark, blob, fence=fence)
 
     def _restore(self) -> None:
         """At start: restore every run this replica owns (the sole owner: all of them)."""

@@ -110,3 +110,31 @@ def test_a_push_accepted_elsewhere_reaches_the_owner_within_100_ms(dsn):
     finally:
         owner.stop()
         other.stop()
+
+
+def test_the_store_refuses_a_stale_owners_snapshot_and_findings(dsn):
+    """The fence is checked in the write's own transaction: after a takeover, the old owner's
+    snapshot and findings are refused (LeaseLost), the new owner's stored."""
+    from detectors.finding import Finding
+
+    a, _ = replica(dsn, "a", ttl_s=30.0)
+    b, b_events = replica(dsn, "b", ttl_s=30.0)
+    store = open_store(dsn)
+    store.open()
+    try:
+        assert a.claim("r1")
+        stale = a.fence("r1")
+        a.stop()                          # released: b sweeps it at its next beat
+        b.renew()
+        assert b_events.gained == ["r1"]
+        with pytest.raises(LeaseLost):
+            store.save_snapshot("r1", "monitor", 7, b"old owner", fence=stale).result(10)
+        store.save_snapshot("r1", "monitor", 9, b"new owner", fence=b.fence("r1")).result(10)
+        assert store.snapshots("monitor")["r1"].state == b"new owner"
+        f = Finding("non_finite", step=3, ranks=(1,), severity="critical", metric="loss")
+        with pytest.raises(LeaseLost):
+            store.submit_findings("r1", 1, [f], {}, fence=stale).result(10)
+        assert store.submit_findings("r1", 1, [f], {}, fence=b.fence("r1")).result(10).findings
+    finally:
+        store.close()
+        b.stop()
