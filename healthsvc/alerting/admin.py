@@ -113,11 +113,20 @@ class AlertAdmin:
 
     # -- queries ------------------------------------------------------------------------------
 
+    def _known_alerts(self) -> dict[str, Alert]:
+        """Every alert: this manager's own; with replicas (``_owns``), also those of the runs
+        other replicas own, as they stored them (any replica answers any read)."""
+        if getattr(self, "_owns", None) is None:
+            return self._alerts
+        known = {k: Alert.from_dict(v) for k, v in self.outbox.records("alert").items()}
+        known.update(self._alerts)
+        return known
+
     def alerts(self, *, run: str | None = None, kind: str | None = None, status: str | None = None,
                min_severity: str | None = None, acknowledged: bool | None = None) -> list[Alert]:
         """Alerts, newest first, filtered by every argument that is set."""
         with self._lock:
-            out = [a for a in self._alerts.values()
+            out = [a for a in self._known_alerts().values()
                    if (run is None or a.run == run) and (kind is None or a.kind == kind)
                    and (status is None or a.status == status)
                    and (min_severity is None or SEVERITY_ORDER[a.severity] >= SEVERITY_ORDER[min_severity])
@@ -133,8 +142,9 @@ class AlertAdmin:
         with self._lock:
             alerts = list(alerts)
             inhibited_fps: set[str] = set()
+            known = self._known_alerts()
             for run in {a.run for a in alerts}:
-                inhibited_fps |= inhibited([a for a in self._alerts.values() if a.run == run],
+                inhibited_fps |= inhibited([a for a in known.values() if a.run == run],
                                            self.policy.inhibit_rules)
             active = [s for s in self._silences.values() if s.active(now)]
             return {a.fingerprint: {
@@ -143,7 +153,7 @@ class AlertAdmin:
             } for a in alerts}
 
     def _get(self, fp: str) -> Alert:
-        a = self._alerts.get(fp)
+        a = self._alerts.get(fp) or self._known_alerts().get(fp)
         if a is None:
             raise NotFound(f"no alert with fingerprint {fp!r}")
         return a

@@ -111,6 +111,7 @@ class AlertManager(AlertAdmin):
         # With replicas (``owns``), this manager keeps the alerts of the runs its replica owns only:
         # none at start; adopt_run() loads a run's when the replica takes it over.
         self._owns = owns
+        self.on_changed_elsewhere: Callable[[str], None] | None = None
         self._alerts = {} if owns else {k: Alert.from_dict(v) for k, v in outbox.records("alert").items()}
         self._silences = {k: Silence.from_dict(v) for k, v in outbox.records("silence").items()}
         self._nflog = {} if owns else {tuple(k.split("|", 1)): NotificationLogEntry.from_dict(v)
@@ -166,6 +167,7 @@ class AlertManager(AlertAdmin):
         with self._lock, self.outbox.batch():  # one store job
             a = model.acknowledge(self._get(fp), now, by)
             self._store_alert(a, now)
+            self._tell_owner(a.run)
             for sub in self.subscriptions():
                 entry = self._nflog.get((sub.id, a.run))
                 if (sub.format == "pagerduty" and a.status == "firing" and entry is not None
@@ -179,6 +181,7 @@ class AlertManager(AlertAdmin):
             a = model.resolve_by_hand(self._get(fp), now, "hand")
             a = model.acknowledge(a, now, by) if a.acknowledged_at is None else a
             self._store_alert(a, now)
+            self._tell_owner(a.run)
             self._flush(a.run, now)
             self._pass_through(now)
             return a
@@ -228,6 +231,13 @@ class AlertManager(AlertAdmin):
                               if k not in self._settings_subs}
             self._rebuild_groups(only=run_id)
             self._changed_runs.add(run_id)
+
+    def _tell_owner(self, run_id: str) -> None:
+        """An operator changed an alert of a run another replica owns (the request reached this
+        one): once it is stored, the owner reloads the run's alerts (``on_changed_elsewhere``)."""
+        if self._owns is None or self._owns(run_id) or self.on_changed_elsewhere is None:
+            return
+        self.outbox.after_commit(lambda: self.on_changed_elsewhere(run_id))
 
     def forget_run(self, run_id: str) -> None:
         """Another replica owns the run now: keep nothing of it in memory (it is in the store)."""

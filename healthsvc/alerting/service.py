@@ -104,6 +104,9 @@ class AlertingService:
 
     def on_store_results(self, results: list) -> None:
         for r in results:
+            if getattr(r, "kind", None) == "alerts_changed":   # by an operator, on another replica
+                self._queue.put(RunOwned(r.run_id, True))   # reload the run's alerts
+                continue
             if getattr(r, "kind", None) == "event" and r.data.get("kind") == "rollback" and r.data.get("step") is not None:
                 self._queue.put(RolledBack(r.run_id, int(r.data["step"])))
 
@@ -125,6 +128,9 @@ class AlertingService:
             lifecycle=LifecyclePolicy(resolve_timeout_s=s.alert_resolve_timeout_s),
             external_url=s.public_url(), on_enqueue=self.worker.wake, rollback_lookup=self.rollback_lookup,
             owns=self.ownership.owns if self.replicated else None)
+        if self.replicated:
+            self.manager.on_changed_elsewhere = lambda run_id: self.ownership.tell_owner(
+                run_id, {"event": "alerts_changed", "data": {}, "at": self.clock()})
         self._replay_unprocessed()
         self.worker.start()
         self._thread = threading.Thread(target=self._loop, name="alerting", daemon=True)

@@ -57,6 +57,7 @@ class RunOwnership(Protocol):
     def owns(self, run_id: str) -> bool: ...
     def fence(self, run_id: str) -> Fence | None: ...
     def announce(self, run_id: str, message: RemoteMessage) -> None: ...
+    def tell_owner(self, run_id: str, message: RemoteMessage) -> None: ...
     def held(self) -> dict[str, int]: ...
 
 
@@ -84,6 +85,9 @@ class SoleOwner:
 
     def announce(self, run_id: str, message: RemoteMessage) -> None:
         raise AssertionError("the sole owner never hands a push on")  # claim() is always True
+
+    def tell_owner(self, run_id: str, message: RemoteMessage) -> None:
+        pass  # this process is the owner
 
     def held(self) -> dict[str, int]:
         """Leases held, run id -> fencing token: none (this replica owns everything, no lease)."""

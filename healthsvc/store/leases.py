@@ -196,6 +196,14 @@ class PgLeases:
             self._others[run_id] = (owner, time.monotonic() + max(0.0, remaining))
         return False
 
+    def tell_owner(self, run_id: str, message: RemoteMessage) -> None:
+        """Hand ``message`` to the run's owner, whoever holds the lease now (none: nobody to tell,
+        the next owner reads the store)."""
+        with self._lock:
+            holder = self._execute(_HOLDER, (run_id,))
+        if holder is not None and holder[1] > 0 and holder[0] != self.replica_id:
+            self._outbox.put((holder[0], run_id, message))
+
     def announce(self, run_id: str, message: RemoteMessage) -> None:
         other = self._others.get(run_id)
         if other is not None:

@@ -174,3 +174,12 @@ def test_sigkill_of_the_owner_mid_load_loses_nothing_and_repeats_nothing(cluster
     assert [k for _, k in sent if k == ["non_finite"]] == [["non_finite"]], sent
     assert sum("hang" in k for _, k in sent) == 1, sent
     assert new_owner is not owner
+
+    # An operator acknowledges the hang on a replica that does not own the run: every replica
+    # answers it acknowledged, the owner too (it reloaded the run's alerts when told).
+    hang_fp = next(a["fingerprint"] for n in notifications(receiver) for a in n["alerts"] if a["kind"] == "hang")
+    other = next(r for r in survivors if r is not new_owner)
+    assert httpx.post(f"{other.url}/v1/alerts/{hang_fp}/acknowledge", json={"by": "oncall"}).status_code == 200
+    for rep in survivors:
+        wait_until(lambda: httpx.get(f"{rep.url}/v1/alerts/{hang_fp}").json()["acknowledged_by"] == "oncall", 5,
+                   f"the acknowledgement seen on {rep}")
