@@ -43,9 +43,15 @@ class MetricsIngest:
     def _ensure_run(self, conn: sqlite3.Connection, run_id: str, now: float) -> RunState:
         st = self._runs.get(run_id)
         if st is None:
-            conn.execute("INSERT OR IGNORE INTO runs (run_id, created_at, updated_at) VALUES (?, ?, ?)",
-                         (run_id, now, now))
+            cur = conn.execute("INSERT OR IGNORE INTO runs (run_id, created_at, updated_at) VALUES (?, ?, ?)",
+                               (run_id, now, now))
             st = self._runs[run_id] = RunState(run_id)
+            if cur.rowcount == 0:
+                # The run exists, but this store has no state of it: another replica wrote it
+                # (a database shared by several). Its state is in the database: load it.
+                (status,) = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+                self._load_run_state(conn, run_id, status)
+                st = self._runs[run_id]
         return st
 
     def _ingest(self, conn: sqlite3.Connection, run_id: str, batch: MetricBatch, digest: str) -> IngestResult:
@@ -64,7 +70,9 @@ class MetricsIngest:
         step_min, step_max = int(batch.steps.min()), int(batch.steps.max())
         hosts = st.host_updates(batch)
         if new_attempt:
-            conn.execute("INSERT INTO attempts VALUES (?, ?, ?, ?)", (run_id, attempt, step_min, now))
+            # OR IGNORE: on a database shared by replicas, another one may have opened this
+            # attempt (the same restart, seen there first); the batch joins it.
+            conn.execute("INSERT OR IGNORE INTO attempts VALUES (?, ?, ?, ?)", (run_id, attempt, step_min, now))
         if hosts:
             conn.executemany("INSERT OR REPLACE INTO hosts VALUES (?, ?, ?)", [(run_id, r, h) for r, h in hosts])
         cur = conn.execute(
@@ -133,21 +141,23 @@ class MetricsIngest:
 
     def _load_run_states(self, conn: sqlite3.Connection) -> None:
         """Rebuild each run's ingest state: its snapshot, then the chunks written after it."""
-        saved = snapshots.read_snapshots(conn, "ingest")
-        attempts = {(r, a): s for r, a, s in conn.execute("SELECT run_id, attempt, start_step FROM attempts")}
         for (run_id, status) in conn.execute("SELECT run_id, status FROM runs").fetchall():
-            snap = saved.get(run_id)
-            st = RunState.from_dict(run_id, orjson.loads(snap.state)) if snap else RunState(run_id)
-            for chunk in snapshots.chunks_after(conn, run_id, snap.watermark if snap else 0, fields=set()):
-                if chunk.attempt != st.attempt:
-                    st.attempt = chunk.attempt - 1
-                    st.open_attempt(attempts[(run_id, chunk.attempt)])
-                st.advance(chunk.batch)
-                st.set_hosts(st.host_updates(chunk.batch))
-            st.finished = status == "finished"
-            for attempt, last_step, n_records, last_push in conn.execute(
-                    "SELECT attempt, max(step_max), sum(n_records), max(received_at) FROM chunks WHERE run_id=?"
-                    " GROUP BY attempt", (run_id,)):
-                st.attempt_progress[attempt] = [last_step, n_records]
-                st.last_push = max(st.last_push or 0.0, last_push)
-            self._runs[run_id] = st
+            self._load_run_state(conn, run_id, status)
+
+    def _load_run_state(self, conn: sqlite3.Connection, run_id: str, status: str) -> None:
+        snap = snapshots.read_snapshots(conn, "ingest", run_id).get(run_id)
+        attempts = {a: s for a, s in conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id=?", (run_id,))}
+        st = RunState.from_dict(run_id, orjson.loads(snap.state)) if snap else RunState(run_id)
+        for chunk in snapshots.chunks_after(conn, run_id, snap.watermark if snap else 0, fields=set()):
+            if chunk.attempt != st.attempt:
+                st.attempt = chunk.attempt - 1
+                st.open_attempt(attempts[chunk.attempt])
+            st.advance(chunk.batch)
+            st.set_hosts(st.host_updates(chunk.batch))
+        st.finished = status == "finished"
+        for attempt, last_step, n_records, last_push in conn.execute(
+                "SELECT attempt, max(step_max), sum(n_records), max(received_at) FROM chunks WHERE run_id=?"
+                " GROUP BY attempt", (run_id,)):
+            st.attempt_progress[attempt] = [last_step, n_records]
+            st.last_push = max(st.last_push or 0.0, last_push)
+        self._runs[run_id] = st

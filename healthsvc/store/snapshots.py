@@ -47,8 +47,11 @@ def newest_chunk_id(conn: sqlite3.Connection, run_id: str) -> int:
     return int(watermark)
 
 
-def read_snapshots(conn: sqlite3.Connection, kind: SnapshotKind) -> dict[str, Snapshot]:
-    """Every run's snapshot of one owner, by run id."""
+def read_snapshots(conn: sqlite3.Connection, kind: SnapshotKind, run_id: str | None = None) -> dict[str, Snapshot]:
+    """Every run's snapshot of one owner (or only ``run_id``'s), by run id."""
+    if run_id is not None:
+        return {r: Snapshot(int(w), bytes(s)) for r, w, s in conn.execute(
+            "SELECT run_id, watermark, state FROM run_state WHERE kind=? AND run_id=?", (kind, run_id))}
     return {r: Snapshot(int(w), bytes(s)) for r, w, s in conn.execute(
         "SELECT run_id, watermark, state FROM run_state WHERE kind=?", (kind,))}
 
