@@ -106,7 +106,9 @@ def check_migrated(uri: str, tmp_path: Path) -> None:
         assert [v for (v,) in db.execute("SELECT version FROM schema_version ORDER BY version")] == \
             list(range(1, LATEST + 1))
         assert db.execute("SELECT webhook_id FROM alert_outbox") == [("msg_old",)]
-        assert db.execute("SELECT count(*) FROM leases") == [(0,)]
+        # The table of version 2 is there; on PostgreSQL the service took the lease of the run it
+        # was pushed to (replicas: healthsvc.store.leases), SQLite has no leases.
+        assert db.execute("SELECT run_id FROM leases") == ([("old",)] if uri.startswith("postgresql") else [])
     finally:
         db.close()
 
