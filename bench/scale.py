@@ -1,0 +1,247 @@
+"""Scale-out: simulated jobs pushing per rank, through nginx, to 1, 2 and 3 replicas.
+
+Each case starts fresh replicas (``healthsvc serve``, detectors on) on a fresh store, nginx
+round-robin in front of them (the shipped ``examples/scale_out/nginx.conf``, as the tests run it),
+and simulated jobs: ``--jobs`` runs of ``--ranks`` ranks, each rank pushing one record per step at
+``--step-rate`` steps per second (open loop: a push is due at its step's time, whether or not the
+last one came back). ``--per-push 8`` is what a per-host relay sends (8 ranks per host: one
+columnar push per host and step); 1024 is a big aggregated batch.
+
+Reported per case: requests and points offered and acknowledged per second, p50 / p99 push latency
+(client side, through nginx), CPU-seconds of the replicas, of the database (the PostgreSQL backends
+serving the case's database, from /proc via psutil; SQLite runs inside the replica), and of nginx,
+and requests and points per CPU-second of service plus database. A bare uvicorn app's requests per
+CPU-second, measured in the same run, is the yardstick. Then the sizing of a 16,384-rank job at one
+step per second from the measured per-request costs, with and without the relay.
+
+    .venv/bin/python bench/scale.py [--seconds 8] [--ranks 256] [--step-rate 1] [--replicas 1,2,3]
+                                    [--stores sqlite,postgresql] [--per-push 1,8] [--batch-case]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from ingest import BareASGI, floor_case  # noqa: E402  (bench/ingest.py)
+from tests.replicas.balancer import Balancer  # noqa: E402
+from tests.server_process import ServerProcess, free_port  # noqa: E402
+
+FIELDS = ("loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time")
+
+
+def body(run_id: str, step: int, ranks: np.ndarray, rng: np.random.Generator) -> bytes:
+    cols = {"step": [step] * len(ranks), "rank": ranks.tolist()}
+    for f in FIELDS:
+        cols[f] = (1.0 + 0.05 * rng.standard_normal(len(ranks))).tolist()
+    return orjson.dumps({"columns": cols})
+
+
+class Load:
+    """Open-loop pushers: ``workers`` threads share the pushes of every step, each with a
+    keep-alive client to the balancer; latencies in seconds, per acknowledged push."""
+
+    def __init__(self, url: str, jobs: int, ranks: int, step_rate: float, per_push: int, workers: int) -> None:
+        self.url, self.jobs, self.ranks, self.step_rate, self.per_push = url, jobs, ranks, step_rate, per_push
+        self.workers = workers
+        self.latencies: list[float] = []
+        self.acked = self.failed = self.offered = 0
+        self.lock = threading.Lock()
+
+    def pushes(self) -> list[tuple[str, np.ndarray]]:
+        groups = [np.arange(i, min(i + self.per_push, self.ranks)) for i in range(0, self.ranks, self.per_push)]
+        return [(f"job{j}", g) for j in range(self.jobs) for g in groups]
+
+    def run(self, seconds: float) -> float:
+        todo = self.pushes()
+        start = time.perf_counter()
+        steps = max(1, int(seconds * self.step_rate))
+
+        def worker(w: int) -> None:
+            rng = np.random.default_rng(w)
+            mine = todo[w::self.workers]
+            lat, ok, bad = [], 0, 0
+            with httpx.Client(base_url=self.url, timeout=30, headers={"content-type": "application/json"}) as c:
+                for step in range(steps):
+                    due = start + step / self.step_rate
+                    pause = due - time.perf_counter()
+                    if pause > 0:
+                        time.sleep(pause)
+                    for run_id, ranks in mine:
+                        t0 = time.perf_counter()
+                        try:
+                            good = c.post(f"/v1/runs/{run_id}/metrics", content=body(run_id, step, ranks, rng)).status_code == 202
+                        except httpx.HTTPError:
+                            good = False
+                        if good:
+                            ok += 1
+                            lat.append(time.perf_counter() - t0)
+                        else:
+                            bad += 1
+            with self.lock:
+                self.latencies += lat
+                self.acked += ok
+                self.failed += bad
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(self.workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.offered = steps * len(todo)
+        return time.perf_counter() - start
+
+
+class Cpu:
+    """CPU-seconds of a set of processes between two readings (processes that ended count up
+    to their last reading)."""
+
+    def __init__(self, pids) -> None:
+        self.pids = pids          # a callable: the pids to follow now
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+
+    def read(self) -> None:
+        for pid in self.pids():
+            try:
+                t = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue
+            self.first.setdefault(pid, t.user + t.system)
+            self.last[pid] = t.user + t.system
+
+    def seconds(self) -> float:
+        return sum(self.last[p] - self.first[p] for p in self.last)
+
+
+def pg_backends(dsn: str):
+    import psycopg
+
+    def pids() -> list[int]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            me = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            return [p for (p,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()").fetchall() if p != me]
+    return pids
+
+
+def run_case(store: str, replicas: int, per_push: int, args, tmp: Path) -> dict:
+    with ExitStack() as stack:
+        if store == "postgresql":
+            from tests.pg import fresh_database
+            db = stack.enter_context(fresh_database())
+        else:
+            db = str(tmp / f"scale-{replicas}-{per_push}.db")
+        env = {"HEALTHSVC_LOG_LEVEL": "warning"}
+        servers = [ServerProcess(db, env=env, log_path=tmp / f"replica-{store}-{replicas}-{per_push}-{i}.log")
+                   for i in range(replicas)]
+        for s in servers:
+            s.start()
+            stack.callback(s.stop)
+        lb = Balancer(tmp / f"nginx-{store}-{replicas}-{per_push}", free_port(), [s.port for s in servers]).start()
+        stack.callback(lb.stop)
+        service = Cpu(lambda: [s.pid for s in servers])
+        nginx = Cpu(lambda: [lb.proc.pid, *(c.pid for c in psutil.Process(lb.proc.pid).children())])
+        database = Cpu(pg_backends(db) if store == "postgresql" else (lambda: []))
+        load = Load(lb.url, args.jobs, args.ranks, args.step_rate, per_push, args.workers)
+        for meter in (service, nginx, database):
+            meter.read()
+        wall = load.run(args.seconds)
+        for meter in (service, nginx, database):
+            meter.read()
+    lat = np.array(load.latencies) if load.latencies else np.array([np.nan])
+    cpu = service.seconds() + database.seconds()
+    records = load.acked * per_push
+    return {"store": store, "replicas": replicas, "per_push": per_push,
+            "offered_rps": load.offered / wall, "acked_rps": load.acked / wall, "failed": load.failed,
+            "p50_ms": 1e3 * float(np.percentile(lat, 50)), "p99_ms": 1e3 * float(np.percentile(lat, 99)),
+            "service_cpu": service.seconds(), "db_cpu": database.seconds(), "nginx_cpu": nginx.seconds(),
+            "req_per_cpu": load.acked / max(cpu, 1e-9), "points_per_cpu": records * len(FIELDS) / max(cpu, 1e-9),
+            "service_us_per_req": 1e6 * service.seconds() / max(load.acked, 1),
+            "db_us_per_req": 1e6 * database.seconds() / max(load.acked, 1)}
+
+
+def sizing(rows: list[dict], ranks: int = 16_384, step_rate: float = 1.0, per_host: int = 8,
+           utilisation: float = 0.7) -> list[str]:
+    """Replicas and cores for a job, from the measured per-request costs of the PostgreSQL cases
+    (the costliest replica count measured: contention included). A replica is one Python process:
+    at most about one core; ``utilisation`` leaves headroom for bursts and takeovers."""
+    out = []
+    for per_push, label in ((1, "per rank (no relay)"), (per_host, f"per host relay ({per_host} ranks a push)")):
+        cases = [r for r in rows if r["store"] == "postgresql" and r["per_push"] == per_push and r["acked_rps"] > 0]
+        if not cases:
+            continue
+        worst = max(cases, key=lambda r: r["service_us_per_req"] + r["db_us_per_req"])
+        rps = ranks * step_rate / per_push
+        svc_cores = rps * worst["service_us_per_req"] / 1e6
+        db_cores = rps * worst["db_us_per_req"] / 1e6
+        replicas = math.ceil(svc_cores / utilisation)
+        out.append(f"{ranks:,} ranks at {step_rate:g} step/s, {label}: {rps:,.0f} requests/s x "
+                   f"{worst['service_us_per_req']:.0f} us (service) + {worst['db_us_per_req']:.0f} us (database) "
+                   f"per request = {svc_cores:.1f} service cores -> {replicas} replicas at {utilisation:.0%}, "
+                   f"and {db_cores:.1f} database cores (measured at {worst['replicas']} replica(s))")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--ranks", type=int, default=128, help="ranks per job")
+    ap.add_argument("--step-rate", type=float, default=1.0, help="steps per second per rank")
+    ap.add_argument("--replicas", default="1,2,3")
+    ap.add_argument("--stores", default="sqlite,postgresql")
+    ap.add_argument("--per-push", default="1,8", help="records per push: 1 = per rank, 8 = a per-host relay")
+    ap.add_argument("--workers", type=int, default=16, help="pushing threads")
+    ap.add_argument("--batch-case", action="store_true", help="also 1,024-record pushes on one replica per store")
+    args = ap.parse_args()
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hs-scale-") as tmp:
+        bare = BareASGI()
+        try:
+            bare_rps = floor_case(bare, 3.0, 4)
+        finally:
+            bare.stop()
+        print(f"bare uvicorn app: {bare_rps:,.0f} requests per CPU-second")
+        cases = []
+        for store in args.stores.split(","):
+            for per_push in (int(x) for x in args.per_push.split(",")):
+                # SQLite is one file with one writer: one replica only.
+                for n in ([1] if store == "sqlite" else [int(x) for x in args.replicas.split(",")]):
+                    cases.append((store, n, per_push))
+            if args.batch_case:
+                cases.append((store, 1, 1024))
+        head = (f"{'store':10} {'repl':>4} {'rec/push':>8} {'offered/s':>9} {'acked/s':>8} {'fail':>5} {'p50 ms':>7} "
+                f"{'p99 ms':>7} {'svc cpu':>7} {'db cpu':>6} {'nginx':>6} {'req/cpu-s':>9} {'pts/cpu-s':>10} "
+                f"{'x bare':>6}")
+        print(head)
+        for store, n, per_push in cases:
+            r = run_case(store, n, per_push, args, Path(tmp))
+            rows.append(r)
+            print(f"{r['store']:10} {r['replicas']:>4} {r['per_push']:>8} {r['offered_rps']:>9,.0f} {r['acked_rps']:>8,.0f} "
+                  f"{r['failed']:>5} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['service_cpu']:>7.2f} {r['db_cpu']:>6.2f} "
+                  f"{r['nginx_cpu']:>6.2f} {r['req_per_cpu']:>9,.0f} {r['points_per_cpu']:>10,.0f} "
+                  f"{r['req_per_cpu'] / bare_rps:>6.3f}", flush=True)
+    print()
+    for line in sizing(rows):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
