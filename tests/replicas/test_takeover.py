@@ -127,6 +127,7 @@ def test_sigkill_of_the_owner_mid_load_loses_nothing_and_repeats_nothing(cluster
         # Before the kill: the NaN is found and paged, once.
         wait_until(lambda: any("non_finite" in k for _, k in kinds_sent(receiver)), 20, "the non_finite page")
         owner = wait_until(lambda: owner_of(replicas, "r1"), 10, "an owner of r1 in /readyz")
+        refused_before_kill = sum(p.errors for p in pushers)   # any replica takes any push
         owner.kill()
         killed_at = time.time()
         stuck.set()                      # rank 7 hangs from now on; the others go on
@@ -141,6 +142,8 @@ def test_sigkill_of_the_owner_mid_load_loses_nothing_and_repeats_nothing(cluster
         stop.set()
         for p in pushers:
             p.join(10)
+
+    assert refused_before_kill == 0
 
     # Every acknowledged record is stored (read through the balancer: any replica answers).
     stored = http.get("/v1/runs/r1/metrics", params={"fields": "loss"}).json()["columns"]
