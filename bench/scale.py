@@ -10,7 +10,9 @@ columnar push per host and step); 1024 is a big aggregated batch.
 Reported per case: requests and points offered and acknowledged per second, p50 / p99 push latency
 (client side, through nginx), CPU-seconds of the replicas, of the database (the PostgreSQL backends
 serving the case's database, from /proc via psutil; SQLite runs inside the replica), and of nginx,
-and requests and points per CPU-second of service plus database. A bare uvicorn app's requests per
+and requests and points per CPU-second of service plus database, net of what the replicas and
+the database spend idle (measured for ``--idle`` seconds before each case, after a warm-up step;
+shown as ``idle cpu/s``). A bare uvicorn app's requests per
 CPU-second, measured in the same run, is the yardstick. Then the sizing of a 16,384-rank job at one
 step per second from the measured per-request costs, with and without the relay.
 
@@ -141,6 +143,8 @@ def pg_backends(dsn: str):
 
 
 def run_case(store: str, replicas: int, per_push: int, args, tmp: Path) -> dict:
+    # The batch case: one job of 1,024 ranks, each push a whole step (an aggregated batch).
+    ranks, step_rate = (per_push, args.batch_rate) if per_push >= 1024 else (args.ranks, args.step_rate)
     with ExitStack() as stack:
         if store == "postgresql":
             from tests.pg import fresh_database
@@ -155,25 +159,42 @@ def run_case(store: str, replicas: int, per_push: int, args, tmp: Path) -> dict:
             stack.callback(s.stop)
         lb = Balancer(tmp / f"nginx-{store}-{replicas}-{per_push}", free_port(), [s.port for s in servers]).start()
         stack.callback(lb.stop)
-        service = Cpu(lambda: [s.pid for s in servers])
-        nginx = Cpu(lambda: [lb.proc.pid, *(c.pid for c in psutil.Process(lb.proc.pid).children())])
-        database = Cpu(pg_backends(db) if store == "postgresql" else (lambda: []))
-        load = Load(lb.url, args.jobs, args.ranks, args.step_rate, per_push, args.workers)
+        def meters() -> tuple[Cpu, Cpu, Cpu]:
+            return (Cpu(lambda: [s.pid for s in servers]),
+                    Cpu(lambda: [lb.proc.pid, *(c.pid for c in psutil.Process(lb.proc.pid).children())]),
+                    Cpu(pg_backends(db) if store == "postgresql" else (lambda: [])))
+
+        # Idle first: what the replicas and the database spend with no push (tickers, lease
+        # renewals, the pool), subtracted below so the per-request cost is the pushes' own.
+        warm = Load(lb.url, args.jobs, ranks, step_rate, per_push, args.workers)
+        warm.run(1.0 / step_rate)                        # every run exists, every connection is open
+        idle = meters()
+        for m in idle:
+            m.read()
+        t0 = time.perf_counter()
+        time.sleep(args.idle)
+        for m in idle:
+            m.read()
+        idle_wall = time.perf_counter() - t0
+        service, nginx, database = meters()
+        load = Load(lb.url, args.jobs, ranks, step_rate, per_push, args.workers)
         for meter in (service, nginx, database):
             meter.read()
         wall = load.run(args.seconds)
         for meter in (service, nginx, database):
             meter.read()
     lat = np.array(load.latencies) if load.latencies else np.array([np.nan])
-    cpu = service.seconds() + database.seconds()
+    svc = max(service.seconds() - idle[0].seconds() * wall / idle_wall, 1e-9)
+    dbc = max(database.seconds() - idle[2].seconds() * wall / idle_wall, 0.0)
     records = load.acked * per_push
     return {"store": store, "replicas": replicas, "per_push": per_push,
             "offered_rps": load.offered / wall, "acked_rps": load.acked / wall, "failed": load.failed,
             "p50_ms": 1e3 * float(np.percentile(lat, 50)), "p99_ms": 1e3 * float(np.percentile(lat, 99)),
             "service_cpu": service.seconds(), "db_cpu": database.seconds(), "nginx_cpu": nginx.seconds(),
-            "req_per_cpu": load.acked / max(cpu, 1e-9), "points_per_cpu": records * len(FIELDS) / max(cpu, 1e-9),
-            "service_us_per_req": 1e6 * service.seconds() / max(load.acked, 1),
-            "db_us_per_req": 1e6 * database.seconds() / max(load.acked, 1)}
+            "idle_cpu_per_s": (idle[0].seconds() + idle[2].seconds()) / idle_wall,
+            "req_per_cpu": load.acked / (svc + dbc), "points_per_cpu": records * len(FIELDS) / (svc + dbc),
+            "service_us_per_req": 1e6 * svc / max(load.acked, 1),
+            "db_us_per_req": 1e6 * dbc / max(load.acked, 1)}
 
 
 def sizing(rows: list[dict], ranks: int = 16_384, step_rate: float = 1.0, per_host: int = 8,
@@ -209,6 +230,8 @@ def main() -> None:
     ap.add_argument("--per-push", default="1,8", help="records per push: 1 = per rank, 8 = a per-host relay")
     ap.add_argument("--workers", type=int, default=16, help="pushing threads")
     ap.add_argument("--batch-case", action="store_true", help="also 1,024-record pushes on one replica per store")
+    ap.add_argument("--batch-rate", type=float, default=10.0, help="steps per second of the 1,024-rank batch case")
+    ap.add_argument("--idle", type=float, default=2.0, help="seconds of idle CPU measured before each case")
     args = ap.parse_args()
 
     rows = []
@@ -229,7 +252,7 @@ def main() -> None:
                 cases.append((store, 1, 1024))
         head = (f"{'store':10} {'repl':>4} {'rec/push':>8} {'offered/s':>9} {'acked/s':>8} {'fail':>5} {'p50 ms':>7} "
                 f"{'p99 ms':>7} {'svc cpu':>7} {'db cpu':>6} {'nginx':>6} {'req/cpu-s':>9} {'pts/cpu-s':>10} "
-                f"{'x bare':>6}")
+                f"{'x bare':>6} {'idle cpu/s':>10}")
         print(head)
         for store, n, per_push in cases:
             r = run_case(store, n, per_push, args, Path(tmp))
@@ -237,7 +260,7 @@ def main() -> None:
             print(f"{r['store']:10} {r['replicas']:>4} {r['per_push']:>8} {r['offered_rps']:>9,.0f} {r['acked_rps']:>8,.0f} "
                   f"{r['failed']:>5} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['service_cpu']:>7.2f} {r['db_cpu']:>6.2f} "
                   f"{r['nginx_cpu']:>6.2f} {r['req_per_cpu']:>9,.0f} {r['points_per_cpu']:>10,.0f} "
-                  f"{r['req_per_cpu'] / bare_rps:>6.3f}", flush=True)
+                  f"{r['req_per_cpu'] / bare_rps:>6.3f} {r['idle_cpu_per_s']:>10.3f}", flush=True)
     print()
     for line in sizing(rows):
         print(line)
