@@ -185,8 +185,12 @@ class MonitorHub:
         if isinstance(item, OwnershipChange):
             if not item.gained:
                 self._drop(item.run_id)
-            elif self.ownership.owns(item.run_id) and item.run_id not in self.monitors:
-                self._adopt(item.run_id)
+            elif self.ownership.owns(item.run_id):
+                if item.run_id not in self.monitors:
+                    self._adopt(item.run_id)
+                else:  # the lease lapsed here and came back: alerting may have let the run go
+                    for listener in self.ownership_listeners:
+                        listener(item.run_id, True)
             return
         if isinstance(item, RemotePush):
             self._remote(item)
