@@ -54,6 +54,8 @@ class RolledBack:
 
 @dataclass(frozen=True)
 class RunOwned:
-    """With replicas: this replica took the run over (``gained``), or another one did."""
+    """With replicas: this replica took the run over (``gained``), or let it go (its lease ran
+    out or another replica took it). The lease layer tells the monitor hub; the hub tells
+    alerting."""
     run_id: str
     gained: bool

@@ -24,20 +24,13 @@ from typing import Any, Callable, Union
 
 from detectors.finding import Finding
 from healthsvc.findings import FindingsService
-from healthsvc.messages import Drain, Stop, Tick
+from healthsvc.messages import Drain, RunOwned, Stop, Tick
 from healthsvc.monitor.ownership import RemoteMessage, RunOwnership, SoleOwner
 from healthsvc.monitor.run_monitor import RunMonitor
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class OwnershipChange:
-    """This replica took the run over (``gained``) or lost its lease (not ``gained``)."""
-    run_id: str
-    gained: bool
 
 
 @dataclass(frozen=True)
@@ -48,7 +41,7 @@ class RemotePush:
 
 
 # What the monitor thread consumes: committed input from the store, and its own control messages.
-MonitorInput = Union[IngestResult, RunEvent, OwnershipChange, RemotePush, Tick, Drain, Stop]
+MonitorInput = Union[IngestResult, RunEvent, RunOwned, RemotePush, Tick, Drain, Stop]
 
 
 def _dump_state(state: dict) -> bytes:
@@ -93,8 +86,8 @@ class MonitorHub:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         self._restore()
-        self.ownership.start(on_gained=lambda run_id: self._queue.put(OwnershipChange(run_id, True)),
-                             on_lost=lambda run_id: self._queue.put(OwnershipChange(run_id, False)),
+        self.ownership.start(on_gained=lambda run_id: self._queue.put(RunOwned(run_id, True)),
+                             on_lost=lambda run_id: self._queue.put(RunOwned(run_id, False)),
                              on_remote=lambda run_id, msg: self._queue.put(RemotePush(run_id, msg)))
         self._thread.start()
         self._ticker.start()
@@ -182,7 +175,7 @@ class MonitorHub:
                 self._record(mon, mon.tick(item.now))
                 self._snapshot(run_id)
             return
-        if isinstance(item, OwnershipChange):
+        if isinstance(item, RunOwned):
             if not item.gained:
                 self._drop(item.run_id)
             elif self.ownership.owns(item.run_id):
