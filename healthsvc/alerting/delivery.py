@@ -145,6 +145,9 @@ class DeliveryWorker:
         self._stopping = threading.Event()
         self._inflight: set[str] = set()
         self._inflight_lock = threading.Lock()
+        # Held from a claim to its rows being in flight: between the two a claimed row is
+        # neither due nor in flight, and drain() would take the worker for idle.
+        self._claim_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
 
@@ -190,8 +193,9 @@ class DeliveryWorker:
         while time.monotonic() < deadline:
             # A row the loop has claimed is in flight until its attempt is recorded; one it has
             # not claimed yet is still due: either way not idle.
-            if self.inflight == 0 and not self.outbox.due(self._clock(), limit=1):
-                return True
+            with self._claim_lock:
+                if self.inflight == 0 and not self.outbox.due(self._clock(), limit=1):
+                    return True
             if self._stopping.is_set():
                 return False
             time.sleep(0.002)  # a barrier's poll: an attempt is an HTTP round trip in a pool thread
@@ -218,11 +222,12 @@ class DeliveryWorker:
                 now = self._clock()
                 # Claimed, not just read: on a shared PostgreSQL database another replica's
                 # worker is never handed the same row (a read first: no write per idle poll).
-                due = self.outbox.claim(now, limit=free, hold_s=self.claim_hold_s, exclude=busy) \
-                    if self.outbox.due(now, limit=1, exclude=busy) else []
-                for d in due:
+                with self._claim_lock:
+                    due = self.outbox.claim(now, limit=free, hold_s=self.claim_hold_s, exclude=busy) \
+                        if self.outbox.due(now, limit=1, exclude=busy) else []
                     with self._inflight_lock:
-                        self._inflight.add(d.webhook_id)
+                        self._inflight.update(d.webhook_id for d in due)
+                for d in due:
                     self._pool.submit(self._attempt_and_release, d)
             self._wake.wait(self._sleep_s())
 
