@@ -90,9 +90,12 @@ class PgConnection:
 
     dialect = "postgresql"   # for the few statements only PostgreSQL has (FOR UPDATE SKIP LOCKED)
 
-    def __init__(self, conn: psycopg.Connection, catalog: Catalog) -> None:
+    def __init__(self, conn: psycopg.Connection, catalog: Catalog,
+                 reconnect: Callable[[], psycopg.Connection] | None = None) -> None:
         self.raw = conn
         self.catalog = catalog
+        self._reconnect = reconnect
+        self._in_transaction = False
         self._translate = functools.lru_cache(maxsize=1024)(lambda sql: pg_statement(sql, catalog))
 
     def _run(self, cur: psycopg.Cursor, st: Statement, args: Sequence[Any]) -> PgCursor:
@@ -103,6 +106,15 @@ class PgConnection:
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
         st = self._translate(sql)
+        if self.raw.broken and not self._in_transaction and self._reconnect is not None:
+            # The server restarted or the network dropped: the group that saw it failed (and
+            # was answered 503). Outside a transaction nothing is lost by a new connection;
+            # inside one, the statement must fail (its transaction's earlier work is gone).
+            log.warning("the store's writer connection broke; reconnecting")
+            self.raw = self._reconnect()
+        verb = st.sql.split(None, 1)[0].upper() if st.sql.strip() else ""
+        if verb in ("BEGIN", "COMMIT", "ROLLBACK") and not st.sql.upper().startswith("ROLLBACK TO"):
+            self._in_transaction = verb == "BEGIN"
         with self.raw.cursor() as cur:
             return self._run(cur, st, args)
 
@@ -179,7 +191,7 @@ class PostgresStore(StoreBase):
         return conn
 
     def _writer_connection(self) -> PgConnection:
-        return PgConnection(self._connect(), self.catalog)
+        return PgConnection(self._connect(), self.catalog, reconnect=self._connect)
 
     def _migrate(self, conn: PgConnection) -> list[int]:
         raw = conn.raw
