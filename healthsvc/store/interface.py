@@ -1,7 +1,8 @@
 """What the service needs of its store: the one interface a store implements.
 
-:class:`~healthsvc.store.sqlite.SQLiteStore` implements it today; a PostgreSQL store implements
-the same (issue #14). The protocols are split by who needs them, so a reader of a feature sees
+:class:`~healthsvc.store.sqlite.SQLiteStore` and :class:`~healthsvc.store.postgres.PostgresStore`
+implement it (both are :class:`~healthsvc.store.base.StoreBase`; ``healthsvc.store.open.open_store``
+picks one by the URI). The protocols are split by who needs them, so a reader of a feature sees
 at a glance what of the store it touches::
 
     StoreLifecycle   the app factory, /readyz, /metrics: open, close, health of the writer
@@ -19,8 +20,9 @@ raises what refused it); after-commit listeners (:meth:`StoreLifecycle.subscribe
 committed write's result (:mod:`healthsvc.store.results`, ``FindingsRecorded``).
 
 No SQL is written outside this package. Alerting's durable outbox (``outbox.py``) is of this
-package too: it runs its SQL through the SQLite store's writer (``write(job)``, ``read_conn()``,
-which are not part of the interface), so a PostgreSQL store brings its own outbox beside it.
+package too: it runs its SQL through the store's writer (``write(job)``, ``read_conn()``, which
+are not part of the interface), on either store. Tables are created and upgraded by the numbered
+steps of ``migrations.py``.
 """
 from __future__ import annotations
 

@@ -209,3 +209,32 @@ def test_the_server_refuses_a_newer_database_with_a_message_not_a_traceback(db_u
 
 def test_migration_steps_are_numbered_in_order():
     assert [s.version for s in migrations.STEPS] == list(range(1, LATEST + 1))
+
+
+def test_replicas_starting_together_apply_each_step_once(db_uri):
+    import threading
+    stores = [open_store(db_uri) for _ in range(3)]
+    start = threading.Barrier(len(stores))
+    errors: list[BaseException] = []
+
+    def opener(store) -> None:
+        start.wait()
+        try:
+            store.open()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=opener, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for s in stores:
+        s.close()
+    assert errors == []
+    db = Raw(db_uri)
+    try:
+        assert db.execute("SELECT version, count(*) FROM schema_version GROUP BY version ORDER BY version") == \
+            [(v, 1) for v in range(1, LATEST + 1)]
+    finally:
+        db.close()
