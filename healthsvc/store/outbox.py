@@ -1,19 +1,23 @@
 """The durable webhook outbox: every notification is a row before anyone tries to send it.
 
-All of the alerting package's SQL lives here (in the store package, beside the store's own). Tables (created with ``CREATE TABLE IF NOT
-EXISTS`` in the service's SQLite file, next to the service store's own tables):
+All of the alerting package's SQL lives here (in the store package, beside the store's own). Tables
+(``outbox_tables``, created and upgraded by the store's ``migrations``, in the service's database
+next to the store's own tables, SQLite or PostgreSQL):
 
 - ``alert_outbox``: one row per (notification, subscription) delivery. ``webhook_id`` is fixed at
   enqueue time and sent on every attempt, so receivers can dedupe at-least-once delivery.
   ``state`` goes ``pending -> delivered | failed | dead`` (or ``cancelled`` when its subscription
   is deleted); ``failed`` is a non-retryable answer (a 4xx other than 429), ``dead`` a delivery
-  that kept failing until its max age; both keep ``last_error``.
+  that kept failing until its max age; both keep ``last_error``. ``claimed_until``: a worker
+  holds the row until then (:meth:`Outbox.claim`), or until its attempt is recorded.
 - ``alert_records``: small JSON records the alert manager must keep across restarts (alerts,
   silences, API subscriptions, the notification log), keyed by ``(kind, key)``.
 
 Over the service store, every write is a job of the store's single writer (group commit); the
-call returns once it is durable. A restart loses nothing: pending rows are read back and sent by the next worker. One delivery
-worker per database is assumed (in-flight rows are tracked in the worker's memory, not leased).
+call returns once it is durable. A restart loses nothing: pending rows are read back and sent by
+the next worker. A worker claims the rows it sends (``FOR UPDATE SKIP LOCKED`` on PostgreSQL), so
+workers of several processes on one database are never handed the same row at once; a worker
+that dies holding a claim leaves the row to the others once the claim runs out.
 
 Example::
 
