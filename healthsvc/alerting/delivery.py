@@ -145,6 +145,7 @@ class DeliveryWorker:
         self._stopping = threading.Event()
         self._inflight: set[str] = set()
         self._inflight_lock = threading.Lock()
+        self._claiming = 0
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
 
@@ -178,8 +179,10 @@ class DeliveryWorker:
 
     @property
     def inflight(self) -> int:
+        """Rows in flight, counting a claim being made (its rows are no longer due, and not yet
+        in flight: a drain must not see that moment as idle)."""
         with self._inflight_lock:
-            return len(self._inflight)
+            return len(self._inflight) + self._claiming
 
     def drain(self, timeout_s: float = 10.0) -> bool:
         """Wait until no delivery is due at the clock's time now and none is in flight (each
@@ -189,8 +192,9 @@ class DeliveryWorker:
         self.wake()
         while time.monotonic() < deadline:
             # A row the loop has claimed is in flight until its attempt is recorded; one it has
-            # not claimed yet is still due: either way not idle.
-            if self.inflight == 0 and not self.outbox.due(self._clock(), limit=1):
+            # not claimed yet is still due: either way not idle. Due first: a row that is not
+            # due any more was claimed, and is counted in flight from before its claim commits.
+            if not self.outbox.due(self._clock(), limit=1) and self.inflight == 0:
                 return True
             if self._stopping.is_set():
                 return False
@@ -218,12 +222,18 @@ class DeliveryWorker:
                 now = self._clock()
                 # Claimed, not just read: on a shared PostgreSQL database another replica's
                 # worker is never handed the same row (a read first: no write per idle poll).
-                due = self.outbox.claim(now, limit=free, hold_s=self.claim_hold_s, exclude=busy) \
-                    if self.outbox.due(now, limit=1, exclude=busy) else []
-                for d in due:
+                if self.outbox.due(now, limit=1, exclude=busy):
                     with self._inflight_lock:
-                        self._inflight.add(d.webhook_id)
-                    self._pool.submit(self._attempt_and_release, d)
+                        self._claiming += 1
+                    try:
+                        due = self.outbox.claim(now, limit=free, hold_s=self.claim_hold_s, exclude=busy)
+                        with self._inflight_lock:
+                            self._inflight.update(d.webhook_id for d in due)
+                    finally:
+                        with self._inflight_lock:
+                            self._claiming -= 1
+                    for d in due:
+                        self._pool.submit(self._attempt_and_release, d)
             self._wake.wait(self._sleep_s())
 
     def _sleep_s(self) -> float:
