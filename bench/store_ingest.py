@@ -54,9 +54,10 @@ class PgCpu:
 def measure(db: str, seconds: float, threads: int, records: int, pg: PgCpu | None) -> dict:
     tmp = tempfile.mkdtemp(prefix="healthsvc-store-bench-")
     server = ServerProcess(db, env={"HEALTHSVC_DETECT": "0"}, log_path=os.path.join(tmp, "server.log"))
+    print(f"{db}: server log {server.log_path}", file=sys.stderr)
     server.start()
     try:
-        run_case(server, "columns", records, 1.0, threads)          # warm up: connections, caches
+        run_case(server, "columns", records - 1, 1.0, threads)   # warm up (another run: no duplicates)
         pids = pg.pids() if pg else []
         db0 = pg(pids) if pg else 0.0
         res = run_case(server, "columns", records, seconds, threads)
@@ -87,11 +88,11 @@ def main() -> None:
     finally:
         with psycopg.connect(ADMIN, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    print(f"| store | requests | M points / wall-s | M points / service CPU-s | database CPU-s "
+    print(f"| store | requests | errors | M points / wall-s | M points / service CPU-s | database CPU-s "
           f"| M points / (service + database) CPU-s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for store, r in out.items():
-        print(f"| {store} | {r['requests']:,} | {r['points_per_wall_s'] / 1e6:.2f} | {r['points_per_cpu_s'] / 1e6:.2f} "
+        print(f"| {store} | {r['requests']:,} | {r['errors']:,} | {r['points_per_wall_s'] / 1e6:.2f} | {r['points_per_cpu_s'] / 1e6:.2f} "
               f"| {r['db_cpu_s']:.2f} | {r['points_per_total_cpu_s'] / 1e6:.2f} |")
     ratio = out["postgresql"]["points_per_total_cpu_s"] / out["sqlite"]["points_per_total_cpu_s"]
     print(f"\nPostgreSQL / SQLite, points per (service + database) CPU-second: {ratio:.0%}")
