@@ -238,3 +238,13 @@ def test_replicas_starting_together_apply_each_step_once(db_uri):
             [(v, 1) for v in range(1, LATEST + 1)]
     finally:
         db.close()
+
+
+def test_the_server_says_when_its_store_cannot_be_opened(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "healthsvc", "serve", "--port", "1", "--db",
+                           "postgresql://postgres:secret@127.0.0.1:5432/hs_no_such_database"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "cannot open the store postgresql://postgres:***@127.0.0.1:5432/hs_no_such_database" in proc.stderr
+    assert "hs_no_such_database\" does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr and "secret" not in proc.stderr
