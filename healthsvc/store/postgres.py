@@ -144,12 +144,42 @@ class PooledReader:
         self.catalog = catalog
         self._translate = functools.lru_cache(maxsize=1024)(lambda sql: pg_statement(sql, catalog))
 
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> "PgCursor | StreamedRows":
         st = self._translate(sql)
+        if _STREAMED.search(st.sql):
+            return StreamedRows(self._pool, st.sql, _params(args))
         with self._pool.connection() as conn, conn.cursor() as cur:
             cur.execute(st.sql, _params(args))
             rows = cur.fetchall() if cur.description is not None else []
             return PgCursor(rows, cur.rowcount, None)
+
+
+# Reads of chunk payloads (an export, a replay) can be the whole of a long run: they stream.
+_STREAMED = re.compile(r"^\s*SELECT\b[^;]*\bpayload\b[^;]*\bFROM\s+chunks\b", re.IGNORECASE | re.DOTALL)
+
+
+class StreamedRows:
+    """The rows of a chunk read, fetched a few at a time through a server-side cursor while the
+    caller iterates (an export holds a few chunks in memory, not the run). The pooled connection
+    is held until the iteration ends or the iterator is dropped."""
+
+    BATCH = 32
+
+    def __init__(self, pool: ConnectionPool, sql: str, args: list[Any]) -> None:
+        self._pool, self._sql, self._args = pool, sql, args
+
+    def __iter__(self) -> Iterator[tuple]:
+        with self._pool.connection() as conn, conn.transaction(), \
+                conn.cursor(name="healthsvc_chunks") as cur:
+            cur.itersize = self.BATCH
+            cur.execute(self._sql, self._args)
+            yield from cur
+
+    def fetchall(self) -> list[tuple]:
+        return list(self)
+
+    def fetchone(self) -> tuple | None:
+        return next(iter(self.fetchall()), None)
 
 
 def load_catalog(conn: psycopg.Connection) -> Catalog:

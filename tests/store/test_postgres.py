@@ -66,3 +66,22 @@ def test_the_writer_reconnects_after_its_connection_is_lost():
             assert steps == [1, 3]    # the failed push stored nothing; the client retries it
         finally:
             store.close()
+
+
+def test_chunk_reads_stream_in_batches_and_other_reads_go_on_meanwhile():
+    from healthsvc.store.postgres import StreamedRows
+    with fresh_database() as uri:
+        store = PostgresStore(uri, pool_size=2)
+        store.open()
+        try:
+            futures = [store.submit_metrics("r", batch(s), f"d{s}") for s in range(1, 2 * StreamedRows.BATCH + 7)]
+            for f in futures:
+                f.result(10)
+            steps = []
+            for _, b in store.iter_chunks("r"):
+                steps.extend(int(s) for s in b.steps)
+                assert store.run_exists("r")            # a read on the other pooled connection
+            assert steps == list(range(1, 2 * StreamedRows.BATCH + 7))
+            assert len(list(store.chunks_after("r", 10))) == 2 * StreamedRows.BATCH + 6 - 10
+        finally:
+            store.close()
