@@ -88,7 +88,7 @@ def main() -> None:
     finally:
         with psycopg.connect(ADMIN, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    print(f"| store | requests | errors | M points / wall-s | M points / service CPU-s | database CPU-s "
+    print("| store | requests | errors | M points / wall-s | M points / service CPU-s | database CPU-s "
           f"| M points / (service + database) CPU-s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for store, r in out.items():

@@ -46,8 +46,9 @@ def pytest_generate_tests(metafunc):
         unknown = set(kinds) - set(STORES)
         if unknown:
             raise pytest.UsageError(f"--stores: unknown store {sorted(unknown)} (know {', '.join(STORES)})")
-        scope = "module" if {"shared_server", "shared_http"} & set(metafunc.fixturenames) else "function"
-        metafunc.parametrize("db_kind", kinds, indirect=True, scope=scope)
+        # Module scope: a module's servers (shared_server, its own module fixtures) are started
+        # once per store; db_uri is still a fresh database per test.
+        metafunc.parametrize("db_kind", kinds, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pytest
 
 from healthsvc.ingest.batch import MetricBatch
