@@ -89,7 +89,7 @@ def main() -> None:
         with psycopg.connect(ADMIN, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     print("| store | requests | errors | M points / wall-s | M points / service CPU-s | database CPU-s "
-          f"| M points / (service + database) CPU-s |")
+          "| M points / (service + database) CPU-s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for store, r in out.items():
         print(f"| {store} | {r['requests']:,} | {r['errors']:,} | {r['points_per_wall_s'] / 1e6:.2f} | {r['points_per_cpu_s'] / 1e6:.2f} "
