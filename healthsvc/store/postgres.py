@@ -3,8 +3,11 @@
 The same store as SQLite's (:class:`~healthsvc.store.base.StoreBase`: one writer thread with
 group commit, so writes are ordered and after-commit listeners see what SQLite's see), over a
 :class:`PgConnection` that runs the store's SQLite-dialect SQL translated (``dialect``). Reads
-borrow a connection from a :class:`psycopg_pool.ConnectionPool` for one statement and return it:
-each read sees every commit made before it (the writer resolves a write only once committed).
+borrow a connection from a :class:`psycopg_pool.ConnectionPool` (``pool_size``, 8) for one
+statement and return it: each read sees every commit made before it (the writer resolves a write
+only once committed). Reads of chunk payloads stream (:class:`StreamedRows`) and hold their
+connection while the caller iterates. A writer connection that broke is replaced before the next
+group (:class:`PgConnection`); several processes may open one database (migrations take turns).
 
 Types: ``REAL`` columns are ``DOUBLE PRECISION`` (float64, NaN and ±Inf kept bit for bit), the
 metric chunks are ``BYTEA`` (the same bytes as SQLite's ``BLOB``: NaN versus missing is the codec's
