@@ -145,7 +145,9 @@ class DeliveryWorker:
         self._stopping = threading.Event()
         self._inflight: set[str] = set()
         self._inflight_lock = threading.Lock()
-        self._claiming = 0
+        # Held from a claim to its rows being in flight: between the two a claimed row is
+        # neither due nor in flight, and drain() would take the worker for idle.
+        self._claim_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
 
@@ -179,10 +181,8 @@ class DeliveryWorker:
 
     @property
     def inflight(self) -> int:
-        """Rows in flight, counting a claim being made (its rows are no longer due, and not yet
-        in flight: a drain must not see that moment as idle)."""
         with self._inflight_lock:
-            return len(self._inflight) + self._claiming
+            return len(self._inflight)
 
     def drain(self, timeout_s: float = 10.0) -> bool:
         """Wait until no delivery is due at the clock's time now and none is in flight (each
@@ -192,10 +192,10 @@ class DeliveryWorker:
         self.wake()
         while time.monotonic() < deadline:
             # A row the loop has claimed is in flight until its attempt is recorded; one it has
-            # not claimed yet is still due: either way not idle. Due first: a row that is not
-            # due any more was claimed, and is counted in flight from before its claim commits.
-            if not self.outbox.due(self._clock(), limit=1) and self.inflight == 0:
-                return True
+            # not claimed yet is still due: either way not idle.
+            with self._claim_lock:
+                if self.inflight == 0 and not self.outbox.due(self._clock(), limit=1):
+                    return True
             if self._stopping.is_set():
                 return False
             time.sleep(0.002)  # a barrier's poll: an attempt is an HTTP round trip in a pool thread
@@ -222,18 +222,13 @@ class DeliveryWorker:
                 now = self._clock()
                 # Claimed, not just read: on a shared PostgreSQL database another replica's
                 # worker is never handed the same row (a read first: no write per idle poll).
-                if self.outbox.due(now, limit=1, exclude=busy):
+                with self._claim_lock:
+                    due = self.outbox.claim(now, limit=free, hold_s=self.claim_hold_s, exclude=busy) \
+                        if self.outbox.due(now, limit=1, exclude=busy) else []
                     with self._inflight_lock:
-                        self._claiming += 1
-                    try:
-                        due = self.outbox.claim(now, limit=free, hold_s=self.claim_hold_s, exclude=busy)
-                        with self._inflight_lock:
-                            self._inflight.update(d.webhook_id for d in due)
-                    finally:
-                        with self._inflight_lock:
-                            self._claiming -= 1
-                    for d in due:
-                        self._pool.submit(self._attempt_and_release, d)
+                        self._inflight.update(d.webhook_id for d in due)
+                for d in due:
+                    self._pool.submit(self._attempt_and_release, d)
             self._wake.wait(self._sleep_s())
 
     def _sleep_s(self) -> float:
