@@ -41,3 +41,13 @@ class ClientStats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class Counters:
+    """Mutable counters behind ``ClientStats``; each is written by one thread only."""
+
+    def __init__(self) -> None:
+        for name in ClientStats.__dataclass_fields__:
+            if name not in ("pending", "last_error", "dropped"):
+                setattr(self, name, 0)
+        self.last_error: str | None = None
