@@ -42,6 +42,7 @@ from clients.control import Control
 from clients.delivery import Delivery
 from clients.heartbeat import Heartbeat, Phase
 from clients.queue import DropOldestQueue
+from clients.relay_link import RelayLink
 from clients.retry import Backoff
 from clients.sender import Sender
 from clients.spool import SpoolWriter
@@ -76,6 +77,11 @@ class Run(Sender, Heartbeat, Control):
         backoff_base_s, backoff_max_s: retry waits (see ``clients.retry.Backoff``).
         exit_flush_timeout_s: time the atexit flush may take when ``finish`` was not called.
         gzip_min_bytes: bodies at least this long are gzipped (negative: never).
+        relay: the Unix socket of the host's relay (``clients.relay``; ``init`` reads env
+            ``HEALTHSVC_RELAY``): metrics rows go through it, one columnar push per host and
+            interval; missing or dead, the rank posts directly. Online mode only.
+        relay_timeout_s: how long the sender waits for the relay at each step of a hand-over
+            before it posts directly.
     """
 
     def __init__(
@@ -100,6 +106,8 @@ class Run(Sender, Heartbeat, Control):
         backoff_max_s: float = 30.0,
         exit_flush_timeout_s: float = 5.0,
         gzip_min_bytes: int = 1024,
+        relay: str | os.PathLike[str] | None = None,
+        relay_timeout_s: float = 10.0,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -146,6 +154,9 @@ class Run(Sender, Heartbeat, Control):
             mode=mode, transport=self._transport, spool=self._spool, backoff=self._backoff,
             max_attempts=max_attempts, timeout_s=timeout_s, gzip_min_bytes=gzip_min_bytes,
             counters=self._counters, problem=self._problem)
+        self._relay: RelayLink | None = None
+        if relay is not None and mode == "online":
+            self._relay = RelayLink(os.fspath(relay), self._delivery, timeout_s=relay_timeout_s)
 
         self._held: tuple[int, float, dict] | None = None  # see _may_still_grow
         self._next_step = 0
@@ -334,6 +345,8 @@ class Run(Sender, Heartbeat, Control):
             self._heartbeat.join(0.1)
         if self._spool is not None:
             self._spool.close()
+        if self._relay is not None and (sender is None or not sender.is_alive()):
+            self._relay.close()
         delivered = sender is not None and not sender.is_alive() and self._pending() == 0
         return delivered and self._counters.failed_requests == 0
 
@@ -384,6 +397,7 @@ class Run(Sender, Heartbeat, Control):
         self._transport = None  # the parent's sockets: never read or close them from here
         self._spool = None
         self._delivery = None
+        self._relay = None      # the parent's relay connection, likewise
         self._new_sync_state()
         self._rows.clear()
         self._held = None

@@ -4,7 +4,8 @@ posts rows, column blocks and control requests in the order they were queued.
 
 A mixin of :class:`clients.client.Run` (the state it reads is the run's: its queues, the flush
 generation counters, ``_held``); one request goes out through the run's
-:class:`clients.delivery.Delivery`.
+:class:`clients.delivery.Delivery`; metrics rows through the per-host relay when the run has one
+(:class:`clients.relay_link.RelayLink`).
 """
 from __future__ import annotations
 
@@ -93,7 +94,13 @@ class Sender:
                 record["world_size"] = world_size
             records.append(record)
         body = {"batch_id": uuid.uuid4().hex, "records": records}
-        self._delivery.deliver("POST", self._base_path + "/metrics", body, n_records=len(records))
+        if self._relay is not None:
+            # Urgent (the relay posts at once): a NaN/Inf, a flush() or the close is waiting.
+            urgent = (self._flush_requested > self._flush_done or self._closing.is_set()
+                      or any(v.__class__ is float and (v - v) != 0.0 for r in records for v in r.values()))
+            self._relay.deliver(self._base_path + "/metrics", body, len(records), urgent)
+        else:
+            self._delivery.deliver("POST", self._base_path + "/metrics", body, n_records=len(records))
 
     def _send_columns(self, blocks: list[tuple[int, float, dict]]) -> None:
         converted = []
