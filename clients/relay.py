@@ -69,6 +69,8 @@ from clients.transport import HTTPTransport, Transport
 
 logger = logging.getLogger("healthsvc.relay")
 
+URGENT_GATHER_S = 0.02   # how long an urgent push waits for the host's other ranks
+
 
 class _Member:
     """One rank's connection: its batches are read on their own thread, answers sent from the
@@ -94,7 +96,7 @@ class Relay:
     """Accepts ranks on ``socket_path`` and pushes their records to ``url`` (see the module docstring).
 
     ``interval_s``: how long batches wait to be merged (a batch marked urgent, NaN/Inf or a
-    flush, is sent at once with what is pending for its run). ``max_records``: records per body.
+    flush, is sent within ``URGENT_GATHER_S`` with what is pending then). ``max_records``: records per body.
     ``spool_path``: where bodies given up on are kept (as the rank's spool, for ``healthsvc
     sync``). ``pending_dir``: the prepared bodies (default ``<socket_path>.pending``).
     """
@@ -214,7 +216,10 @@ class Relay:
 
     def _flusher_main(self) -> None:
         while True:
-            self._wake.wait(self.interval_s)
+            if self._wake.wait(self.interval_s) and not self._stop.is_set():
+                # Urgent: ranks flush or finish together (after the same collective), so wait a
+                # moment for the others and send them in one body.
+                time.sleep(min(URGENT_GATHER_S, self.interval_s))
             self._wake.clear()
             stopping = self._stop.is_set()
             with self._lock:
