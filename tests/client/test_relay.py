@@ -244,3 +244,31 @@ def test_the_relay_keeps_nan_and_missing_apart_in_its_body():
     from clients.relay import _columns
     cols = _columns([{"step": 1, "rank": 0, "loss": float("nan")}, {"step": 1, "rank": 1, "lr": 0.1}])
     assert math.isnan(cols["loss"][0]) and cols["loss"][1] is None
+
+
+def test_a_body_the_service_refuses_for_one_rank_does_not_lose_the_others(served):
+    relay = RelayProcess(served.url, interval_s=1.0)   # long: the four ranks share one body
+    try:
+        runs = [Run(served.url, "bad", r, host=f"h{r}", relay=relay.socket, flush_interval_s=0.05,
+                    heartbeat_interval_s=0) for r in range(4)]
+        gate = threading.Barrier(4)
+
+        def rank_loop(run: Run) -> None:
+            fields = {"bad name": 1.0} if run.rank == 3 else {"loss": 1.0}   # 422 for the whole body
+            run.log(step=0, **fields)
+            gate.wait()
+            run.finish(20.0)
+
+        threads = [threading.Thread(target=rank_loop, args=(run,)) for run in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        served.drain()
+        cols = history(served, "bad")
+        assert sorted(cols["rank"]) == [0, 1, 2] and cols["step"] == [0, 0, 0]
+        assert runs[3].stats().rejected_requests == 1
+        assert all(run.stats().sent_records == 1 for run in runs[:3])
+        assert counters(served)['healthsvc_ingest_requests_total{outcome="rejected"}'] >= 1
+    finally:
+        relay.close()
