@@ -43,7 +43,8 @@ host's others); ``failed`` makes it re-send the body file with its own retries a
 that stalls (stopped, not dead) for longer than the ranks' ``relay_timeout_s`` and then resumes
 can store one interval's records of those ranks twice: the one case outside exactly once.
 
-Several runs share one relay (bodies are per run path). A body never holds one (step, rank) twice
+Several runs share one relay (bodies are per run path; one flusher thread posts them in turn, so a
+slow service delays every run's push, as it would each rank's). A body never holds one (step, rank) twice
 (the service refuses such a batch whole): a batch that would repeat one goes into the next body.
 """
 from __future__ import annotations
@@ -140,7 +141,15 @@ class Relay:
     def start(self) -> Relay:
         """Bind the socket (replacing a stale one) and start the accept and flusher threads."""
         if os.path.exists(self.socket_path):
-            os.unlink(self.socket_path)   # a dead relay's socket: nobody answers on it
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(self.socket_path)
+            except OSError:
+                os.unlink(self.socket_path)   # a dead relay's socket: nobody answers on it
+            else:
+                raise RuntimeError(f"a relay already listens on {self.socket_path}")
+            finally:
+                probe.close()
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(self.socket_path)
         server.listen(256)
@@ -255,8 +264,11 @@ class Relay:
             except OSError:
                 pass
         elif self.counters.rejected_requests > rejected_before:
-            status = "rejected"
-            os.unlink(file)
+            status = "rejected"   # never stored: each rank posts its own records
+            try:
+                os.unlink(file)
+            except OSError:
+                pass
         else:
             status = "failed"   # the file stays: the ranks re-send it under the same key
         for member, batch_id, _ in group:

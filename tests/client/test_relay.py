@@ -167,9 +167,10 @@ def test_a_relay_killed_mid_run_loses_nothing_and_never_holds_up_log(served):
         check_history(served, "kill", {r: f"h{r}" for r in range(4)})
         assert counters(served)["healthsvc_ingest_records_total"] == 4 * STEPS   # exactly once
         assert all(run.stats().relay_fallbacks > 0 for run in runs)
-        # log() only appends to the rank's queue: a dead relay costs it nothing (the bound is
-        # generous for a shared machine; the cost itself is measured by bench/relay.py).
-        assert max(max(t) for t in times) < 0.05
+        # log() only appends to the rank's queue: a dead relay costs it nothing. The bound is
+        # generous for a shared machine (GIL turns between ten threads) and far below the 5 s
+        # relay_timeout_s a call that waited for the relay would take; bench/relay.py measures.
+        assert max(max(t) for t in times) < 0.25
     finally:
         relay.close()
 
