@@ -273,3 +273,27 @@ def test_a_body_the_service_refuses_for_one_rank_does_not_lose_the_others(served
         assert counters(served)['healthsvc_ingest_requests_total{outcome="rejected"}'] >= 1
     finally:
         relay.close()
+
+
+def test_a_relay_that_cannot_reach_the_service_hands_its_body_back_stored_once(served):
+    from clients.relay import Relay
+    from clients.transport import ConnectError, MockTransport
+
+    def down(request):
+        raise ConnectError("the relay's network to the service is down")
+
+    sock = os.path.join(tempfile.mkdtemp(prefix="hsr", dir="/tmp"), "relay.sock")
+    relay = Relay(sock, transport=MockTransport(down), interval_s=0.2, max_attempts=1).start()
+    try:
+        runs, threads, _ = start_ranks(served.url, sock, [("down", r, f"h{r}") for r in range(4)], step_s=0.0)
+        for thread in threads:
+            thread.join()
+        assert all(run.finish(20.0) for run in runs)
+        served.drain()
+        check_history(served, "down", {r: f"h{r}" for r in range(4)})
+        assert counters(served)["healthsvc_ingest_records_total"] == 4 * STEPS
+        assert relay.counters.failed_requests >= 1 and all(run.stats().relayed_requests == 0 for run in runs)
+        assert os.listdir(sock + ".pending") == []   # a rank that delivered a body removed its file
+    finally:
+        relay.stop()
+        shutil.rmtree(os.path.dirname(sock), ignore_errors=True)
