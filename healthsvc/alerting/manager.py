@@ -46,7 +46,7 @@ from healthsvc.alerting.policy import (
     group_timing, inhibited, needs_update, next_flush_at, silenced,
 )
 from healthsvc.alerting.subscription import Subscription
-from healthsvc.identity import finding_fingerprint
+from healthsvc.identity import alert_fingerprint
 
 RollbackLookup = Callable[[str], "dict[str, Any] | None"]
 
@@ -205,7 +205,7 @@ class AlertManager(AlertAdmin):
 
     def _apply(self, run_id: str, f: Finding, hosts: Mapping[int, str], now: float) -> None:
         self.counters.findings += 1
-        fp = finding_fingerprint(run_id, f)
+        fp = alert_fingerprint(run_id, f, (a for a in self._alerts.values() if a.run == run_id))
         existing = self._alerts.get(fp)
         if f.status == "resolved":
             if existing is not None and existing.status == "firing":

@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 from detectors.finding import Finding
+from healthsvc.identity import condition_key
 from healthsvc.store.findings import FindingsRecorded, StoredFinding
 from healthsvc.store.interface import Store
 
@@ -39,8 +40,10 @@ class FindingsService:
                     except Exception:
                         log.exception("findings listener failed")
 
-    def record(self, run_id: str, attempt: int, findings: list[Finding], hosts: dict[int, str]) -> Future:
-        """Store findings (skipping ones already stored); resolves to the newly stored ones."""
+    def record(self, run_id: str, attempt: int, findings: list[Finding],
+               hosts: dict[int, str] | None = None) -> Future:
+        """Store findings (skipping ones already stored); resolves to the newly stored ones. The
+        blamed ranks' hosts are the store's (the run's state), unless ``hosts`` names them."""
         return self.store.submit_findings(run_id, attempt, findings, hosts)
 
     def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
@@ -65,8 +68,7 @@ class FindingsService:
         What is *active* also depends on alerting: see :class:`healthsvc.health.RunHealth`."""
         latest: dict[tuple, StoredFinding] = {}
         for sf in self.query(run_id, limit=1_000_000):
-            f = sf.finding
-            latest[(sf.attempt, f.kind, f.metric, f.ranks)] = sf
+            latest[condition_key(sf.attempt, sf.finding)] = sf
         return [sf for sf in latest.values() if sf.finding.status == "firing"]
 
     def firing_counts(self, run_id: str) -> dict[str, int]:

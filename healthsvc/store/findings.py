@@ -69,15 +69,23 @@ class FindingsTable:
     _clock: Callable[[], float]
 
     def submit_findings(self, run_id: str, attempt: int, findings: list[Finding],
-                        hosts: dict[int, str]) -> Future:
-        """Store findings, skipping ones already stored; resolves to a :class:`FindingsRecorded`."""
+                        hosts: dict[int, str] | None = None) -> Future:
+        """Store findings, skipping ones already stored; resolves to a :class:`FindingsRecorded`.
+
+        The blamed ranks' hosts are the run's, as its :class:`~healthsvc.store.runstate.RunState`
+        knows them when the job runs (on the writer thread, which owns that state); ``hosts``
+        overrides them (tools and tests that record findings for ranks the store never saw)."""
         def job(conn: sqlite3.Connection) -> FindingsRecorded:
             now = self._clock()
+            st = self._runs.get(run_id)  # type: ignore[attr-defined]  # MetricsIngest's
             stored = []
             for f in findings:
                 # What listeners see is what is stored: evidence with NaN as "NaN", never null.
                 f = replace(f, evidence=jsonable(f.evidence))
-                blamed_hosts = tuple(hosts.get(r) for r in f.ranks)
+                if hosts is not None:
+                    blamed_hosts = tuple(hosts.get(r) for r in f.ranks)
+                else:
+                    blamed_hosts = st.hosts_of(f.ranks) if st is not None else (None,) * len(f.ranks)
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO findings (run_id, attempt, kind, metric, ranks, hosts, step, status, severity,"
                     " score, onset_step, evidence, created_at, identity) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
