@@ -95,7 +95,7 @@ class AlertingService:
         """The findings stage: inside the job that stored ``stored`` (on the writer thread), fold
         every finding after the cursor into alerts, notifications and the cursor, on ``conn``.
         Returns what to run once the job is durable (wake the sender, queue annotations)."""
-        if not self._live:
+        if not self._live or self._findings_after is None:
             return []  # start() will: it processes everything after the cursor, as a job
         with self.outbox.bound(conn) as after:
             self._process_pending(conn)

@@ -199,10 +199,10 @@ class MonitorHub:
             # are not kept; an attempt's ranks only grow, so early blocks may wait for their
             # timeout instead of completing at once: the findings are the same).
             st = self.store.run_state(run_id)
-            view = st.view() if st is not None else RunView(0, 0, row["status"] == "finished")
+            view = st.view() if st is not None else RunView(0, -1, 0, row["status"] == "finished")
             replayed = 0
             for chunk in self.store.chunks_after(run_id, watermark):
-                chunk_view = RunView(chunk.attempt, view.ranks_seen, False)
+                chunk_view = RunView(chunk.attempt, -1, view.ranks_seen, False)
                 self._record(mon, mon.on_metrics(chunk.batch, chunk_view, chunk.id, chunk.received_at))
                 replayed += 1
             if view.finished:

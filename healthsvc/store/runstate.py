@@ -29,9 +29,10 @@ class RunView:
     on changing the state it was taken from.
 
     >>> RunState("r").view()
-    RunView(attempt=0, ranks_seen=0, finished=False)
+    RunView(attempt=0, start_step=0, ranks_seen=0, finished=False)
     """
     attempt: int
+    start_step: int                   # first step of the attempt (-1: not known, in a replay)
     ranks_seen: int                   # ranks that reported in the current attempt
     finished: bool                    # the whole run finished (``runs.status`` says the same)
 
@@ -139,7 +140,7 @@ class RunState:
         return cached
 
     def view(self) -> RunView:
-        return RunView(self.attempt, int(np.count_nonzero(self.last_step >= 0)), self.finished)
+        return RunView(self.attempt, self.start_step, int(np.count_nonzero(self.last_step >= 0)), self.finished)
 
     def hosts_of(self, ranks: Sequence[int]) -> tuple[str | None, ...]:
         """The host of each rank (None where unknown), aligned with ``ranks``: the one shape
