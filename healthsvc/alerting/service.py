@@ -95,17 +95,19 @@ class AlertingService:
         """The findings stage: inside the job that stored ``stored`` (on the writer thread), fold
         every finding after the cursor into alerts, notifications and the cursor, on ``conn``.
         Returns what to run once the job is durable (wake the sender, queue annotations)."""
-        if not self._live or self._findings_after is None:
+        if not self._live:
             return []  # start() will: it processes everything after the cursor, as a job
         with self.outbox.bound(conn) as after:
-            self._process_pending(conn)
+            self._process_pending(conn, stored)
         return [*after, self._queue_annotations]
 
-    def _process_pending(self, conn: Any) -> None:
-        assert self.manager is not None and self._findings_after is not None
+    def _process_pending(self, conn: Any, stored: list | None = None) -> None:
+        assert self.manager is not None
+        # Without a way to read the findings table, only what this job stored is known.
+        fetch = self._findings_after or (lambda after, conn: [sf for sf in stored or () if sf.id > after])
         saved = self.outbox.records("cursor", conn=conn).get("findings")
         cursor = int(saved["id"]) if saved is not None else 0
-        while pending := self._findings_after(cursor, conn=conn):
+        while pending := fetch(cursor, conn=conn):
             by_run: dict[str, tuple[list, dict[int, str]]] = {}
             for sf in pending:
                 findings, hosts = by_run.setdefault(sf.run_id, ([], {}))
@@ -151,10 +153,6 @@ class AlertingService:
     def _replay_unprocessed(self) -> None:
         """Process the findings stored after the cursor (before start, or before a crash), as
         one job: later findings jobs, which run after it, process their own."""
-        if self._findings_after is None:
-            self._live = True
-            return
-
         def job(conn: Any) -> None:
             if self.outbox.records("cursor", conn=conn).get("findings") is None:
                 # No cursor yet (a new store, or one from a version without it): start at the
