@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(frozen=True)

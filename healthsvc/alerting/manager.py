@@ -14,6 +14,10 @@ typically an Alertmanager, does those); an ``alertmanager_api`` subscription is 
 alerts it was last sent every ``resend_interval_s`` (:meth:`_resend`). A ``pagerduty``
 subscription is sent an ``acknowledge`` event when an alert it was paged for is acknowledged.
 
+Every method that changes state is one store job holding the manager's lock inside it
+(:func:`~healthsvc.alerting.admin.one_job`); the findings job calls :meth:`AlertManager.process`
+inside its own transaction, so a finding, its alert and its notification commit together (a new
+corruption alert's group waits for :meth:`AlertManager.annotate`, see ``process``).
 Every method takes ``now`` (unix seconds) from the caller. State that must survive a restart
 (alerts, silences, API subscriptions, the notification log) is written to the outbox's record
 table on change and read back by the constructor.

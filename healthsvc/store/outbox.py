@@ -28,7 +28,7 @@ import json
 import sqlite3
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, TypeVar
 
@@ -127,14 +127,6 @@ class _Outcome:
     after: list[Callable[[], None]]
 
 
-@dataclass
-class _Batch:
-    """Writes collected by :meth:`Outbox.batch`, and what waits for them to be durable."""
-    jobs: list[Callable[[sqlite3.Connection], Any]] = field(default_factory=list)
-    after: list[Callable[[], None]] = field(default_factory=list)
-    depth: int = 0
-
-
 class Outbox:
     """The outbox over one of:
 
@@ -148,7 +140,7 @@ class Outbox:
     def __init__(self, db: "str | Path | StoreLike") -> None:
         self._lock = threading.RLock()      # the own connection's statements
         self._tx_lock = threading.RLock()   # the own connection's transactions
-        self._batches = threading.local()
+        self._bound = threading.local()     # this thread's job (see bound)
         self._store: StoreLike | None = None
         self._conn: sqlite3.Connection | None = None
         if hasattr(db, "write") and hasattr(db, "read_conn"):
@@ -173,12 +165,12 @@ class Outbox:
         findings job stores findings, their alerts and notifications as one). Yields the
         :meth:`after_commit` callbacks, for the job's owner to run once it is durable."""
         after: list[Callable[[], None]] = []
-        outer = getattr(self._batches, "bound", None)
-        self._batches.bound = (conn, after)
+        outer = getattr(self._bound, "bound", None)
+        self._bound.bound = (conn, after)
         try:
             yield after
         finally:
-            self._batches.bound = outer
+            self._bound.bound = outer
 
     def run_in_job(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` as ONE job (one transaction) with this thread's writes bound to it
@@ -187,7 +179,7 @@ class Outbox:
         The alert manager's state changes run this way, so the change in memory and its rows
         happen together on the writer thread, in the order the writer runs them; and no caller
         holds the manager's lock while it waits for the writer (the findings job takes it)."""
-        current = getattr(self._batches, "bound", None)
+        current = getattr(self._bound, "bound", None)
         if current is not None:
             return fn(current[0])
         if self._store is not None:
@@ -214,69 +206,29 @@ class Outbox:
                 return _Outcome(fn(conn), None, after)
             except Exception as exc:  # noqa: BLE001 - re-raised to the caller by run_in_job
                 # What ``fn`` wrote before it raised was decided (and is in memory): commit it,
-                # as a batch always did, and raise to the caller after.
+                # as the manager always did, and raise to the caller after.
                 return _Outcome(None, exc, after)
 
     def transaction(self, fn: Callable[[], T]) -> T:
         """:meth:`run_in_job` for a function that writes only through the outbox."""
         return self.run_in_job(lambda conn: fn())
 
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Collect this thread's writes (deliveries enqueued, records put and deleted) and commit
-        them as ONE job when the outermost ``batch`` ends: what one batch of findings, a tick or
-        an operator action changes is stored at once, or not at all. Inside a batch those writes
-        return None; :meth:`after_commit` callbacks run once the batch is durable. Inside a job
-        (:meth:`bound`) writes are already one transaction: a batch changes nothing there."""
-        if getattr(self._batches, "bound", None) is not None:
-            yield
-            return
-        b = getattr(self._batches, "current", None)
-        if b is None:
-            b = self._batches.current = _Batch()
-        b.depth += 1
-        try:
-            yield
-        finally:
-            b.depth -= 1
-            if b.depth == 0:
-                # Even when the body raised: what it wrote so far was decided (and is in memory).
-                self._batches.current = None
-                self._commit(b)
-
-    def _commit(self, b: _Batch) -> None:
-        if b.jobs:
-            jobs = b.jobs
-
-            def run_all(conn: sqlite3.Connection) -> None:
-                for job in jobs:
-                    job(conn)
-            self._write(run_all)
-        for callback in b.after:
-            callback()
-
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once this thread's writes are durable: at the end of the current
-        :meth:`batch` or job (:meth:`bound`), or now outside both."""
-        bound = getattr(self._batches, "bound", None)
-        b = getattr(self._batches, "current", None)
-        pending = bound[1] if bound is not None else (b.after if b is not None else None)
-        if pending is None:
+        job (:meth:`bound`), or now outside one."""
+        bound = getattr(self._bound, "bound", None)
+        if bound is None:
             callback()
-        elif callback not in pending:
-            pending.append(callback)
+        elif callback not in bound[1]:
+            bound[1].append(callback)
 
     def _write(self, job: Callable[[sqlite3.Connection], T]) -> T:
-        bound = getattr(self._batches, "bound", None)
+        bound = getattr(self._bound, "bound", None)
         if bound is not None:
             if self._store is not None:
                 return job(bound[0])
             with self._lock:  # the own connection is shared with readers on other threads
                 return job(bound[0])
-        b = getattr(self._batches, "current", None)
-        if b is not None:
-            b.jobs.append(job)
-            return None  # type: ignore[return-value]  # see batch()
         if self._store is not None:
             return self._store.write(job).result(timeout=60)
         return self.run_in_job(lambda conn: self._write(job))  # the own connection: bound, locked
