@@ -4,9 +4,13 @@ Wiring (see INTEGRATION.md of the repository's notes for the extension points):
 
 - the outbox tables are registered with the store at install; the manager, the delivery worker
   and the alerting thread start after the store opens and stop before it closes;
-- newly stored findings (``ctx.findings.subscribe``) and ``rollback`` events
-  (``ctx.store.subscribe``) are *queued* by the listeners (they run on the store's writer thread)
-  and processed on the alerting thread, which also ticks the manager every ``alert_tick_s``;
+- newly stored findings are folded into alerts *inside the job that stores them*
+  (``ctx.findings.set_stage``): the findings, their alert changes, the notifications and the
+  cursor commit as one transaction, so a crash never leaves a finding without its alert;
+- ``rollback`` events (``ctx.store.subscribe``) and the rollback-target look-up of a new
+  corruption alert (which reads the committed findings) are *queued* for the alerting thread,
+  which also ticks the manager every ``alert_tick_s``; each change the manager makes is one
+  store job (``healthsvc.alerting.admin.one_job``);
 - routers: ``/v1/alerts``, ``/v1/silences``, ``/v1/webhooks`` (``healthsvc.alerting.api``);
 - Prometheus: alerts by state, notifications by reason, webhook attempts by outcome, deliveries
   by state (a collector reading current values at scrape time).
@@ -31,9 +35,9 @@ from healthsvc.alerting.model import LifecyclePolicy
 from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import DEFAULT_TIMINGS, PolicyConfig, Timing
 from healthsvc.alerting.subscription import Subscription
-from healthsvc.messages import Drain, FindingsStored, RolledBack, Stop
+from healthsvc.messages import Annotate, Drain, RolledBack, Stop
 
-AlertingInput = FindingsStored | RolledBack | Drain | Stop
+AlertingInput = Annotate | RolledBack | Drain | Stop
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +61,12 @@ class AlertingService:
                  rollback_lookup: Callable[[str], dict | None] | None = None,
                  onset_lookup: Callable[[str], int | None] | None = None) -> None:
         self.outbox = outbox
-        # Findings reach alerting through an in-memory queue; a persisted cursor (the id of the
-        # newest finding processed) lets start() replay what a crash left unprocessed.
+        # A persisted cursor (the id of the newest finding processed, written in the job that
+        # processes it) says which stored findings are still to fold into alerts: those stored
+        # before start() (the monitor's replay runs first) or by a job whose stage failed.
         self._findings_after = findings_after
         self._newest_finding_id = newest_finding_id
-        self._cursor = 0
+        self._live = False            # start() processed what was stored before it
         self.settings = settings
         self.clock = clock
         self.manager: AlertManager | None = None
@@ -86,8 +91,37 @@ class AlertingService:
 
     # -- listeners (store writer thread: enqueue only) ----------------------------------------
 
-    def on_findings(self, stored: list) -> None:
-        self._queue.put(FindingsStored(stored))
+    def in_job(self, conn: Any, stored: list) -> list[Callable[[], None]]:
+        """The findings stage: inside the job that stored ``stored`` (on the writer thread), fold
+        every finding after the cursor into alerts, notifications and the cursor, on ``conn``.
+        Returns what to run once the job is durable (wake the sender, queue annotations)."""
+        if not self._live:
+            return []  # start() will: it processes everything after the cursor, as a job
+        with self.outbox.bound(conn) as after:
+            self._process_pending(conn, stored)
+        return [*after, self._queue_annotations]
+
+    def _process_pending(self, conn: Any, stored: list | None = None) -> None:
+        assert self.manager is not None
+        # Without a way to read the findings table, only what this job stored is known.
+        fetch = self._findings_after or (lambda after, conn: [sf for sf in stored or () if sf.id > after])
+        saved = self.outbox.records("cursor", conn=conn).get("findings")
+        cursor = int(saved["id"]) if saved is not None else 0
+        while pending := fetch(cursor, conn=conn):
+            by_run: dict[str, tuple[list, dict[int, str]]] = {}
+            for sf in pending:
+                findings, hosts = by_run.setdefault(sf.run_id, ([], {}))
+                findings.append(sf.finding)
+                hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
+            now = self.clock()
+            for run_id, (findings, hosts) in by_run.items():
+                self.manager.process(run_id, findings, hosts, now, target_later=True)
+            cursor = max(sf.id for sf in pending)
+            self.outbox.put_record("cursor", "findings", {"id": cursor}, now)
+
+    def _queue_annotations(self) -> None:
+        for run_id in sorted(self.manager.awaiting_target if self.manager is not None else ()):
+            self._queue.put(Annotate(run_id))
 
     def on_store_results(self, results: list) -> None:
         for r in results:
@@ -117,26 +151,21 @@ class AlertingService:
         self._thread.start()
 
     def _replay_unprocessed(self) -> None:
-        """Process the findings stored after the cursor (stored, but not processed before the
-        service stopped: a crash between the finding's commit and its alert)."""
-        if self._findings_after is None:
-            return
-        saved = self.outbox.records("cursor").get("findings")
-        if saved is None:
-            # No cursor yet (a new store, or one from a version without it): start at the newest
-            # finding, so an upgrade does not page again for everything ever found.
-            self._cursor = self._newest_finding_id() if self._newest_finding_id else 0
-            self.outbox.put_record("cursor", "findings", {"id": self._cursor}, self.clock())
-        else:
-            self._cursor = int(saved["id"])
-        while True:
-            pending = self._findings_after(self._cursor)
-            if not pending:
-                return
-            log.info("alerting: replaying %d findings stored after %d", len(pending), self._cursor)
-            self._handle(FindingsStored(pending))
+        """Process the findings stored after the cursor (before start, or before a crash), as
+        one job: later findings jobs, which run after it, process their own."""
+        def job(conn: Any) -> None:
+            if self.outbox.records("cursor", conn=conn).get("findings") is None:
+                # No cursor yet (a new store, or one from a version without it): start at the
+                # newest finding, so an upgrade does not page again for everything ever found.
+                newest = self._newest_finding_id() if self._newest_finding_id else 0
+                self.outbox.put_record("cursor", "findings", {"id": newest}, self.clock())
+            self._process_pending(conn)
+            self._live = True
+        self.outbox.run_in_job(job)
+        self._queue_annotations()
 
     def stop(self) -> None:
+        self._live = False
         self._stopping.set()
         self._queue.put(Stop())
         if self._thread is not None:
@@ -194,27 +223,12 @@ class AlertingService:
         self._queue.put(barrier)
         return barrier.done.wait(timeout_s)
 
-    def _handle(self, item: FindingsStored | RolledBack) -> None:
+    def _handle(self, item: Annotate | RolledBack) -> None:
         assert self.manager is not None
-        if isinstance(item, RolledBack):
-            self.manager.rollback(item.run_id, item.step, self.clock(), onset=self._incident_onset(item.run_id))
+        if isinstance(item, Annotate):
+            self.manager.annotate(item.run_id, self.clock())
             return
-        fresh = [sf for sf in item.findings if sf.id > self._cursor]  # a replay may have seen them
-        if not fresh:
-            return
-        by_run: dict[str, tuple[list, dict[int, str]]] = {}
-        for sf in fresh:
-            findings, hosts = by_run.setdefault(sf.run_id, ([], {}))
-            findings.append(sf.finding)
-            hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
-        # The alerts, notifications and cursor this batch of findings causes are one store job:
-        # a crash stores all of it or none (then the findings are replayed from the cursor, and
-        # the manager's notification log keeps a replay from paging twice).
-        with self.outbox.batch():
-            for run_id, (findings, hosts) in by_run.items():
-                self.manager.process(run_id, findings, hosts, self.clock())
-            self._cursor = max(sf.id for sf in fresh)
-            self.outbox.put_record("cursor", "findings", {"id": self._cursor}, self.clock())
+        self.manager.rollback(item.run_id, item.step, self.clock(), onset=self._incident_onset(item.run_id))
 
 
 class _AlertingCollector:
@@ -257,7 +271,7 @@ def install(app: Any, ctx: Any) -> None:
     service = ctx.alerting
     app.state.alerting = service
     app.include_router(router)
-    ctx.findings.subscribe(service.on_findings)
+    ctx.findings.set_stage(service.in_job)
     ctx.store.subscribe(service.on_store_results)
     ctx.on_startup.append(service.start)
     ctx.on_shutdown.append(service.stop)

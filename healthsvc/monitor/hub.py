@@ -21,6 +21,7 @@ from healthsvc.messages import Drain, Stop, Tick
 from healthsvc.monitor.run_monitor import RunMonitor
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
+from healthsvc.store.runstate import RunView
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class MonitorHub:
             return
         if isinstance(item, IngestResult):
             mon = self._monitor(item.run_id)
-            self._record(mon, mon.on_metrics(item.batch, item.attempt, item.chunk_id, item.received_at))
+            self._record(mon, mon.on_metrics(item.batch, item.run, item.chunk_id, item.received_at))
             return
         ev: RunEvent = item
         mon = self._monitor(ev.run_id)
@@ -160,10 +161,8 @@ class MonitorHub:
     def _record(self, mon: RunMonitor, found: list[Finding]) -> None:
         if not found:
             return
-        st = self.store.run_state(mon.run_id)
-        ranks = {r for f in found for r in f.ranks}
-        hosts = {r: h for r in ranks if st is not None and (h := st.host_of(r)) is not None}
-        self.findings.record(mon.run_id, mon.attempt, found, hosts)
+        # The blamed ranks' hosts are looked up by the store's job, on the thread that owns them.
+        self.findings.record(mon.run_id, mon.attempt, found)
         self.findings_recorded += len(found)
 
     # -- snapshots ------------------------------------------------------------------------
@@ -195,11 +194,18 @@ class MonitorHub:
                     log.exception("monitor snapshot of run %s unreadable; replaying its history", run_id)
                     mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
                     watermark = 0
+            # The store's run state (loaded before us) is what the replayed chunks led to: its
+            # count of ranks is the one their blocks are aligned by (the counts at each chunk
+            # are not kept; an attempt's ranks only grow, so early blocks may wait for their
+            # timeout instead of completing at once: the findings are the same).
+            st = self.store.run_state(run_id)
+            view = st.view() if st is not None else RunView(0, -1, 0, row["status"] == "finished")
             replayed = 0
             for chunk in self.store.chunks_after(run_id, watermark):
-                self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
+                chunk_view = RunView(chunk.attempt, -1, view.ranks_seen, False)
+                self._record(mon, mon.on_metrics(chunk.batch, chunk_view, chunk.id, chunk.received_at))
                 replayed += 1
-            if row["status"] == "finished":
+            if view.finished:
                 self._record(mon, mon.on_finish(now))
             # The service was down since its last input: that gap is not the ranks' silence.
             last_seen = max(mon.last_input_s, saved_at or 0.0)
