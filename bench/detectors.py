@@ -44,7 +44,8 @@ VALUE_MODULES = ("detectors.non_finite", "detectors.spike", "detectors.divergenc
 
 
 def value_detectors() -> list[type[Detector]]:
-    """Concrete Detector subclasses defined in the value-detector modules that exist."""
+    """Concrete Detector subclasses defined in the value-detector modules (or their packages'
+    modules) that exist."""
     found: list[type[Detector]] = []
     for name in VALUE_MODULES:
         try:
@@ -52,7 +53,8 @@ def value_detectors() -> list[type[Detector]]:
         except ImportError:
             continue
         for obj in vars(mod).values():
-            if (inspect.isclass(obj) and issubclass(obj, Detector) and obj.__module__ == name
+            if (inspect.isclass(obj) and issubclass(obj, Detector)
+                    and (obj.__module__ == name or obj.__module__.startswith(name + "."))
                     and not inspect.isabstract(obj) and obj not in found):
                 try:
                     obj()

@@ -11,7 +11,8 @@ The three lines for a training loop::
     health.finish()
 
 ``init`` reads defaults from the environment when arguments are omitted: ``HEALTHSVC_URL``,
-``HEALTHSVC_RUN_ID``, ``HEALTHSVC_MODE`` (online/offline/disabled), ``HEALTHSVC_SPOOL``, and
+``HEALTHSVC_RUN_ID``, ``HEALTHSVC_MODE`` (online/offline/disabled), ``HEALTHSVC_SPOOL``,
+``HEALTHSVC_RELAY`` (the host's relay socket, see ``clients.relay``), and
 torchrun's ``RANK`` and ``WORLD_SIZE``. The module-level functions act on the run made by the last
 ``init`` and do nothing (one warning) before it. See ``clients.client.Run`` for the whole API and
 ``docs/client.md`` for what happens when the service is down.

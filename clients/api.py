@@ -51,6 +51,8 @@ def init(url: str | None = None, run_id: str | None = None, rank: int | None = N
     options.setdefault("mode", env.get("HEALTHSVC_MODE", "online"))
     if "HEALTHSVC_SPOOL" in env:
         options.setdefault("spool_path", env["HEALTHSVC_SPOOL"])
+    if env.get("HEALTHSVC_RELAY"):
+        options.setdefault("relay", env["HEALTHSVC_RELAY"])
     if not run_id:
         raise ValueError("init() needs run_id=... (or HEALTHSVC_RUN_ID), shared by all ranks")
     _current = Run(url, run_id, rank, host=host, world_size=world_size, **options)

@@ -28,66 +28,35 @@ never touches the parent's threads, locks, sockets or spool file.
 """
 from __future__ import annotations
 
-import atexit
-import json
 import logging
 import os
 import socket
 import threading
 import time
 import urllib.parse
-import uuid
-import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from clients import encode
+from clients import registry
+from clients.control import Control
+from clients.delivery import Delivery
+from clients.heartbeat import Heartbeat, Phase
 from clients.queue import DropOldestQueue
-from clients.retry import Backoff, is_retryable_status
+from clients.relay_link import RelayLink
+from clients.retry import Backoff
+from clients.sender import Sender
 from clients.spool import SpoolWriter
-from clients.stats import ClientStats
-from clients.transport import HTTPTransport, Request, Transport, TransportError
-from clients.wire import API_PREFIX, EVENT_KINDS, HEARTBEAT_PHASES
+from clients.stats import ClientStats, Counters
+from clients.transport import HTTPTransport, Transport
+from clients.wire import API_PREFIX, HEARTBEAT_PHASES
 
 logger = logging.getLogger("healthsvc.client")
 
 Mode = Literal["online", "offline", "disabled"]
 MODES: tuple[str, ...] = ("online", "offline", "disabled")
 
-_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
-
-class _Counters:
-    """Mutable counters behind ``ClientStats``; each is written by one thread only."""
-
-    def __init__(self) -> None:
-        for name in ClientStats.__dataclass_fields__:
-            if name not in ("pending", "last_error", "dropped"):
-                setattr(self, name, 0)
-        self.last_error: str | None = None
-
-
-class _Phase:
-    """Context manager returned by ``Run.phase``; a class, not a generator, to stay cheap."""
-
-    __slots__ = ("_run", "_name", "_step", "_previous")
-
-    def __init__(self, run: Run, name: str, step: int | None) -> None:
-        self._run, self._name, self._step = run, name, step
-        self._previous = "other"
-
-    def __enter__(self) -> _Phase:
-        self._previous = self._run._phase
-        self._run._phase = self._name
-        if self._step is not None:
-            self._run._step_in_progress = self._step
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._run._phase = self._previous
-
-
-class Run:
+class Run(Sender, Heartbeat, Control):
     """One rank's connection to one run. Create it with ``clients.init``; see the module docstring.
 
     Arguments (times in seconds, sizes in items unless named ``_bytes``):
@@ -108,6 +77,11 @@ class Run:
         backoff_base_s, backoff_max_s: retry waits (see ``clients.retry.Backoff``).
         exit_flush_timeout_s: time the atexit flush may take when ``finish`` was not called.
         gzip_min_bytes: bodies at least this long are gzipped (negative: never).
+        relay: the Unix socket of the host's relay (``clients.relay``; ``init`` reads env
+            ``HEALTHSVC_RELAY``): metrics rows go through it, one columnar push per host and
+            interval; missing or dead, the rank posts directly. Online mode only.
+        relay_timeout_s: how long the sender waits for the relay at each step of a hand-over
+            before it posts directly.
     """
 
     def __init__(
@@ -132,6 +106,8 @@ class Run:
         backoff_max_s: float = 30.0,
         exit_flush_timeout_s: float = 5.0,
         gzip_min_bytes: int = 1024,
+        relay: str | os.PathLike[str] | None = None,
+        relay_timeout_s: float = 10.0,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -172,8 +148,15 @@ class Run:
         self._rows: DropOldestQueue[tuple[int, float, dict]] = DropOldestQueue(max_queue)
         self._cols: DropOldestQueue[tuple[int, float, dict]] = DropOldestQueue(max_queue)
         self._control: DropOldestQueue[tuple[str, str, Any, int]] = DropOldestQueue(max_queue)
-        self._counters = _Counters()
+        self._counters = Counters()
         self._warned: set[str] = set()
+        self._delivery: Delivery | None = Delivery(
+            mode=mode, transport=self._transport, spool=self._spool, backoff=self._backoff,
+            max_attempts=max_attempts, timeout_s=timeout_s, gzip_min_bytes=gzip_min_bytes,
+            counters=self._counters, problem=self._problem)
+        self._relay: RelayLink | None = None
+        if relay is not None and mode == "online":
+            self._relay = RelayLink(os.fspath(relay), self._delivery, timeout_s=relay_timeout_s)
 
         self._held: tuple[int, float, dict] | None = None  # see _may_still_grow
         self._next_step = 0
@@ -185,7 +168,7 @@ class Run:
         self._new_sync_state()
         self._sender: threading.Thread | None = None
         self._heartbeat: threading.Thread | None = None
-        _live_runs.add(self)
+        registry.track(self)
 
         if config is not None:
             self._enqueue_control("PUT", "", dict(config))
@@ -194,13 +177,11 @@ class Run:
 
     def _new_sync_state(self) -> None:
         self._wake = threading.Event()
-        self._interrupt = threading.Event()
         self._closing = threading.Event()
         self._hb_stop = threading.Event()
         self._cond = threading.Condition()
         self._flush_requested = 0
         self._flush_done = 0
-        self._deadline: float | None = None
 
     def _start_threads(self) -> None:
         self._sender = threading.Thread(target=self._sender_main, daemon=True,
@@ -306,12 +287,12 @@ class Run:
             self._problem("fingerprint", f"fingerprint() failed: {exc!r}")
             return None
 
-    def phase(self, name: str, step: int | None = None) -> _Phase:
+    def phase(self, name: str, step: int | None = None) -> Phase:
         """Context manager: the heartbeat reports ``name`` (data, compute, collective, checkpoint)
         while inside. ``step`` also sets the step the heartbeat reports as in progress."""
         if name not in HEARTBEAT_PHASES:
             self._problem("phase", f"unknown phase {name!r}; expected one of {HEARTBEAT_PHASES}")
-        return _Phase(self, name, step)
+        return Phase(self, name, step)
 
     def set_phase(self, name: str, step: int | None = None) -> None:
         """Set the heartbeat phase (and optionally the step in progress) without a ``with`` block."""
@@ -325,37 +306,6 @@ class Run:
         explicit = self._step_in_progress
         return explicit if explicit is not None and explicit >= self._next_step else self._next_step
 
-    def checkpoint(self, step: int, uri: str, duration_s: float | None = None,
-                   bytes: int | None = None) -> None:  # noqa: A002 - the wire field is "bytes"
-        """Register a checkpoint holding the state after the update of ``step``."""
-        body: dict[str, Any] = {"step": step, "uri": uri}
-        if duration_s is not None:
-            body["duration_s"] = duration_s
-        if bytes is not None:
-            body["bytes"] = bytes
-        self._enqueue_control("POST", "/checkpoints", body)
-
-    def event(self, kind: str, step: int | None = None, **data: Any) -> None:
-        """Record a run event (restart, world_size_change, rollback, config_change, note)."""
-        if kind not in EVENT_KINDS:
-            self._problem("event", f"unknown event kind {kind!r}; expected one of {EVENT_KINDS}")
-        # The rank and the trainer's clock go inside ``data``: the event body is {kind, step, data}.
-        body = {"kind": kind, "step": step, "data": {**data, "rank": self.rank, "ts": time.time()}}
-        self._enqueue_control("POST", "/events", body)
-
-    def alert(self, message: str, severity: str = "warning", step: int | None = None,
-              **data: Any) -> None:
-        """A user-raised alert: an event of kind ``note`` with a severity (info, warning, critical)."""
-        self.event("note", step=step, message=message, severity=severity, **data)
-
-    def _enqueue_control(self, method: str, suffix: str, body: Any) -> None:
-        if self._off:
-            self._counters.ignored_calls += 1
-            return
-        self._control.put((method, suffix, body, 0))
-        self._wake.set()
-
-    # ---- lifecycle ----------------------------------------------------------------------------
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Send everything queued so far; True when it was delivered (or spooled) within ``timeout_s``."""
@@ -382,9 +332,11 @@ class Run:
         self._finished = True
         self._off = True
         self._hb_stop.set()
-        self._deadline = time.monotonic() + timeout_s
+        delivery = self._delivery
+        if delivery is not None:
+            delivery.deadline = time.monotonic() + timeout_s
+            delivery.interrupt.set()
         self._closing.set()
-        self._interrupt.set()
         self._wake.set()
         sender = self._sender
         if sender is not None:
@@ -393,6 +345,8 @@ class Run:
             self._heartbeat.join(0.1)
         if self._spool is not None:
             self._spool.close()
+        if self._relay is not None and (sender is None or not sender.is_alive()):
+            self._relay.close()
         delivered = sender is not None and not sender.is_alive() and self._pending() == 0
         return delivered and self._counters.failed_requests == 0
 
@@ -413,27 +367,6 @@ class Run:
                        step=self._next_step)
             self._close(self.exit_flush_timeout_s)
 
-    def rollback_target(self, timeout_s: float | None = None) -> dict[str, Any] | None:
-        """``GET /v1/runs/{run_id}/rollback`` on the calling thread: where to resume from.
-
-        Returns the service's answer (``{"checkpoint": {"step", "uri"} | None, "onset": ..., "reason": ...}``)
-        or None when offline, disabled, or the service cannot be reached. Never raises.
-        """
-        if self._transport is None:
-            return None
-        try:
-            resp = self._transport.request(
-                Request("GET", self._base_path + "/rollback", b"", {"Accept": "application/json"}),
-                self.timeout_s if timeout_s is None else timeout_s)
-            if resp.status != 200:
-                self._problem("rollback", f"GET rollback answered {resp.status}: {resp.body[:200]!r}")
-                return None
-            answer = json.loads(resp.body)
-            return answer if isinstance(answer, dict) else None
-        except Exception as exc:
-            self._problem("rollback", f"GET rollback failed: {exc!r}")
-            return None
-
     def stats(self) -> ClientStats:
         """A snapshot of what was logged, sent, dropped, retried and failed."""
         c = self._counters
@@ -453,194 +386,6 @@ class Run:
             logger.warning("healthsvc client (run %s rank %d): %s (further such problems are "
                            "only counted, see run.stats())", self.run_id, self.rank, message)
 
-    # ---- sender thread ------------------------------------------------------------------------
-
-    def _sender_main(self) -> None:
-        while True:
-            self._wake.wait(self.flush_interval_s)
-            self._wake.clear()
-            with self._cond:
-                generation = self._flush_requested
-                force = generation > self._flush_done or self._closing.is_set()
-            try:
-                self._send_pending(force)
-            except Exception as exc:  # a bug here must not kill delivery for the rest of the run
-                self._problem("sender", f"sender error: {exc!r}")
-            with self._cond:
-                self._flush_done = max(self._flush_done, generation)
-                self._cond.notify_all()
-            if self._closing.is_set() and self._pending() == 0:
-                return
-
-    def _send_pending(self, force: bool) -> None:
-        while True:
-            rows = self._rows.drain(self.max_batch)
-            if self._held is not None:
-                rows.insert(0, self._held)
-                self._held = None
-            if not rows:
-                break
-            merged = encode.merge_by_step(rows)
-            # Never hold a record back while a checkpoint/event/finish waits: it must not overtake
-            # the records logged before it (a finish followed by records re-opens the run).
-            if (not force and not len(self._rows) and not len(self._control)
-                    and self._may_still_grow(merged)):
-                self._held = merged.pop()
-            if merged:
-                self._send_rows(merged)
-            if not len(self._rows):
-                break
-        while blocks := self._cols.drain(self.max_batch):
-            self._send_columns(blocks)
-        for method, suffix, body, _ in self._control.drain():
-            self._deliver(method, self._base_path + suffix, body, n_records=0)
-
-    def _may_still_grow(self, merged: list[tuple[int, float, dict]]) -> bool:
-        """Hold back the newest step's record for one more interval when the training thread may
-        still add fields to it (``log(loss=..)`` then ``log(grad_norm=..)``): the service reads a
-        step a rank already reported as a restart, so one step must not straddle two batches.
-        Never held: a record with a non-finite float (that is flushed now) or one older than the
-        flush interval (a rank stuck after logging it)."""
-        step, ts, metrics = merged[-1]
-        if any(other[0] > step for other in merged):
-            return False
-        if any(v.__class__ is float and (v - v) != 0.0 for v in metrics.values()):
-            return False
-        return time.time() - ts < self.flush_interval_s
-
-    def _send_rows(self, merged: list[tuple[int, float, dict]]) -> None:
-        rank, host, world_size = self.rank, self.host, self.world_size
-        records = []
-        for step, ts, metrics in merged:
-            record: dict[str, Any] = {"step": step, "rank": rank}
-            for name, value in metrics.items():
-                if value.__class__ in _JSON_SCALARS:
-                    record[name] = value
-                else:  # numpy scalars, tensors: converted here, off the training thread
-                    try:
-                        record[name] = encode.to_scalar(value)
-                    except (TypeError, ValueError, RuntimeError):
-                        self._counters.invalid_fields += 1
-                        self._problem("invalid_field", f"dropped non-numeric field {name!r} at step {step}")
-            if "ts" not in record:
-                record["ts"] = ts
-            if "host" not in record:
-                record["host"] = host
-            if world_size is not None and "world_size" not in record:
-                record["world_size"] = world_size
-            records.append(record)
-        body = {"batch_id": uuid.uuid4().hex, "records": records}
-        self._deliver("POST", self._base_path + "/metrics", body, n_records=len(records))
-
-    def _send_columns(self, blocks: list[tuple[int, float, dict]]) -> None:
-        converted = []
-        for step, ts, block in blocks:
-            cols = {name: _to_list(values) for name, values in block.items()}
-            n = len(cols["rank"])
-            if "step" not in cols:
-                cols["step"] = [step] * n
-            cols.setdefault("ts", [ts] * n)
-            converted.append(cols)
-        columns = encode.concat_columns(converted)
-        body = {"batch_id": uuid.uuid4().hex, "columns": columns}
-        self._deliver("POST", self._base_path + "/metrics", body, n_records=len(columns["rank"]))
-
-    def _out_of_time(self) -> bool:
-        return self._deadline is not None and time.monotonic() >= self._deadline
-
-    def _sleep_s(self, delay_s: float) -> bool:
-        """Wait up to ``delay_s`` (cut short by the close deadline); False when out of time."""
-        end = time.monotonic() + delay_s
-        while True:
-            now = time.monotonic()
-            limit = end if self._deadline is None else min(end, self._deadline)
-            if now >= limit:
-                return not self._out_of_time()
-            if self._interrupt.wait(limit - now):
-                self._interrupt.clear()
-
-    def _deliver(self, method: str, path: str, body: Any, n_records: int) -> bool:
-        c = self._counters
-        if self.mode == "offline":
-            return self._to_spool(method, path, body, failed=False)
-        try:
-            payload, headers = encode.maybe_gzip(encode.encode_json(body), self.gzip_min_bytes)
-        except (TypeError, ValueError) as exc:
-            c.rejected_requests += 1
-            self._problem("encode", f"could not encode a {path} body: {exc!r}")
-            return False
-        request = Request(method, path, payload, {"Content-Type": "application/json", **headers})
-        retry_after: str | None = None
-        for attempt in range(self.max_attempts):
-            if attempt:
-                if not self._sleep_s(self._backoff.delay_s(attempt - 1, retry_after)):
-                    break
-                c.retries += 1
-            if self._out_of_time():
-                break
-            timeout_s = self.timeout_s
-            if self._deadline is not None:
-                timeout_s = max(0.001, min(timeout_s, self._deadline - time.monotonic()))
-            retry_after = None
-            try:
-                response = self._transport.request(request, timeout_s)  # type: ignore[union-attr]
-            except TransportError as exc:  # its message names the method and path
-                self._problem("transport", str(exc))
-                continue
-            except Exception as exc:  # a transport bug is handled like a network error
-                self._problem("transport", f"{method} {path}: {exc!r}")
-                continue
-            if 200 <= response.status < 300:
-                c.sent_requests += 1
-                c.sent_records += n_records
-                return True
-            if is_retryable_status(response.status):
-                retry_after = response.header("Retry-After")
-                self._problem(f"status{response.status}", f"{method} {path} answered {response.status}")
-                continue
-            c.rejected_requests += 1
-            self._problem(f"status{response.status}",
-                          f"{method} {path} rejected with {response.status}: {response.body[:300]!r}")
-            return False
-        c.failed_requests += 1
-        c.failed_records += n_records
-        if self._spool is not None:
-            self._to_spool(method, path, body, failed=True)
-        return False
-
-    def _to_spool(self, method: str, path: str, body: Any, failed: bool) -> bool:
-        try:
-            self._spool.write(method, path, body)  # type: ignore[union-attr]
-        except OSError as exc:
-            self._problem("spool", f"could not write the spool: {exc!r}")
-            if not failed:
-                self._counters.failed_requests += 1
-            return False
-        self._counters.spooled_requests += 1
-        return True
-
-    # ---- heartbeat thread ---------------------------------------------------------------------
-
-    def _heartbeat_main(self) -> None:
-        suffix = self._base_path + "/heartbeats"
-        while not self._hb_stop.is_set():
-            body = {"rank": self.rank, "step": self.step_in_progress, "phase": self._phase}
-            request = Request("POST", suffix, encode.encode_json(body),
-                              {"Content-Type": "application/json"})
-            try:
-                # One attempt: a late heartbeat is worthless, the next one is due soon.
-                response = self._transport.request(  # type: ignore[union-attr]
-                    request, min(self.timeout_s, self.heartbeat_interval_s))
-                ok = 200 <= response.status < 300
-            except Exception as exc:
-                self._problem("heartbeat", f"heartbeat failed: {exc!r}")
-                ok = False
-            if ok:
-                self._counters.heartbeats_sent += 1
-            else:
-                self._counters.heartbeats_failed += 1
-            self._hb_stop.wait(self.heartbeat_interval_s)
-
     # ---- fork -------------------------------------------------------------------------------------
 
     def _disable_in_forked_child(self) -> None:
@@ -651,44 +396,14 @@ class Run:
         self._heartbeat = None
         self._transport = None  # the parent's sockets: never read or close them from here
         self._spool = None
+        self._delivery = None
+        self._relay = None      # the parent's relay connection, likewise
         self._new_sync_state()
         self._rows.clear()
         self._held = None
         self._cols.clear()
         self._control.clear()
         self._pid = os.getpid()
-
-
-_JSON_SCALARS = frozenset({float, int, str, bool, type(None)})
-
-
-def _to_list(values: Any) -> list:
-    """A column as a list of JSON scalars (numpy arrays and tensors via ``tolist``)."""
-    tolist = getattr(values, "tolist", None)
-    if tolist is not None:
-        detach = getattr(values, "detach", None)
-        items = (detach().cpu() if detach is not None else values).tolist()
-    else:
-        items = list(values)
-    return [v if v.__class__ in (int, float, str, bool) or v is None else encode.to_scalar(v)
-            for v in items]
-
-
-def _after_fork_in_child() -> None:
-    for run in list(_live_runs):
-        run._disable_in_forked_child()
-
-
-def _flush_all_at_exit() -> None:
-    for run in list(_live_runs):
-        try:
-            run._flush_at_exit()
-        except Exception:  # never turn a clean exit into a traceback
-            pass
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_flush_all_at_exit)
 
 
 # Whoever imports the client gets the package's run API with it (``clients.stats`` is then the

@@ -28,6 +28,8 @@ class ClientStats:
     failed_records: int = 0     # records in those requests (lost unless spooled)
     rejected_requests: int = 0  # requests the service refused with a non-retryable 4xx
     invalid_fields: int = 0     # metric values that were not numbers, dropped from their record
+    relayed_requests: int = 0   # metrics bodies the per-host relay confirmed (clients.relay)
+    relay_fallbacks: int = 0    # metrics bodies posted directly: the relay was missing, dead or slow
     heartbeats_sent: int = 0
     heartbeats_failed: int = 0
     ignored_calls: int = 0      # calls after finish(), in a forked child, or in disabled mode
@@ -41,3 +43,13 @@ class ClientStats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class Counters:
+    """Mutable counters behind ``ClientStats``; each is written by one thread only."""
+
+    def __init__(self) -> None:
+        for name in ClientStats.__dataclass_fields__:
+            if name not in ("pending", "last_error", "dropped"):
+                setattr(self, name, 0)
+        self.last_error: str | None = None

@@ -2,9 +2,9 @@
 
 Pure numpy/scipy: no HTTP, no storage, no clock reads, no run ids. The service composes these.
 
-- The streaming detectors (one module each, all named in :mod:`detectors.registry`) have one of
-  two shapes (:mod:`detectors.base`): a block detector consumes blocks of steps x ranks
-  (:class:`~detectors.frame.StepBlock`), an absence detector arrivals and heartbeats on the
+- The streaming detectors (one module or package each, all named in :mod:`detectors.registry`)
+  have one of two shapes (:mod:`detectors.base`): a block detector consumes blocks of steps x
+  ranks (:class:`~detectors.frame.StepBlock`), an absence detector arrivals and heartbeats on the
   caller's clock; both return :class:`~detectors.finding.Finding` objects.
 - :mod:`detectors.stats` holds the robust statistics they share.
 - :mod:`detectors.offline` the maths over a stored history: onset, rollback, bisection, economics.

@@ -88,8 +88,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
                                rollback_lookup=lambda run_id: rollback.rollback_target(ctx, run_id),
                                onset_lookup=lambda run_id: rollback.incident_onset(ctx, run_id),
                                ownership=ownership,
-                               run_findings_after=lambda run_id, after: findings.query(run_id, since_id=after,
-                                                                                       limit=100_000))
+                               run_findings_after=lambda run_id, after, conn=None: store.findings(
+                                   run_id, since_id=after, limit=100_000, conn=conn))
     ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store),
                          findings=findings, health=RunHealth(findings, alerting.alert_states),
                          alerting=alerting, ownership=ownership, clock=clock)

@@ -47,12 +47,21 @@ def serve(args: argparse.Namespace) -> int:
                                    "insecure": args.insecure}.items()
                  if v is not None}
     settings = Settings(**overrides)
-    try:  # a database a newer healthsvc migrated: say so and stop (not a traceback from the server)
-        from healthsvc.store.migrations import SchemaTooNew
-        from healthsvc.store.open import open_store
-        open_store(settings.db).check_schema()
+    # A database a newer healthsvc migrated, or one that cannot be reached: say so and stop
+    # (not a traceback from inside the server's startup).
+    from healthsvc.store.errors import STORE_ERRORS
+    from healthsvc.store.migrations import SchemaTooNew
+    from healthsvc.store.open import open_store
+    where = settings.db
+    try:
+        store = open_store(settings.db)
+        where = store.path   # (a PostgreSQL URI without its password)
+        store.check_schema()
     except SchemaTooNew as exc:
         print(f"healthsvc: {exc}", file=sys.stderr)
+        return 2
+    except (*STORE_ERRORS, ValueError, RuntimeError) as exc:
+        print(f"healthsvc: cannot open the store {where}: {exc}".rstrip(), file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"healthsvc: serving on http://{settings.host}:{settings.port} (store {settings.db}); "

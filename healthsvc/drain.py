@@ -2,8 +2,9 @@
 
 Work crosses several threads on its way through the service (see ``app.py``): a request's write
 is a job of the store's writer; its after-commit listeners queue it for the monitor (detectors)
-and the dashboard's rollups; findings the monitor stores are queued for alerting; alerting writes
-notifications to the outbox; the delivery worker sends them. :func:`drain` waits for each stage
+and the dashboard's rollups; the job that stores the monitor's findings also folds them into
+alerts and notifications (one transaction); alerting's thread then does what waits for the commit
+(a corruption alert's rollback target), ticks and rollbacks; the delivery worker sends. :func:`drain` waits for each stage
 in that order, so when it returns every finding, alert, notification and webhook attempt caused
 by what came before the call is stored (webhook retries scheduled for later excepted: they fall
 due when the clock gets there).
@@ -59,7 +60,7 @@ def drain(app: Any, *, tick: bool = False, timeout_s: float = 30.0) -> None:
             if tick:
                 hub.tick()
             check(hub.drain(left()), name)
-    writer()   # the findings the monitor recorded, and their listeners
+    writer()   # the findings the monitor recorded, with their alerts, and their listeners
     if alerting is not None and alerting.manager is not None:
         check(alerting.drain(left(), tick=tick), "alerting thread")
         writer()

@@ -4,7 +4,7 @@ the dashboard read.
 A stored finding is *active* while
 
 - no later finding of the same condition resolved it (:meth:`FindingsService.unresolved`), and
-- its alert (alerting keeps one per condition, :mod:`healthsvc.identity`) has not been resolved
+- its alert (:func:`healthsvc.identity.alert_fingerprint`, the function alerting folds it by) has not been resolved
   since the finding was stored: by hand (``POST /v1/alerts/{fp}/resolve``), by a rollback past
   its onset, or by its condition staying clear for ``alert_resolve_timeout_s``.
 
@@ -18,13 +18,16 @@ from typing import Any, Callable, Mapping, Protocol
 
 from detectors.finding import SEVERITY_ORDER
 from healthsvc.findings import FindingsService, StoredFinding
-from healthsvc.identity import finding_fingerprint
+from healthsvc.identity import alert_fingerprint
 
 
 class AlertState(Protocol):
     """What run health reads of an alert (``healthsvc.alerting.model.Alert`` has it)."""
     fingerprint: str
+    labels: tuple[tuple[str, str], ...]
+    ranks: tuple[int, ...]
     status: str
+    starts_at: float
     ends_at: float | None
     acknowledged_at: float | None
     acknowledged_by: str | None
@@ -57,7 +60,7 @@ class RunHealth:
         alerts = self.alert_states(run_id) if self.alert_states is not None else {}
         out = []
         for sf in self.findings.unresolved(run_id):
-            a = alerts.get(finding_fingerprint(run_id, sf.finding))
+            a = alerts.get(alert_fingerprint(run_id, sf.finding, alerts.values(), at=sf.created_at))
             if a is not None and a.status == "resolved" and a.ends_at is not None and a.ends_at >= sf.created_at:
                 continue  # resolved after this finding was stored (a later one re-opens it)
             out.append(ActiveFinding(sf, a))

@@ -8,9 +8,17 @@ Two levels, both derived from the same fields of :class:`~detectors.finding.Find
   condition). Its :func:`fingerprint` (16 hex digits of SHA-256 over the sorted labels) is the
   alert's fingerprint; :func:`finding_fingerprint` gives it for a finding, so run health can tell
   which alert a stored finding belongs to.
+- the **alert** a finding belongs to (:func:`alert_fingerprint`, the one function alerting and
+  run health both ask): its condition's, unless that alert is not firing and another firing
+  alert of the same run, kind and metric already blames some of the finding's ranks. Then the
+  finding is that ongoing fault spreading, and joins its alert (whose ranks grow) instead of
+  opening a second one: an alert keeps its identity as more ranks join, so the fault is paged
+  once (a hang on rank 3 that spreads to ranks 3 and 4 stays the ``rank="3"`` alert).
 - the **occurrence**: the condition at one step, firing or resolved, in one attempt
   (:func:`occurrence_key`, from ``Finding.identity``). It is unique per run in the store, so a
-  replay after a restart never stores or announces a finding twice.
+  replay after a restart never stores or announces a finding twice. Without step and status it
+  is the **condition key** (:func:`condition_key`): a resolved finding resolves the firing
+  findings of the same key.
 
 >>> from detectors.finding import Finding
 >>> f = Finding("loss_spike", step=120, metric="loss", ranks=(3,))
@@ -22,7 +30,7 @@ Two levels, both derived from the same fields of :class:`~detectors.finding.Find
 from __future__ import annotations
 
 import hashlib
-from typing import Mapping
+from typing import Iterable, Mapping, Protocol
 
 from detectors.finding import Finding
 
@@ -55,6 +63,57 @@ def fingerprint(labels: Mapping[str, str]) -> str:
 def finding_fingerprint(run_id: str, finding: Finding) -> str:
     """The fingerprint of the alert a finding belongs to."""
     return fingerprint(condition_labels(finding, run_id))
+
+
+class AlertLike(Protocol):
+    """What :func:`alert_fingerprint` reads of an alert (``healthsvc.alerting.model.Alert``)."""
+    fingerprint: str
+    labels: tuple[tuple[str, str], ...]
+    ranks: tuple[int, ...]
+    starts_at: float
+    ends_at: float | None
+
+
+def alert_fingerprint(run_id: str, finding: Finding, alerts: Iterable[AlertLike],
+                      at: float | None = None) -> str:
+    """The fingerprint of the alert ``finding`` belongs to, among the run's ``alerts``: the
+    finding's own condition's, unless that one was not firing and another alert of the same
+    kind and metric was, blaming some of the same ranks (it joins that one; see the module's
+    docstring). Firing means firing now (``at=None``: alerting, folding a new finding) or at
+    ``at`` (run health, asking which alert a finding stored then belongs to).
+
+    >>> from types import SimpleNamespace as A
+    >>> hang3 = A(fingerprint="h3", labels=(("alertname", "hang"), ("rank", "3"), ("run", "r")),
+    ...           ranks=(3,), starts_at=0.0, ends_at=None)
+    >>> alert_fingerprint("r", Finding("hang", step=9, ranks=(3, 4)), [hang3])
+    'h3'
+    >>> alert_fingerprint("r", Finding("hang", step=9, ranks=(5, 6)), [hang3]) == finding_fingerprint(
+    ...     "r", Finding("hang", step=9, ranks=(5, 6)))
+    True
+    """
+    own = finding_fingerprint(run_id, finding)
+    key = {"alertname": finding.kind, "run": run_id, "metric": finding.metric or None}
+    ranks = set(finding.ranks)
+    joined = None
+    for a in alerts:
+        if not (a.starts_at <= at and (a.ends_at is None or a.ends_at >= at)
+                if at is not None else a.ends_at is None):
+            continue
+        if a.fingerprint == own:
+            return own
+        labels = dict(a.labels)
+        if (joined is None and ranks and labels.get("alertname") == key["alertname"]
+                and labels.get("run") == run_id and labels.get("metric") == key["metric"]
+                and not ranks.isdisjoint(a.ranks)):
+            joined = a.fingerprint
+    return joined or own
+
+
+def condition_key(attempt: int, finding: Finding) -> tuple:
+    """What a resolved finding resolves: the firing findings of the same attempt, kind, metric
+    and ranks (``Finding.identity`` without step and status)."""
+    kind, metric, ranks, _step, _status = finding.identity
+    return (attempt, kind, metric, ranks)
 
 
 def occurrence_key(attempt: int, finding: Finding) -> str:

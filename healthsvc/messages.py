@@ -4,14 +4,14 @@ Each stage runs on its own thread and is fed through a queue; what travels on a 
 these (or a store result, :mod:`healthsvc.store.results`), never a tuple tagged by a string::
 
     store writer ──IngestResult, RunEvent──▶ monitor hub ──findings job──▶ store writer
-    store writer ──FindingsStored, RolledBack──▶ alerting ──one job per batch──▶ store (outbox)
+        (the findings job also folds them into alerts and notifications: one transaction)
+    store writer ──Annotate, RolledBack──▶ alerting ──one job each──▶ store (outbox)
     ticker ──Tick──▶ every stage;   tests, shutdown ──Drain, Stop──▶ every stage
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,10 @@ class Flush:
 
 
 @dataclass(frozen=True)
-class FindingsStored:
-    """Findings newly committed to the store (``healthsvc.findings.StoredFinding``, oldest first)."""
-    findings: list[Any]
+class Annotate:
+    """A corruption alert of the run opened in a findings job that is now durable: look up its
+    rollback target (decided from the stored findings) and send what its group held back."""
+    run_id: str
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import os
 import httpx
 import pytest
 
+from tests.pg import database_for
 from tests.server_process import ServerProcess
 
 # The tests' webhook receivers listen on loopback, which the service refuses by default (a webhook
@@ -45,8 +46,9 @@ def pytest_generate_tests(metafunc):
         unknown = set(kinds) - set(STORES)
         if unknown:
             raise pytest.UsageError(f"--stores: unknown store {sorted(unknown)} (know {', '.join(STORES)})")
-        scope = "module" if {"shared_server", "shared_http"} & set(metafunc.fixturenames) else "function"
-        metafunc.parametrize("db_kind", kinds, indirect=True, scope=scope)
+        # Module scope: a module's servers (shared_server, its own module fixtures) are started
+        # once per store; db_uri is still a fresh database per test.
+        metafunc.parametrize("db_kind", kinds, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")
@@ -54,18 +56,10 @@ def db_kind(request):
     return getattr(request, "param", "sqlite")
 
 
-def _database(kind: str, directory):
-    from contextlib import nullcontext
-    if kind == "postgresql":
-        from tests.pg import fresh_database
-        return fresh_database()
-    return nullcontext(str(directory / "healthsvc.db"))
-
-
 @pytest.fixture
 def db_uri(db_kind, tmp_path):
     """A fresh database of the test's store: a SQLite path, or a PostgreSQL URI (dropped after)."""
-    with _database(db_kind, tmp_path) as uri:
+    with database_for(db_kind, tmp_path) as uri:
         yield uri
 
 
@@ -89,7 +83,7 @@ def shared_server(tmp_path_factory, db_kind):
     """One server for a whole module (for tests that only add their own runs)."""
     from tests.harness import ServedService   # the server stack, only for modules that use it
     directory = tmp_path_factory.mktemp("shared")
-    with _database(db_kind, directory) as uri, ServedService(directory, db=uri, real_time=True) as service:
+    with database_for(db_kind, directory) as uri, ServedService(directory, db=uri, real_time=True) as service:
         yield service
 
 

@@ -38,6 +38,7 @@ from healthsvc.clock import ServiceClock
 from healthsvc.drain import drain
 from healthsvc.local_server import free_port
 from healthsvc.settings import Settings
+from healthsvc.store.sqlite import SQLiteStore
 from tests.barriers import wait_until
 
 JSON = {"content-type": "application/json"}
@@ -131,6 +132,8 @@ class _Service:
         none of what a clean shutdown adds (final detector snapshots). Start another service on
         it to restart "after a crash" on the same fake clock."""
         import sqlite3
+        if not isinstance(self.app.state.store, SQLiteStore):
+            raise NotImplementedError("crash_image copies a SQLite file; on PostgreSQL kill a ServerProcess instead")
         src = sqlite3.connect(self.app.state.store.path)
         dst = sqlite3.connect(str(path))
         try:

@@ -1,7 +1,7 @@
 """Offline maths over a run's stored history: pure numpy, no HTTP, no storage, no clock reads.
 
-Where the streaming detectors (``detectors/*.py``) judge each block as it arrives, these answer
-questions about the whole history, asked by the service's features:
+Where the streaming detectors (``detectors/*.py``, ``detectors/*/``) judge each block as it
+arrives, these answer questions about the whole history, asked by the service's features:
 
 - :mod:`~detectors.offline.onset` — where the corruption began (an interval for the first
   corrupted update): the signals in :mod:`~detectors.offline.onset_signals`, the change point

@@ -10,9 +10,10 @@ Errors::
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from detectors.finding import SEVERITY_ORDER
 
@@ -21,6 +22,24 @@ from healthsvc.alerting.policy import Matcher, NotificationLogEntry, PolicyConfi
 from healthsvc.alerting.signing import generate_message_id
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.store.outbox import Outbox
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_job(method: F) -> F:
+    """Run a method that changes the manager's state as ONE store job, holding the manager's lock
+    inside it (:meth:`~healthsvc.store.outbox.Outbox.run_in_job`): what it changes in memory and
+    the rows that record it happen together, on the writer thread; the findings job, which folds
+    new findings into alerts in the same transaction that stores them, runs there too, so no
+    thread ever waits for the writer while holding the lock the writer needs."""
+    @functools.wraps(method)
+    def in_job(self, *args: Any, **kwargs: Any) -> Any:
+        def body() -> Any:
+            with self._lock:
+                return method(self, *args, **kwargs)
+        return self.outbox.transaction(body)
+    return in_job  # type: ignore[return-value]
 
 
 class AlertingError(Exception):
@@ -50,6 +69,7 @@ class AlertAdmin:
 
     # -- silences -----------------------------------------------------------------------------
 
+    @one_job
     def add_silence(self, matchers: Iterable[Matcher], starts_at: float, ends_at: float, now: float,
                     created_by: str = "", comment: str = "") -> Silence:
         with self._lock:
@@ -58,6 +78,7 @@ class AlertAdmin:
             self.outbox.put_record("silence", s.id, s.to_dict(), now)
             return s
 
+    @one_job
     def expire_silence(self, silence_id: str, now: float) -> Silence:
         """End a silence now (kept, listed as expired)."""
         with self._lock:
@@ -87,6 +108,7 @@ class AlertAdmin:
             raise NotFound(f"no subscription {sub_id!r}")
         return s
 
+    @one_job
     def put_subscription(self, sub: Subscription, now: float) -> Subscription:
         """Create or replace an API subscription."""
         with self._lock:
@@ -97,6 +119,7 @@ class AlertAdmin:
             self.outbox.put_record("subscription", sub.id, sub.to_record(), now)
             return sub
 
+    @one_job
     def delete_subscription(self, sub_id: str, now: float) -> int:
         """Delete an API subscription; its pending deliveries are cancelled (count returned)."""
         with self._lock:

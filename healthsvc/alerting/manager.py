@@ -14,6 +14,10 @@ typically an Alertmanager, does those); an ``alertmanager_api`` subscription is 
 alerts it was last sent every ``resend_interval_s`` (:meth:`_resend`). A ``pagerduty``
 subscription is sent an ``acknowledge`` event when an alert it was paged for is acknowledged.
 
+Every method that changes state is one store job holding the manager's lock inside it
+(:func:`~healthsvc.alerting.admin.one_job`); the findings job calls :meth:`AlertManager.process`
+inside its own transaction, so a finding, its alert and its notification commit together (a new
+corruption alert's group waits for :meth:`AlertManager.annotate`, see ``process``).
 Every method takes ``now`` (unix seconds) from the caller. State that must survive a restart
 (alerts, silences, API subscriptions, the notification log) is written to the outbox's record
 table on change and read back by the constructor.
@@ -37,7 +41,7 @@ from typing import Any, Callable, Iterable, Mapping
 from detectors.finding import SEVERITY_ORDER, Finding
 
 from healthsvc.alerting import model
-from healthsvc.alerting.admin import AlertAdmin, AlertingError, NotFound, ReadOnly  # noqa: F401 - the package's errors
+from healthsvc.alerting.admin import AlertAdmin, AlertingError, NotFound, ReadOnly, one_job  # noqa: F401 - the package's errors
 from healthsvc.alerting.formats import Notification, render_all
 from healthsvc.alerting.model import Alert, LifecyclePolicy
 from healthsvc.store.outbox import Outbox
@@ -46,7 +50,7 @@ from healthsvc.alerting.policy import (
     group_timing, inhibited, needs_update, next_flush_at, silenced,
 )
 from healthsvc.alerting.subscription import Subscription
-from healthsvc.identity import finding_fingerprint
+from healthsvc.identity import alert_fingerprint
 
 RollbackLookup = Callable[[str], "dict[str, Any] | None"]
 
@@ -122,6 +126,9 @@ class AlertManager(AlertAdmin):
         # (subscription, run) -> last time an alertmanager_api receiver got every firing alert
         # (memory only: after a restart the first re-send is at once, which is harmless).
         self._resent_at: dict[tuple[str, str], float] = {}
+        # Runs whose new corruption alert waits for its rollback target (see process); memory
+        # only: after a restart the group flushes at the next tick, without the annotation.
+        self.awaiting_target: set[str] = set()
 
     def __repr__(self) -> str:
         return (f"AlertManager(alerts={len(self._alerts)}, subscriptions={len(self.subscriptions())}, "
@@ -129,30 +136,36 @@ class AlertManager(AlertAdmin):
 
     # -- findings -----------------------------------------------------------------------------
 
-    def process(self, run_id: str, findings: Iterable[Finding], hosts: Mapping[int, str], now: float) -> list[str]:
-        """Fold findings into alerts and flush the run's group if due; returns enqueued webhook ids."""
-        with self._lock, self.outbox.batch():  # one store job
-            for f in findings:
-                self._apply(run_id, f, hosts, now)
-            return self._flush(run_id, now) + self._pass_through(now)
+    @one_job
+    def process(self, run_id: str, findings: Iterable[Finding], hosts: Mapping[int, str], now: float,
+                *, target_later: bool = False) -> list[str]:
+        """Fold findings into alerts and flush the run's group if due; returns enqueued webhook ids.
 
+        ``target_later``: the findings are not committed yet (this runs in the job that stores
+        them), so the rollback target, which is decided from the stored findings, cannot be
+        looked up now: a run whose corruption alert opens waits (no flush) until
+        :meth:`annotate` brings it, once the job is durable."""
+        for f in findings:
+            self._apply(run_id, f, hosts, now, target_later)
+        return self._flush(run_id, now) + self._pass_through(now)
+
+    @one_job
     def tick(self, now: float) -> list[str]:
         """Resolve alerts whose condition stayed clear, flush due groups, forget old alerts."""
-        with self._lock, self.outbox.batch():  # one store job
-            for run in {a.run for a in self._alerts.values()} if self._owns else ():
-                if not self._owns(run):   # the lease ran out here: the next owner carries on
-                    self.forget_run(run)
-            for fp, a in list(self._alerts.items()):
-                b = model.expire(a, now, self.lifecycle)
-                if b is not a:
-                    self._store_alert(b, now)
-                elif a.status == "resolved" and a.ends_at is not None and now - a.ends_at > self.retention_s:
-                    del self._alerts[fp]
-                    self.outbox.delete_record("alert", fp)
-            enqueued: list[str] = []
-            for run in list(self._groups):
-                enqueued += self._flush(run, now)
-            return enqueued + self._pass_through(now) + self._resend(now)
+        for run in {a.run for a in self._alerts.values()} if self._owns else ():
+            if not self._owns(run):   # the lease ran out here: the next owner carries on
+                self.forget_run(run)
+        for fp, a in list(self._alerts.items()):
+            b = model.expire(a, now, self.lifecycle)
+            if b is not a:
+                self._store_alert(b, now)
+            elif a.status == "resolved" and a.ends_at is not None and now - a.ends_at > self.retention_s:
+                del self._alerts[fp]
+                self.outbox.delete_record("alert", fp)
+        enqueued: list[str] = []
+        for run in list(self._groups):
+            enqueued += self._flush(run, now)
+        return enqueued + self._pass_through(now) + self._resend(now)
 
     def next_flush_at(self) -> float | None:
         """When the earliest group flush is due (unix s), for a caller that sleeps until then."""
@@ -163,60 +176,78 @@ class AlertManager(AlertAdmin):
 
     # -- operator actions ---------------------------------------------------------------------
 
+    @one_job
     def acknowledge(self, fp: str, by: str, now: float) -> Alert:
-        with self._lock, self.outbox.batch():  # one store job
-            a = model.acknowledge(self._get(fp), now, by)
-            self._store_alert(a, now)
-            self._tell_owner(a.run)
-            for sub in self.subscriptions():
-                entry = self._nflog.get((sub.id, a.run))
-                if (sub.format == "pagerduty" and a.status == "firing" and entry is not None
-                        and a.fingerprint in entry.firing):
-                    self._enqueue(sub, a.run, NotifyReason.ACKNOWLEDGED, [a], now)
-            return a
+        a = model.acknowledge(self._get(fp), now, by)
+        self._store_alert(a, now)
+        self._tell_owner(a.run)
+        for sub in self.subscriptions():
+            entry = self._nflog.get((sub.id, a.run))
+            if (sub.format == "pagerduty" and a.status == "firing" and entry is not None
+                    and a.fingerprint in entry.firing):
+                self._enqueue(sub, a.run, NotifyReason.ACKNOWLEDGED, [a], now)
+        return a
 
+    @one_job
     def resolve(self, fp: str, by: str, now: float) -> Alert:
         """Resolve by hand (latched alerts too); the resolution is notified at the next flush."""
-        with self._lock, self.outbox.batch():  # one store job
-            a = model.resolve_by_hand(self._get(fp), now, "hand")
-            a = model.acknowledge(a, now, by) if a.acknowledged_at is None else a
-            self._store_alert(a, now)
-            self._tell_owner(a.run)
-            self._flush(a.run, now)
-            self._pass_through(now)
-            return a
+        a = model.resolve_by_hand(self._get(fp), now, "hand")
+        a = model.acknowledge(a, now, by) if a.acknowledged_at is None else a
+        self._store_alert(a, now)
+        self._tell_owner(a.run)
+        self._flush(a.run, now)
+        self._pass_through(now)
+        return a
 
+    @one_job
     def rollback(self, run_id: str, step: int, now: float, onset: int | None = None) -> list[Alert]:
         """A rollback to the checkpoint at ``step`` was performed: resolve the latched alerts of the
         run whose corruption began after it (their corrupted updates are gone); earlier onsets stay
         firing. ``onset`` is the run's estimated first corrupted update, the one ``GET /rollback``
         dates the incident by (its ``onset.low``): given, it decides for every latched alert of
         the run; without an estimate each alert's own onset (else first step) decides."""
-        with self._lock, self.outbox.batch():  # one store job
-            done = []
-            for a in list(self._alerts.values()):
-                began = onset if onset is not None else (a.onset_step if a.onset_step is not None else a.first_step)
-                if a.run == run_id and a.latched and a.status == "firing" and began > step:
-                    b = model.resolve_by_hand(a, now, "rollback")
-                    self._store_alert(b, now)
-                    done.append(b)
-            self._flush(run_id, now)
-            self._pass_through(now)
-            return done
+        done = []
+        for a in list(self._alerts.values()):
+            began = onset if onset is not None else (a.onset_step if a.onset_step is not None else a.first_step)
+            if a.run == run_id and a.latched and a.status == "firing" and began > step:
+                b = model.resolve_by_hand(a, now, "rollback")
+                self._store_alert(b, now)
+                done.append(b)
+        self._flush(run_id, now)
+        self._pass_through(now)
+        return done
 
+    def annotate(self, run_id: str, now: float) -> list[str]:
+        """Look up the rollback target of a run whose corruption alert opened in a findings job
+        (``process(target_later=True)``), annotate its alerts, and flush the group it held back.
+        The look-up reads the stored history: it runs on the caller's thread, not in the job."""
+        if run_id not in self.awaiting_target:
+            return []
+        return self._annotate(run_id, self._safe_rollback(run_id), now)
+
+    @one_job
+    def _annotate(self, run_id: str, target: dict[str, Any] | None, now: float) -> list[str]:
+        self.awaiting_target.discard(run_id)
+        for a in list(self._alerts.values()):
+            if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target is None:
+                self._store_alert(replace(a, rollback_target=target), now)
+        return self._flush(run_id, now) + self._pass_through(now)
+
+    @one_job
     def set_rollback_target(self, run_id: str, target: dict[str, Any] | None, now: float) -> None:
         """Annotate the run's firing corruption alerts with where to resume (``{"step", "uri"}``)."""
-        with self._lock, self.outbox.batch():  # one store job
-            for a in list(self._alerts.values()):
-                if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target != target:
-                    self._store_alert(replace(a, rollback_target=target), now)
+        for a in list(self._alerts.values()):
+            if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target != target:
+                self._store_alert(replace(a, rollback_target=target), now)
 
     # -- ownership (replicas) -----------------------------------------------------------------
 
+    @one_job
     def adopt_run(self, run_id: str) -> None:
         """This replica took the run over: load its alerts and notification log as the previous
         owner left them (what it sent is not sent again), and the silences and API subscriptions
-        as they are now (any replica may have changed them)."""
+        as they are now (any replica may have changed them). One job: ordered with the findings
+        jobs, so the run's next findings meet its loaded alerts."""
         with self._lock:
             self.forget_run(run_id)
             for k, v in self.outbox.records("alert").items():
@@ -252,9 +283,10 @@ class AlertManager(AlertAdmin):
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _apply(self, run_id: str, f: Finding, hosts: Mapping[int, str], now: float) -> None:
+    def _apply(self, run_id: str, f: Finding, hosts: Mapping[int, str], now: float,
+               target_later: bool = False) -> None:
         self.counters.findings += 1
-        fp = finding_fingerprint(run_id, f)
+        fp = alert_fingerprint(run_id, f, (a for a in self._alerts.values() if a.run == run_id))
         existing = self._alerts.get(fp)
         if f.status == "resolved":
             if existing is not None and existing.status == "firing":
@@ -264,7 +296,10 @@ class AlertManager(AlertAdmin):
         if existing is None or existing.status == "resolved":
             self.counters.alerts_opened[f.kind] = self.counters.alerts_opened.get(f.kind, 0) + 1
             if a.latched and self._rollback_lookup is not None:
-                a = replace(a, rollback_target=self._safe_rollback(run_id))
+                if target_later:
+                    self.awaiting_target.add(run_id)
+                else:
+                    a = replace(a, rollback_target=self._safe_rollback(run_id))
         self._store_alert(a, now)
 
     def _safe_rollback(self, run_id: str) -> dict[str, Any] | None:
@@ -292,7 +327,7 @@ class AlertManager(AlertAdmin):
 
     def _flush(self, run_id: str, now: float) -> list[str]:
         g = self._groups.get(run_id)
-        if g is None:
+        if g is None or run_id in self.awaiting_target:
             return []
         members = self._group_alerts(run_id)
         if not members:
@@ -354,7 +389,8 @@ class AlertManager(AlertAdmin):
     def _pass_through(self, now: float) -> list[str]:
         """Send pass-through subscriptions what changed in the runs touched since the last call:
         alerts that began firing, and alerts they were sent that resolved."""
-        runs, self._changed_runs = self._changed_runs, set()
+        runs = self._changed_runs - self.awaiting_target   # those wait for their annotation
+        self._changed_runs -= runs
         subs = [s for s in self.subscriptions() if s.pass_through]
         enqueued: list[str] = []
         for run in runs if subs else ():

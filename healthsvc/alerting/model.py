@@ -5,7 +5,9 @@ An alert is identified by its *identity labels* ``alertname`` (the finding kind)
 finding blames exactly one, and ``"*"`` when it is run-wide or blames several: a NaN on 512 ranks
 is ONE alert ``rank="*"`` whose ``ranks`` annotation lists them (compacted as ranges, ``"0-511"``).
 Findings of the same kind/metric that blame different rank sets over time fold into the same
-``"*"`` alert, whose blamed ranks are the union.
+``"*"`` alert, whose blamed ranks are the union; and a finding joins a firing alert of the same
+kind/metric that already blames some of its ranks (the fault spreading keeps its alert). Which
+alert a finding belongs to is :func:`healthsvc.identity.alert_fingerprint`'s to say.
 
 The ``severity`` label is carried for receivers that route on it (Alertmanager routes usually
 do) but is *not* part of the identity: a spike that escalates from warning to critical stays the

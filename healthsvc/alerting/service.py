@@ -4,9 +4,13 @@ Wiring (see INTEGRATION.md of the repository's notes for the extension points):
 
 - the outbox tables are registered with the store at install; the manager, the delivery worker
   and the alerting thread start after the store opens and stop before it closes;
-- newly stored findings (``ctx.findings.subscribe``) and ``rollback`` events
-  (``ctx.store.subscribe``) are *queued* by the listeners (they run on the store's writer thread)
-  and processed on the alerting thread, which also ticks the manager every ``alert_tick_s``;
+- newly stored findings are folded into alerts *inside the job that stores them*
+  (``ctx.findings.set_stage``): the findings, their alert changes, the notifications and the
+  cursor commit as one transaction, so a crash never leaves a finding without its alert;
+- ``rollback`` events (``ctx.store.subscribe``) and the rollback-target look-up of a new
+  corruption alert (which reads the committed findings) are *queued* for the alerting thread,
+  which also ticks the manager every ``alert_tick_s``; each change the manager makes is one
+  store job (``healthsvc.alerting.admin.one_job``);
 - routers: ``/v1/alerts``, ``/v1/silences``, ``/v1/webhooks`` (``healthsvc.alerting.api``);
 - Prometheus: alerts by state, notifications by reason, webhook attempts by outcome, deliveries
   by state (a collector reading current values at scrape time).
@@ -31,9 +35,9 @@ from healthsvc.alerting.model import LifecyclePolicy
 from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import DEFAULT_TIMINGS, PolicyConfig, Timing
 from healthsvc.alerting.subscription import Subscription
-from healthsvc.messages import Drain, FindingsStored, RolledBack, RunOwned, Stop
+from healthsvc.messages import Annotate, Drain, RolledBack, RunOwned, Stop
 
-AlertingInput = FindingsStored | RolledBack | RunOwned | Drain | Stop
+AlertingInput = Annotate | RolledBack | RunOwned | Drain | Stop
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +60,20 @@ class AlertingService:
                  newest_finding_id: Callable[[], int] | None = None,
                  rollback_lookup: Callable[[str], dict | None] | None = None,
                  onset_lookup: Callable[[str], int | None] | None = None,
-                 ownership: Any = None, run_findings_after: Callable[[str, int], list] | None = None) -> None:
+                 ownership: Any = None, run_findings_after: Callable[..., list] | None = None) -> None:
         self.outbox = outbox
-        # With replicas (an ownership that takes runs over, healthsvc.monitor.ownership), the
-        # alert lifecycle of a run is its owner's: the cursor is per run ("findings:<run>"), and a
-        # run taken over is loaded from the store and its unprocessed findings replayed.
+        # With replicas (an ownership that takes runs over, healthsvc.monitor.ownership), a run's
+        # alert lifecycle is its owner's: the cursor is per run ("findings:<run>"), and a run
+        # taken over is loaded from the store and its unprocessed findings processed (_adopt).
         self.ownership = ownership
         self.replicated = ownership is not None and getattr(ownership, "takes_over", False)
         self._run_findings_after = run_findings_after
-        self._run_cursor: dict[str, int] = {}
-        # Findings reach alerting through an in-memory queue; a persisted cursor (the id of the
-        # newest finding processed) lets start() replay what a crash left unprocessed.
+        # A persisted cursor (the id of the newest finding processed, written in the job that
+        # processes it) says which stored findings are still to fold into alerts: those stored
+        # before start() (the monitor's replay runs first) or by a job whose stage failed.
         self._findings_after = findings_after
         self._newest_finding_id = newest_finding_id
-        self._cursor = 0
+        self._live = False            # start() processed what was stored before it
         self.settings = settings
         self.clock = clock
         self.manager: AlertManager | None = None
@@ -94,13 +98,83 @@ class AlertingService:
 
     # -- listeners (store writer thread: enqueue only) ----------------------------------------
 
-    def on_findings(self, stored: list) -> None:
-        self._queue.put(FindingsStored(stored))
+    def in_job(self, conn: Any, stored: list) -> list[Callable[[], None]]:
+        """The findings stage: inside the job that stored ``stored`` (on the writer thread), fold
+        every finding after the cursor into alerts, notifications and the cursor, on ``conn``.
+        Returns what to run once the job is durable (wake the sender, queue annotations)."""
+        if not self._live:
+            return []  # start() will: it processes everything after the cursor, as a job
+        with self.outbox.bound(conn) as after:
+            self._process_pending(conn, stored)
+        return [*after, self._queue_annotations]
+
+    def _process_pending(self, conn: Any, stored: list | None = None) -> None:
+        assert self.manager is not None
+        if self.replicated:
+            for run_id in sorted({sf.run_id for sf in stored or ()}):
+                if self.ownership.owns(run_id):
+                    self._process_run(conn, run_id, stored)
+            return
+        # Without a way to read the findings table, only what this job stored is known.
+        fetch = self._findings_after or (lambda after, conn: [sf for sf in stored or () if sf.id > after])
+        saved = self.outbox.records("cursor", conn=conn).get("findings")
+        cursor = int(saved["id"]) if saved is not None else 0
+        while pending := fetch(cursor, conn=conn):
+            by_run: dict[str, tuple[list, dict[int, str]]] = {}
+            for sf in pending:
+                findings, hosts = by_run.setdefault(sf.run_id, ([], {}))
+                findings.append(sf.finding)
+                hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
+            now = self.clock()
+            for run_id, (findings, hosts) in by_run.items():
+                self.manager.process(run_id, findings, hosts, now, target_later=True)
+            cursor = max(sf.id for sf in pending)
+            self.outbox.put_record("cursor", "findings", {"id": cursor}, now)
+
+    def _process_run(self, conn: Any, run_id: str, stored: list | None = None) -> None:
+        """Replicas: fold the run's findings after its own cursor into alerts, in the job."""
+        assert self.manager is not None
+        records = self.outbox.records("cursor", conn=conn)
+        saved = records.get(f"findings:{run_id}")
+        if saved is None:  # no replica processed findings of it yet (or a single server did)
+            saved = records.get("findings") or {"id": 0}
+        cursor = int(saved["id"])
+        if self._run_findings_after is not None:
+            pending = self._run_findings_after(run_id, cursor, conn=conn)
+        else:
+            pending = [sf for sf in stored or () if sf.run_id == run_id and sf.id > cursor]
+        if not pending:
+            return
+        hosts: dict[int, str] = {}
+        for sf in pending:
+            hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
+        now = self.clock()
+        self.manager.process(run_id, [sf.finding for sf in pending], hosts, now, target_later=True)
+        self.outbox.put_record("cursor", f"findings:{run_id}", {"id": max(sf.id for sf in pending)}, now)
 
     def on_ownership(self, run_id: str, gained: bool) -> None:
-        """The monitor hub took the run over or let it go (its thread: enqueue only). Queued
-        before the findings the new owner records for the run, so they meet its loaded alerts."""
-        self._queue.put(RunOwned(run_id, gained))
+        """The monitor hub took the run over (or let it go), on its thread, before it records the
+        findings of the run's restore: the run's alerts are loaded and its unprocessed findings
+        processed first, as jobs of the writer, ahead of the findings jobs that follow."""
+        if self.manager is None:
+            return
+        if not gained:
+            self.manager.forget_run(run_id)
+            return
+        self._adopt(run_id)
+
+    def _adopt(self, run_id: str) -> None:
+        assert self.manager is not None
+        self.manager.adopt_run(run_id)
+
+        def job(conn: Any) -> None:
+            self._process_run(conn, run_id)
+        self.outbox.run_in_job(job)
+        self._queue_annotations()
+
+    def _queue_annotations(self) -> None:
+        for run_id in sorted(self.manager.awaiting_target if self.manager is not None else ()):
+            self._queue.put(Annotate(run_id))
 
     def on_store_results(self, results: list) -> None:
         for r in results:
@@ -137,26 +211,25 @@ class AlertingService:
         self._thread.start()
 
     def _replay_unprocessed(self) -> None:
-        """Process the findings stored after the cursor (stored, but not processed before the
-        service stopped: a crash between the finding's commit and its alert)."""
-        if self._findings_after is None or self.replicated:
-            return  # replicas: per run, when a run is taken over (_adopt)
-        saved = self.outbox.records("cursor").get("findings")
-        if saved is None:
-            # No cursor yet (a new store, or one from a version without it): start at the newest
-            # finding, so an upgrade does not page again for everything ever found.
-            self._cursor = self._newest_finding_id() if self._newest_finding_id else 0
-            self.outbox.put_record("cursor", "findings", {"id": self._cursor}, self.clock())
-        else:
-            self._cursor = int(saved["id"])
-        while True:
-            pending = self._findings_after(self._cursor)
-            if not pending:
-                return
-            log.info("alerting: replaying %d findings stored after %d", len(pending), self._cursor)
-            self._handle(FindingsStored(pending))
+        """Process the findings stored after the cursor (before start, or before a crash), as
+        one job: later findings jobs, which run after it, process their own."""
+        if self.replicated:
+            self._live = True   # replicas: per run, when this one takes a run (_adopt)
+            return
+
+        def job(conn: Any) -> None:
+            if self.outbox.records("cursor", conn=conn).get("findings") is None:
+                # No cursor yet (a new store, or one from a version without it): start at the
+                # newest finding, so an upgrade does not page again for everything ever found.
+                newest = self._newest_finding_id() if self._newest_finding_id else 0
+                self.outbox.put_record("cursor", "findings", {"id": newest}, self.clock())
+            self._process_pending(conn)
+            self._live = True
+        self.outbox.run_in_job(job)
+        self._queue_annotations()
 
     def stop(self) -> None:
+        self._live = False
         self._stopping.set()
         self._queue.put(Stop())
         if self._thread is not None:
@@ -214,70 +287,18 @@ class AlertingService:
         self._queue.put(barrier)
         return barrier.done.wait(timeout_s)
 
-    def _adopt(self, run_id: str) -> None:
-        """A run this replica took over: its alerts as the previous owner left them, then the
-        findings stored after the run's cursor (stored, but not processed when that owner died)."""
-        assert self.manager is not None
-        self.manager.adopt_run(run_id)
-        saved = self.outbox.records("cursor").get(f"findings:{run_id}")
-        if saved is None:  # a run no replica processed findings of, or one from a single server
-            saved = self.outbox.records("cursor").get("findings") or {"id": 0}
-        self._run_cursor[run_id] = int(saved["id"])
-        if self._run_findings_after is not None:
-            pending = self._run_findings_after(run_id, self._run_cursor[run_id])
-            if pending:
-                log.info("alerting: run %s taken over; replaying %d findings", run_id, len(pending))
-                self._handle(FindingsStored(pending))
-
-    def _handle_replicated(self, item: FindingsStored) -> None:
-        assert self.manager is not None
-        by_run: dict[str, tuple[list, dict[int, str], int]] = {}
-        for sf in item.findings:
-            if sf.id <= self._run_cursor.get(sf.run_id, 0) or not self.ownership.owns(sf.run_id):
-                continue
-            findings, hosts, top = by_run.get(sf.run_id, ([], {}, 0))
-            findings.append(sf.finding)
-            hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
-            by_run[sf.run_id] = (findings, hosts, max(top, sf.id))
-        with self.outbox.batch():
-            for run_id, (findings, hosts, top) in by_run.items():
-                self.manager.process(run_id, findings, hosts, self.clock())
-                self._run_cursor[run_id] = top
-                self.outbox.put_record("cursor", f"findings:{run_id}", {"id": top}, self.clock())
-
-    def _handle(self, item: FindingsStored | RolledBack | RunOwned) -> None:
+    def _handle(self, item: Annotate | RolledBack | RunOwned) -> None:
         assert self.manager is not None
         if isinstance(item, RunOwned):
-            if item.gained:
+            if self.ownership is not None and self.ownership.owns(item.run_id):
                 self._adopt(item.run_id)
-            else:
-                self.manager.forget_run(item.run_id)
-                self._run_cursor.pop(item.run_id, None)
             return
         if isinstance(item, RolledBack) and self.replicated and not self.ownership.owns(item.run_id):
-            return  # the owner hears of it from the monitor hub (a pushed event)
-        if isinstance(item, FindingsStored) and self.replicated:
-            self._handle_replicated(item)
+            return  # the owner hears of it from the monitor hub (the event, handed on)
+        if isinstance(item, Annotate):
+            self.manager.annotate(item.run_id, self.clock())
             return
-        if isinstance(item, RolledBack):
-            self.manager.rollback(item.run_id, item.step, self.clock(), onset=self._incident_onset(item.run_id))
-            return
-        fresh = [sf for sf in item.findings if sf.id > self._cursor]  # a replay may have seen them
-        if not fresh:
-            return
-        by_run: dict[str, tuple[list, dict[int, str]]] = {}
-        for sf in fresh:
-            findings, hosts = by_run.setdefault(sf.run_id, ([], {}))
-            findings.append(sf.finding)
-            hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
-        # The alerts, notifications and cursor this batch of findings causes are one store job:
-        # a crash stores all of it or none (then the findings are replayed from the cursor, and
-        # the manager's notification log keeps a replay from paging twice).
-        with self.outbox.batch():
-            for run_id, (findings, hosts) in by_run.items():
-                self.manager.process(run_id, findings, hosts, self.clock())
-            self._cursor = max(sf.id for sf in fresh)
-            self.outbox.put_record("cursor", "findings", {"id": self._cursor}, self.clock())
+        self.manager.rollback(item.run_id, item.step, self.clock(), onset=self._incident_onset(item.run_id))
 
 
 class _AlertingCollector:
@@ -320,7 +341,7 @@ def install(app: Any, ctx: Any) -> None:
     service = ctx.alerting
     app.state.alerting = service
     app.include_router(router)
-    ctx.findings.subscribe(service.on_findings)
+    ctx.findings.set_stage(service.in_job)
     ctx.store.subscribe(service.on_store_results)
     ctx.on_startup.append(service.start)
     ctx.on_shutdown.append(service.stop)

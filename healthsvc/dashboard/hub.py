@@ -26,6 +26,7 @@ from healthsvc.messages import Drain, Flush, Stop, Tick
 from healthsvc.monitor.aligner import StepAligner
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
+from healthsvc.store.runstate import RunView
 from healthsvc.dashboard.rollup import HEAT_FIELDS, LINE_FIELDS, RunRollup
 
 log = logging.getLogger(__name__)
@@ -42,24 +43,23 @@ class RunFeed:
         self.attempt = 0
         self.watermark = 0            # id of the last stored chunk folded in (or pending)
         self.world_size = world_size
-        self.ranks_seen: set[int] = set()
+        self.ranks_seen = 0           # the store's count for the attempt (its RunView)
         self.dirty = False
 
     def expected_ranks(self) -> int:
-        return int(self.world_size or len(self.ranks_seen) or 1)
+        return int(self.world_size or self.ranks_seen or 1)
 
-    def add(self, batch: MetricBatch, attempt: int, start_step: int | None, chunk_id: int | None,
-            now: float) -> None:
-        if attempt != self.attempt:
+    def add(self, batch: MetricBatch, run: RunView, chunk_id: int | None, now: float) -> None:
+        """A committed batch; ``run`` is the run's state the store committed with it."""
+        if run.attempt != self.attempt:
             self.flush_all()
-            if start_step is not None and self.attempt:
-                self.rollup.truncate(start_step)
+            if run.start_step >= 0 and self.attempt:
+                self.rollup.truncate(run.start_step)
             self.aligner.reset()
-            self.ranks_seen.clear()
-            self.attempt = attempt
+            self.attempt = run.attempt
         if chunk_id is not None:
             self.watermark = max(self.watermark, chunk_id)
-        self.ranks_seen.update(np.unique(batch.ranks).tolist())
+        self.ranks_seen = run.ranks_seen
         wanted = {f: v for f, v in batch.values.items() if f in FIELDS}
         slim = MetricBatch(batch.steps, batch.ranks, wanted, {f: batch.present[f] for f in wanted})
         for block in self.aligner.add(slim, now, self.expected_ranks()):
@@ -84,7 +84,7 @@ class RunFeed:
                   "a_steps": np.asarray(st["steps"], np.int64), "a_ranks": np.asarray(st["ranks"], np.int64),
                   "a_first_step": np.asarray(st["first_seen_step"], np.int64),
                   "a_first_s": np.asarray(st["first_seen_s"], np.float64),
-                  "ranks_seen": np.asarray(sorted(self.ranks_seen), np.int64)}
+                  "ranks_seen": np.asarray(self.ranks_seen, np.int64)}
         for f in st["values"]:
             arrays[f"v:{f}"] = np.asarray(st["values"][f], np.float64)
             arrays[f"p:{f}"] = np.asarray(st["present"][f], bool)
@@ -102,7 +102,8 @@ class RunFeed:
                 "values": {f: z[f"v:{f}"] for f in fields}, "present": {f: z[f"p:{f}"] for f in fields},
                 "first_seen_step": z["a_first_step"], "first_seen_s": z["a_first_s"],
                 "emitted_upto": emitted, "late_records": late})
-            self.ranks_seen = set(z["ranks_seen"].tolist())
+            seen = z["ranks_seen"]  # the ranks themselves in snapshots of earlier versions
+            self.ranks_seen = int(seen) if seen.ndim == 0 else len(seen)
 
 
 class RollupHub:
@@ -195,12 +196,6 @@ class RollupHub:
             feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, (row or {}).get("config", {}).get("world_size"))
         return feed
 
-    def _start_step(self, run_id: str, attempt: int) -> int | None:
-        for a in self.store.attempts(run_id):
-            if a["attempt"] == attempt:
-                return int(a["start_step"])
-        return None
-
     def _handle(self, item: IngestResult | RunEvent | Tick | Flush) -> None:
         if isinstance(item, Tick):
             for rid, feed in list(self.feeds.items()):
@@ -215,8 +210,7 @@ class RollupHub:
             feed = self._feed(item.run_id)
             if item.chunk_id is not None and item.chunk_id <= feed.watermark:
                 return  # already replayed from the store on start
-            start = self._start_step(item.run_id, item.attempt) if item.attempt != feed.attempt else None
-            feed.add(item.batch, item.attempt, start, item.chunk_id, item.received_at)
+            feed.add(item.batch, item.run, item.chunk_id, item.received_at)
         elif item.kind == "finish":
             self._feed(item.run_id).flush_all()
         elif item.kind == "config":
@@ -248,10 +242,15 @@ class RollupHub:
                     except Exception:
                         log.exception("dashboard snapshot of run %s unreadable; replaying its history", run_id)
                         feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, row["config"].get("world_size"))
+            # As the monitor's replay: the store's run state is what the chunks led to (see
+            # MonitorHub._restore); each attempt's first step is in its attempts table.
             starts = {a["attempt"]: int(a["start_step"]) for a in self.store.attempts(run_id)}
+            st = self.store.run_state(run_id)
+            seen = st.view().ranks_seen if st is not None else 0
             for chunk in self.store.chunks_after(run_id, feed.watermark, FIELDS):
                 with self.lock:
-                    feed.add(chunk.batch, chunk.attempt, starts.get(chunk.attempt), chunk.id, chunk.received_at)
+                    feed.add(chunk.batch, RunView(chunk.attempt, starts.get(chunk.attempt, -1), seen, False),
+                             chunk.id, chunk.received_at)
             with self.lock:
                 if row["status"] == "finished":
                     feed.flush_all()

@@ -11,7 +11,8 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 from detectors.finding import Finding
-from healthsvc.store.findings import FindingsRecorded, StoredFinding
+from healthsvc.identity import condition_key
+from healthsvc.store.findings import FindingsRecorded, FindingsStage, StoredFinding
 from healthsvc.store.interface import Store
 
 __all__ = ["FindingsRecorded", "FindingsService", "StoredFinding"]
@@ -24,7 +25,13 @@ class FindingsService:
         self.store = store
         self.clock = clock
         self._listeners: list[Callable[[list[StoredFinding]], None]] = []
+        self._stage: FindingsStage | None = None
         store.subscribe(self._after_commit)
+
+    def set_stage(self, stage: FindingsStage | None) -> None:
+        """``stage(conn, stored)`` runs inside every job that stores findings, on the writer
+        thread (alerting's: the alerts and notifications the findings cause commit with them)."""
+        self._stage = stage
 
     def subscribe(self, listener: Callable[[list[StoredFinding]], None]) -> None:
         """``listener(findings)`` runs on the writer thread after commit; keep it quick (enqueue)."""
@@ -32,6 +39,12 @@ class FindingsService:
 
     def _after_commit(self, results: list[Any]) -> None:
         for res in results:
+            if isinstance(res, FindingsRecorded):
+                for callback in res.after_commit:
+                    try:
+                        callback()
+                    except Exception:
+                        log.exception("findings after-commit callback failed")
             if isinstance(res, FindingsRecorded) and res.findings:
                 for listener in self._listeners:
                     try:
@@ -39,13 +52,14 @@ class FindingsService:
                     except Exception:
                         log.exception("findings listener failed")
 
-    def record(self, run_id: str, attempt: int, findings: list[Finding], hosts: dict[int, str],
-               fence: Any = None) -> Future:
-        """Store findings (skipping ones already stored); resolves to the newly stored ones.
+    def record(self, run_id: str, attempt: int, findings: list[Finding],
+               hosts: dict[int, str] | None = None, fence: Any = None) -> Future:
+        """Store findings (skipping ones already stored); resolves to the newly stored ones. The
+        blamed ranks' hosts are the store's (the run's state), unless ``hosts`` names them.
         ``fence`` (replicas): stored only while this replica's lease of the run holds."""
         if fence is None:
-            return self.store.submit_findings(run_id, attempt, findings, hosts)
-        return self.store.submit_findings(run_id, attempt, findings, hosts, fence=fence)
+            return self.store.submit_findings(run_id, attempt, findings, hosts, then=self._stage)
+        return self.store.submit_findings(run_id, attempt, findings, hosts, then=self._stage, fence=fence)
 
     def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
               since_step: int | None = None, since: float | None = None, min_severity: str | None = None,
@@ -53,11 +67,11 @@ class FindingsService:
         return self.store.findings(run_id, kind=kind, status=status, since_step=since_step, since=since,
                                    min_severity=min_severity, limit=limit, since_id=since_id)
 
-    def stored_after(self, after_id: int, limit: int = 10_000) -> list[StoredFinding]:
-        """Findings of every run stored after ``after_id``, oldest first (alerting replays these
-        at start: the ones it had not processed when the service stopped)."""
-        out = [sf for run_id in self.store.runs_with_findings_after(after_id)
-               for sf in self.query(run_id, since_id=after_id, limit=limit)]
+    def stored_after(self, after_id: int, limit: int = 10_000, conn: Any = None) -> list[StoredFinding]:
+        """Findings of every run stored after ``after_id``, oldest first (alerting processes
+        these: in the findings job, through its ``conn``, and at start)."""
+        out = [sf for run_id in self.store.runs_with_findings_after(after_id, conn=conn)
+               for sf in self.store.findings(run_id, since_id=after_id, limit=limit, conn=conn)]
         return sorted(out, key=lambda sf: sf.id)[:limit]
 
     def newest_id(self) -> int:
@@ -69,8 +83,7 @@ class FindingsService:
         What is *active* also depends on alerting: see :class:`healthsvc.health.RunHealth`."""
         latest: dict[tuple, StoredFinding] = {}
         for sf in self.query(run_id, limit=1_000_000):
-            f = sf.finding
-            latest[(sf.attempt, f.kind, f.metric, f.ranks)] = sf
+            latest[condition_key(sf.attempt, sf.finding)] = sf
         return [sf for sf in latest.values() if sf.finding.status == "firing"]
 
     def firing_counts(self, run_id: str) -> dict[str, int]:

@@ -29,6 +29,7 @@ from healthsvc.monitor.ownership import RemoteMessage, RunOwnership, SoleOwner
 from healthsvc.monitor.run_monitor import RunMonitor
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
+from healthsvc.store.runstate import RunView
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ class MonitorHub:
             mon = self.monitors[item.run_id]
             if item.chunk_id is not None and self._seen(item.run_id, mon, item.chunk_id):
                 return  # the restore on claim replayed it already
-            self._record(mon, mon.on_metrics(item.batch, item.attempt, item.chunk_id, item.received_at))
+            self._record(mon, mon.on_metrics(item.batch, item.run, item.chunk_id, item.received_at))
             return
         ev: RunEvent = item
         mon = self.monitors[ev.run_id]
@@ -279,7 +280,16 @@ class MonitorHub:
         low = max(self._floor.get(run_id, 0), min([mon.watermark, *(c - 1 for c in announced)]))
         for chunk in self.store.chunks_after(run_id, low):
             if not self._seen(run_id, mon, chunk.id):
-                self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
+                self._record(mon, mon.on_metrics(chunk.batch, self._chunk_view(run_id, mon, chunk.attempt),
+                                                 chunk.id, chunk.received_at))
+
+    def _chunk_view(self, run_id: str, mon: RunMonitor, attempt: int) -> RunView:
+        """The run's state for a chunk read back from the store (a replay, or a push accepted by
+        another replica): its attempt, and the most ranks this replica's store or monitor knows
+        of in it (the store keeps no count per chunk; see _restore_run)."""
+        st = self.store.run_state(run_id)
+        seen = st.view().ranks_seen if st is not None and st.attempt == attempt else 0
+        return RunView(attempt, -1, max(seen, mon.ranks_seen if mon.attempt == attempt else 0), False)
 
     def _drop(self, run_id: str) -> None:
         """Forget a run another replica owns now (it writes the run's snapshots from here on)."""
@@ -296,10 +306,8 @@ class MonitorHub:
             return
         if not self.ownership.owns(mon.run_id):
             return  # the lease ran out meanwhile: the new owner replays and finds these itself
-        st = self.store.run_state(mon.run_id)
-        ranks = {r for f in found for r in f.ranks}
-        hosts = {r: h for r in ranks if st is not None and (h := st.host_of(r)) is not None}
-        self.findings.record(mon.run_id, mon.attempt, found, hosts, fence=self.ownership.fence(mon.run_id))
+        # The blamed ranks' hosts are looked up by the store's job, on the thread that owns them.
+        self.findings.record(mon.run_id, mon.attempt, found, fence=self.ownership.fence(mon.run_id))
         self.findings_recorded += len(found)
 
     # -- snapshots ------------------------------------------------------------------------
@@ -352,12 +360,19 @@ class MonitorHub:
                 log.exception("monitor snapshot of run %s unreadable; replaying its history", run_id)
                 mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
                 watermark = 0
+        # The store's run state (loaded before us) is what the replayed chunks led to: its
+        # count of ranks is the one their blocks are aligned by (the counts at each chunk
+        # are not kept; an attempt's ranks only grow, so early blocks may wait for their
+        # timeout instead of completing at once: the findings are the same).
+        st = self.store.run_state(run_id)
+        view = st.view() if st is not None else RunView(0, -1, 0, row["status"] == "finished")
         replayed = 0
         self._fed.pop(run_id, None)
         self._floor[run_id] = watermark
         for chunk in self.store.chunks_after(run_id, watermark):
             if not self._seen(run_id, mon, chunk.id):
-                self._record(mon, mon.on_metrics(chunk.batch, chunk.attempt, chunk.id, chunk.received_at))
+                chunk_view = RunView(chunk.attempt, -1, view.ranks_seen, False)
+                self._record(mon, mon.on_metrics(chunk.batch, chunk_view, chunk.id, chunk.received_at))
                 replayed += 1
         if self._restore_on_claim:
             # Taken over from another replica: the other replicas accepted pushes and heartbeats
@@ -367,7 +382,7 @@ class MonitorHub:
             for hb in self.store.heartbeats(run_id):
                 if hb["ts"] > (saved_at or 0.0):
                     self._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]))
-        if row["status"] == "finished":
+        if view.finished or row["status"] == "finished":
             self._record(mon, mon.on_finish(now))
         if not self._restore_on_claim:
             # The service was down since its last input: that gap is not the ranks' silence.

@@ -3,6 +3,10 @@
 Everything here runs on one thread (the hub's), so detectors need no locks. A new attempt (steps
 went back after a restart or rollback) resets the detectors and the aligner: detection restarts
 from the resumed step. State round-trips through :meth:`state_dict` for service restarts.
+
+The run's attempt, the ranks seen in it and its finish are the store's
+(:class:`~healthsvc.store.runstate.RunState`): each input brings the committed
+:class:`~healthsvc.store.runstate.RunView`, and the monitor follows it rather than counting again.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from detectors.finding import Finding
 from healthsvc.ingest.batch import MetricBatch
 from healthsvc.monitor.aligner import StepAligner, batch_to_block
 from healthsvc.monitor.suite import DetectorSuite, build_suite
+from healthsvc.store.runstate import RunView
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +34,7 @@ class RunMonitor:
         self.attempt = 0
         self.watermark = 0            # id of the last stored chunk fed in
         self.world_size: int | None = config.get("world_size")
-        self.ranks_seen: set[int] = set()
+        self.ranks_seen = 0           # the store's count for the attempt, as last committed
         self.last_input_s = 0.0       # service clock of the last input (for restarts)
 
     def __repr__(self) -> str:
@@ -37,16 +42,17 @@ class RunMonitor:
 
     # -- inputs ---------------------------------------------------------------------------
     def expected_ranks(self) -> int:
-        return int(self.world_size or len(self.ranks_seen) or 1)
+        return int(self.world_size or self.ranks_seen or 1)
 
-    def on_metrics(self, batch: MetricBatch, attempt: int, chunk_id: int | None, now: float) -> list[Finding]:
+    def on_metrics(self, batch: MetricBatch, run: RunView, chunk_id: int | None, now: float) -> list[Finding]:
+        """A committed batch; ``run`` is the run's state the store committed with it."""
         out: list[Finding] = []
-        if attempt != self.attempt:
-            out += self._new_attempt(attempt, now)
+        if run.attempt != self.attempt:
+            out += self._new_attempt(run.attempt, now)
         if chunk_id is not None:
             self.watermark = max(self.watermark, chunk_id)
         self.last_input_s = now
-        self.ranks_seen.update(np.unique(batch.ranks).tolist())
+        self.ranks_seen = run.ranks_seen
         if "world_size" in batch.values:
             ws = batch.values["world_size"][batch.present["world_size"]]
             ws = ws[np.isfinite(ws)]
@@ -82,7 +88,6 @@ class RunMonitor:
             new_attempt = getattr(det, "new_attempt", None)
             new_attempt() if new_attempt is not None else det.reset()
         self.aligner.reset()
-        self.ranks_seen.clear()
         self.attempt = attempt
         return out
 
@@ -133,7 +138,7 @@ class RunMonitor:
     # -- snapshot -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "watermark": self.watermark, "world_size": self.world_size,
-                "ranks_seen": sorted(self.ranks_seen), "last_input_s": self.last_input_s,
+                "ranks_seen": self.ranks_seen, "last_input_s": self.last_input_s,
                 "aligner": self.aligner.state_dict(),
                 "detectors": {name: det.state_dict() for name, det in self.suite.all().items()}}
 
@@ -141,7 +146,8 @@ class RunMonitor:
         self.attempt = state["attempt"]
         self.watermark = state["watermark"]
         self.world_size = state["world_size"]
-        self.ranks_seen = set(state["ranks_seen"])
+        seen = state["ranks_seen"]  # a list of ranks in snapshots of earlier versions
+        self.ranks_seen = len(seen) if isinstance(seen, list) else int(seen)
         self.last_input_s = state["last_input_s"]
         self.aligner.load_state_dict(state["aligner"])
         for name, det in self.suite.all().items():

@@ -24,9 +24,9 @@ class ControlWrites:
     def submit_run_config(self, run_id: str, config: dict) -> Future:
         def job(conn: sqlite3.Connection) -> dict:
             now = self._clock()
-            self._ensure_run(conn, run_id, now)
+            st = self._ensure_run(conn, run_id, now)
             conn.execute("UPDATE runs SET config=?, updated_at=? WHERE run_id=?", (orjson.dumps(config).decode(), now, run_id))
-            return RunEvent(run_id, "config", config, now)
+            return RunEvent(run_id, "config", config, now, st.view())
         return self._run_job(run_id, job)
 
     def submit_checkpoint(self, run_id: str, step: int, uri: str, duration_s: float | None,
@@ -46,7 +46,7 @@ class ControlWrites:
                                       (run_id, step, uri)).fetchone()
             return RunEvent(run_id, "checkpoint", {"id": ckpt_id, "step": step, "uri": uri,
                                                    "attempt": max(st.attempt, 1), "duration_s": duration_s,
-                                                   "bytes": nbytes}, now)
+                                                   "bytes": nbytes}, now, st.view())
         return self._run_job(run_id, job)
 
     def submit_checkpoint_status(self, run_id: str, checkpoint_id: int, status: str, note: str | None) -> Future:
@@ -63,15 +63,15 @@ class ControlWrites:
             cur = conn.execute("INSERT INTO events (run_id, kind, step, attempt, ts, data) VALUES (?, ?, ?, ?, ?, ?)",
                                (run_id, kind, step, st.attempt, now, orjson.dumps(data).decode()))
             return RunEvent(run_id, "event", {"id": cur.lastrowid, "kind": kind, "step": step,
-                                              "attempt": st.attempt, "data": data}, now)
+                                              "attempt": st.attempt, "data": data}, now, st.view())
         return self._run_job(run_id, job)
 
     def submit_heartbeat(self, run_id: str, rank: int, step: int | None, phase: str | None) -> Future:
         def job(conn: sqlite3.Connection) -> RunEvent:
             now = self._clock()
-            self._ensure_run(conn, run_id, now)
+            st = self._ensure_run(conn, run_id, now)
             conn.execute("INSERT OR REPLACE INTO heartbeats VALUES (?, ?, ?, ?, ?)", (run_id, rank, step, phase, now))
-            return RunEvent(run_id, "heartbeat", {"rank": rank, "step": step, "phase": phase}, now)
+            return RunEvent(run_id, "heartbeat", {"rank": rank, "step": step, "phase": phase}, now, st.view())
         return self._run_job(run_id, job)
 
     def submit_finish(self, run_id: str, rank: int | None = None) -> Future:
@@ -84,9 +84,9 @@ class ControlWrites:
             if rank is not None:
                 st.finished_ranks.add(rank)
                 if not set(st.ranks_seen().tolist()) <= st.finished_ranks:
-                    return RunEvent(run_id, "rank_finished", {"rank": rank}, now)
+                    return RunEvent(run_id, "rank_finished", {"rank": rank}, now, st.view())
             conn.execute("UPDATE runs SET status='finished', finished_at=?, updated_at=? WHERE run_id=?",
                          (now, now, run_id))
             st.finished = True
-            return RunEvent(run_id, "finish", {}, now)
+            return RunEvent(run_id, "finish", {}, now, st.view())
         return self._run_job(run_id, job)

@@ -7,9 +7,10 @@ after-commit listeners also receive).
 """
 from __future__ import annotations
 
+import logging
 import sqlite3
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import orjson
@@ -17,6 +18,8 @@ import orjson
 from detectors.finding import SEVERITY_ORDER, Finding
 from healthsvc.encode import jsonable
 from healthsvc.identity import occurrence_key
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS findings (
@@ -61,6 +64,13 @@ class StoredFinding:
 class FindingsRecorded:
     """The result of a findings job; the store's after-commit hook hands it to listeners."""
     findings: list[StoredFinding]
+    # What the job's in-transaction stage asked to run once it is durable (wake the sender).
+    after_commit: list[Callable[[], None]] = field(default_factory=list)
+
+
+# Runs inside the findings job, after the inserts, on the same connection: what it writes commits
+# with the findings or not at all. Returns callbacks for after the commit.
+FindingsStage = Callable[[sqlite3.Connection, list[StoredFinding]], list[Callable[[], None]]]
 
 
 class FindingsTable:
@@ -69,16 +79,32 @@ class FindingsTable:
     _clock: Callable[[], float]
 
     def submit_findings(self, run_id: str, attempt: int, findings: list[Finding],
-                        hosts: dict[int, str], fence: Any = None) -> Future:
-        """Store findings, skipping ones already stored; resolves to a :class:`FindingsRecorded`
-        (``fence``: only while the replica's lease of the run holds, see the store's ``write``)."""
+                        hosts: dict[int, str] | None = None, then: FindingsStage | None = None,
+                        fence: Any = None) -> Future:
+        """Store findings, skipping ones already stored; resolves to a :class:`FindingsRecorded`.
+
+        The blamed ranks' hosts are the run's, as its :class:`~healthsvc.store.runstate.RunState`
+        knows them when the job runs (on the writer thread, which owns that state); ``hosts``
+        overrides them (tools and tests that record findings for ranks the store never saw).
+
+        ``then(conn, stored)`` runs in the same job (alerting folds the findings into alerts and
+        notifications there: one transaction, so a crash never leaves a finding without them).
+        If it raises, only its own writes are rolled back: the findings are kept (its caller
+        finds them again, after its cursor).
+
+        ``fence`` (replicas): stored only while this replica's lease of the run holds (see the
+        store's ``write``)."""
         def job(conn: sqlite3.Connection) -> FindingsRecorded:
             now = self._clock()
+            st = self._runs.get(run_id)  # type: ignore[attr-defined]  # MetricsIngest's
             stored = []
             for f in findings:
                 # What listeners see is what is stored: evidence with NaN as "NaN", never null.
                 f = replace(f, evidence=jsonable(f.evidence))
-                blamed_hosts = tuple(hosts.get(r) for r in f.ranks)
+                if hosts is not None:
+                    blamed_hosts = tuple(hosts.get(r) for r in f.ranks)
+                else:
+                    blamed_hosts = st.hosts_of(f.ranks) if st is not None else (None,) * len(f.ranks)
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO findings (run_id, attempt, kind, metric, ranks, hosts, step, status, severity,"
                     " score, onset_step, evidence, created_at, identity) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -87,13 +113,24 @@ class FindingsTable:
                      orjson.dumps(f.evidence).decode(), now, occurrence_key(attempt, f)))
                 if cur.rowcount:
                     stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f))
-            return FindingsRecorded(stored)
+            after: list[Callable[[], None]] = []
+            if then is not None and stored:
+                conn.execute("SAVEPOINT findings_stage")
+                try:
+                    after = then(conn, stored)
+                except Exception:  # noqa: BLE001 - the findings must not be lost with it
+                    log.exception("findings stage failed on run %s; its writes were rolled back", run_id)
+                    conn.execute("ROLLBACK TO findings_stage")
+                conn.execute("RELEASE findings_stage")
+            return FindingsRecorded(stored, after)
         return self.write(job, fence)  # type: ignore[attr-defined]  # the store's
 
     def findings(self, run_id: str, *, kind: str | None = None, status: str | None = None,
                  since_step: int | None = None, since: float | None = None, min_severity: str | None = None,
-                 limit: int = 1000, since_id: int | None = None) -> list[StoredFinding]:
-        """A run's stored findings, oldest first, filtered by every argument that is set."""
+                 limit: int = 1000, since_id: int | None = None,
+                 conn: sqlite3.Connection | None = None) -> list[StoredFinding]:
+        """A run's stored findings, oldest first, filtered by every argument that is set (read
+        through ``conn``, a job's connection, to see what the job wrote)."""
         sql = ("SELECT id, attempt, kind, metric, ranks, hosts, step, status, severity, score, onset_step, evidence,"
                " created_at FROM findings WHERE run_id=?")
         args: list[Any] = [run_id]
@@ -106,7 +143,7 @@ class FindingsTable:
         args.append(limit)
         out = []
         for (fid, attempt, k, metric, ranks, hosts, step, st, sev, score, onset, evidence, created) in \
-                self.read_conn().execute(sql, args):  # type: ignore[attr-defined]  # SQLiteStore's
+                (conn or self.read_conn()).execute(sql, args):  # type: ignore[attr-defined]  # SQLiteStore's
             if min_severity is not None and SEVERITY_ORDER[sev] < SEVERITY_ORDER[min_severity]:
                 continue
             f = Finding(kind=k, step=step, ranks=tuple(orjson.loads(ranks)), severity=sev, score=score,
@@ -114,8 +151,8 @@ class FindingsTable:
             out.append(StoredFinding(fid, run_id, attempt, tuple(orjson.loads(hosts)), created, f))
         return out
 
-    def runs_with_findings_after(self, after_id: int) -> list[str]:
-        return [r for (r,) in self.read_conn().execute(  # type: ignore[attr-defined]
+    def runs_with_findings_after(self, after_id: int, conn: sqlite3.Connection | None = None) -> list[str]:
+        return [r for (r,) in (conn or self.read_conn()).execute(  # type: ignore[attr-defined]
             "SELECT DISTINCT run_id FROM findings WHERE id > ?", (after_id,))]
 
     def newest_finding_id(self) -> int:

@@ -60,9 +60,9 @@ class MetricsIngest:
         cur = conn.execute("INSERT OR IGNORE INTO batches VALUES (?, ?, ?, ?)", (run_id, digest, len(batch), now))
         if cur.rowcount == 0:
             n = conn.execute("SELECT n_records FROM batches WHERE run_id=? AND digest=?", (run_id, digest)).fetchone()[0]
-            return IngestResult(run_id, n, True, st.attempt, False, None, now)
+            return IngestResult(run_id, n, True, st.attempt, False, None, now, run=st.view())
         if len(batch) == 0:
-            return IngestResult(run_id, 0, False, st.attempt, False, None, now)
+            return IngestResult(run_id, 0, False, st.attempt, False, None, now, run=st.view())
         # First everything that can fail (the SQL), computed from the state without changing it;
         # then the in-memory state, which cannot fail. A failed job leaves both untouched.
         new_attempt = st.needs_new_attempt(batch)
@@ -108,7 +108,7 @@ class MetricsIngest:
                 conn.execute("ROLLBACK TO snapshot")
                 log.exception("snapshot of run %s failed; the next batch tries again", run_id)
             conn.execute("RELEASE snapshot")
-        return IngestResult(run_id, len(batch), False, st.attempt, new_attempt, chunk_id, now, batch)
+        return IngestResult(run_id, len(batch), False, st.attempt, new_attempt, chunk_id, now, batch, st.view())
 
     def _write_snapshot(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> None:
         snapshots.write_snapshot(conn, run_id, "ingest", snapshots.newest_chunk_id(conn, run_id),

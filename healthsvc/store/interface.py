@@ -1,7 +1,8 @@
 """What the service needs of its store: the one interface a store implements.
 
-:class:`~healthsvc.store.sqlite.SQLiteStore` implements it today; a PostgreSQL store implements
-the same (issue #14). The protocols are split by who needs them, so a reader of a feature sees
+:class:`~healthsvc.store.sqlite.SQLiteStore` and :class:`~healthsvc.store.postgres.PostgresStore`
+implement it (both are :class:`~healthsvc.store.base.StoreBase`; ``healthsvc.store.open.open_store``
+picks one by the URI). The protocols are split by who needs them, so a reader of a feature sees
 at a glance what of the store it touches::
 
     StoreLifecycle   the app factory, /readyz, /metrics: open, close, health of the writer
@@ -19,8 +20,9 @@ raises what refused it); after-commit listeners (:meth:`StoreLifecycle.subscribe
 committed write's result (:mod:`healthsvc.store.results`, ``FindingsRecorded``).
 
 No SQL is written outside this package. Alerting's durable outbox (``outbox.py``) is of this
-package too: it runs its SQL through the SQLite store's writer (``write(job)``, ``read_conn()``,
-which are not part of the interface), so a PostgreSQL store brings its own outbox beside it.
+package too: it runs its SQL through the store's writer (``write(job)``, ``read_conn()``, which
+are not part of the interface), on either store. Tables are created and upgraded by the numbered
+steps of ``migrations.py``.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from detectors.finding import Finding
 from healthsvc.ingest.batch import MetricBatch
 from healthsvc.monitor.ownership import Fence
 from healthsvc.store.bisections import BisectionUpdate
-from healthsvc.store.findings import StoredFinding
+from healthsvc.store.findings import FindingsStage, StoredFinding
 from healthsvc.store.probes import ProbeReport, ProbeRow
 from healthsvc.store.runstate import RunState
 from healthsvc.store.snapshots import Snapshot, SnapshotKind, StoredChunk
@@ -94,11 +96,12 @@ class Snapshots(Protocol):
 
 class FindingsStore(Protocol):
     def submit_findings(self, run_id: str, attempt: int, findings: list[Finding],
-                        hosts: dict[int, str], fence: Fence | None = None) -> Future: ...
+                        hosts: dict[int, str] | None = None, then: FindingsStage | None = None,
+                        fence: Fence | None = None) -> Future: ...
     def findings(self, run_id: str, *, kind: str | None = None, status: str | None = None,
                  since_step: int | None = None, since: float | None = None, min_severity: str | None = None,
-                 limit: int = 1000, since_id: int | None = None) -> list[StoredFinding]: ...
-    def runs_with_findings_after(self, after_id: int) -> list[str]: ...
+                 limit: int = 1000, since_id: int | None = None, conn: Any = None) -> list[StoredFinding]: ...
+    def runs_with_findings_after(self, after_id: int, conn: Any = None) -> list[str]: ...
     def newest_finding_id(self) -> int: ...
     def firing_counts(self, run_id: str) -> dict[str, int]: ...
 

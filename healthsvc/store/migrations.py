@@ -15,6 +15,7 @@ database at once take turns (an advisory lock), and a step is never applied twic
 - **Version 2** adds ``leases``: which replica owns a run, with a fencing token.
 - **Version 3** adds the outbox's claim (``claimed_until``), so deliveries are claimed by one
   replica at a time (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
+- **Version 4** stores chunk payloads (compressed already) without PostgreSQL's compression.
 
 A database newer than the code (a downgrade) is refused: :class:`SchemaTooNew`, whose message
 says what to do; the server does not start on it.
@@ -65,6 +66,13 @@ def _pre_release_attempts(conn: Any, kind: str) -> None:
         conn.execute("ALTER TABLE runs DROP COLUMN last_push")
 
 
+def _payload_storage_external(conn: Any, kind: str) -> None:
+    """A chunk is compressed already (blosc2): PostgreSQL's TOAST would try to compress it again
+    on every insert and gain nothing; EXTERNAL stores it out of line as it is. SQLite: nothing."""
+    if kind == "postgresql":
+        conn.execute("ALTER TABLE chunks ALTER COLUMN payload SET STORAGE EXTERNAL")
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -86,6 +94,7 @@ STEPS: tuple[Migration, ...] = (
         );"""),
     Migration(3, "the outbox's claims: one replica delivers each notification", """
         ALTER TABLE alert_outbox ADD COLUMN claimed_until REAL;"""),
+    Migration(4, "chunks' payloads are not compressed again by PostgreSQL", "", _payload_storage_external),
 )
 LATEST = STEPS[-1].version
 

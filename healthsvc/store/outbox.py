@@ -1,19 +1,23 @@
 """The durable webhook outbox: every notification is a row before anyone tries to send it.
 
-All of the alerting package's SQL lives here (in the store package, beside the store's own). Tables (created with ``CREATE TABLE IF NOT
-EXISTS`` in the service's SQLite file, next to the service store's own tables):
+All of the alerting package's SQL lives here (in the store package, beside the store's own). Tables
+(``outbox_tables``, created and upgraded by the store's ``migrations``, in the service's database
+next to the store's own tables, SQLite or PostgreSQL):
 
 - ``alert_outbox``: one row per (notification, subscription) delivery. ``webhook_id`` is fixed at
   enqueue time and sent on every attempt, so receivers can dedupe at-least-once delivery.
   ``state`` goes ``pending -> delivered | failed | dead`` (or ``cancelled`` when its subscription
   is deleted); ``failed`` is a non-retryable answer (a 4xx other than 429), ``dead`` a delivery
-  that kept failing until its max age; both keep ``last_error``.
+  that kept failing until its max age; both keep ``last_error``. ``claimed_until``: a worker
+  holds the row until then (:meth:`Outbox.claim`), or until its attempt is recorded.
 - ``alert_records``: small JSON records the alert manager must keep across restarts (alerts,
   silences, API subscriptions, the notification log), keyed by ``(kind, key)``.
 
 Over the service store, every write is a job of the store's single writer (group commit); the
-call returns once it is durable. A restart loses nothing: pending rows are read back and sent by the next worker. One delivery
-worker per database is assumed (in-flight rows are tracked in the worker's memory, not leased).
+call returns once it is durable. A restart loses nothing: pending rows are read back and sent by
+the next worker. A worker claims the rows it sends (``FOR UPDATE SKIP LOCKED`` on PostgreSQL), so
+workers of several processes on one database are never handed the same row at once; a worker
+that dies holding a claim leaves the row to the others once the claim runs out.
 
 Example::
 
@@ -29,7 +33,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, TypeVar
 
@@ -91,11 +95,11 @@ class Delivery:
 
 
 @dataclass
-class _Batch:
-    """Writes collected by :meth:`Outbox.batch`, and what waits for them to be durable."""
-    jobs: list[Callable[[sqlite3.Connection], Any]] = field(default_factory=list)
-    after: list[Callable[[], None]] = field(default_factory=list)
-    depth: int = 0
+class _Outcome:
+    """What a job of :meth:`Outbox.run_in_job` hands back to its caller."""
+    value: Any
+    error: Exception | None
+    after: list[Callable[[], None]]
 
 
 class Outbox:
@@ -109,8 +113,9 @@ class Outbox:
     """
 
     def __init__(self, db: "str | Path | StoreLike") -> None:
-        self._lock = threading.RLock()
-        self._batches = threading.local()
+        self._lock = threading.RLock()      # the own connection's statements
+        self._tx_lock = threading.RLock()   # the own connection's transactions
+        self._bound = threading.local()     # this thread's job (see bound)
         self._store: StoreLike | None = None
         self._conn: sqlite3.Connection | None = None
         if hasattr(db, "write") and hasattr(db, "read_conn"):
@@ -129,61 +134,84 @@ class Outbox:
                 self._conn.close()
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Collect this thread's writes (deliveries enqueued, records put and deleted) and commit
-        them as ONE job when the outermost ``batch`` ends: what one batch of findings, a tick or
-        an operator action changes is stored at once, or not at all. Inside a batch those writes
-        return None; :meth:`after_commit` callbacks run once the batch is durable."""
-        b = getattr(self._batches, "current", None)
-        if b is None:
-            b = self._batches.current = _Batch()
-        b.depth += 1
+    def bound(self, conn: sqlite3.Connection) -> Iterator[list[Callable[[], None]]]:
+        """Inside a job of the store's writer (``conn`` is its transaction): this thread's
+        writes run at once on ``conn``, so they commit with whatever else the job wrote (the
+        findings job stores findings, their alerts and notifications as one). Yields the
+        :meth:`after_commit` callbacks, for the job's owner to run once it is durable."""
+        after: list[Callable[[], None]] = []
+        outer = getattr(self._bound, "bound", None)
+        self._bound.bound = (conn, after)
         try:
-            yield
+            yield after
         finally:
-            b.depth -= 1
-            if b.depth == 0:
-                # Even when the body raised: what it wrote so far was decided (and is in memory).
-                self._batches.current = None
-                self._commit(b)
+            self._bound.bound = outer
 
-    def _commit(self, b: _Batch) -> None:
-        if b.jobs:
-            jobs = b.jobs
+    def run_in_job(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` as ONE job (one transaction) with this thread's writes bound to it
+        (:meth:`bound`), then its :meth:`after_commit` callbacks. Already inside a job: inline.
 
-            def run_all(conn: sqlite3.Connection) -> None:
-                for job in jobs:
-                    job(conn)
-            self._write(run_all)
-        for callback in b.after:
+        The alert manager's state changes run this way, so the change in memory and its rows
+        happen together on the writer thread, in the order the writer runs them; and no caller
+        holds the manager's lock while it waits for the writer (the findings job takes it)."""
+        current = getattr(self._bound, "bound", None)
+        if current is not None:
+            return fn(current[0])
+        if self._store is not None:
+            out: _Outcome = self._store.write(lambda conn: self._attempt(fn, conn)).result(timeout=60)
+        else:
+            with self._tx_lock:
+                assert self._conn is not None
+                self._execute("BEGIN IMMEDIATE")
+                try:
+                    out = self._attempt(fn, self._conn)
+                except BaseException:
+                    self._execute("ROLLBACK")
+                    raise
+                self._execute("COMMIT")
+        for callback in out.after:
             callback()
+        if out.error is not None:
+            raise out.error
+        return out.value
+
+    def _attempt(self, fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> "_Outcome":
+        with self.bound(conn) as after:
+            try:
+                return _Outcome(fn(conn), None, after)
+            except Exception as exc:  # noqa: BLE001 - re-raised to the caller by run_in_job
+                # What ``fn`` wrote before it raised was decided (and is in memory): commit it,
+                # as the manager always did, and raise to the caller after.
+                return _Outcome(None, exc, after)
+
+    def transaction(self, fn: Callable[[], T]) -> T:
+        """:meth:`run_in_job` for a function that writes only through the outbox."""
+        return self.run_in_job(lambda conn: fn())
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once this thread's writes are durable: at the end of the current
-        :meth:`batch`, or now outside one."""
-        b = getattr(self._batches, "current", None)
-        if b is None:
+        job (:meth:`bound`), or now outside one."""
+        bound = getattr(self._bound, "bound", None)
+        if bound is None:
             callback()
-        elif callback not in b.after:
-            b.after.append(callback)
+        elif callback not in bound[1]:
+            bound[1].append(callback)
 
     def _write(self, job: Callable[[sqlite3.Connection], T]) -> T:
-        b = getattr(self._batches, "current", None)
-        if b is not None:
-            b.jobs.append(job)
-            return None  # type: ignore[return-value]  # see batch()
+        bound = getattr(self._bound, "bound", None)
+        if bound is not None:
+            if self._store is not None:
+                return job(bound[0])
+            with self._lock:  # the own connection is shared with readers on other threads
+                return job(bound[0])
         if self._store is not None:
             return self._store.write(job).result(timeout=60)
+        return self.run_in_job(lambda conn: self._write(job))  # the own connection: bound, locked
+
+    def _execute(self, sql: str) -> None:
         with self._lock:
             assert self._conn is not None
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = job(self._conn)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-            return result
+            self._conn.execute(sql)
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         if self._store is not None:
@@ -239,8 +267,6 @@ class Outbox:
                 f" WHERE state = 'pending' AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until <= ?)"
                 f"{skip} ORDER BY next_attempt_at, seq LIMIT ?{lock}) RETURNING {', '.join(_COLUMNS)}",
                 (holds, now, now, *exclude, limit)).fetchall()
-        if getattr(self._batches, "current", None) is not None:
-            raise RuntimeError("claim() inside batch(): a claim is its own write")
         rows = self._write(job)
         return sorted((_delivery(r) for r in rows), key=lambda d: (d.next_attempt_at, d.seq))
 
@@ -328,8 +354,10 @@ class Outbox:
         return self._write(lambda conn: conn.execute(
             "DELETE FROM alert_records WHERE kind = ? AND key = ?", (kind, key)).rowcount) == 1
 
-    def records(self, kind: str) -> dict[str, dict[str, Any]]:
-        rows = self._read("SELECT key, value FROM alert_records WHERE kind = ? ORDER BY key", (kind,))
+    def records(self, kind: str, conn: sqlite3.Connection | None = None) -> dict[str, dict[str, Any]]:
+        """The records of one kind; through ``conn`` (a job's), what the job's transaction sees."""
+        sql, args = "SELECT key, value FROM alert_records WHERE kind = ? ORDER BY key", (kind,)
+        rows = conn.execute(sql, args).fetchall() if conn is not None else self._read(sql, args)
         return {k: json.loads(v) for k, v in rows}
 
 

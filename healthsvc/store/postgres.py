@@ -3,8 +3,11 @@
 The same store as SQLite's (:class:`~healthsvc.store.base.StoreBase`: one writer thread with
 group commit, so writes are ordered and after-commit listeners see what SQLite's see), over a
 :class:`PgConnection` that runs the store's SQLite-dialect SQL translated (``dialect``). Reads
-borrow a connection from a :class:`psycopg_pool.ConnectionPool` for one statement and return it:
-each read sees every commit made before it (the writer resolves a write only once committed).
+borrow a connection from a :class:`psycopg_pool.ConnectionPool` (``pool_size``, 8) for one
+statement and return it: each read sees every commit made before it (the writer resolves a write
+only once committed). Reads of chunk payloads stream (:class:`StreamedRows`) and hold their
+connection while the caller iterates. A writer connection that broke is replaced before the next
+group (:class:`PgConnection`); several processes may open one database (migrations take turns).
 
 Types: ``REAL`` columns are ``DOUBLE PRECISION`` (float64, NaN and ±Inf kept bit for bit), the
 metric chunks are ``BYTEA`` (the same bytes as SQLite's ``BLOB``: NaN versus missing is the codec's
@@ -22,6 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import psycopg
 from psycopg.adapt import Loader
+from psycopg.types.string import BytesBinaryDumper
 from psycopg_pool import ConnectionPool
 
 from healthsvc.store import migrations
@@ -45,6 +49,8 @@ class _NumericAsNumber(Loader):
 
 def _configure(conn: psycopg.Connection) -> None:
     conn.adapters.register_loader("numeric", _NumericAsNumber)
+    # Chunks travel as binary parameters, not hex text: half the bytes on the wire, no escaping.
+    conn.adapters.register_dumper(bytes, BytesBinaryDumper)
 
 
 def is_postgres_uri(uri: str) -> bool:
@@ -90,9 +96,12 @@ class PgConnection:
 
     dialect = "postgresql"   # for the few statements only PostgreSQL has (FOR UPDATE SKIP LOCKED)
 
-    def __init__(self, conn: psycopg.Connection, catalog: Catalog) -> None:
+    def __init__(self, conn: psycopg.Connection, catalog: Catalog,
+                 reconnect: Callable[[], psycopg.Connection] | None = None) -> None:
         self.raw = conn
         self.catalog = catalog
+        self._reconnect = reconnect
+        self._in_transaction = False
         self._translate = functools.lru_cache(maxsize=1024)(lambda sql: pg_statement(sql, catalog))
 
     def _run(self, cur: psycopg.Cursor, st: Statement, args: Sequence[Any]) -> PgCursor:
@@ -103,6 +112,15 @@ class PgConnection:
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
         st = self._translate(sql)
+        if self.raw.broken and not self._in_transaction and self._reconnect is not None:
+            # The server restarted or the network dropped: the group that saw it failed (and
+            # was answered 503). Outside a transaction nothing is lost by a new connection;
+            # inside one, the statement must fail (its transaction's earlier work is gone).
+            log.warning("the store's writer connection broke; reconnecting")
+            self.raw = self._reconnect()
+        verb = st.sql.split(None, 1)[0].upper() if st.sql.strip() else ""
+        if verb in ("BEGIN", "COMMIT", "ROLLBACK") and not st.sql.upper().startswith("ROLLBACK TO"):
+            self._in_transaction = verb == "BEGIN"
         with self.raw.cursor() as cur:
             return self._run(cur, st, args)
 
@@ -129,12 +147,42 @@ class PooledReader:
         self.catalog = catalog
         self._translate = functools.lru_cache(maxsize=1024)(lambda sql: pg_statement(sql, catalog))
 
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> "PgCursor | StreamedRows":
         st = self._translate(sql)
+        if _STREAMED.search(st.sql):
+            return StreamedRows(self._pool, st.sql, _params(args))
         with self._pool.connection() as conn, conn.cursor() as cur:
             cur.execute(st.sql, _params(args))
             rows = cur.fetchall() if cur.description is not None else []
             return PgCursor(rows, cur.rowcount, None)
+
+
+# Reads of chunk payloads (an export, a replay) can be the whole of a long run: they stream.
+_STREAMED = re.compile(r"^\s*SELECT\b[^;]*\bpayload\b[^;]*\bFROM\s+chunks\b", re.IGNORECASE | re.DOTALL)
+
+
+class StreamedRows:
+    """The rows of a chunk read, fetched a few at a time through a server-side cursor while the
+    caller iterates (an export holds a few chunks in memory, not the run). The pooled connection
+    is held until the iteration ends or the iterator is dropped."""
+
+    BATCH = 32
+
+    def __init__(self, pool: ConnectionPool, sql: str, args: list[Any]) -> None:
+        self._pool, self._sql, self._args = pool, sql, args
+
+    def __iter__(self) -> Iterator[tuple]:
+        with self._pool.connection() as conn, conn.transaction(), \
+                conn.cursor(name="healthsvc_chunks") as cur:
+            cur.itersize = self.BATCH
+            cur.execute(self._sql, self._args)
+            yield from cur
+
+    def fetchall(self) -> list[tuple]:
+        return list(self)
+
+    def fetchone(self) -> tuple | None:
+        return next(iter(self.fetchall()), None)
 
 
 def load_catalog(conn: psycopg.Connection) -> Catalog:
@@ -179,7 +227,7 @@ class PostgresStore(StoreBase):
         return conn
 
     def _writer_connection(self) -> PgConnection:
-        return PgConnection(self._connect(), self.catalog)
+        return PgConnection(self._connect(), self.catalog, reconnect=self._connect)
 
     def _migrate(self, conn: PgConnection) -> list[int]:
         raw = conn.raw

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.runstate import RunView
 
 
 @dataclass
@@ -21,6 +22,7 @@ class IngestResult:
     chunk_id: int | None
     received_at: float
     batch: MetricBatch | None = None
+    run: RunView | None = None     # the run's committed state after this batch
 
 
 @dataclass
@@ -30,3 +32,4 @@ class RunEvent:
     kind: str                      # "heartbeat" | "finish" | "config" | "event" | "checkpoint"
     data: dict
     received_at: float
+    run: RunView | None = None     # the run's committed state after this write

@@ -13,10 +13,28 @@ are aligned with ``ids`` (the sorted rank ids seen), so rank 50,000,000 costs on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
 from healthsvc.ingest.batch import MetricBatch
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What a committed write left of its run's state: handed on with every
+    :class:`~healthsvc.store.results.IngestResult` and ``RunEvent``, so the stages after the
+    store (the monitor) read the run's attempt, ranks and finish from the one owner,
+    :class:`RunState`, instead of keeping counts of their own. Immutable: the writer thread goes
+    on changing the state it was taken from.
+
+    >>> RunState("r").view()
+    RunView(attempt=0, start_step=0, ranks_seen=0, finished=False)
+    """
+    attempt: int
+    start_step: int                   # first step of the attempt (-1: not known, in a replay)
+    ranks_seen: int                   # ranks that reported in the current attempt
+    finished: bool                    # the whole run finished (``runs.status`` says the same)
 
 
 @dataclass
@@ -120,6 +138,24 @@ class RunState:
         if cached is None or len(cached) != len(self.host_names):
             cached = self._lookup = {name: i for i, name in enumerate(self.host_names)}
         return cached
+
+    def view(self) -> RunView:
+        return RunView(self.attempt, self.start_step, int(np.count_nonzero(self.last_step >= 0)), self.finished)
+
+    def hosts_of(self, ranks: Sequence[int]) -> tuple[str | None, ...]:
+        """The host of each rank (None where unknown), aligned with ``ranks``: the one shape
+        hosts travel in, from here to stored findings and alerts.
+
+        >>> st = RunState("r"); st.set_hosts([(3, "node-a")])
+        >>> st.hosts_of((3, 4))
+        ('node-a', None)
+        """
+        if not len(ranks):
+            return ()
+        pos, known = self._positions(np.asarray(ranks, dtype=np.int64))
+        codes = np.full(len(pos), -1, dtype=np.int32)
+        codes[known] = self.host_code[pos[known]]
+        return tuple(self.host_names[c] if c >= 0 else None for c in codes.tolist())
 
     def ranks_seen(self) -> np.ndarray:
         return self.ids[self.last_step >= 0]

@@ -1,5 +1,7 @@
-"""SQLite schema of the embedded store. Every statement is idempotent (IF NOT EXISTS), so opening
-an existing file is the same as creating a new one."""
+"""The store's own tables as version 1 of the schema has them (``migrations``: step 1 runs this
+DDL, written in SQLite's dialect and translated for PostgreSQL by ``dialect.pg_ddl``). Frozen at
+version 1, like the other modules' ``SCHEMA``: a change to a table is a new numbered step in
+``migrations``, so every existing database gets it too."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

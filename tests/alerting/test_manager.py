@@ -206,3 +206,17 @@ def test_rollback_resolves_by_the_runs_estimated_onset_when_there_is_one():
     assert {a.status for a in m.alerts(run="r1")} == {"firing"}
     done = m.rollback("r1", step=100, now=160.0, onset=150)
     assert sorted(a.kind for a in done) == ["non_finite", "rank_outlier"]
+
+
+def test_an_alert_keeps_its_identity_as_ranks_join_the_fault():
+    # A hang on rank 3 pages once; when rank 4 hangs with it the finding blames (3, 4): that is
+    # the same fault spreading, so it joins the rank-3 alert instead of paging again as "*".
+    m = manager()
+    hang = lambda ranks, step: Finding("hang", step=step, ranks=ranks, severity="critical")  # noqa: E731
+    assert len(m.process("r1", [hang((3,), 50)], HOSTS, now=100.0)) == 1
+    assert m.process("r1", [hang((3, 4), 51)], HOSTS, now=101.0) == []
+    (a,) = m.alerts()
+    assert a.label_dict["rank"] == "3" and a.ranks == (3, 4) and a.hosts == ("node0",)
+    # A fault on ranks it does not share is another alert (its own condition).
+    m.process("r1", [hang((9, 10), 52)], HOSTS, now=102.0)
+    assert sorted(x.label_dict["rank"] for x in m.alerts()) == ["*", "3"]

@@ -4,6 +4,7 @@ was never going to be sent."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import jsonschema
@@ -13,6 +14,7 @@ from detectors.finding import Finding
 from healthsvc.alerting.policy import DEFAULT_TIMINGS
 from healthsvc.alerting.signing import generate_secret, verify
 from healthsvc.drain import DrainTimeout
+from healthsvc.messages import Annotate
 from tests.alerting.amschema import ALERTMANAGER_V4
 from tests.alerting.receiver import Receiver, free_port
 from tests.harness import InProcessService
@@ -155,3 +157,67 @@ def test_drain_waits_for_a_delivery_in_flight_and_names_the_stage_behind(tmp_pat
             svc.drain(timeout_s=0.5)    # the receiver takes a second to answer
         svc.drain()
         assert len(rx.delivered()) == 1
+
+
+def hang(rank=3, step=50):
+    return Finding("hang", step=step, ranks=(rank,), severity="critical")
+
+
+def test_a_finding_its_alert_and_its_notification_commit_in_one_job(tmp_path, db_uri):
+    # No drain: the job that stores the finding has, when it is durable, also stored its alert,
+    # the notification (critical: group_wait 0) and the cursor, in the same transaction.
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
+        ctx = svc.app.state.ctx
+        ctx.store.submit_run_config("r1", {}).result()
+        # Hold the alerting thread: nothing below may depend on it.
+        held, handle = threading.Event(), ctx.alerting._handle
+        ctx.alerting._handle = lambda item: (held.wait(10), handle(item))
+        ctx.alerting._queue.put(Annotate("nobody"))
+        (stored,) = ctx.findings.record("r1", 1, [hang()], HOSTS).result().findings
+        (alert,) = ctx.alerting.manager.alerts(run="r1")
+        assert alert.ranks == (3,) and alert.hosts == ("node0",)
+        (delivery,) = ctx.alerting.outbox.deliveries()
+        assert delivery.reason == "first_notification"
+        # (On PostgreSQL, where replicas own runs, the cursor is the run's own: Scale out.)
+        cursor = "findings:r1" if db_uri.startswith("postgresql") else "findings"
+        assert ctx.alerting.outbox.records("cursor")[cursor]["id"] == stored.id
+        held.set()
+        svc.drain()
+        assert len(rx.delivered()) == 1
+
+
+def test_a_failed_alert_stage_keeps_the_findings_for_the_next_job(tmp_path, db_uri, monkeypatch):
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
+        ctx = svc.app.state.ctx
+        manager = ctx.alerting.manager
+        ctx.store.submit_run_config("r1", {}).result()
+        real = type(manager).process
+        calls = []
+
+        def broken_once(self, *args, **kwargs):
+            calls.append(args[0])
+            if len(calls) == 1:
+                raise RuntimeError("alerting bug")
+            return real(self, *args, **kwargs)
+        monkeypatch.setattr(type(manager), "process", broken_once)
+        (first,) = ctx.findings.record("r1", 1, [hang(rank=3)], HOSTS).result().findings
+        assert [sf.id for sf in ctx.findings.query("r1")] == [first.id]   # the finding is kept
+        assert manager.alerts(run="r1") == [] and ctx.alerting.outbox.deliveries() == []
+        ctx.findings.record("r1", 1, [hang(rank=9)], HOSTS).result()      # the next job catches up
+        assert sorted(a.ranks for a in manager.alerts(run="r1")) == [(3,), (9,)]
+        svc.drain()
+        assert len(rx.delivered()) == 1
+
+
+def test_a_corruption_page_waits_for_its_rollback_target(tmp_path, db_uri):
+    # The rollback target is decided from the stored findings: the page goes out once the job
+    # that stores the finding is durable and the target was looked up, with it.
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
+        ctx = svc.app.state.ctx
+        ctx.store.submit_checkpoint("r1", 5, "mem://r1/5", None, None).result()
+        ctx.findings.record("r1", 1, [nan(step=7)], HOSTS).result()
+        assert ctx.alerting.outbox.deliveries() == []      # held back for its annotation
+        svc.drain()
+        (got,) = rx.delivered()
+        (alert,) = json.loads(got.body)["alerts"]
+        assert alert["annotations"]["rollback_target"] == "step 5 (mem://r1/5)"

@@ -32,11 +32,11 @@ def test_a_pathological_silence_delays_neither_pages_nor_the_api(tmp_path):
             ok = c.post("/v1/silences", json={"matchers": [{"name": "run", "value": "(a+)+b", "op": "=~"}],
                                               "duration_s": 3600})
             assert ok.status_code in (200, 201), ok.text
-            pushed = time.monotonic()
+            # A backtracking matcher would take hours on this run id (2**40 steps), so a page
+            # within 30 s (generous for a loaded CI machine) proves matching does not backtrack.
             body = {"records": [{"step": 0, "rank": 0, "loss": "NaN"}]}
             assert c.post(f"/v1/runs/{RUN}/metrics", json=body).status_code == 202
-            rx.wait_for(1, timeout_s=10)
-            assert time.monotonic() - pushed < 5.0
+            rx.wait_for(1, timeout_s=30)
             started = time.monotonic()
             assert c.get("/v1/alerts").status_code == 200
-            assert time.monotonic() - started < 1.0
+            assert time.monotonic() - started < 10.0

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.both_stores
 
 from tests.dashboard import browser, replay
 

@@ -4,6 +4,8 @@ import math
 
 import pytest
 
+pytestmark = pytest.mark.both_stores
+
 
 def _push(http, run_id, steps, ranks, step_time):
     cols = {"step": [s for s in steps for _ in ranks], "rank": [r for _ in steps for r in ranks]}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.both_stores
+
 import clients
 from clients.probe import next_probe, report_probe
 from tests.barriers import wait_until

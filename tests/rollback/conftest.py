@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tests.harness import ServedService
+from tests.pg import database_for
 
 
 @pytest.fixture(scope="module")
-def shared_server(tmp_path_factory):
-    with ServedService(tmp_path_factory.mktemp("rollback")) as service:
+def shared_server(tmp_path_factory, db_kind):
+    directory = tmp_path_factory.mktemp("rollback")
+    with database_for(db_kind, directory) as db, ServedService(directory, db=db) as service:
         yield service
 
 

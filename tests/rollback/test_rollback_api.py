@@ -10,6 +10,8 @@ import json
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.both_stores
+
 from simulation import GradSpike, LossSpike, NonFinite, simulate_run
 from healthsvc.cli import main as cli_main
 from healthsvc.settings import Settings

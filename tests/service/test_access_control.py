@@ -9,6 +9,11 @@ import sys
 import httpx
 import pytest
 
+from healthsvc.store.open import open_store
+from tests.pg import database_for
+
+pytestmark = pytest.mark.both_stores
+
 from tests.barriers import answers_ok, wait_until
 from tests.server_process import ServerProcess, free_port
 
@@ -21,8 +26,10 @@ def _bearer(token: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory):
-    with ServerProcess(tmp_path_factory.mktemp("auth") / "a.db", env={"HEALTHSVC_ADMIN_TOKEN": ADMIN}) as srv:
+def secured(tmp_path_factory, db_kind):
+    directory = tmp_path_factory.mktemp("auth")
+    with database_for(db_kind, directory) as db, \
+            ServerProcess(db, env={"HEALTHSVC_ADMIN_TOKEN": ADMIN}, log_path=directory / "a.log") as srv:
         yield srv
 
 
@@ -70,13 +77,16 @@ def test_no_token_is_401_and_a_wrong_scope_is_403_naming_the_scope(secured, toke
 
 
 def test_tokens_are_listed_without_secrets_stored_hashed_and_revocable(secured, tokens):
-    import sqlite3
     with httpx.Client(base_url=secured.url, timeout=30, headers=_bearer(tokens["oncall"])) as c:
         listed = c.get("/v1/tokens").json()
         assert {t["name"] for t in listed} >= {"trainer", "analyst", "oncall"}
         assert all("token" not in t for t in listed)
-        with sqlite3.connect(secured.db_path) as db:
-            stored = [h for (h,) in db.execute("SELECT hash FROM api_tokens")]
+        store = open_store(secured.db_path)   # a second reader of the server's database
+        store.open()
+        try:
+            stored = [t.hash for t in store.live_tokens()]
+        finally:
+            store.close()
         assert tokens["trainer"] not in stored and len(stored[0]) == 64
         r = c.post("/v1/tokens", json={"name": "tmp", "scopes": ["read"]})
         tmp_id, tmp_secret = r.json()["id"], r.json()["token"]

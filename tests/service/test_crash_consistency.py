@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 
 import httpx
+import pytest
 
+from detectors.finding import Finding
+from healthsvc.store.open import open_store
 from tests.server_process import ServerProcess
 from tests.alerting.receiver import Receiver
 from tests.barriers import wait_until
@@ -81,22 +83,24 @@ def _alert_env(rx: Receiver) -> dict[str, str]:
     return {"HEALTHSVC_ALERT_WEBHOOKS": json.dumps([{"id": "oncall", "url": rx.url, "format": "json"}])}
 
 
-def test_a_finding_stored_but_not_yet_alerted_is_alerted_after_a_restart(tmp_path):
+@pytest.mark.both_stores
+def test_a_finding_stored_but_not_yet_alerted_is_alerted_after_a_restart(db_uri, tmp_path):
     """Finding 3, the crash window itself: the finding is committed, the process dies before
     alerting saw it. Reproduced exactly by storing the finding while the service is down."""
     with Receiver() as rx:
-        srv = ServerProcess(tmp_path / "a.db", env=_alert_env(rx))
+        srv = ServerProcess(db_uri, env=_alert_env(rx), log_path=tmp_path / "a.log")
         srv.start()
         try:
             with httpx.Client(base_url=srv.url, timeout=30) as c:
                 assert c.post("/v1/runs/cw/metrics", json=_ok_push(0)).status_code == 202
             srv.kill()
-            with sqlite3.connect(srv.db_path) as db:
-                db.execute(
-                    "INSERT INTO findings (run_id, attempt, kind, metric, ranks, hosts, step, status, severity,"
-                    " score, onset_step, evidence, created_at, identity) VALUES"
-                    " ('cw', 1, 'non_finite', 'loss', '[2]', '[null]', 1, 'firing', 'critical', 1.0, NULL, '{}', ?,"
-                    " '1|non_finite|loss|2|1|firing')", (time.time(),))
+            store = open_store(srv.db_path)   # the finding committed, alerting never told
+            store.open()
+            try:
+                store.submit_findings("cw", 1, [Finding("non_finite", step=1, ranks=(2,), severity="critical",
+                                                        metric="loss")], {}).result(10)
+            finally:
+                store.close()
             srv.start()
             (got,) = rx.wait_for(1, timeout_s=15)
             assert "non_finite" in got.body.decode()
@@ -104,11 +108,12 @@ def test_a_finding_stored_but_not_yet_alerted_is_alerted_after_a_restart(tmp_pat
             srv.stop()
 
 
-def test_sigkill_right_after_a_nan_push_still_delivers_the_alert(tmp_path):
+@pytest.mark.both_stores
+def test_sigkill_right_after_a_nan_push_still_delivers_the_alert(db_uri, tmp_path):
     """Finding 3 end to end: push a NaN, SIGKILL at once, restart: the alert reaches a real
     HTTP receiver (here or from the restarted process), for every trial."""
     with Receiver() as rx:
-        srv = ServerProcess(tmp_path / "k.db", env=_alert_env(rx))
+        srv = ServerProcess(db_uri, env=_alert_env(rx), log_path=tmp_path / "k.log")
         try:
             for trial in range(3):
                 srv.start()

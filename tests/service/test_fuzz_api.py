@@ -12,11 +12,14 @@ import zlib
 
 import httpx
 import pytest
+
+pytestmark = pytest.mark.both_stores
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
+from tests.pg import database_for
 from tests.server_process import ServerProcess
 
 FUZZ_EXAMPLES = int(os.environ.get("HEALTHSVC_FUZZ_EXAMPLES", "25"))
@@ -27,9 +30,11 @@ ADMIN = {"authorization": "Bearer fuzz-admin-token"}
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory):
-    with ServerProcess(tmp_path_factory.mktemp("fuzz") / "fuzz.db",
-                       env={"HEALTHSVC_ADMIN_TOKEN": ADMIN["authorization"].split()[1]}) as srv, \
+def fuzz_server(tmp_path_factory, db_kind):
+    directory = tmp_path_factory.mktemp("fuzz")
+    with database_for(db_kind, directory) as db, \
+            ServerProcess(db, env={"HEALTHSVC_ADMIN_TOKEN": ADMIN["authorization"].split()[1]},
+                          log_path=directory / "fuzz.log") as srv, \
             httpx.Client(base_url=srv.url, timeout=30, headers=ADMIN) as c:
         for run in SEEDED_RUNS:
             assert c.put(f"/v1/runs/{run}", json={"world_size": 4, "batch_size_per_rank": 8}).status_code == 200

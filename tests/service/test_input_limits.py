@@ -7,6 +7,8 @@ import os
 import httpx
 import pytest
 
+pytestmark = pytest.mark.both_stores
+
 from healthsvc.settings import Settings
 from tests.harness import InProcessService
 

@@ -13,6 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.both_stores
+
 from simulation import NonFinite, Straggler, simulate_run
 from healthsvc.monitor.aligner import StepAligner
 from healthsvc.ingest.batch import MetricBatch
@@ -46,8 +48,8 @@ def findings(http, run, **params):
 
 
 @pytest.fixture
-def svc(tmp_path):
-    with InProcessService(tmp_path) as service:
+def svc(tmp_path, db_uri):
+    with InProcessService(tmp_path, db=db_uri) as service:
         yield service
 
 

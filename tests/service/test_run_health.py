@@ -15,15 +15,15 @@ from healthsvc.identity import finding_fingerprint
 from healthsvc.settings import Settings
 from tests.barriers import wait_until
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.both_stores]
 
 
 def nan(step: int = 7) -> Finding:
     return Finding("non_finite", step=step, ranks=(0, 1), severity="critical", metric="loss", onset_step=step)
 
 
-def start(tmp_path):
-    return create_app(Settings(db=str(tmp_path / "svc.db"), alert_tick_s=0.05))
+def start(db):
+    return create_app(Settings(db=str(db), alert_tick_s=0.05))
 
 
 def stored_nan(app, c: TestClient, run_id: str, step: int = 7) -> str:
@@ -35,8 +35,8 @@ def stored_nan(app, c: TestClient, run_id: str, step: int = 7) -> str:
     return fp
 
 
-def test_an_acknowledged_alert_shows_in_run_health_and_stays_active(tmp_path):
-    app = start(tmp_path)
+def test_an_acknowledged_alert_shows_in_run_health_and_stays_active(db_uri):
+    app = start(db_uri)
     with TestClient(app) as c:
         fp = stored_nan(app, c, "r1")
         (active,) = c.get("/v1/runs/r1").json()["active_findings"]
@@ -49,8 +49,8 @@ def test_an_acknowledged_alert_shows_in_run_health_and_stays_active(tmp_path):
         assert active["alert"]["acknowledged_by"] == "alice" and active["alert"]["acknowledged_at"] is not None
 
 
-def test_an_alert_resolved_by_hand_leaves_run_health_everywhere(tmp_path):
-    app = start(tmp_path)
+def test_an_alert_resolved_by_hand_leaves_run_health_everywhere(db_uri):
+    app = start(db_uri)
     with TestClient(app) as c:
         fp = stored_nan(app, c, "r2")
         assert c.get("/v1/runs/r2").json()["health"] == "critical"
@@ -62,8 +62,8 @@ def test_an_alert_resolved_by_hand_leaves_run_health_everywhere(tmp_path):
         assert row["health"] == "ok" and row["active_findings"] == 0
 
 
-def test_a_rollback_past_the_onset_takes_the_finding_out_of_run_health(tmp_path):
-    app = start(tmp_path)
+def test_a_rollback_past_the_onset_takes_the_finding_out_of_run_health(db_uri):
+    app = start(db_uri)
     with TestClient(app) as c:
         fp = stored_nan(app, c, "r3", step=40)
         assert c.post("/v1/runs/r3/events", json={"kind": "rollback", "step": 30}).status_code == 201
@@ -72,8 +72,8 @@ def test_a_rollback_past_the_onset_takes_the_finding_out_of_run_health(tmp_path)
         assert summary["health"] == "ok" and summary["active_findings"] == []
 
 
-def test_a_finding_after_a_resolution_is_active_again(tmp_path):
-    app = start(tmp_path)
+def test_a_finding_after_a_resolution_is_active_again(db_uri):
+    app = start(db_uri)
     with TestClient(app) as c:
         fp = stored_nan(app, c, "r4", step=7)
         assert c.post(f"/v1/alerts/{fp}/resolve", json={"by": "bob"}).status_code == 200

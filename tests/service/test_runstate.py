@@ -83,3 +83,15 @@ def test_memory_follows_the_ranks_seen_not_the_largest_rank_id():
     assert st.host_of(4) is None and st.needs_new_attempt(batch([0], [50_000_000]))
     back = RunState.from_dict("r", json.loads(json.dumps(st.to_dict())))
     assert back.ranks_seen().tolist() == [3, 50_000_000] and len(back.last_step) == 2
+
+
+def test_the_view_is_what_the_monitor_reads_and_hosts_travel_aligned_with_ranks():
+    st = RunState("r")
+    st.open_attempt(0)
+    b = batch([0, 0, 0], [0, 7, 3], hosts=["a", None, "b"])
+    st.advance(b)
+    st.set_hosts(st.host_updates(b))
+    assert st.view() == (view := st.view()) and (view.attempt, view.ranks_seen, view.finished) == (1, 3, False)
+    assert st.hosts_of((3, 7, 0, 99)) == ("b", None, "a", None)
+    st.open_attempt(5)                          # a new attempt: nobody has reported in it yet
+    assert st.view().ranks_seen == 0

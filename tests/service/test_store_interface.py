@@ -1,6 +1,6 @@
-"""The store behind one narrow interface: SQLiteStore implements every method of
+"""The store behind one narrow interface: SQLiteStore and PostgresStore implement every method of
 ``healthsvc.store.interface.Store`` with the same parameters, and no SQL is written outside the
-store package (a PostgreSQL store implements the same interface, issue #14)."""
+store package."""
 from __future__ import annotations
 
 import inspect
@@ -8,6 +8,9 @@ import re
 from pathlib import Path
 
 from healthsvc.store import interface
+import pytest
+
+from healthsvc.store.postgres import PostgresStore
 from healthsvc.store.sqlite import SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[2] / "healthsvc"
@@ -25,12 +28,13 @@ def protocol_methods() -> dict[str, inspect.Signature]:
     return out
 
 
-def test_the_sqlite_store_implements_every_method_of_the_interface():
+@pytest.mark.parametrize("store", [SQLiteStore, PostgresStore])
+def test_each_store_implements_every_method_of_the_interface(store):
     methods = protocol_methods()
     assert {"submit_metrics", "chunks_after", "submit_findings", "submit_bisection_update", "audit_log"} <= set(methods)
     for name, sig in methods.items():
-        impl = getattr(SQLiteStore, name, None)
-        assert impl is not None, f"SQLiteStore lacks {name}"
+        impl = getattr(store, name, None)
+        assert impl is not None, f"{store.__name__} lacks {name}"
         assert list(inspect.signature(impl).parameters) == list(sig.parameters), name
 
 

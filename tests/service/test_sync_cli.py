@@ -2,6 +2,10 @@
 second sync does not duplicate anything."""
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.both_stores
+
 import math
 import subprocess
 import sys

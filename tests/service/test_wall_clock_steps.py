@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from starlette.testclient import TestClient
 
 from healthsvc.app import create_app
 from healthsvc.clock import ServiceClock
 from healthsvc.settings import Settings
 from tests.harness import FakeClock, InProcessService
+
+pytestmark = pytest.mark.both_stores
 
 HANG_FLOOR_S = 60.0   # the hang detector's default timeout floor
 
@@ -47,10 +51,10 @@ def _absence_findings(c: TestClient) -> list[dict]:
     return [f for f in c.get("/v1/runs/w/findings").json() if f["kind"] in ("hang", "stall")]
 
 
-def test_wall_clock_steps_raise_no_false_stall_and_delay_no_hang(tmp_path):
+def test_wall_clock_steps_raise_no_false_stall_and_delay_no_hang(tmp_path, db_uri):
     wall = SteppableWall()
     clock = SteppedServiceClock(wall)
-    with InProcessService(tmp_path, clock=clock, alert_webhooks=[]) as svc:
+    with InProcessService(tmp_path, db=db_uri, clock=clock, alert_webhooks=[]) as svc:
         c = svc.http
         assert c.put("/v1/runs/w", json={"world_size": 2}).status_code == 200
         step = 0

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pytest
 
 from healthsvc.ingest.batch import MetricBatch
@@ -211,3 +210,42 @@ def test_the_server_refuses_a_newer_database_with_a_message_not_a_traceback(db_u
 
 def test_migration_steps_are_numbered_in_order():
     assert [s.version for s in migrations.STEPS] == list(range(1, LATEST + 1))
+
+
+def test_replicas_starting_together_apply_each_step_once(db_uri):
+    import threading
+    stores = [open_store(db_uri) for _ in range(3)]
+    start = threading.Barrier(len(stores))
+    errors: list[BaseException] = []
+
+    def opener(store) -> None:
+        start.wait()
+        try:
+            store.open()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=opener, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for s in stores:
+        s.close()
+    assert errors == []
+    db = Raw(db_uri)
+    try:
+        assert db.execute("SELECT version, count(*) FROM schema_version GROUP BY version ORDER BY version") == \
+            [(v, 1) for v in range(1, LATEST + 1)]
+    finally:
+        db.close()
+
+
+def test_the_server_says_when_its_store_cannot_be_opened(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "healthsvc", "serve", "--port", "1", "--db",
+                           "postgresql://postgres:secret@127.0.0.1:5432/hs_no_such_database"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "cannot open the store postgresql://postgres:***@127.0.0.1:5432/hs_no_such_database" in proc.stderr
+    assert "hs_no_such_database\" does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr and "secret" not in proc.stderr

@@ -72,19 +72,17 @@ Example::
 """
 from __future__ import annotations
 
-from collections import deque
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
 from detectors.base import AbsenceDetector, Detector
 from detectors.finding import Finding
+from detectors.hang.judging import HangJudging
+from detectors.hang.state import _NEVER
 
-_NEVER = -1.0   # "no heartbeat yet" (times are the caller's clock, assumed >= 0)
-_STEP_SAMPLES = 16   # step-duration samples kept for the median (one pause is one sample)
 
-
-class HangDetector(Detector, AbsenceDetector):
+class HangDetector(HangJudging, Detector, AbsenceDetector):
     """Absence of progress: ``hang`` (some ranks) and ``stall`` (all ranks)."""
 
     kind = "hang"
@@ -122,88 +120,6 @@ class HangDetector(Detector, AbsenceDetector):
         self.pause_timeout_s = float(pause_timeout_s)
         self._wait_floor_s = np.inf if collective_wait_s is None else self.collective_wait_s
         super().__init__()
-
-    # ------------------------------------------------------------------------------ state
-    _ARRAYS: dict[str, tuple[type, Any]] = {
-        "ids": (np.int64, 0),
-        "last_step": (np.int64, -1),        # last record step (-1: none yet)
-        "progress_s": (np.float64, 0.0),    # when the rank last made progress
-        "push_s": (np.float64, 0.0),        # when its last record with a new step arrived
-        "interval_s": (np.float64, 0.0),    # EWMA push interval (0: unknown)
-        "hb_s": (np.float64, _NEVER),       # when its last heartbeat arrived
-        "hb_step": (np.int64, -1),
-        "hb_phase": (np.int64, -1),         # index into self._phases
-        "active": (np.bool_, True),         # expected: in the world, not departed
-        "hung": (np.bool_, False),          # an open hang finding
-    }
-
-    def _reset(self) -> None:
-        for name, (dtype, _) in self._ARRAYS.items():
-            setattr(self, "_" + name, np.zeros(0, dtype=dtype))
-        self._floor = np.zeros(0)    # timeout_floor_s per rank (a maximum against it is SIMD)
-        self._phases: list[str] = []
-        self._finished = False
-        self._stalled = False
-        self._held = False   # a pause excused silence (the job waited for a checkpoint)
-        # The job's front (highest record step) and when it last advanced; seconds per step of
-        # the last advances (the typical step duration is their median).
-        self._front_step = -1
-        self._front_s = 0.0
-        self._step_samples: deque[float] = deque(maxlen=_STEP_SAMPLES)
-        # Derived, not state: when each rank becomes overdue (inf when not expected), and the
-        # latest progress of any rank (the max of _progress_s, kept up to date where it moves).
-        self._deadline_s = np.zeros(0)
-        self._last_progress_s = 0.0
-        self._all_active = False   # a cache: every known rank is expected
-
-    def _refresh_deadlines(self, sel: slice | np.ndarray | int = slice(None)) -> None:
-        timeout = self._timeouts(self._interval_s[sel])
-        self._deadline_s[sel] = np.where(self._active[sel], self._progress_s[sel] + timeout, np.inf)
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {name: getattr(self, "_" + name).tolist() for name in self._ARRAYS}
-        state.update(phases=list(self._phases), finished=self._finished, stalled=self._stalled,
-                     held=self._held,
-                     front_step=self._front_step, front_s=self._front_s,
-                     step_samples=list(self._step_samples))
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._reset()
-        for name, (dtype, _) in self._ARRAYS.items():
-            setattr(self, "_" + name, np.asarray(state[name], dtype=dtype))
-        self._phases = list(state["phases"])
-        self._finished, self._stalled = bool(state["finished"]), bool(state["stalled"])
-        # Snapshots from before the collective-wait path lack these: start without samples.
-        self._held = bool(state.get("held", False))
-        self._front_step = int(state.get("front_step", -1))
-        self._front_s = float(state.get("front_s", 0.0))
-        self._step_samples = deque((float(x) for x in state.get("step_samples", [])),
-                                   maxlen=_STEP_SAMPLES)
-        self._deadline_s = np.zeros(len(self._ids))
-        self._last_progress_s = float(self._progress_s.max()) if len(self._ids) else 0.0
-        self._refresh_deadlines()
-
-    def _positions(self, ids: np.ndarray, now: float) -> np.ndarray | None:
-        """Table positions of ``ids`` (sorted, unique), adding new ranks; None = the whole table."""
-        if len(ids) == len(self._ids) and (ids is self._ids or bool((ids == self._ids).all())):
-            return None
-        if not np.isin(ids, self._ids, assume_unique=True).all():
-            merged = np.union1d(self._ids, ids)
-            old = np.searchsorted(merged, self._ids)
-            for name, (dtype, fill) in self._ARRAYS.items():
-                arr = np.full(len(merged), fill, dtype=dtype)
-                arr[old] = getattr(self, "_" + name)
-                setattr(self, "_" + name, arr)
-            self._ids = merged
-            self._all_active = False
-            new = np.ones(len(merged), dtype=bool)
-            new[old] = False
-            self._progress_s[new] = now   # a new rank's silence starts when it is first known
-            self._last_progress_s = max(self._last_progress_s, now)
-            self._deadline_s = np.zeros(len(merged))
-            self._refresh_deadlines()
-        return np.searchsorted(self._ids, ids)
 
     # ------------------------------------------------------------------------------ input
     def set_world(self, ranks: Iterable[int], now: float) -> list[Finding]:
@@ -350,12 +266,6 @@ class HangDetector(Detector, AbsenceDetector):
         self._front_s += shift_s
 
     # ------------------------------------------------------------------------------ decisions
-    def _timeouts(self, interval_s: np.ndarray | None = None) -> np.ndarray:
-        interval_s = self._interval_s if interval_s is None else interval_s
-        known = np.maximum(self.timeout_floor_s, self.timeout_factor * interval_s)
-        startup = max(self.timeout_floor_s, self.startup_timeout_s)
-        return np.where(interval_s > 0, known, startup)
-
     def tick(self, now: float) -> list[Finding]:
         """New ``hang``/``stall`` findings at ``now`` (seconds, the caller's clock)."""
         if self._finished:
@@ -392,137 +302,6 @@ class HangDetector(Detector, AbsenceDetector):
         return (np.isin(self._hb_phase, codes) & (now - self._hb_s <= self.heartbeat_timeout_s)
                 & (now - self._progress_s < self.pause_timeout_s))
 
-    def _collective_wait(self, now: float) -> list[Finding]:
-        """The fast path: a stall named by the heartbeats' split around a collective."""
-        quiet = now - self._last_progress_s
-        typical = float(np.median(self._step_samples))
-        limit = max(float(self.collective_wait_s), self.collective_wait_steps * typical)
-        if quiet <= limit:   # longer than, as for the timeouts
-            return []
-        act = np.flatnonzero(self._active)
-        if len(act) < 2 or self.collective_phase not in self._phases:
-            return []
-        hb_s = self._hb_s[act]
-        # Every expected rank speaks for itself, about the silence: it kept sending heartbeats
-        # through it (one after the last progress, not with it, and none older than half the
-        # silence). A process that died, e.g. a rank leaving an elastic job, sent its last one
-        # early in the silence: the timeouts judge it (and say "process dead?").
-        fresh_s = min(self.heartbeat_timeout_s, quiet / 2)
-        if not ((hb_s > self._last_progress_s) & (now - hb_s <= fresh_s)).all():
-            return []
-        phase, step = self._hb_phase[act], self._hb_step[act]
-        pause = [i for i, p in enumerate(self._phases) if p in self.pause_phases]
-        if pause and np.isin(phase, pause).any():
-            return []   # a checkpoint explains the wait: the timeouts (pause_timeout_s) decide
-        inside = phase == self._phases.index(self.collective_phase)
-        lead = int(step[inside].max()) if inside.any() else -1
-        if lead < 0:
-            return []   # nobody waits in the collective, or the waiting ranks do not tell a step
-        peers = inside & (step == lead)
-        blamed = ~peers
-        if not blamed.any() or blamed.sum() > peers.sum() or (step[blamed] > lead).any():
-            return []   # no culprit, no minority, or a rank ahead of the wait: not this pattern
-        culprits = act[blamed]
-        words = []
-        for j in culprits[:5]:
-            rank, st = int(self._ids[j]), int(self._hb_step[j])
-            words.append(f"rank {rank} in phase '{self._phases[int(self._hb_phase[j])]}' at "
-                         + (f"step {st}" if st >= 0 else "an unknown step"))
-        more = f" (and {len(culprits) - 5} more)" if len(culprits) > 5 else ""
-        reason = (f"peers waiting in the collective at step {lead} ({int(peers.sum())} ranks in "
-                  f"'{self.collective_phase}', no progress for {quiet:.0f} s); "
-                  + "; ".join(words) + more)
-        silent = now - self._progress_s
-        timeout = np.full(len(self._ids), limit)
-        return self._stall(now, silent, timeout, found=(culprits.tolist(), reason),
-                           trigger="collective_wait", extra={"step_s": round(typical, 3)})
-
-    def _stall(self, now: float, silent: np.ndarray, timeout: np.ndarray, *,
-               found: tuple[list[int], str] | None = None, trigger: str = "timeout",
-               extra: dict[str, Any] | None = None) -> list[Finding]:
-        self._stalled = True
-        act = np.flatnonzero(self._active)
-        culprits, reason = self._culprits(act, now) if found is None else found
-        step = int(self._last_step[act].min()) + 1
-        phases = {}
-        for code, count in zip(*np.unique(self._hb_phase[act], return_counts=True)):
-            phases["none" if code < 0 else self._phases[code]] = int(count)
-        quiet = float(silent[act].min())
-        limit = float(timeout[act].max())
-        out = [Finding(
-            kind="stall", step=step, ranks=(), severity="critical",
-            score=round(min(1.0, max(0.0, (quiet - limit) / limit)), 4),
-            onset_step=step,
-            evidence={"silent_s": round(quiet, 3), "timeout_s": round(limit, 3),
-                      "n_ranks": int(len(act)),
-                      "culprits": [int(self._ids[j]) for j in culprits], "reason": reason,
-                      "phases": phases, "trigger": trigger, **(extra or {})})]
-        for j in culprits:
-            if not self._hung[j]:
-                out.append(self._hang(j, now, silent, timeout, culprit=True, why=reason,
-                                      trigger=trigger))
-        return out
-
-    def _culprits(self, act: np.ndarray, now: float) -> tuple[list[int], str]:
-        """Ranks blamed for a stall, from heartbeats, and the reason in words."""
-        fresh = (self._hb_s[act] != _NEVER) & (now - self._hb_s[act] <= self.heartbeat_timeout_s)
-        if not fresh.any():
-            return [], "no rank made progress and no heartbeats arrive: the cause is not known"
-        coll = self._phases.index(self.collective_phase) if self.collective_phase in self._phases else -2
-        inside = fresh & (self._hb_phase[act] == coll)
-        if not inside.any():
-            return [], "no rank made progress; no rank waits in the collective"
-        lead = int(self._hb_step[act][inside].max())
-        outside = ~inside
-        behind = inside & (self._hb_step[act] < lead)
-        blamed = outside | behind
-        if not blamed.any():
-            return [], (f"all {len(act)} ranks wait inside the collective at step {lead}: "
-                        "suspect the collective or the network, not a rank")
-        if blamed.sum() >= inside.sum():
-            return [], (f"{int(blamed.sum())} ranks outside the collective and {int(inside.sum())} "
-                        "inside: no single culprit")
-        names = []
-        for j in act[blamed][:5]:
-            names.append(self._rank_words(int(j), now))
-        return act[blamed].tolist(), (f"{int((inside & ~behind).sum())} ranks wait in "
-                                      f"'{self.collective_phase}' at step {lead} while "
-                                      + "; ".join(names))
-
-    def _rank_words(self, j: int, now: float) -> str:
-        rank = int(self._ids[j])
-        if self._hb_s[j] == _NEVER:
-            return f"rank {rank} never sent a heartbeat"
-        age = now - self._hb_s[j]
-        phase = self._phases[int(self._hb_phase[j])]
-        if age > self.heartbeat_timeout_s:
-            return f"rank {rank} sent no heartbeat for {age:.0f} s (last in '{phase}'): process dead?"
-        return f"rank {rank} is in '{phase}' at step {int(self._hb_step[j])}"
-
-    def _hang(self, j: int, now: float, silent: np.ndarray, timeout: np.ndarray, *, culprit: bool,
-              why: str | None = None, trigger: str = "timeout") -> Finding:
-        self._hung[j] = True
-        rank = int(self._ids[j])
-        step = int(self._last_step[j]) + 1
-        quiet, limit = float(silent[j]), float(timeout[j])
-        if why is None:
-            why = (f"rank {rank} silent for {quiet:.0f} s while its peers progress"
-                   if self._hb_s[j] == _NEVER
-                   else f"{self._rank_words(j, now)}; no progress for {quiet:.0f} s "
-                        "while its peers progress")
-        evidence: dict[str, Any] = {
-            "silent_s": round(quiet, 3), "timeout_s": round(limit, 3),
-            "last_step": int(self._last_step[j]), "interval_s": round(float(self._interval_s[j]), 3),
-            "culprit": culprit, "reason": why, "trigger": trigger,
-        }
-        if self._hb_s[j] != _NEVER:
-            evidence.update(phase=self._phases[int(self._hb_phase[j])],
-                            heartbeat_age_s=round(now - float(self._hb_s[j]), 3),
-                            heartbeat_step=int(self._hb_step[j]))
-        return Finding(kind="hang", step=step, ranks=(rank,), severity="critical",
-                       score=round(min(1.0, max(0.0, (quiet - limit) / limit)), 4),
-                       onset_step=step, evidence=evidence)
-
     def _on_progress(self, sel: slice | np.ndarray, moved: np.ndarray | None,
                      now: float) -> list[Finding]:
         mask = np.zeros(len(self._ids), dtype=bool)
@@ -538,21 +317,3 @@ class HangDetector(Detector, AbsenceDetector):
             self._progress_s[act] = np.maximum(self._progress_s[act], now)
             self._refresh_deadlines()
         return out + self._resolve_hangs(mask & self._hung, now, reason="progress resumed")
-
-    def _resolve_hangs(self, mask: np.ndarray, now: float, reason: str) -> list[Finding]:
-        out = []
-        for j in np.flatnonzero(mask):
-            self._hung[j] = False
-            out.append(Finding(kind="hang", step=int(max(self._last_step[j], 0)),
-                               ranks=(int(self._ids[j]),), severity="info", status="resolved",
-                               evidence={"reason": reason, "at_s": now}))
-        return out
-
-    def _resolve_stall(self, now: float, reason: str) -> list[Finding]:
-        if not self._stalled:
-            return []
-        self._stalled = False
-        act = self._active
-        step = int(self._last_step[act].max()) if act.any() else 0
-        return [Finding(kind="stall", step=max(step, 0), severity="info", status="resolved",
-                        evidence={"reason": reason, "at_s": now})]

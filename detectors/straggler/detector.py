@@ -57,8 +57,8 @@ import numpy as np
 from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.frame import StepBlock, fill_trainer_time, trainer_time
-
-SOURCES: tuple[str, ...] = ("compute_time", "comm_time", "step_time")
+from detectors.straggler.reference import StragglerReference
+from detectors.straggler.replay import StragglerReplay, _Column
 
 # The per-rank CUSUMs, run levels and counts are float32: at 16,384 ranks the recursions are
 # bound by memory traffic and SIMD width, and float32 halves both. Seven digits are far more than
@@ -68,7 +68,7 @@ SOURCES: tuple[str, ...] = ("compute_time", "comm_time", "step_time")
 _RECURSION_DTYPE = np.float32
 
 
-class StragglerDetector(Detector, BlockDetector):
+class StragglerDetector(StragglerReference, StragglerReplay, Detector, BlockDetector):
     """One rank persistently slower than its peers (kind ``straggler``); blames that rank."""
 
     kind = "straggler"
@@ -178,91 +178,6 @@ class StragglerDetector(Detector, BlockDetector):
         self._ids = merged
         self._last_ids = None
         self._warm = bool((self._n_obs >= self.warmup_steps).all())
-
-    # ------------------------------------------------------------------------------ input
-    def _timings(self, block: StepBlock) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Per-value timing ``V`` (seconds), its validity mask, and each step's source index.
-
-        One source per step, so every rank is compared with peers measured the same way
-        (``step_time - comm_time`` also holds the data wait; mixing it with ``compute_time``
-        would make the ranks that lack ``compute_time`` look slow). ``None`` = all compute_time.
-        """
-        vals, pres = block.values, block.present
-        n, r = block.n_steps, block.n_ranks
-        c = vals.get("compute_time")
-        # The common, fast case: every rank reported a positive, finite compute time
-        # (min/max propagate NaN, so two reductions check it without temporaries).
-        if c is not None and pres["compute_time"].all() and c.min() > 0 and c.max() < np.inf:
-            return c, None, None
-        v, ok = np.full((n, r), np.nan), np.zeros((n, r), dtype=bool)
-        src = np.zeros(n, dtype=np.int8)
-        todo = np.ones(n, dtype=bool)   # steps still without a source
-        if c is not None:
-            c_ok = pres["compute_time"] & (c > 0) & np.isfinite(c)
-            rows = c_ok.sum(axis=1) >= self.min_ranks
-            v[rows], ok[rows], todo = c[rows], c_ok[rows], ~rows
-        st = vals.get("step_time")
-        if st is not None and todo.any():
-            st_ok = pres["step_time"] & (st > 0) & np.isfinite(st)
-            if "comm_time" in vals:
-                with np.errstate(invalid="ignore"):   # whatever sits in absent cells
-                    comp = st - vals["comm_time"]
-                comp_ok = st_ok & pres["comm_time"] & (comp > 0) & np.isfinite(comp)
-                rows = todo & (comp_ok.sum(axis=1) >= self.min_ranks)
-                v[rows], ok[rows], src[rows], todo = comp[rows], comp_ok[rows], 1, todo & ~rows
-            rows = todo & self._asynchronous_rows(np.where(st_ok, st, np.nan), st_ok)
-            v[rows], ok[rows], src[rows] = st[rows], st_ok[rows], 2
-        return v, ok, src
-
-    def _asynchronous_rows(self, st: np.ndarray, ok: np.ndarray) -> np.ndarray:
-        """Steps whose step_time spread ``(max - min) / median`` says ranks are not in lockstep."""
-        out = np.zeros(len(st), dtype=bool)
-        for i in range(len(st)):   # only reached without compute_time; steps, not ranks
-            row = st[i, ok[i]]
-            if len(row) >= self.min_ranks:
-                out[i] = (row.max() - row.min()) / np.median(row) > self.sync_spread
-        return out
-
-    def _reference(self, v: np.ndarray, ok: np.ndarray | None
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Per-step peer median (s), relative robust scale, and usable steps (None = all)."""
-        r = v.shape[1]
-        m = self.max_reference_ranks
-        if r <= m:
-            ref, ref_ok = v, ok
-        else:
-            if self._ref_cols is None or self._ref_cols[-1] != r - 1:
-                self._ref_cols = np.linspace(0, r - 1, m).astype(np.int64)
-            ref = v[:, self._ref_cols]
-            ref_ok = None if ok is None else ok[:, self._ref_cols]
-        usable = None
-        # The order statistics come from float32 copies: numpy sorts float32 with SIMD, several
-        # times faster than float64 at 512 peers, and a median rounded to 7 digits moves
-        # a ratio by less than 1e-7 (the noise floor of the scale is 5e-3). Every path rounds
-        # the same way, so block boundaries still do not change results.
-        if ref_ok is None or ref_ok.all():
-            if ref.shape[1] < self.min_ranks:
-                return np.ones(len(v)), np.ones(len(v)), np.zeros(len(v), dtype=bool)
-            srt = np.sort(ref.astype(np.float32), axis=1)
-            m = srt.shape[1]
-            if len(srt) == 1:
-                # The streaming case: Python floats beat a dozen tiny numpy calls (same IEEE
-                # arithmetic as the vector path, so block boundaries do not change results).
-                row = srt[0]
-                med1 = 0.5 * (float(row[(m - 1) // 2]) + float(row[m // 2]))
-                iqr1 = float(row[(3 * (m - 1)) // 4]) - float(row[(m - 1) // 4])
-                return np.array([med1]), np.array([max(iqr1 / 1.349 / med1, self.scale_floor)]), None
-            med, iqr = _quantiles(srt, m)
-        else:
-            n = len(v)
-            med, iqr, usable = np.ones(n), np.zeros(n), np.zeros(n, dtype=bool)
-            for i in range(n):   # rows with missing ranks: steps, not ranks
-                row = np.sort(ref[i, ref_ok[i]].astype(np.float32))
-                if len(row) >= self.min_ranks:
-                    mi, qi = _quantiles(row[None, :], len(row))
-                    med[i], iqr[i], usable[i] = mi[0], qi[0], True
-        scale = np.maximum(iqr / 1.349 / med, self.scale_floor)
-        return med, scale, usable
 
     # ------------------------------------------------------------------------------ update
     def update(self, block: StepBlock) -> list[Finding]:
@@ -448,113 +363,3 @@ class StragglerDetector(Detector, BlockDetector):
             y = np.minimum(v[i] * a_y[i] + b_y[i], cap)
             y *= okf[i]
             yield y, y - dk * okf[i], v[i] * a_g[i], 1.0 - alpha * okf[i], okf[i]
-
-    def _replay(self, col: "_Column", rank: int, steps: np.ndarray, y: np.ndarray,
-                gain: np.ndarray, ok: np.ndarray, v: np.ndarray, med: np.ndarray,
-                src: np.ndarray | None, ts: np.ndarray) -> list[Finding]:
-        """The per-rank state machine over one block column: the same float32 arithmetic as the
-        fast path (``col``'s recursion values are numpy float32 scalars, ``y`` and ``gain``
-        float32, and Python floats combine with them as float32)."""
-        out: list[Finding] = []
-        a = self.level_alpha
-        dk = self.onset_k - self.cusum_k
-        for i in range(len(steps)):
-            step = int(steps[i])
-            col.cusum = max(col.cusum + y[i], 0.0)
-            col.mcusum = max(col.mcusum + (y[i] - dk if ok[i] else 0.0), 0.0)
-            if not ok[i]:
-                if col.mcusum == 0.0:
-                    col.mlevel, col.mcount = 0.0, 0.0
-                if col.cusum == 0.0:
-                    col.level, col.count = 0.0, 0.0
-                continue
-            col.mlevel = col.mlevel * (1.0 - a) + gain[i]
-            col.mcount += 1.0
-            if col.mcusum == 0.0:
-                col.mlevel, col.mcount = 0.0, 0.0
-            col.level = col.level * (1.0 - a) + gain[i]
-            col.count += 1.0
-            if col.cusum == 0.0:
-                col.level, col.count = 0.0, 0.0
-            ratio = float(v[i] / med[i])
-            t = float(ts[i])
-            if col.firing:
-                col.recent += self.resolve_alpha * (ratio - col.recent)
-                if (not col.paged and t == t and col.fire_ts >= 0
-                        and t - col.fire_ts >= self.min_duration_s and col.recent >= self.min_ratio):
-                    col.paged = True
-                    since = step - col.onset + 1 if col.onset is not None else int(col.count)
-                    out.append(self._finding(step, rank, col, col.recent, since, v[i], med[i],
-                                             self._severity(col.recent), t))
-                col.below = col.below + 1 if col.recent < self.resolve_ratio else 0
-                if col.below >= self.resolve_steps:
-                    out.append(Finding(
-                        kind=self.kind, step=step, ranks=(rank,), severity="info", score=0.0,
-                        metric=SOURCES[col.source], status="resolved",
-                        evidence={"recent_ratio": round(col.recent, 4),
-                                  "resolve_ratio": self.resolve_ratio, "below_steps": col.below}))
-                    col.firing, col.below = False, 0
-                    col.cusum, col.mcusum, col.level, col.count = 0.0, 0.0, 0.0, 0.0
-                    col.mlevel, col.mcount, col.onset = 0.0, 0.0, None
-                continue
-            if col.cusum < self.cusum_h:
-                continue
-            magnitude = float(col.level) / (1.0 - (1.0 - a) ** float(col.count))
-            if magnitude < self.min_ratio:
-                continue
-            n_run = int(col.count)
-            if col.mcount >= self.min_onset_steps:
-                # The stricter run: a sharper onset and an undiluted ratio.
-                n_run = int(col.mcount)
-                magnitude = float(col.mlevel) / (1.0 - (1.0 - a) ** float(col.mcount))
-            col.firing, col.below, col.recent = True, 0, magnitude
-            col.source = 0 if src is None else int(src[i])
-            col.onset = step - n_run + 1
-            # With the trainer's clock: recorded now (info), a page once it has lasted.
-            col.fire_ts = t if t == t else -1.0
-            col.paged = t != t
-            out.append(self._finding(step, rank, col, magnitude, n_run, v[i], med[i],
-                                     self._severity(magnitude) if col.paged else "info", t))
-        return out
-
-    def _severity(self, ratio: float) -> str:
-        return "critical" if ratio >= self.critical_ratio else "warning"
-
-    def _finding(self, step: int, rank: int, col: "_Column", ratio: float, n_run: int,
-                 value: float, median: float, severity: str, t: float) -> Finding:
-        score = min(1.0, max(0.0, (ratio - self.min_ratio) / (self.critical_ratio - self.min_ratio)))
-        evidence = {"ratio": round(ratio, 4), "value_s": float(value),
-                    "peer_median_s": float(median), "source": SOURCES[col.source],
-                    "cusum": round(float(col.cusum), 2), "steps_since_onset": n_run}
-        if t == t and col.fire_ts >= 0:
-            evidence.update(lasted_s=round(t - col.fire_ts, 3), min_duration_s=self.min_duration_s)
-        return Finding(kind=self.kind, step=step, ranks=(rank,), severity=severity,
-                       score=round(score, 4), metric=SOURCES[col.source],
-                       onset_step=col.onset if col.onset is not None else step - n_run + 1,
-                       evidence=evidence)
-
-
-class _Column:
-    """One rank's scalar state while it is replayed."""
-    __slots__ = ("cusum", "mcusum", "mlevel", "mcount", "level", "count", "firing", "below",
-                 "source", "recent", "fire_ts", "paged", "onset")
-
-    def __init__(self, cusum: float, mcusum: float, mlevel: float, mcount: float, level: float,
-                 count: float, firing: bool,
-                 below: int, source: int, recent: float, fire_ts: float = -1.0,
-                 paged: bool = False) -> None:
-        self.cusum, self.mcusum, self.level, self.count = cusum, mcusum, level, count
-        self.mlevel, self.mcount = mlevel, mcount
-        self.firing, self.below, self.source, self.recent = firing, below, source, recent
-        self.fire_ts, self.paged = fire_ts, paged
-        self.onset: int | None = None
-
-
-def _quantiles(sorted_rows: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Median and inter-quartile range (float64) of each row of an ascending-sorted ``(n, m)``
-    array: the same arithmetic on the same values as the one-row path of ``_reference``."""
-    lo, hi = (m - 1) // 2, m // 2
-    med = 0.5 * (sorted_rows[:, lo].astype(np.float64) + sorted_rows[:, hi])
-    iqr = (sorted_rows[:, (3 * (m - 1)) // 4].astype(np.float64)
-           - sorted_rows[:, (m - 1) // 4])
-    return med, iqr

@@ -1,0 +1,132 @@
+"""The sender thread of a ``Run``: drains the queues every ``flush_interval_s`` (at once when asked,
+or when a float value is NaN/Inf), merges several ``log()`` calls of one step into one record, and
+posts rows, column blocks and control requests in the order they were queued.
+
+A mixin of :class:`clients.client.Run` (the state it reads is the run's: its queues, the flush
+generation counters, ``_held``); one request goes out through the run's
+:class:`clients.delivery.Delivery`; metrics rows through the per-host relay when the run has one
+(:class:`clients.relay_link.RelayLink`).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from clients import encode
+
+
+class Sender:
+    """The sender thread's loop and the bodies it builds (see the module docstring)."""
+
+    def _sender_main(self) -> None:
+        while True:
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            with self._cond:
+                generation = self._flush_requested
+                force = generation > self._flush_done or self._closing.is_set()
+            try:
+                self._send_pending(force)
+            except Exception as exc:  # a bug here must not kill delivery for the rest of the run
+                self._problem("sender", f"sender error: {exc!r}")
+            with self._cond:
+                self._flush_done = max(self._flush_done, generation)
+                self._cond.notify_all()
+            if self._closing.is_set() and self._pending() == 0:
+                return
+
+    def _send_pending(self, force: bool) -> None:
+        while True:
+            rows = self._rows.drain(self.max_batch)
+            if self._held is not None:
+                rows.insert(0, self._held)
+                self._held = None
+            if not rows:
+                break
+            merged = encode.merge_by_step(rows)
+            # Never hold a record back while a checkpoint/event/finish waits: it must not overtake
+            # the records logged before it (a finish followed by records re-opens the run).
+            if (not force and not len(self._rows) and not len(self._control)
+                    and self._may_still_grow(merged)):
+                self._held = merged.pop()
+            if merged:
+                self._send_rows(merged)
+            if not len(self._rows):
+                break
+        while blocks := self._cols.drain(self.max_batch):
+            self._send_columns(blocks)
+        for method, suffix, body, _ in self._control.drain():
+            self._delivery.deliver(method, self._base_path + suffix, body, n_records=0)
+
+    def _may_still_grow(self, merged: list[tuple[int, float, dict]]) -> bool:
+        """Hold back the newest step's record for one more interval when the training thread may
+        still add fields to it (``log(loss=..)`` then ``log(grad_norm=..)``): the service reads a
+        step a rank already reported as a restart, so one step must not straddle two batches.
+        Never held: a record with a non-finite float (that is flushed now) or one older than the
+        flush interval (a rank stuck after logging it)."""
+        step, ts, metrics = merged[-1]
+        if any(other[0] > step for other in merged):
+            return False
+        if any(v.__class__ is float and (v - v) != 0.0 for v in metrics.values()):
+            return False
+        return time.time() - ts < self.flush_interval_s
+
+    def _send_rows(self, merged: list[tuple[int, float, dict]]) -> None:
+        rank, host, world_size = self.rank, self.host, self.world_size
+        records = []
+        for step, ts, metrics in merged:
+            record: dict[str, Any] = {"step": step, "rank": rank}
+            for name, value in metrics.items():
+                if value.__class__ in _JSON_SCALARS:
+                    record[name] = value
+                else:  # numpy scalars, tensors: converted here, off the training thread
+                    try:
+                        record[name] = encode.to_scalar(value)
+                    except (TypeError, ValueError, RuntimeError):
+                        self._counters.invalid_fields += 1
+                        self._problem("invalid_field", f"dropped non-numeric field {name!r} at step {step}")
+            if "ts" not in record:
+                record["ts"] = ts
+            if "host" not in record:
+                record["host"] = host
+            if world_size is not None and "world_size" not in record:
+                record["world_size"] = world_size
+            records.append(record)
+        body = {"batch_id": uuid.uuid4().hex, "records": records}
+        if self._relay is not None:
+            # Urgent (the relay posts at once): a NaN/Inf, a flush() or the close is waiting.
+            urgent = (self._flush_requested > self._flush_done or self._closing.is_set()
+                      or any(v.__class__ is float and (v - v) != 0.0 for r in records for v in r.values()))
+            self._relay.deliver(self._base_path + "/metrics", body, len(records), urgent)
+        else:
+            self._delivery.deliver("POST", self._base_path + "/metrics", body, n_records=len(records))
+
+    def _send_columns(self, blocks: list[tuple[int, float, dict]]) -> None:
+        converted = []
+        for step, ts, block in blocks:
+            cols = {name: _to_list(values) for name, values in block.items()}
+            n = len(cols["rank"])
+            if "step" not in cols:
+                cols["step"] = [step] * n
+            cols.setdefault("ts", [ts] * n)
+            converted.append(cols)
+        columns = encode.concat_columns(converted)
+        body = {"batch_id": uuid.uuid4().hex, "columns": columns}
+        self._delivery.deliver("POST", self._base_path + "/metrics", body, n_records=len(columns["rank"]))
+
+
+
+_JSON_SCALARS = frozenset({float, int, str, bool, type(None)})
+
+
+def _to_list(values: Any) -> list:
+    """A column as a list of JSON scalars (numpy arrays and tensors via ``tolist``)."""
+    tolist = getattr(values, "tolist", None)
+    if tolist is not None:
+        detach = getattr(values, "detach", None)
+        items = (detach().cpu() if detach is not None else values).tolist()
+    else:
+        items = list(values)
+    return [v if v.__class__ in (int, float, str, bool) or v is None else encode.to_scalar(v)
+            for v in items]

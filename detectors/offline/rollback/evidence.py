@@ -1,0 +1,222 @@
+"""The evidence of corruption: findings grouped into episodes, and what the episodes prove.
+
+An episode is one condition (kind, metric, ranks) from its first firing finding to its
+resolution; it is evidence when it reached warning or critical and did not recover as a
+transient, or when it began right after a restart (a restore gone wrong). The evidence bounds
+where the onset is searched for (:func:`onset_window`), and a replica mismatch dates it by proof
+(:func:`replica_proof`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from detectors.finding import SEVERITY_ORDER, Finding
+from detectors.offline.rollback.records import Checkpoint, Restart
+
+# Findings whose presence means some update may be corrupted.
+CORRUPTION_KINDS: frozenset[str] = frozenset(
+    {"non_finite", "loss_spike", "grad_spike", "rank_outlier", "divergence", "replica_mismatch",
+     "resume_mismatch"})
+# An episode that recovered (resolved) within this many steps of its onset is a transient: the
+# run got back on its curve by itself, so it is recorded but is no reason to throw progress away.
+# 50 steps: well past a hard batch or a few garbage batches (1-10 steps), well short of a
+# learning-rate blow-up whose loss stays up for hundreds of steps.
+TRANSIENT_STEPS = 50
+# Kinds whose episodes are never transients: a divergence is by nature slow and lasting. Its
+# ``onset_step`` (the last step the smoothed loss was at its best) is a guess that may fall a
+# little before or after the first corrupted update, so only its detection step bounds the onset.
+# A replica mismatch or a resume mismatch is proof, not a statistic: it does not heal either.
+NEVER_TRANSIENT: frozenset[str] = frozenset({"divergence", "replica_mismatch", "resume_mismatch"})
+GUESSED_ONSET_KINDS: frozenset[str] = frozenset({"divergence"})
+# How far before a finding's own onset the history may still place the first corrupted update:
+# at least this many steps, and a multiple of the finding's detection delay (step - onset_step).
+# Spikes and NaNs are seen within a step or two; drifts and one rank's disagreement take longer
+# to show, and their detectors' onset is the last step that looked healthy, not the first bad one.
+ABRUPT_KINDS: frozenset[str] = frozenset({"non_finite", "loss_spike", "grad_spike",
+                                          "replica_mismatch", "resume_mismatch"})
+LOOKBACK_STEPS = {"abrupt": 32, "gradual": 256}
+LOOKBACK_DELAY_FACTOR = {"abrupt": 2, "gradual": 4}
+# Evidence first seen within this many steps of the first step after a restart is a blow-up of
+# the restore (a wrong state dict, a data loader restarted at the wrong place), not of the
+# checkpoint it resumed from.
+RESTART_BLOWUP_STEPS = 5
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One condition (kind, metric, ranks) from its first firing finding to its resolution.
+
+    ``onset`` is the earliest ``onset_step`` (else ``step``) of its firing findings, ``severity``
+    the highest it reached, ``resolved_step`` the step of the resolved finding that cleared it
+    (None while it is still firing).
+    """
+
+    kind: str
+    metric: str | None
+    ranks: tuple[int, ...]
+    onset: int
+    first_step: int
+    severity: str
+    resolved_step: int | None = None
+    resolved_reason: str | None = None
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def transient(self) -> bool:
+        """Recovered by itself within ``TRANSIENT_STEPS`` of its onset (never a divergence)."""
+        return (self.kind not in NEVER_TRANSIENT and self.resolved_step is not None
+                and self.resolved_step - self.onset <= TRANSIENT_STEPS)
+
+    @property
+    def is_evidence(self) -> bool:
+        """A warning or critical episode that did not recover as a transient."""
+        return SEVERITY_ORDER.get(self.severity, 0) >= SEVERITY_ORDER["warning"] and not self.transient
+
+    @property
+    def why(self) -> str:
+        if SEVERITY_ORDER.get(self.severity, 0) < SEVERITY_ORDER["warning"]:
+            return "info only"
+        if self.transient:
+            return f"recovered within {self.resolved_step - self.onset} steps"
+        return "evidence" if self.resolved_step is None else (
+            f"evidence (resolved after {self.resolved_step - self.onset} steps)")
+
+    @property
+    def upper_bound(self) -> int:
+        """The step by which the problem existed: its onset, or for a guessed onset its
+        detection."""
+        return self.first_step if self.kind in GUESSED_ONSET_KINDS else self.onset
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "metric": self.metric, "ranks": list(self.ranks),
+                "onset": self.onset, "first_step": self.first_step, "severity": self.severity,
+                "resolved_step": self.resolved_step, "resolved_reason": self.resolved_reason,
+                "evidence": self.is_evidence, "why": self.why}
+
+
+def episodes(findings: Iterable[Finding]) -> list[Episode]:
+    """The corruption-kind findings grouped into episodes, by onset.
+
+    A ``resolved`` finding closes the open episode with the same kind, metric and ranks (or, when
+    there is none, those of the same kind and metric whose ranks it covers); a firing finding
+    while one is open joins it (an escalation).
+    """
+    order = sorted((f for f in findings if f.kind in CORRUPTION_KINDS),
+                   key=lambda f: (f.step, f.status == "resolved"))
+    open_: dict[tuple, dict[str, Any]] = {}
+    done: list[dict[str, Any]] = []
+    for f in order:
+        key = (f.kind, f.metric, tuple(f.ranks))
+        if f.status == "resolved":
+            keys = [key] if key in open_ else [
+                k for k in open_ if k[:2] == key[:2] and f.ranks and set(k[2]) <= set(f.ranks)]
+            for k in keys:
+                ep = open_.pop(k)
+                ep.update(resolved_step=int(f.step),
+                          resolved_reason=(f.evidence or {}).get("reason"))
+                done.append(ep)
+            continue
+        ep = open_.get(key)
+        if ep is None:
+            ep = open_[key] = {"kind": f.kind, "metric": f.metric, "ranks": tuple(f.ranks),
+                               "onset": _finding_onset(f), "first_step": int(f.step),
+                               "severity": f.severity, "findings": []}
+        ep["onset"] = min(ep["onset"], _finding_onset(f))
+        if SEVERITY_ORDER.get(f.severity, 0) > SEVERITY_ORDER.get(ep["severity"], 0):
+            ep["severity"] = f.severity
+        ep["findings"].append(f)
+    out = [Episode(**{**ep, "findings": tuple(ep["findings"])}) for ep in done + list(open_.values())]
+    return sorted(out, key=lambda e: (e.onset, e.first_step, e.kind))
+
+
+def _finding_onset(f: Finding) -> int:
+    return int(f.onset_step if f.onset_step is not None else f.step)
+
+
+def _lookback(ep: Episode) -> int:
+    kind = "abrupt" if ep.kind in ABRUPT_KINDS else "gradual"
+    delay = max(0, ep.first_step - ep.onset)
+    return max(LOOKBACK_STEPS[kind], LOOKBACK_DELAY_FACTOR[kind] * delay)
+
+
+def onset_window(evidence: Sequence[Episode]) -> tuple[int, int, int]:
+    """``(anchor, search_from, upto)`` for the onset estimate of the evidence episodes.
+
+    ``anchor``: the earliest evidence onset (the problem existed by then). ``search_from``: the
+    earliest update the evidence allows, each episode's onset minus its lookback (spikes and NaNs
+    are seen at once: ``LOOKBACK_STEPS["abrupt"]`` steps or twice the detection delay; drifts and
+    rank disagreements take longer: 256 steps or four times the delay). ``upto``: the history
+    used ends 64 steps after the detection of the earliest episode.
+    """
+    if not evidence:
+        raise ValueError("onset_window needs at least one evidence episode")
+    first = min(evidence, key=lambda e: (e.onset, e.first_step))
+    anchor = first.onset
+    search_from = min(e.onset - _lookback(e) for e in evidence)
+    upto = max(anchor, first.first_step) + 64
+    return anchor, search_from, upto
+
+
+def restart_blowup(anchor: int, restarts: Iterable[Restart],
+                   checkpoints: Iterable[Checkpoint]) -> tuple[Restart, int | None] | None:
+    """The restart whose first ``RESTART_BLOWUP_STEPS`` steps the evidence begins in, and the
+    checkpoint step the run resumed from (None when no checkpoint preceded it)."""
+    hits = [r for r in restarts if 0 <= anchor - r.first_step <= RESTART_BLOWUP_STEPS]
+    if not hits:
+        return None
+    r = max(hits, key=lambda r: r.first_step)
+    if r.from_step is not None:
+        return r, int(r.from_step)
+    before = [c.step for c in checkpoints if c.step < r.first_step]
+    return r, (max(before) if before else None)
+
+
+def evidence_episodes(eps: Sequence[Episode], restarts: Iterable[Restart] = ()) -> list[Episode]:
+    """The episodes that count as evidence of corruption.
+
+    Those of :attr:`Episode.is_evidence`, and any warning or critical episode that begins within
+    ``RESTART_BLOWUP_STEPS`` steps of a restart even if it recovered: right after a restore a
+    large jump is no hard batch but a sign the state was restored wrong (optimizer moments,
+    schedule or data position), which the loss coming back down does not undo.
+    """
+    firsts = [r.first_step for r in restarts]
+
+    def after_restart(e: Episode) -> bool:
+        return any(0 <= e.upper_bound - f <= RESTART_BLOWUP_STEPS for f in firsts)
+
+    return [e for e in eps if e.is_evidence or (
+        SEVERITY_ORDER.get(e.severity, 0) >= SEVERITY_ORDER["warning"] and after_restart(e))]
+
+
+@dataclass(frozen=True)
+class ReplicaProof:
+    """The replicas of a group agreed (bit-identical digests) at ``last_agreeing_step`` and
+    disagreed at ``first_disagreeing_step``; ``ranks`` are the odd ones."""
+
+    last_agreeing_step: int
+    first_disagreeing_step: int
+    ranks: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"last_agreeing_step": self.last_agreeing_step,
+                "first_disagreeing_step": self.first_disagreeing_step, "ranks": list(self.ranks)}
+
+
+def replica_proof(evidence: Sequence[Episode]) -> ReplicaProof | None:
+    """The earliest replica mismatch among the evidence, when it dates the incident.
+
+    It does unless another evidence episode shows the problem already existed by the last
+    agreeing step (then the replicas agreed on a state every one of them shared, say bad data,
+    and the digests say nothing about its onset), or the group never agreed in this attempt.
+    """
+    found = [f for e in evidence if e.kind == "replica_mismatch" for f in e.findings
+             if f.status == "firing" and isinstance((f.evidence or {}).get("last_agreeing_step"), int)]
+    if not found:
+        return None
+    first = min(found, key=lambda f: (f.evidence["last_agreeing_step"], f.step))
+    last = int(first.evidence["last_agreeing_step"])
+    if any(e.kind != "replica_mismatch" and e.upper_bound <= last for e in evidence):
+        return None
+    ranks = sorted({r for f in found if f.evidence["last_agreeing_step"] == last for r in f.ranks})
+    return ReplicaProof(last, int(first.step), tuple(ranks))
