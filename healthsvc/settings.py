@@ -30,7 +30,8 @@ class Settings(BaseSettings):
     snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
     lease_ttl_s: float = Field(10.0, gt=0, description="Replicas (a postgresql:// store): a run's owner renews its lease every third of this; "
                                                        "when the owner dies another replica takes the run over within it, seconds.")
-    replica_id: str = Field("", description="Replicas: this replica's name in the leases table (default: host-pid-random, new at every start).")
+    replica_id: str = Field("", description="Replicas: this replica's name in the leases table (default: host:port, so a replica "
+                                            "restarted on its port takes its runs back at once).")
     external_url: str = Field("", description="Public base URL of the service, for links in alerts (Slack links, "
                                               "generatorURL, externalURL). Default: the address it listens on, "
                                               "http://<host>:<port>, with this machine's name for 0.0.0.0 / ::.")

@@ -152,9 +152,11 @@ class AlertManager(AlertAdmin):
     @one_job
     def tick(self, now: float) -> list[str]:
         """Resolve alerts whose condition stayed clear, flush due groups, forget old alerts."""
-        for run in {a.run for a in self._alerts.values()} if self._owns else ():
-            if not self._owns(run):   # the lease ran out here: the next owner carries on
-                self.forget_run(run)
+        if self._owns is not None:
+            for run in {a.run for a in self._alerts.values()}:
+                if not self._owns(run):   # the lease ran out here: the next owner carries on
+                    self.forget_run(run)
+            self._reload_shared()
         for fp, a in list(self._alerts.items()):
             b = model.expire(a, now, self.lifecycle)
             if b is not a:
@@ -257,9 +259,7 @@ class AlertManager(AlertAdmin):
                 sub, run = k.split("|", 1)
                 if run == run_id:
                     self._nflog[(sub, run)] = NotificationLogEntry.from_dict(v)
-            self._silences = {k: Silence.from_dict(v) for k, v in self.outbox.records("silence").items()}
-            self._api_subs = {k: Subscription.from_dict(v) for k, v in self.outbox.records("subscription").items()
-                              if k not in self._settings_subs}
+            self._reload_shared()
             self._rebuild_groups(only=run_id)
             self._changed_runs.add(run_id)
 
@@ -269,6 +269,14 @@ class AlertManager(AlertAdmin):
         if self._owns is None or self._owns(run_id) or self.on_changed_elsewhere is None:
             return
         self.outbox.after_commit(lambda: self.on_changed_elsewhere(run_id))
+
+    def _reload_shared(self) -> None:
+        """Replicas: silences and API subscriptions may be changed through any replica; the
+        owner reads them again at every tick (two small reads), so a silence made elsewhere
+        mutes its pages within a tick."""
+        self._silences = {k: Silence.from_dict(v) for k, v in self.outbox.records("silence").items()}
+        self._api_subs = {k: Subscription.from_dict(v) for k, v in self.outbox.records("subscription").items()
+                          if k not in self._settings_subs}
 
     def forget_run(self, run_id: str) -> None:
         """Another replica owns the run now: keep nothing of it in memory (it is in the store)."""

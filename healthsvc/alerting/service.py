@@ -111,9 +111,11 @@ class AlertingService:
     def _process_pending(self, conn: Any, stored: list | None = None) -> None:
         assert self.manager is not None
         if self.replicated:
+            # Only a run's owner stores its findings (the monitor's writes are fenced), so the
+            # runs of this job are this replica's to alert on, even before its lease shows here
+            # (findings stored by hand, by tools and tests).
             for run_id in sorted({sf.run_id for sf in stored or ()}):
-                if self.ownership.owns(run_id):
-                    self._process_run(conn, run_id, stored)
+                self._process_run(conn, run_id, stored)
             return
         # Without a way to read the findings table, only what this job stored is known.
         fetch = self._findings_after or (lambda after, conn: [sf for sf in stored or () if sf.id > after])
@@ -157,7 +159,7 @@ class AlertingService:
         findings of the run's restore: the run's alerts are loaded and its unprocessed findings
         processed first, as jobs of the writer, ahead of the findings jobs that follow."""
         if self.manager is None:
-            return
+            return   # start() adopts what is held by then
         if not gained:
             self.manager.forget_run(run_id)
             return
@@ -214,7 +216,11 @@ class AlertingService:
         """Process the findings stored after the cursor (before start, or before a crash), as
         one job: later findings jobs, which run after it, process their own."""
         if self.replicated:
-            self._live = True   # replicas: per run, when this one takes a run (_adopt)
+            # Replicas: per run, when this one takes a run (_adopt); the runs it took before
+            # alerting started (a restarted replica takes its leases back at once) now.
+            self._live = True
+            for run_id in sorted(self.ownership.held()):
+                self._adopt(run_id)
             return
 
         def job(conn: Any) -> None:

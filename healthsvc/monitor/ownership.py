@@ -100,7 +100,8 @@ def ownership_for(settings: Any, store: Any) -> RunOwnership:
     if not str(uri).startswith(("postgresql://", "postgres://")):
         return SoleOwner()
     from healthsvc.store.leases import PgLeases
-    return PgLeases(uri, ttl_s=settings.lease_ttl_s, replica_id=settings.replica_id or None)
+    return PgLeases(uri, ttl_s=settings.lease_ttl_s, replica_id=settings.replica_id or None,
+                    port=int(getattr(settings, "port", 0) or 0))
 
 
 class LeasesCollector:

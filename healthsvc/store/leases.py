@@ -17,8 +17,8 @@ Pushes accepted by a replica that does not own the run are handed to the owner w
 the owner's own channel (``hs_`` + its id), coalesced per run; the owner ``LISTEN``\\ s on a
 connection of its own and pulls the chunks after its watermark from the store.
 
->>> channel("replica-7f3a")
-'hs_replica_7f3a'
+>>> channel("replica-7f3a"), channel("gpu-node-3:8081")
+('hs_replica_7f3a', 'hs_gpu_node_3_8081')
 """
 from __future__ import annotations
 
@@ -64,6 +64,11 @@ WHERE l.run_id IN (SELECT run_id FROM leases WHERE expires_at < {_NOW}
                    ORDER BY expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING l.run_id, l.token
 """
+# A restarted replica (the same id: host and port) takes its previous life's leases back at once.
+_RECLAIM = f"""
+UPDATE leases SET token = token + 1, expires_at = {_NOW} + %(ttl)s WHERE owner = %(me)s
+RETURNING run_id, token
+"""
 _RELEASE = f"""
 UPDATE leases l SET expires_at = {_NOW} - 0.001
 FROM unnest(%(runs)s::text[], %(tokens)s::bigint[]) AS h(run_id, token)
@@ -94,8 +99,12 @@ def channel(replica_id: str) -> str:
     return "hs_" + re.sub(r"[^a-z0-9_]", "_", replica_id.lower())[:56]
 
 
-def new_replica_id() -> str:
-    """Unique per process: a restarted replica is a new owner (its leases are taken over)."""
+def new_replica_id(port: int = 0) -> str:
+    """A replica's id: its host and port, which one live process at a time can hold, so a
+    replica restarted on them takes its leases back at once (the fencing token moves on);
+    without a port, unique per process (its leases are taken over once they expire)."""
+    if port:
+        return f"{socket.gethostname()}:{port}"
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
@@ -105,12 +114,12 @@ class PgLeases:
     takes_over = True
 
     def __init__(self, dsn: str, *, ttl_s: float = 10.0, replica_id: str | None = None,
-                 sweep_limit: int = 16, connect: Callable[..., Any] | None = None) -> None:
+                 sweep_limit: int = 16, connect: Callable[..., Any] | None = None, port: int = 0) -> None:
         import psycopg
 
         self.dsn = dsn
         self.ttl_s = ttl_s
-        self.replica_id = replica_id or new_replica_id()
+        self.replica_id = replica_id or new_replica_id(port)
         self.sweep_limit = sweep_limit
         self._connect = connect or (lambda: psycopg.connect(dsn, autocommit=True))
         # Acting stops this long before the database's expiry: clock rates and in-flight writes.
@@ -137,8 +146,15 @@ class PgLeases:
     def start(self, *, on_gained: Callable[[str], None], on_lost: Callable[[str], None],
               on_remote: Callable[[str, RemoteMessage], None]) -> None:
         self._on_gained, self._on_lost, self._on_remote = on_gained, on_lost, on_remote
+        sent = time.monotonic()
         with self._lock:
             self._conn = self._connect()
+            mine = self._conn.execute(_RECLAIM, {"me": self.replica_id, "ttl": self.ttl_s}).fetchall()
+            for run_id, token in mine:
+                self._held[run_id] = (int(token), sent + self.ttl_s - self._margin_s)
+        for run_id, _ in mine:
+            log.info("leases: %s took run %s back after a restart", self.replica_id, run_id)
+            self._on_gained(run_id)
         for target, name in ((self._renew_loop, "leases"), (self._listen_loop, "leases-listen"),
                              (self._notify_loop, "leases-notify")):
             t = threading.Thread(target=target, name=f"healthsvc-{name}", daemon=True)

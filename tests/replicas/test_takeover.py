@@ -177,6 +177,11 @@ def test_sigkill_of_the_owner_mid_load_loses_nothing_and_repeats_nothing(cluster
     assert [k for _, k in sent if k == ["non_finite"]] == [["non_finite"]], sent
     assert sum("hang" in k for _, k in sent) == 1, sent
     assert new_owner is not owner
+    # /metrics of the new owner shows its lease of r1, in a newer epoch than the dead owner's.
+    metrics = httpx.get(new_owner.url + "/metrics").text
+    token = next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                 if line.startswith("healthsvc_lease_token{") and 'run="r1"' in line)
+    assert token >= 2
 
     # An operator acknowledges the hang on a replica that does not own the run: every replica
     # answers it acknowledged, the owner too (it reloaded the run's alerts when told).
