@@ -13,6 +13,7 @@ Modules, one concept each::
     (healthsvc.store.outbox: the durable outbox and the alerting tables, all the SQL)
     delivery      DeliveryWorker: backoff with full jitter, Retry-After, dead letters
     manager       AlertManager: ties the above together (the notify pipeline)
+    replicas      the manager with replicas: a run's alerts kept by its owner, adopted, forgotten
     admin         silences, API subscriptions, alert queries (operator CRUD; AlertManager's mixin)
 
 Errors::

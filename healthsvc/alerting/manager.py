@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Mapping
 from detectors.finding import SEVERITY_ORDER, Finding
 
 from healthsvc.alerting import model
+from healthsvc.alerting.replicas import ReplicaAlerts
 from healthsvc.alerting.admin import AlertAdmin, AlertingError, NotFound, ReadOnly, one_job  # noqa: F401 - the package's errors
 from healthsvc.alerting.formats import Notification, render_all
 from healthsvc.alerting.model import Alert, LifecyclePolicy
@@ -75,7 +76,7 @@ class ManagerCounters:
     notifications: dict[str, int] = field(default_factory=dict)   # by reason
 
 
-class AlertManager(AlertAdmin):
+class AlertManager(ReplicaAlerts, AlertAdmin):
     """Alerts, silences, subscriptions and the notification log of one service process (the
     silences, subscriptions and queries are :class:`~healthsvc.alerting.admin.AlertAdmin`'s).
 
@@ -241,53 +242,6 @@ class AlertManager(AlertAdmin):
         for a in list(self._alerts.values()):
             if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target != target:
                 self._store_alert(replace(a, rollback_target=target), now)
-
-    # -- ownership (replicas) -----------------------------------------------------------------
-
-    @one_job
-    def adopt_run(self, run_id: str) -> None:
-        """This replica took the run over: load its alerts and notification log as the previous
-        owner left them (what it sent is not sent again), and the silences and API subscriptions
-        as they are now (any replica may have changed them). One job: ordered with the findings
-        jobs, so the run's next findings meet its loaded alerts."""
-        with self._lock:
-            self.forget_run(run_id)
-            for k, v in self.outbox.records("alert").items():
-                if v.get("run") == run_id:
-                    self._alerts[k] = Alert.from_dict(v)
-            for k, v in self.outbox.records("nflog").items():
-                sub, run = k.split("|", 1)
-                if run == run_id:
-                    self._nflog[(sub, run)] = NotificationLogEntry.from_dict(v)
-            self._reload_shared()
-            self._rebuild_groups(only=run_id)
-            self._changed_runs.add(run_id)
-
-    def _tell_owner(self, run_id: str) -> None:
-        """An operator changed an alert of a run another replica owns (the request reached this
-        one): once it is stored, the owner reloads the run's alerts (``on_changed_elsewhere``)."""
-        if self._owns is None or self._owns(run_id) or self.on_changed_elsewhere is None:
-            return
-        self.outbox.after_commit(lambda: self.on_changed_elsewhere(run_id))
-
-    def _reload_shared(self) -> None:
-        """Replicas: silences and API subscriptions may be changed through any replica; the
-        owner reads them again at every tick (two small reads), so a silence made elsewhere
-        mutes its pages within a tick."""
-        self._silences = {k: Silence.from_dict(v) for k, v in self.outbox.records("silence").items()}
-        self._api_subs = {k: Subscription.from_dict(v) for k, v in self.outbox.records("subscription").items()
-                          if k not in self._settings_subs}
-
-    def forget_run(self, run_id: str) -> None:
-        """Another replica owns the run now: keep nothing of it in memory (it is in the store)."""
-        with self._lock:
-            for fp in [fp for fp, a in self._alerts.items() if a.run == run_id]:
-                del self._alerts[fp]
-            for key in [k for k in self._nflog if k[1] == run_id]:
-                del self._nflog[key]
-                self._resent_at.pop(key, None)
-            self._groups.pop(run_id, None)
-            self._changed_runs.discard(run_id)
 
     # -- internals ----------------------------------------------------------------------------
 
