@@ -163,10 +163,10 @@ def hang(rank=3, step=50):
     return Finding("hang", step=step, ranks=(rank,), severity="critical")
 
 
-def test_a_finding_its_alert_and_its_notification_commit_in_one_job(tmp_path):
+def test_a_finding_its_alert_and_its_notification_commit_in_one_job(tmp_path, db_uri):
     # No drain: the job that stores the finding has, when it is durable, also stored its alert,
     # the notification (critical: group_wait 0) and the cursor, in the same transaction.
-    with Receiver() as rx, service(tmp_path, rx.url) as svc:
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         ctx = svc.app.state.ctx
         ctx.store.submit_run_config("r1", {}).result()
         # Hold the alerting thread: nothing below may depend on it.
@@ -184,8 +184,8 @@ def test_a_finding_its_alert_and_its_notification_commit_in_one_job(tmp_path):
         assert len(rx.delivered()) == 1
 
 
-def test_a_failed_alert_stage_keeps_the_findings_for_the_next_job(tmp_path, monkeypatch):
-    with Receiver() as rx, service(tmp_path, rx.url) as svc:
+def test_a_failed_alert_stage_keeps_the_findings_for_the_next_job(tmp_path, db_uri, monkeypatch):
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         ctx = svc.app.state.ctx
         manager = ctx.alerting.manager
         ctx.store.submit_run_config("r1", {}).result()
@@ -207,10 +207,10 @@ def test_a_failed_alert_stage_keeps_the_findings_for_the_next_job(tmp_path, monk
         assert len(rx.delivered()) == 1
 
 
-def test_a_corruption_page_waits_for_its_rollback_target(tmp_path):
+def test_a_corruption_page_waits_for_its_rollback_target(tmp_path, db_uri):
     # The rollback target is decided from the stored findings: the page goes out once the job
     # that stores the finding is durable and the target was looked up, with it.
-    with Receiver() as rx, service(tmp_path, rx.url) as svc:
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         ctx = svc.app.state.ctx
         ctx.store.submit_checkpoint("r1", 5, "mem://r1/5", None, None).result()
         ctx.findings.record("r1", 1, [nan(step=7)], HOSTS).result()
