@@ -65,7 +65,7 @@ class SQLiteStore(StoreBase):
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
-        conn.execute("PRAGMA journal_mode=WAL")
+        _use_wal(conn)
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA busy_timeout=30000")
         return conn
@@ -87,3 +87,20 @@ class SQLiteStore(StoreBase):
             except OSError:
                 pass
         return total
+
+
+def _use_wal(conn: sqlite3.Connection, timeout_s: float = 30.0) -> None:
+    """Put the file in WAL mode. Turning a new file to WAL takes an exclusive lock that SQLite
+    does not wait for (the busy timeout does not apply), so processes opening one new file
+    together would see "database is locked": retry until one of them has done it."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.002
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)   # a lock held by another opener: back off, then ask again
+            delay = min(delay * 2, 0.1)
