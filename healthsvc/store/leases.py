@@ -5,7 +5,8 @@ A row of ``leases`` (the store's table) per run says who owns it (``owner``, a r
 A replica claims a run on its first activity there (:meth:`PgLeases.claim`: insert, or take the row
 over once it expired); a background thread renews every lease it holds every ``ttl_s / 3`` and
 sweeps expired leases of other replicas (a dead owner's runs are taken over within ``ttl_s`` even
-when no push arrives, so a hang is still found). A replica counts a lease as its own only until
+when no push arrives, so a hang is still found) and running runs that have no lease at all (their
+first push was stored by a replica that died before it claimed them). A replica counts a lease as its own only until
 ``ttl_s`` after the renewal that extended it was *sent* (its monotonic clock, less a margin), so it
 stops acting before the database would let another replica take over.
 
@@ -63,6 +64,16 @@ UPDATE leases l SET owner = %(me)s, token = l.token + 1, expires_at = {_NOW} + %
 WHERE l.run_id IN (SELECT run_id FROM leases WHERE expires_at < {_NOW}
                    ORDER BY expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING l.run_id, l.token
+"""
+# A run can exist with no lease at all: the replica that stored its first push died before its
+# monitor claimed it (the claim follows the commit). Nobody would sweep it, and a job that then
+# hangs would never be watched; so each sweep first gives such running runs an expired lease row,
+# which the sweep then takes like any other.
+_ADOPT_ORPHANS = """
+INSERT INTO leases (run_id, owner, token, expires_at)
+SELECT r.run_id, '', 0, 0 FROM runs r
+WHERE r.status = 'running' AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.run_id = r.run_id)
+ON CONFLICT (run_id) DO NOTHING
 """
 # A restarted replica (the same id: host and port) takes its previous life's leases back at once.
 _RECLAIM = f"""
@@ -259,8 +270,11 @@ class PgLeases:
                 rows = self._conn.execute(_RENEW, {"runs": list(held), "tokens": [t for t, _ in held.values()],
                                                    "ttl": self.ttl_s, "me": self.replica_id}).fetchall()
                 kept = {r for (r,) in rows}
-            gained = [] if self._stopping.is_set() else self._conn.execute(
-                _SWEEP, {"me": self.replica_id, "ttl": self.ttl_s, "limit": self.sweep_limit}).fetchall()
+            gained = []
+            if not self._stopping.is_set():
+                self._conn.execute(_ADOPT_ORPHANS)
+                gained = self._conn.execute(
+                    _SWEEP, {"me": self.replica_id, "ttl": self.ttl_s, "limit": self.sweep_limit}).fetchall()
             until = sent + self.ttl_s - self._margin_s
             lapsed = {r for r in kept if held[r][1] <= sent}   # ran out here, but nobody took it
             for run_id in held.keys() - kept:

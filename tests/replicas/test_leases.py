@@ -138,3 +138,32 @@ def test_the_store_refuses_a_stale_owners_snapshot_and_findings(dsn):
     finally:
         store.close()
         b.stop()
+
+
+def test_a_running_run_that_nobody_claimed_is_taken_by_the_sweep(dsn):
+    # The replica that stored a run's first push died before its monitor claimed the run: the
+    # run has no lease row. The next sweep of any replica takes it (a finished run stays unowned).
+    import numpy as np
+    from healthsvc.ingest.batch import MetricBatch
+
+    def one_record() -> MetricBatch:
+        b = MetricBatch(steps=np.array([0]), ranks=np.array([0]))
+        b.values["loss"], b.present["loss"] = np.array([1.0]), np.array([True])
+        return b
+
+    store = open_store(dsn)
+    store.open()
+    try:
+        store.submit_metrics("orphan", one_record(), "d1").result(10)
+        store.submit_metrics("done", one_record(), "d2").result(10)
+        store.submit_finish("done").result(10)
+    finally:
+        store.close()
+    a, events = replica(dsn, "a", ttl_s=30.0)   # a long TTL: the only sweep is the one called below
+    try:
+        assert a.held() == {}
+        a.renew()
+        assert events.wait(events.gained, 1, 5) and events.gained == ["orphan"]
+        assert a.owns("orphan") and not a.owns("done")
+    finally:
+        a.stop()
