@@ -274,18 +274,30 @@ class Run(Sender, Heartbeat, Control):
         if self._off:
             self._counters.ignored_calls += 1
             return None
+        fields = self.fingerprint_fields(model_or_params, optimizer=optimizer, replica_group=replica_group)
+        if not fields:
+            return None
+        self.log(fields, step=max(self._next_step - 1, 0) if step is None else step)
+        return fields["param_digest"]
+
+    def fingerprint_fields(self, model_or_params: Any, *, optimizer: Any = None,
+                           replica_group: int | None = None) -> dict[str, Any]:
+        """The fingerprint's fields (``param_digest``, ``replica_group``) without logging them, for
+        a caller that logs them in the step's own record: a separate ``log()`` for a step whose
+        record was already sent reaches the service as a repeated step (a restart). ``{}`` when
+        it could not be taken (never raises)."""
+        if self._off:
+            return {}
         try:
             from clients.digest import param_digest
 
-            digest = param_digest(model_or_params, optimizer=optimizer)
-            fields: dict[str, Any] = {"param_digest": digest}
+            fields: dict[str, Any] = {"param_digest": param_digest(model_or_params, optimizer=optimizer)}
             if replica_group is not None:
                 fields["replica_group"] = int(replica_group)
-            self.log(fields, step=max(self._next_step - 1, 0) if step is None else step)
-            return digest
+            return fields
         except Exception as exc:  # never into the training loop
             self._problem("fingerprint", f"fingerprint() failed: {exc!r}")
-            return None
+            return {}
 
     def phase(self, name: str, step: int | None = None) -> Phase:
         """Context manager: the heartbeat reports ``name`` (data, compute, collective, checkpoint)

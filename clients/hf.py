@@ -172,12 +172,14 @@ def _build_callback_class() -> type:
             record.update(step_time=(now - begin) + self._data_s, data_time=self._data_s,
                           compute_time=self._compute_s)
             if self.run is not None:
-                self.run.log(record, step=state.global_step)
                 model = kwargs.get("model")
                 every = self.fingerprint_every
                 if model is not None and every > 0 and state.global_step % every == 0:
-                    self.run.fingerprint(model, state.global_step,
-                                         optimizer=optimizer if self.fingerprint_optimizer else None)
+                    # In the step's own record: logged apart, it could reach the service after
+                    # the step's record was sent, and a repeated step reads as a restart.
+                    record.update(self.run.fingerprint_fields(
+                        model, optimizer=optimizer if self.fingerprint_optimizer else None))
+                self.run.log(record, step=state.global_step)
                 self.run.set_phase("data")
             self._micro_losses = []
             self._grad_norm = None
