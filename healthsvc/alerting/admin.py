@@ -72,24 +72,22 @@ class AlertAdmin:
     @one_job
     def add_silence(self, matchers: Iterable[Matcher], starts_at: float, ends_at: float, now: float,
                     created_by: str = "", comment: str = "") -> Silence:
-        with self._lock:
-            s = Silence("sil_" + generate_message_id()[4:], tuple(matchers), starts_at, ends_at, created_by, comment)
-            self._silences[s.id] = s
-            self.outbox.put_record("silence", s.id, s.to_dict(), now)
-            return s
+        s = Silence("sil_" + generate_message_id()[4:], tuple(matchers), starts_at, ends_at, created_by, comment)
+        self._silences[s.id] = s
+        self.outbox.put_record("silence", s.id, s.to_dict(), now)
+        return s
 
     @one_job
     def expire_silence(self, silence_id: str, now: float) -> Silence:
         """End a silence now (kept, listed as expired)."""
-        with self._lock:
-            s = self._silences.get(silence_id)
-            if s is None:
-                raise NotFound(f"no silence {silence_id!r}")
-            if s.ends_at > now:
-                s = Silence(s.id, s.matchers, min(s.starts_at, now - 1e-3), now, s.created_by, s.comment)
-                self._silences[s.id] = s
-                self.outbox.put_record("silence", s.id, s.to_dict(), now)
-            return s
+        s = self._silences.get(silence_id)
+        if s is None:
+            raise NotFound(f"no silence {silence_id!r}")
+        if s.ends_at > now:
+            s = Silence(s.id, s.matchers, min(s.starts_at, now - 1e-3), now, s.created_by, s.comment)
+            self._silences[s.id] = s
+            self.outbox.put_record("silence", s.id, s.to_dict(), now)
+        return s
 
     def silences(self) -> list[Silence]:
         with self._lock:
@@ -111,28 +109,26 @@ class AlertAdmin:
     @one_job
     def put_subscription(self, sub: Subscription, now: float) -> Subscription:
         """Create or replace an API subscription."""
-        with self._lock:
-            if sub.id in self._settings_subs:
-                raise ReadOnly(f"subscription {sub.id!r} comes from settings; change it there")
-            sub = replace(sub, source="api")
-            self._api_subs[sub.id] = sub
-            self.outbox.put_record("subscription", sub.id, sub.to_record(), now)
-            return sub
+        if sub.id in self._settings_subs:
+            raise ReadOnly(f"subscription {sub.id!r} comes from settings; change it there")
+        sub = replace(sub, source="api")
+        self._api_subs[sub.id] = sub
+        self.outbox.put_record("subscription", sub.id, sub.to_record(), now)
+        return sub
 
     @one_job
     def delete_subscription(self, sub_id: str, now: float) -> int:
         """Delete an API subscription; its pending deliveries are cancelled (count returned)."""
-        with self._lock:
-            if sub_id in self._settings_subs:
-                raise ReadOnly(f"subscription {sub_id!r} comes from settings; remove it there")
-            if self._api_subs.pop(sub_id, None) is None:
-                raise NotFound(f"no subscription {sub_id!r}")
-            self.outbox.delete_record("subscription", sub_id)
-            for key in [k for k in self._nflog if k[0] == sub_id]:
-                del self._nflog[key]
-                self._resent_at.pop(key, None)
-                self.outbox.delete_record("nflog", "|".join(key))
-            return self.outbox.cancel_pending(sub_id, now)
+        if sub_id in self._settings_subs:
+            raise ReadOnly(f"subscription {sub_id!r} comes from settings; remove it there")
+        if self._api_subs.pop(sub_id, None) is None:
+            raise NotFound(f"no subscription {sub_id!r}")
+        self.outbox.delete_record("subscription", sub_id)
+        for key in [k for k in self._nflog if k[0] == sub_id]:
+            del self._nflog[key]
+            self._resent_at.pop(key, None)
+            self.outbox.delete_record("nflog", "|".join(key))
+        return self.outbox.cancel_pending(sub_id, now)
 
     # -- queries ------------------------------------------------------------------------------
 

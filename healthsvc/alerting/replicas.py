@@ -37,18 +37,17 @@ class ReplicaAlerts:
         owner left them (what it sent is not sent again), and the silences and API subscriptions
         as they are now (any replica may have changed them). One job: ordered with the findings
         jobs, so the run's next findings meet its loaded alerts."""
-        with self._lock:
-            self.forget_run(run_id)
-            for k, v in self.outbox.records("alert").items():
-                if v.get("run") == run_id:
-                    self._alerts[k] = Alert.from_dict(v)
-            for k, v in self.outbox.records("nflog").items():
-                sub, run = k.split("|", 1)
-                if run == run_id:
-                    self._nflog[(sub, run)] = NotificationLogEntry.from_dict(v)
-            self._reload_shared()
-            self._rebuild_groups(only=run_id)
-            self._changed_runs.add(run_id)
+        self.forget_run(run_id)
+        for k, v in self.outbox.records("alert").items():
+            if v.get("run") == run_id:
+                self._alerts[k] = Alert.from_dict(v)
+        for k, v in self.outbox.records("nflog").items():
+            sub, run = k.split("|", 1)
+            if run == run_id:
+                self._nflog[(sub, run)] = NotificationLogEntry.from_dict(v)
+        self._reload_shared()
+        self._rebuild_groups(only=run_id)
+        self._changed_runs.add(run_id)
 
     def _tell_owner(self, run_id: str) -> None:
         """An operator changed an alert of a run another replica owns (the request reached this

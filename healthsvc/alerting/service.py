@@ -122,14 +122,12 @@ class AlertingService:
         saved = self.outbox.records("cursor", conn=conn).get("findings")
         cursor = int(saved["id"]) if saved is not None else 0
         while pending := fetch(cursor, conn=conn):
-            by_run: dict[str, tuple[list, dict[int, str]]] = {}
+            by_run: dict[str, list] = {}
             for sf in pending:
-                findings, hosts = by_run.setdefault(sf.run_id, ([], {}))
-                findings.append(sf.finding)
-                hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
+                by_run.setdefault(sf.run_id, []).append(sf)
             now = self.clock()
-            for run_id, (findings, hosts) in by_run.items():
-                self.manager.process(run_id, findings, hosts, now, target_later=True)
+            for run_id, of_run in by_run.items():
+                self._fold(run_id, of_run, now)
             cursor = max(sf.id for sf in pending)
             self.outbox.put_record("cursor", "findings", {"id": cursor}, now)
 
@@ -147,12 +145,16 @@ class AlertingService:
             pending = [sf for sf in stored or () if sf.run_id == run_id and sf.id > cursor]
         if not pending:
             return
-        hosts: dict[int, str] = {}
-        for sf in pending:
-            hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
         now = self.clock()
-        self.manager.process(run_id, [sf.finding for sf in pending], hosts, now, target_later=True)
+        self._fold(run_id, pending, now)
         self.outbox.put_record("cursor", f"findings:{run_id}", {"id": max(sf.id for sf in pending)}, now)
+
+    def _fold(self, run_id: str, stored: list, now: float) -> None:
+        """Fold a run's stored findings (oldest first) into its alerts, in the current job."""
+        hosts: dict[int, str] = {}
+        for sf in stored:
+            hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
+        self.manager.process(run_id, [sf.finding for sf in stored], hosts, now, target_later=True)
 
     def on_ownership(self, run_id: str, gained: bool) -> None:
         """The monitor hub took the run over (or let it go), on its thread, before it records the

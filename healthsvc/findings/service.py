@@ -57,8 +57,6 @@ class FindingsService:
         """Store findings (skipping ones already stored); resolves to the newly stored ones. The
         blamed ranks' hosts are the store's (the run's state), unless ``hosts`` names them.
         ``fence`` (replicas): stored only while this replica's lease of the run holds."""
-        if fence is None:
-            return self.store.submit_findings(run_id, attempt, findings, hosts, then=self._stage)
         return self.store.submit_findings(run_id, attempt, findings, hosts, then=self._stage, fence=fence)
 
     def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,

@@ -322,11 +322,8 @@ class MonitorHub:
         state["saved_at"] = now
         blob = _dump_state(state)
         self._last_snapshot[run_id] = now
-        fence = self.ownership.fence(run_id)
-        if fence is None:
-            self.store.save_snapshot(run_id, "monitor", mon.watermark, blob)
-        else:  # a replica that lost the run meanwhile must not overwrite the new owner's snapshot
-            self.store.save_snapshot(run_id, "monitor", mon.watermark, blob, fence=fence)
+        # Fenced: a replica that lost the run meanwhile must not overwrite the new owner's snapshot.
+        self.store.save_snapshot(run_id, "monitor", mon.watermark, blob, fence=self.ownership.fence(run_id))
 
     def _restore(self) -> None:
         """At start: restore every run this replica owns (the sole owner: all of them)."""

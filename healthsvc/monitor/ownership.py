@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from healthsvc.store.open import is_postgres_uri
+
 
 @dataclass(frozen=True)
 class Fence:
@@ -96,8 +98,8 @@ class SoleOwner:
 
 def ownership_for(settings: Any, store: Any) -> RunOwnership:
     """Leases in PostgreSQL for a ``postgresql://`` store (replicas), else the sole owner."""
-    uri = getattr(store, "uri", "")
-    if not str(uri).startswith(("postgresql://", "postgres://")):
+    uri = str(getattr(store, "uri", ""))
+    if not is_postgres_uri(uri):
         return SoleOwner()
     from healthsvc.store.leases import PgLeases
     return PgLeases(uri, ttl_s=settings.lease_ttl_s, replica_id=settings.replica_id or None,

@@ -60,6 +60,9 @@ class Catalog:
 class Statement:
     sql: str
     returns_key: bool        # the statement ends in RETURNING <key>: the cursor's lastrowid
+    # "BEGIN", "COMMIT" or "ROLLBACK" for a statement that opens or ends a transaction, else ""
+    # (a savepoint's ROLLBACK TO does not): decided once here, not per execution.
+    transaction: str = ""
 
 
 _INSERT = re.compile(r"^\s*INSERT\s+(?:OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)\s*(\(([^)]*)\))?\s*(VALUES\b.*)$",
@@ -72,13 +75,27 @@ def _placeholders(sql: str) -> str:
     return sql.replace("?", "%s")
 
 
+_TRANSACTION = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK)\b(?!\s+TO\b)", re.IGNORECASE)
+
+
+def pg_plain(sql: str) -> Statement:
+    """A statement that needs no table's catalog (anything but an ``INSERT``) as PostgreSQL
+    runs it: ``BEGIN IMMEDIATE`` as ``BEGIN``, placeholders translated.
+
+    >>> pg_plain("BEGIN IMMEDIATE"), pg_plain("ROLLBACK TO snapshot").transaction
+    (Statement(sql='BEGIN', returns_key=False, transaction='BEGIN'), '')
+    """
+    if re.match(r"^\s*BEGIN\s+IMMEDIATE\s*$", sql, re.IGNORECASE):
+        return Statement("BEGIN", False, "BEGIN")
+    m = _TRANSACTION.match(sql)
+    return Statement(_placeholders(sql), False, m.group(1).upper() if m else "")
+
+
 def pg_statement(sql: str, catalog: Catalog) -> Statement:
     """One SQLite statement as PostgreSQL runs it (see the module's docstring)."""
-    if re.match(r"^\s*BEGIN\s+IMMEDIATE\s*$", sql, re.IGNORECASE):
-        return Statement("BEGIN", False)
     m = _INSERT.match(sql)
     if m is None:
-        return Statement(_placeholders(sql), False)
+        return pg_plain(sql)
     verb, table, _, cols, rest = m.groups()
     columns, pk, key = catalog.info(table)
     names = tuple(c.strip() for c in cols.split(",")) if cols else columns

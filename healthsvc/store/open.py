@@ -10,9 +10,14 @@ from typing import Any
 from healthsvc.store.base import StoreBase
 
 
+def is_postgres_uri(uri: str) -> bool:
+    """Whether ``uri`` names a PostgreSQL database (several replicas may share it)."""
+    return uri.startswith(("postgresql://", "postgres://"))
+
+
 def open_store(uri: str, **options: Any) -> StoreBase:
     """A store for ``uri``, not yet opened (``store.open()`` migrates and starts the writer)."""
-    if uri.startswith(("postgresql://", "postgres://")):
+    if is_postgres_uri(uri):
         try:
             from healthsvc.store.postgres import PostgresStore
         except ImportError as exc:

@@ -30,7 +30,8 @@ from psycopg_pool import ConnectionPool
 
 from healthsvc.store import migrations
 from healthsvc.store.base import StoreBase
-from healthsvc.store.dialect import Catalog, Statement, pg_ddl, pg_statement, split_script
+from healthsvc.store.dialect import Catalog, Statement, pg_ddl, pg_plain, pg_statement, split_script
+from healthsvc.store.open import is_postgres_uri
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,6 @@ def _configure(conn: psycopg.Connection) -> None:
     conn.adapters.register_loader("numeric", _NumericAsNumber)
     # Chunks travel as binary parameters, not hex text: half the bytes on the wire, no escaping.
     conn.adapters.register_dumper(bytes, BytesBinaryDumper)
-
-
-def is_postgres_uri(uri: str) -> bool:
-    return uri.startswith(("postgresql://", "postgres://"))
 
 
 def redact(uri: str) -> str:
@@ -118,9 +115,8 @@ class PgConnection:
             # inside one, the statement must fail (its transaction's earlier work is gone).
             log.warning("the store's writer connection broke; reconnecting")
             self.raw = self._reconnect()
-        verb = st.sql.split(None, 1)[0].upper() if st.sql.strip() else ""
-        if verb in ("BEGIN", "COMMIT", "ROLLBACK") and not st.sql.upper().startswith("ROLLBACK TO"):
-            self._in_transaction = verb == "BEGIN"
+        if st.transaction:
+            self._in_transaction = st.transaction == "BEGIN"
         with self.raw.cursor() as cur:
             return self._run(cur, st, args)
 
@@ -283,8 +279,7 @@ class _Direct:
         self.raw, self.catalog, self.owned = raw, catalog or Catalog(), owned
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
-        st = pg_statement(sql, self.catalog) if self.catalog.tables else Statement(
-            "BEGIN" if sql.strip().upper() == "BEGIN IMMEDIATE" else sql.replace("%", "%%").replace("?", "%s"), False)
+        st = pg_statement(sql, self.catalog) if self.catalog.tables else pg_plain(sql)
         try:
             with self.raw.cursor() as cur:
                 cur.execute(st.sql, _params(args))
