@@ -20,12 +20,17 @@ def test_concurrent_claimers_split_the_due_rows_and_each_row_goes_once(db_uri):
         a, b = (Outbox(s) for s in stores)
         ids = {a.enqueue("sub", "http://127.0.0.1:1/hook", "", b"{}", now=100.0 + i) for i in range(200)}
         got: list[list[str]] = [[], []]
-        start = threading.Barrier(2)
+        start, both_hold_rows = threading.Barrier(2), threading.Barrier(2)
 
         def claimer(i: int, outbox: Outbox) -> None:
             start.wait()
-            while claimed := outbox.claim(now=1000.0, limit=7, hold_s=30.0):
+            claimed = outbox.claim(now=1000.0, limit=7, hold_s=30.0)
+            # Both hold rows before either goes on: on SQLite one thread can otherwise drain all
+            # 200 before the other is scheduled, and the split below would not be tested.
+            both_hold_rows.wait()
+            while claimed:
                 got[i].extend(d.webhook_id for d in claimed)
+                claimed = outbox.claim(now=1000.0, limit=7, hold_s=30.0)
 
         threads = [threading.Thread(target=claimer, args=(i, o)) for i, o in enumerate((a, b))]
         for t in threads:
