@@ -7,7 +7,7 @@
    steps at ``--step-ms`` per step, direct and through the relay (a counting sink in another
    process answers 202; the relay is ``python -m clients.relay`` in its own process).
 
-    .venv/bin/python bench/relay.py            # about half a minute
+    .venv/bin/python bench/relay.py            # about two minutes
     .venv/bin/python bench/relay.py --quick    # a few seconds
 
 Prints figures; asserts nothing.

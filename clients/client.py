@@ -270,7 +270,11 @@ class Run(Sender, Heartbeat, Control):
         """Log this rank's replica fingerprint (``param_digest``) for ``step``: call it after the
         optimizer's update of ``step`` (the state a checkpoint at ``step`` would hold); ``step``
         defaults to the last logged step. Computed on the training thread, where the tensors are
-        (see ``clients.digest``); returns the digest, or None when it could not be taken."""
+        (see ``clients.digest``); returns the digest, or None when it could not be taken.
+
+        A loop that logs ``step``'s own record should put :meth:`fingerprint_fields` into that
+        record instead: this separate ``log()`` may reach the service after the step's record
+        was sent, and a step reported twice reads as a restart."""
         if self._off:
             self._counters.ignored_calls += 1
             return None

@@ -27,13 +27,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from clients import encode
 from clients.retry import Backoff, is_retryable_status
 from clients.spool import SpoolWriter
 from clients.stats import Counters
 from clients.transport import Request, Transport, TransportError
+
+
+Outcome = Literal["sent", "spooled", "rejected", "failed"]
 
 
 class Delivery:
@@ -72,15 +75,23 @@ class Delivery:
                 self.interrupt.clear()
 
     def deliver(self, method: str, path: str, body: Any, n_records: int) -> bool:
+        """True once the service accepted the request (offline: once it is in the spool)."""
+        outcome = self.send(method, path, body, n_records)
+        return outcome == "sent" or (outcome == "spooled" and self.mode == "offline")
+
+    def send(self, method: str, path: str, body: Any, n_records: int) -> Outcome:
+        """Deliver and say how it ended: ``"sent"`` (accepted), ``"spooled"`` (offline, or given
+        up on and kept in the spool), ``"rejected"`` (refused with a 4xx, or not encodable:
+        sending it again cannot help) or ``"failed"`` (given up on, and no spool kept it)."""
         c = self.counters
         if self.mode == "offline":
-            return self.to_spool(method, path, body, failed=False)
+            return "spooled" if self.to_spool(method, path, body, failed=False) else "failed"
         try:
             payload, headers = encode.maybe_gzip(encode.encode_json(body), self.gzip_min_bytes)
         except (TypeError, ValueError) as exc:
             c.rejected_requests += 1
             self.problem("encode", f"could not encode a {path} body: {exc!r}")
-            return False
+            return "rejected"
         request = Request(method, path, payload, {"Content-Type": "application/json", **headers})
         retry_after: str | None = None
         for attempt in range(self.max_attempts):
@@ -105,7 +116,7 @@ class Delivery:
             if 200 <= response.status < 300:
                 c.sent_requests += 1
                 c.sent_records += n_records
-                return True
+                return "sent"
             if is_retryable_status(response.status):
                 retry_after = response.header("Retry-After")
                 self.problem(f"status{response.status}", f"{method} {path} answered {response.status}")
@@ -113,12 +124,12 @@ class Delivery:
             c.rejected_requests += 1
             self.problem(f"status{response.status}",
                          f"{method} {path} rejected with {response.status}: {response.body[:300]!r}")
-            return False
+            return "rejected"
         c.failed_requests += 1
         c.failed_records += n_records
-        if self.spool is not None:
-            self.to_spool(method, path, body, failed=True)
-        return False
+        if self.spool is not None and self.to_spool(method, path, body, failed=True):
+            return "spooled"
+        return "failed"
 
     def to_spool(self, method: str, path: str, body: Any, failed: bool) -> bool:
         try:

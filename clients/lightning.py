@@ -192,11 +192,13 @@ def _build_callback_class() -> type:
                 step_time = now - (self._step_start_s or now)
                 record.update(step_time=step_time, data_time=self._data_s,
                               compute_time=max(0.0, step_time - self._data_s))
-                run.log(record, step=self._global_step_at_start)
                 if due(self._global_step_at_start, self.fingerprint_every):
                     optimizer = (trainer.optimizers[0] if self.fingerprint_optimizer and trainer.optimizers
                                  else None)
-                    run.fingerprint(pl_module, self._global_step_at_start, optimizer=optimizer)
+                    # In the step's own record (see Run.fingerprint_fields): logged apart after
+                    # the digest, it can reach the service as a repeated step, read as a restart.
+                    record.update(run.fingerprint_fields(pl_module, optimizer=optimizer))
+                run.log(record, step=self._global_step_at_start)
                 run.set_phase("data")
             self._reset_step()
 

@@ -9,10 +9,12 @@ the ranks at its socket::
     HEALTHSVC_RELAY=/tmp/healthsvc-relay.sock torchrun ... train.py    # init() reads it
 
 or ``health.init(..., relay="/tmp/healthsvc-relay.sock")``. The relay prints ``listening <path>``
-on stdout once the socket accepts connections. SIGTERM (or SIGINT) sends what is pending, then
-exits.
+on stdout once the socket accepts connections. SIGTERM (or SIGINT) sends what is pending, prints
+``stopped: merged N rank batches into M pushes (...)``, then exits.
 
-What goes through it: only the rows a rank's sender thread posts to ``/metrics``. Heartbeats go
+What goes through it: only the rows a rank's sender thread posts to ``/metrics``, except a batch
+holding a NaN or infinity, which the rank posts itself at once (through the relay it would wait
+for the body before it and a gather window: a page must not). Heartbeats go
 direct (they are how the service tells a silent rank from a dead one: they must not depend on a
 second process), and so do checkpoints, events, finish and ``log_columns`` blocks (rare, or
 already batched). The training thread never sees the relay: ``log()`` only appends to the rank's
@@ -39,7 +41,8 @@ rank's own ``batch_id`` (the relay never posted them); records in a prepared bod
 re-sending that body file under the relay's key ``K`` (several ranks may: the service stores it
 once). A file exists until its body was accepted, so a missing file means the body is stored.
 ``rejected`` makes the rank post its own records directly (one bad record must not lose its
-host's others); ``failed`` makes it re-send the body file with its own retries and spool. A relay
+host's others; the refused body's file is renamed ``K.rejected`` first, so a rank that missed the
+answer does not read its absence as "stored"; files older than an hour are swept); ``failed`` makes it re-send the body file with its own retries and spool. A relay
 that stalls (stopped, not dead) for longer than the ranks' ``relay_timeout_s`` and then resumes
 can store one interval's records of those ranks twice: the one case outside exactly once.
 
@@ -71,6 +74,14 @@ from clients.transport import HTTPTransport, Transport
 logger = logging.getLogger("healthsvc.relay")
 
 URGENT_GATHER_S = 0.02   # how long an urgent push waits for the host's other ranks
+KEEP_PREPARED_S = 3600.0  # prepared bodies and tombstones older than this are swept
+
+
+def _remove(file: str) -> None:
+    try:
+        os.unlink(file)
+    except OSError:
+        pass
 
 
 class _Member:
@@ -92,20 +103,31 @@ class _Member:
             self.open = False
             return False
 
+    def close(self) -> None:
+        self.open = False
+        try:
+            self.conn.shutdown(socket.SHUT_RDWR)   # wakes its reader thread's recv
+        except OSError:
+            pass
+        self.conn.close()
+
 
 class Relay:
     """Accepts ranks on ``socket_path`` and pushes their records to ``url`` (see the module docstring).
 
-    ``interval_s``: how long batches wait to be merged (a batch marked urgent, NaN/Inf or a
-    flush, is sent within ``URGENT_GATHER_S`` with what is pending then). ``max_records``: records per body.
+    ``interval_s``: how long batches wait to be merged (a batch marked urgent, a rank's flush or
+    close, is sent within ``URGENT_GATHER_S`` with what is pending then). ``max_records``: records per body.
+    ``timeout_s`` and ``max_attempts`` (2 s, 3): one push gives up within about 7 s, before a
+    rank's wait for it (``relay_timeout_s``, 10 s) runs out, so the rank hears ``failed`` and
+    re-sends the body file itself instead of guessing.
     ``spool_path``: where bodies given up on are kept (as the rank's spool, for ``healthsvc
     sync``). ``pending_dir``: the prepared bodies (default ``<socket_path>.pending``).
     """
 
     def __init__(self, socket_path: str, url: str | None = None, *, interval_s: float = 0.5,
                  transport: Transport | None = None, spool_path: str | None = None,
-                 pending_dir: str | None = None, max_records: int = 50_000, timeout_s: float = 5.0,
-                 max_attempts: int = 6, gzip_min_bytes: int = 1024) -> None:
+                 pending_dir: str | None = None, max_records: int = 50_000, timeout_s: float = 2.0,
+                 max_attempts: int = 3, gzip_min_bytes: int = 1024) -> None:
         if transport is None and not url:
             raise ValueError("the relay needs url='http://host:port' of the service")
         self.socket_path = socket_path
@@ -115,6 +137,9 @@ class Relay:
         os.makedirs(self.pending_dir, exist_ok=True)
         self.counters = Counters()
         self._warned: set[str] = set()
+        self._swept_at = 0.0
+        self._members: set[_Member] = set()
+        self.batches_taken = 0   # ranks' batches handed to this relay (merged into sent_requests)
         self.delivery = Delivery(
             mode="online", transport=transport if transport is not None else HTTPTransport(url),  # type: ignore[arg-type]
             spool=SpoolWriter(spool_path) if spool_path else None, backoff=Backoff(),
@@ -128,7 +153,15 @@ class Relay:
         self._threads: list[threading.Thread] = []
 
     def __repr__(self) -> str:
-        return f"Relay({self.socket_path!r}, sent_requests={self.counters.sent_requests})"
+        return (f"Relay({self.socket_path!r}, batches_taken={self.batches_taken}, "
+                f"sent_requests={self.counters.sent_requests})")
+
+    def summary(self) -> str:
+        """One line for the operator: how many of the ranks' batches went out in how many pushes."""
+        c = self.counters
+        return (f"merged {self.batches_taken} rank batches into {c.sent_requests} pushes "
+                f"({c.sent_records} records; {c.rejected_requests} rejected, {c.failed_requests} failed, "
+                f"{c.spooled_requests} spooled)")
 
     def _problem(self, key: str, message: str) -> None:
         self.counters.last_error = message
@@ -180,6 +213,10 @@ class Relay:
                     pass
         for thread in self._threads:
             thread.join(timeout_s)
+        with self._lock:
+            members = list(self._members)
+        for member in members:
+            member.close()   # a rank still waiting hears EOF now and falls back at once
 
     # ---- ranks' connections ---------------------------------------------------------------------
 
@@ -189,7 +226,10 @@ class Relay:
                 conn, _ = self._server.accept()  # type: ignore[union-attr]
             except OSError:
                 return  # closed by stop()
-            threading.Thread(target=self._member_main, args=(_Member(conn),), daemon=True,
+            member = _Member(conn)
+            with self._lock:
+                self._members.add(member)
+            threading.Thread(target=self._member_main, args=(member,), daemon=True,
                              name="healthsvc-relay-member").start()
 
     def _member_main(self, member: _Member) -> None:
@@ -206,8 +246,9 @@ class Relay:
         except OSError:
             pass
         finally:
-            member.open = False   # its unprepared batches are dropped: the rank sends them itself
-            member.conn.close()
+            member.close()   # its unprepared batches are dropped: the rank sends them itself
+            with self._lock:
+                self._members.discard(member)
 
     def _take(self, member: _Member, line: bytes) -> None:
         try:
@@ -218,6 +259,7 @@ class Relay:
             return
         with self._lock:
             self._pending.setdefault(path, []).append((member, batch_id, records))
+            self.batches_taken += 1
         if message.get("urgent"):
             self._wake.set()
 
@@ -255,24 +297,44 @@ class Relay:
             fh.write(encode.encode_json(body))
         for member, batch_id, _ in group:
             member.send({"id": batch_id, "prepared": file})
-        rejected_before = self.counters.rejected_requests
-        ok = self.delivery.deliver("POST", path, body, n_records=len(records))
-        if ok or self.delivery.spool is not None and self.counters.rejected_requests == rejected_before:
+        outcome = self.delivery.send("POST", path, body, n_records=len(records))
+        if outcome in ("sent", "spooled"):
             status = "done"   # accepted, or in this relay's spool
+            _remove(file)
+        elif outcome == "rejected":
+            # Never stored: each rank posts its own records. The file becomes a tombstone first,
+            # so a rank that did not hear this (its wait ran out) does not take "no file" for
+            # "stored" (see RelayLink._resend_prepared); old tombstones are swept.
+            status = "rejected"
             try:
-                os.unlink(file)
-            except OSError:
-                pass
-        elif self.counters.rejected_requests > rejected_before:
-            status = "rejected"   # never stored: each rank posts its own records
-            try:
-                os.unlink(file)
+                os.replace(file, file[: -len(".json")] + ".rejected")
             except OSError:
                 pass
         else:
             status = "failed"   # the file stays: the ranks re-send it under the same key
         for member, batch_id, _ in group:
             member.send({"id": batch_id, "status": status})
+        self._sweep()
+
+    def _sweep(self, now: float | None = None) -> None:
+        """Delete prepared bodies and tombstones older than ``KEEP_PREPARED_S`` (a failed body's
+        ranks re-sent or spooled it long before; a relay that crashed left them), at most once a
+        minute, so the pending directory does not grow with every failed interval."""
+        now = time.time() if now is None else now
+        if now - self._swept_at < 60.0:
+            return
+        self._swept_at = now
+        try:
+            names = os.listdir(self.pending_dir)
+        except OSError:
+            return
+        for name in names:
+            file = os.path.join(self.pending_dir, name)
+            try:
+                if now - os.path.getmtime(file) > KEEP_PREPARED_S:
+                    os.unlink(file)
+            except OSError:
+                pass
 
 
 def _groups(batches: list[tuple[Any, str, list]], max_records: int) -> list[list[tuple[Any, str, list]]]:
@@ -330,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(1.0):
         pass
     relay.stop()
+    print(f"stopped: {relay.summary()}", flush=True)
     return 0
 
 

@@ -33,6 +33,7 @@ class RelayLink:
         self._sock: socket.socket | None = None
         self._buffer = b""
         self._next_try = 0.0
+        self._close_cap: float | None = None   # see _limit
 
     def __repr__(self) -> str:
         return f"RelayLink({self.socket_path!r}, connected={self._sock is not None})"
@@ -48,7 +49,11 @@ class RelayLink:
             except (OSError, ValueError, TypeError) as exc:
                 self._drop(f"relay {self.socket_path}: send failed: {exc!r}")
             else:
-                status, prepared = self._await(body["batch_id"])
+                try:
+                    status, prepared = self._await(body["batch_id"])
+                except Exception as exc:  # noqa: BLE001 - a bug here must not lose the batch
+                    self._drop(f"relay {self.socket_path}: {exc!r}")
+                    status, prepared = "lost", None
                 if status == "done":
                     c.relayed_requests += 1
                     c.sent_records += n_records
@@ -103,7 +108,7 @@ class RelayLink:
                 message = json.loads(line)
             except ValueError:
                 continue
-            if message.get("id") != batch_id:
+            if not isinstance(message, dict) or message.get("id") != batch_id:
                 continue
             if "prepared" in message:
                 prepared = str(message["prepared"])
@@ -112,20 +117,30 @@ class RelayLink:
                 return message["status"], prepared
 
     def _deadline(self) -> float:
-        end = time.monotonic() + self.timeout_s
+        return time.monotonic() + self.timeout_s
+
+    def _limit(self, deadline: float) -> float:
+        """``deadline``, cut short once the run closes: the relay may use half of the close
+        budget left when the close was first seen, so the direct fallback keeps the other half."""
         close = self.delivery.deadline
-        return end if close is None else min(end, close)
+        if close is not None and self._close_cap is None:
+            now = time.monotonic()
+            self._close_cap = now + max(0.0, close - now) / 2
+        return deadline if self._close_cap is None else min(deadline, self._close_cap)
 
     def _read_line(self, deadline: float) -> bytes | None:
         sock = self._sock
         while sock is not None and b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
+            left = self._limit(deadline) - time.monotonic()
             if left <= 0:
                 return None
-            sock.settimeout(left)
+            # In short slices: a close that begins meanwhile shortens the wait (see _limit).
+            sock.settimeout(min(left, 0.25))
             try:
                 chunk = sock.recv(1 << 16)
-            except OSError:   # timeout, reset
+            except TimeoutError:
+                continue
+            except OSError:   # reset
                 return None
             if not chunk:
                 return None   # the relay closed: it died or stopped
@@ -137,21 +152,28 @@ class RelayLink:
 
     def _resend_prepared(self, path: str, file: str, own: dict[str, Any], n_records: int) -> bool:
         """Post the relay's body holding our records, under the relay's key (the service stores
-        it once, whoever sends it). A missing file means its body was accepted; an unreadable one
-        (a disk problem) makes us post our own records: twice is better than never."""
+        it once, whoever sends it). A missing file means its body was accepted, unless the
+        relay left a tombstone (``<key>.rejected``: refused) or we cannot see its directory;
+        an unreadable file, or a body the service refuses (another rank's bad record), makes us
+        post our own records: twice is better than never."""
         try:
             with open(file, "rb") as fh:
                 body = json.loads(fh.read())
         except FileNotFoundError:
-            self.delivery.counters.sent_records += n_records
-            return True
+            tombstone = file[: -len(".json")] + ".rejected" if file.endswith(".json") else None
+            if os.path.isdir(os.path.dirname(file) or ".") and not (tombstone and os.path.exists(tombstone)):
+                self.delivery.counters.sent_records += n_records
+                return True
+            return self.delivery.deliver("POST", path, own, n_records)
         except (OSError, ValueError) as exc:
             self.delivery.problem("relay_file", f"relay body {file} unreadable: {exc!r}")
             return self.delivery.deliver("POST", path, own, n_records)
-        ok = self.delivery.deliver("POST", path, body, n_records)
-        if ok:
+        outcome = self.delivery.send("POST", path, body, n_records)
+        if outcome == "rejected":
+            return self.delivery.deliver("POST", path, own, n_records)
+        if outcome in ("sent", "spooled"):
             try:
                 os.unlink(file)
             except OSError:
                 pass
-        return ok
+        return outcome == "sent"

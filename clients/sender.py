@@ -94,10 +94,12 @@ class Sender:
                 record["world_size"] = world_size
             records.append(record)
         body = {"batch_id": uuid.uuid4().hex, "records": records}
-        if self._relay is not None:
-            # Urgent (the relay posts at once): a NaN/Inf, a flush() or the close is waiting.
-            urgent = (self._flush_requested > self._flush_done or self._closing.is_set()
-                      or any(v.__class__ is float and (v - v) != 0.0 for r in records for v in r.values()))
+        # A NaN/Inf goes straight to the service, not through the relay: the relay would hold it
+        # until the batch before it is done and then until its gather window; a page must not wait.
+        if self._relay is not None and not any(
+                v.__class__ is float and (v - v) != 0.0 for r in records for v in r.values()):
+            # Urgent (the relay posts at once): a flush() or the close is waiting.
+            urgent = self._flush_requested > self._flush_done or self._closing.is_set()
             self._relay.deliver(self._base_path + "/metrics", body, len(records), urgent)
         else:
             self._delivery.deliver("POST", self._base_path + "/metrics", body, n_records=len(records))

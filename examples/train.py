@@ -443,14 +443,15 @@ def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Mo
 
         record = {"loss": loss.item(), "grad_norm": grad_norm, "local_grad_norm": local_grad_norm,
                   "lr": lr, "tokens": x.numel(), "data_cursor": data_cursor, **timer.end_step()}
+        # The replica's fingerprint after this step's update: the state a checkpoint here holds
+        # (about 11 % of a step of this tiny model, so every 20 steps by default; bench/fingerprint.py),
+        # in the step's own record (logged apart, it could arrive as a repeated step: a restart).
+        if due(step, cfg.fingerprint_every) and not cfg.aggregate:
+            record.update(run.fingerprint_fields(model, optimizer=opt if cfg.fingerprint_optimizer else None))
         if cfg.aggregate:
             gather_and_log(run, record, step, rank, world_size)
         else:
             run.log(record, step=step)
-        # The replica's fingerprint after this step's update: the state a checkpoint here holds
-        # (about 11 % of a step of this tiny model, so every 20 steps by default; bench/fingerprint.py).
-        if due(step, cfg.fingerprint_every) and not cfg.aggregate:
-            run.fingerprint(model, step, optimizer=opt if cfg.fingerprint_optimizer else None)
         if cfg.probe_every and (step + 1) % cfg.probe_every == 0:
             answer_probes(run, rank, model, params, faults, data, cfg, step)
 

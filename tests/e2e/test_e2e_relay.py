@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,12 @@ def test_four_rank_processes_through_one_relay(shared_server, shared_http, tmp_p
         requests = sum(after[k] - before.get(k, 0) for k in after if k.startswith("healthsvc_ingest_requests_total{"))
         records = after["healthsvc_ingest_records_total"] - before.get("healthsvc_ingest_records_total", 0)
         assert records == 4 * 60
-        # Each rank alone would have made at least relayed_requests; four ranks, one relay.
-        assert requests < 2 * summary["client"]["relayed_requests"], (requests, summary["client"])
+        said = relay.close().strip().splitlines()[-1]
+        taken, pushes = map(int, re.fullmatch(r"stopped: merged (\d+) rank batches into (\d+) pushes .*", said).groups())
+        # The relay merged: fewer pushes than the ranks handed it. The service saw those pushes plus
+        # the batches holding step 40, which go direct (a page does not wait for the relay): rank
+        # 2's NaN loss, and the NaN gradient norm every rank shares after the all-reduce.
+        assert pushes < taken, said
+        assert 1 <= requests - pushes <= 4, (requests, said)
     finally:
         relay.close()
