@@ -29,14 +29,14 @@ Example::
     >>> from healthsvc.alerting.subscription import Subscription
     >>> m = AlertManager(Outbox(":memory:"), subscriptions=[Subscription("s", "http://127.0.0.1:9/h")])
     >>> f = Finding("non_finite", step=7, ranks=tuple(range(512)), severity="critical", metric="loss")
-    >>> len(m.process("r1", [f], hosts={}, now=100.0))   # one notification for 512 ranks
+    >>> len(m.process("r1", [(f, ())], now=100.0))   # one notification for 512 ranks
     1
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Sequence
 
 from detectors.finding import SEVERITY_ORDER, Finding
 
@@ -138,15 +138,18 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
     # -- findings -----------------------------------------------------------------------------
 
     @one_job
-    def process(self, run_id: str, findings: Iterable[Finding], hosts: Mapping[int, str], now: float,
+    def process(self, run_id: str, findings: Iterable[tuple[Finding, Sequence[str | None]]], now: float,
                 *, target_later: bool = False) -> list[str]:
         """Fold findings into alerts and flush the run's group if due; returns enqueued webhook ids.
+
+        Each finding comes with the host of each rank it blames (None where unknown), as it was
+        stored (``StoredFinding.hosts``): the one shape hosts have from the store to the page.
 
         ``target_later``: the findings are not committed yet (this runs in the job that stores
         them), so the rollback target, which is decided from the stored findings, cannot be
         looked up now: a run whose corruption alert opens waits (no flush) until
         :meth:`annotate` brings it, once the job is durable."""
-        for f in findings:
+        for f, hosts in findings:
             self._apply(run_id, f, hosts, now, target_later)
         return self._flush(run_id, now) + self._pass_through(now)
 
@@ -245,7 +248,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _apply(self, run_id: str, f: Finding, hosts: Mapping[int, str], now: float,
+    def _apply(self, run_id: str, f: Finding, hosts: Sequence[str | None], now: float,
                target_later: bool = False) -> None:
         self.counters.findings += 1
         fp = alert_fingerprint(run_id, f, (a for a in self._alerts.values() if a.run == run_id))

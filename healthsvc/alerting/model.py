@@ -27,17 +27,17 @@ Lifecycle (all times are unix seconds from the caller; nothing here reads a cloc
 Example::
 
     >>> from detectors.finding import Finding
-    >>> a = fire(None, Finding("loss_spike", step=120, metric="loss", ranks=(3,)), "r1", {3: "h3"},
+    >>> a = fire(None, Finding("loss_spike", step=120, metric="loss", ranks=(3,)), "r1", ("h3",),
     ...          now=100.0)
-    >>> a.label_dict["rank"], a.status
-    ('3', 'firing')
+    >>> a.label_dict["rank"], a.status, a.hosts
+    ('3', 'firing', ('h3',))
     >>> expire(a, now=100.0 + 300.0, policy=LifecyclePolicy()).status
     'resolved'
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -83,7 +83,7 @@ class Alert:
     """One alert. ``ends_at is None`` while firing; times are unix seconds.
 
     ``ranks`` is the union of ranks blamed by the findings folded into the alert; ``hosts`` the
-    hosts of those ranks that were known. ``annotations`` are strings, as in Alertmanager.
+    hosts of those ranks that were known, each once, in the order blamed (at most ``MAX_HOSTS``). ``annotations`` are strings, as in Alertmanager.
     """
 
     labels: tuple[tuple[str, str], ...]
@@ -218,11 +218,12 @@ def fire(
     existing: Alert | None,
     finding: Finding,
     run_id: str,
-    hosts: Mapping[int, str],
+    hosts: Sequence[str | None],
     now: float,
     policy: LifecyclePolicy = LifecyclePolicy(),
 ) -> Alert:
-    """Fold a firing finding into its alert (opening or re-opening it when needed)."""
+    """Fold a firing finding into its alert (opening or re-opening it when needed). ``hosts``: the
+    host of each rank the finding blames, None where unknown (as the finding was stored)."""
     labels = alert_labels(finding, run_id)
     new_ranks = np.asarray(finding.ranks, dtype=np.int64)
     reopen = existing is None or existing.status == "resolved"
@@ -232,7 +233,7 @@ def fire(
             labels=tuple(sorted(labels.items())), fingerprint=fingerprint(labels),
             severity=finding.severity, starts_at=now, last_seen_at=now,
             first_step=finding.step, last_step=finding.step, onset_step=finding.onset_step,
-            ranks=tuple(ranks.tolist()), hosts=_hosts_of(ranks, hosts),
+            ranks=tuple(ranks.tolist()), hosts=_known_hosts((), hosts),
             summary=summarize(finding, run_id, ranks), score=finding.score,
             latched=finding.kind in policy.latched_kinds,
             rollback_target=existing.rollback_target if existing else None,
@@ -248,7 +249,7 @@ def fire(
         existing, severity=severity, last_seen_at=max(existing.last_seen_at, now),
         first_step=first_step, last_step=max(existing.last_step, finding.step),
         onset_step=min(onset) if onset else None, ranks=tuple(ranks.tolist()),
-        hosts=_hosts_of(ranks, hosts) or existing.hosts, summary=summary,
+        hosts=_known_hosts(existing.hosts, hosts), summary=summary,
         score=max(existing.score, finding.score), cleared_at=None,
     )
 
@@ -292,13 +293,19 @@ def acknowledge(alert: Alert, now: float, by: str) -> Alert:
     return replace(alert, acknowledged_at=now, acknowledged_by=by)
 
 
-def _hosts_of(ranks: np.ndarray, hosts: Mapping[int, str]) -> tuple[str, ...]:
-    if not hosts or ranks.size == 0:
-        return ()
-    seen: dict[str, None] = {}
-    # Blamed ranks can be thousands; hosts of the first few hundred are plenty for a page.
-    for r in ranks[:256].tolist():
-        h = hosts.get(r)
+MAX_HOSTS = 256   # hosts an alert keeps: blamed ranks can be thousands; a page names a few
+
+
+def _known_hosts(known: Sequence[str], more: Sequence[str | None]) -> tuple[str, ...]:
+    """``known`` followed by the hosts of ``more`` not in it yet (None skipped), at most MAX_HOSTS.
+
+    >>> _known_hosts(("a",), ("b", None, "a", "c"))
+    ('a', 'b', 'c')
+    """
+    seen = dict.fromkeys(known)
+    for h in more:
+        if len(seen) >= MAX_HOSTS:
+            break
         if h is not None:
             seen.setdefault(h, None)
     return tuple(seen)

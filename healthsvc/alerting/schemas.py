@@ -114,8 +114,8 @@ class Alert(BaseModel):
                                                     + _SEVERITY + "); not part of the identity.")
     ranks: list[int] = Field(..., description="Ranks blamed by the findings folded into the alert (union, "
                                               "ascending); empty when run-wide.")
-    hosts: list[str] = Field(..., description="Hosts of the blamed ranks that are known (first 256 ranks), "
-                                              "in rank order, each once.")
+    hosts: list[str] = Field(..., description="Hosts of the blamed ranks that are known, each once, in "
+                                              "the order the findings blamed them (at most 256).")
     first_step: int = Field(..., description="Earliest step of a firing finding folded into the alert (training step).")
     last_step: int = Field(..., description="Latest step of a firing finding folded into the alert (training step).")
     onset_step: int | None = Field(..., description="Step where the detector places the start of the problem "

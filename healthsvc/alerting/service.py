@@ -151,10 +151,7 @@ class AlertingService:
 
     def _fold(self, run_id: str, stored: list, now: float) -> None:
         """Fold a run's stored findings (oldest first) into its alerts, in the current job."""
-        hosts: dict[int, str] = {}
-        for sf in stored:
-            hosts.update({r: h for r, h in zip(sf.finding.ranks, sf.hosts) if h is not None})
-        self.manager.process(run_id, [sf.finding for sf in stored], hosts, now, target_later=True)
+        self.manager.process(run_id, [(sf.finding, sf.hosts) for sf in stored], now, target_later=True)
 
     def on_ownership(self, run_id: str, gained: bool) -> None:
         """The monitor hub took the run over (or let it go), on its thread, before it records the

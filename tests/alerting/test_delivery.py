@@ -143,7 +143,8 @@ def test_stop_is_clean_while_a_receiver_hangs():
 
 
 def hosts(n):
-    return {r: f"node{r // 8}" for r in range(n)}
+    """The host of each of ranks 0..n-1, eight ranks a host."""
+    return tuple(f"node{r // 8}" for r in range(n))
 
 
 def test_down_then_back_across_a_restart_every_alert_arrives_once_per_id(tmp_path):
@@ -159,8 +160,8 @@ def test_down_then_back_across_a_restart_every_alert_arrives_once_per_id(tmp_pat
     m = AlertManager(ob1, subscriptions=subs, external_url="http://svc", on_enqueue=w1.wake)
     now = time.time()
     for i in range(6):
-        m.process(f"run-{i}", [Finding("non_finite", step=10 + i, ranks=tuple(range(512)), severity="critical",
-                                       metric="loss")], hosts(512), now)
+        m.process(f"run-{i}", [(Finding("non_finite", step=10 + i, ranks=tuple(range(512)), severity="critical",
+                                        metric="loss"), hosts(512))], now)
     expected = {d.webhook_id for d in ob1.deliveries(limit=1000)}
     assert len(expected) == 12   # 6 runs x 2 subscriptions, one each despite 512 ranks
     wait_until(lambda: min(d.attempts for d in ob1.deliveries(limit=1000)) >= 2)   # refused, retried

@@ -16,9 +16,9 @@ from tests.alerting.amschema import ALERTMANAGER_V4
 def group(now=1_700_000_000.0):
     nan = model.fire(None, Finding("non_finite", step=41, ranks=tuple(range(512)), severity="critical",
                                    metric="loss", evidence={"value": float("nan"), "inf": float("-inf")}),
-                     "run-7", {r: f"node{r // 8}" for r in range(512)}, now)
+                     "run-7", tuple(f"node{r // 8}" for r in range(512)), now)
     spike = model.resolve_by_hand(model.fire(None, Finding("grad_spike", step=40, ranks=(3,), metric="grad_norm"),
-                                             "run-7", {}, now - 60), now - 10)
+                                             "run-7", (), now - 60), now - 10)
     return Notification(group_key("run-7"), "run-7", "oncall", NotifyReason.FIRST_NOTIFICATION,
                         (nan, spike), "http://healthsvc:8080", now)
 

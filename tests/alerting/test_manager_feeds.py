@@ -38,7 +38,7 @@ def spike(rank=3):
 
 def test_alertmanager_api_posts_postable_alerts_and_resends_firing_ones():
     m = manager(Subscription("am", "http://am:9093", format="alertmanager_api", resend_interval_s=60.0))
-    ids = m.process("r1", [nan()], {}, now=1000.0)
+    ids = m.process("r1", [(nan(), ())], now=1000.0)
     (posted,) = bodies(m, ids)
     (a,) = posted
     assert set(a) == {"labels", "annotations", "startsAt", "endsAt", "generatorURL"}
@@ -64,10 +64,10 @@ def test_pass_through_ignores_grouping_inhibition_and_silences():
     m = manager(grouped, through)
     m.add_silence([Matcher("alertname", "loss_spike")], 0.0, 1e12, now=0.0)
     # A warning waits for its group wait when grouped, and is silenced; pass-through sends it now.
-    ids = m.process("r1", [spike()], {}, now=100.0)
+    ids = m.process("r1", [(spike(), ())], now=100.0)
     assert [m.outbox.get(i).subscription_id for i in ids] == ["through"]
     # The NaN inhibits the spike for grouped receivers; pass-through sends just the new alert.
-    ids = m.process("r1", [nan()], {}, now=101.0)
+    ids = m.process("r1", [(nan(), ())], now=101.0)
     by_sub = {m.outbox.get(i).subscription_id: json.loads(m.outbox.get(i).body) for i in ids}
     assert [x["labels"]["alertname"] for x in by_sub["through"]] == ["non_finite"]
     assert [x["labels"]["alertname"] for x in by_sub["grouped"]] == ["non_finite"]
@@ -84,7 +84,7 @@ def test_pass_through_ignores_grouping_inhibition_and_silences():
 def test_pagerduty_triggers_acknowledges_and_resolves_one_dedup_key():
     m = manager(Subscription("pd", "http://127.0.0.1:9/pd", format="pagerduty", routing_key=PD_KEY))
     slow = Finding("straggler", step=40, ranks=(5,), severity="warning")
-    m.process("r1", [nan(), slow], {2: "node0"}, now=100.0)   # critical: at once, both alerts
+    m.process("r1", [(nan(), ("node0",)), (slow, (None,))], now=100.0)   # critical: at once, both alerts
     firing = [json.loads(d.body) for d in m.outbox.due(now=1e12)]
     assert sorted((e["event_action"], e["payload"]["severity"]) for e in firing) == [
         ("trigger", "critical"), ("trigger", "warning")]

@@ -40,21 +40,21 @@ def test_compact_ranks(ranks, text):
 
 
 def test_many_rank_findings_fold_into_one_alert_with_the_union_of_ranks():
-    a = model.fire(None, f(kind="non_finite", ranks=tuple(range(256)), severity="critical"), "r1", {}, 10.0)
-    b = model.fire(a, f(kind="non_finite", step=101, ranks=tuple(range(256, 512)), severity="critical"), "r1", {}, 11.0)
+    a = model.fire(None, f(kind="non_finite", ranks=tuple(range(256)), severity="critical"), "r1", (), 10.0)
+    b = model.fire(a, f(kind="non_finite", step=101, ranks=tuple(range(256, 512)), severity="critical"), "r1", (), 11.0)
     assert b.fingerprint == a.fingerprint and b.starts_at == 10.0 and b.last_seen_at == 11.0
     assert b.ranks == tuple(range(512)) and b.annotations()["ranks"] == "0-511"
     assert b.first_step == 100 and b.last_step == 101 and b.latched
 
 
 def test_severity_escalates_without_changing_identity():
-    a = model.fire(None, f(severity="warning"), "r1", {}, 0.0)
-    b = model.fire(a, f(severity="critical", step=105), "r1", {}, 1.0)
+    a = model.fire(None, f(severity="warning"), "r1", (), 0.0)
+    b = model.fire(a, f(severity="critical", step=105), "r1", (), 1.0)
     assert (b.fingerprint, b.severity, b.routing_labels()["severity"]) == (a.fingerprint, "critical", "critical")
 
 
 def test_annotations_carry_the_human_part():
-    a = model.fire(None, f(kind="non_finite", ranks=(7,), severity="critical", onset=98), "r1", {7: "node-b"}, 0.0)
+    a = model.fire(None, f(kind="non_finite", ranks=(7,), severity="critical", onset=98), "r1", ("node-b",), 0.0)
     a = model.Alert(**{**a.__dict__, "rollback_target": {"step": 90, "uri": "s3://ck/90"}})
     ann = a.annotations("http://svc:8080/")
     assert ann["summary"] == "non finite in loss on rank 7 of run r1 since step 100"
@@ -64,45 +64,45 @@ def test_annotations_carry_the_human_part():
 
 
 def test_no_refire_resolves_after_the_timeout_with_a_tick_independent_end_time():
-    a = model.fire(None, f(), "r1", {}, 100.0)
+    a = model.fire(None, f(), "r1", (), 100.0)
     assert model.expire(a, 159.9, P).status == "firing"
     done = model.expire(a, 500.0, P)
     assert (done.status, done.ends_at, done.resolved_by) == ("resolved", 160.0, "condition")
 
 
 def test_refire_postpones_resolution():
-    a = model.fire(model.fire(None, f(), "r1", {}, 100.0), f(step=120), "r1", {}, 150.0)
+    a = model.fire(model.fire(None, f(), "r1", (), 100.0), f(step=120), "r1", (), 150.0)
     assert model.expire(a, 200.0, P).status == "firing"
     assert model.expire(a, 210.0, P).ends_at == 210.0
 
 
 def test_resolved_finding_resolves_after_the_timeout_unless_it_fires_again():
-    a = model.clear(model.fire(None, f(kind="hang"), "r1", {}, 100.0), 130.0)
+    a = model.clear(model.fire(None, f(kind="hang"), "r1", (), 100.0), 130.0)
     assert model.expire(a, 189.0, P).status == "firing"
     assert model.expire(a, 190.0, P).ends_at == 190.0
-    again = model.fire(a, f(kind="hang", step=130), "r1", {}, 150.0)
+    again = model.fire(a, f(kind="hang", step=130), "r1", (), 150.0)
     assert again.cleared_at is None and model.expire(again, 1e9, P).status == "firing"
 
 
 def test_hang_never_resolves_by_silence_alone():
-    a = model.fire(None, f(kind="hang"), "r1", {}, 100.0)
+    a = model.fire(None, f(kind="hang"), "r1", (), 100.0)
     assert model.expire(a, 1e9, P).status == "firing"
 
 
 @pytest.mark.parametrize("kind", ["non_finite", "rank_outlier", "divergence"])
 def test_latched_kinds_stay_until_resolved_by_hand(kind):
-    a = model.clear(model.fire(None, f(kind=kind, severity="critical"), "r1", {}, 100.0), 110.0)
+    a = model.clear(model.fire(None, f(kind=kind, severity="critical"), "r1", (), 100.0), 110.0)
     assert a.latched and model.expire(a, 1e9, P).status == "firing"
     done = model.resolve_by_hand(a, 200.0, "rollback")
     assert (done.status, done.ends_at, done.resolved_by) == ("resolved", 200.0, "rollback")
 
 
 def test_firing_again_after_resolution_reopens_with_a_new_start():
-    a = model.resolve_by_hand(model.fire(None, f(), "r1", {}, 100.0), 120.0)
-    b = model.fire(a, f(step=300), "r1", {}, 400.0)
+    a = model.resolve_by_hand(model.fire(None, f(), "r1", (), 100.0), 120.0)
+    b = model.fire(a, f(step=300), "r1", (), 400.0)
     assert (b.status, b.starts_at, b.first_step, b.ends_at) == ("firing", 400.0, 300, None)
 
 
 def test_dict_round_trip_keeps_the_alert():
-    a = model.acknowledge(model.fire(None, f(ranks=(1, 2)), "r1", {1: "h1"}, 100.0), 101.0, "ann")
+    a = model.acknowledge(model.fire(None, f(ranks=(1, 2)), "r1", ("h1", None), 100.0), 101.0, "ann")
     assert model.Alert.from_dict(a.to_dict("http://x")) == a

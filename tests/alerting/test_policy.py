@@ -73,7 +73,7 @@ def test_flush_due(name, first, last, now, due):
 
 
 def alert(kind, run="r1", ranks=(3,), severity="warning", status="firing", now=100.0):
-    a = model.fire(None, Finding(kind, step=10, ranks=ranks, severity=severity, metric="loss"), run, {}, now)
+    a = model.fire(None, Finding(kind, step=10, ranks=ranks, severity=severity, metric="loss"), run, (), now)
     return model.resolve_by_hand(a, now + 1) if status == "resolved" else a
 
 
