@@ -2,10 +2,11 @@
 
 Two levels, both derived from the same fields of :class:`~detectors.finding.Finding`:
 
-- the **condition** a finding reports: its run, kind, metric and blamed ranks. As labels
-  (:func:`condition_labels`, the alert's identity labels) ``rank`` is the blamed rank when a
-  finding blames exactly one, ``"*"`` when it blames several or none (a NaN on 512 ranks is one
-  condition). Its :func:`fingerprint` (16 hex digits of SHA-256 over the sorted labels) is the
+- the **condition** a finding reports: its run, kind, metric and blamed rank set. As labels
+  (:func:`condition_labels`, the alert's identity labels) ``rank`` names the set
+  (:func:`rank_label`): the rank when a finding blames exactly one, its ranges when it blames
+  several (a NaN on 512 ranks is one condition, ``rank="0-511"``), ``"*"`` when it is run-wide
+  (blames none). Its :func:`fingerprint` (16 hex digits of SHA-256 over the sorted labels) is the
   alert's fingerprint; :func:`finding_fingerprint` gives it for a finding, so run health can tell
   which alert a stored finding belongs to.
 - the **alert** a finding belongs to (:func:`alert_fingerprint`, the one function alerting and
@@ -26,16 +27,53 @@ Two levels, both derived from the same fields of :class:`~detectors.finding.Find
 {'alertname': 'loss_spike', 'run': 'r1', 'rank': '3', 'metric': 'loss'}
 >>> occurrence_key(2, f)
 '2|loss_spike|loss|3|120|firing'
+>>> condition_labels(Finding("hang", step=9, ranks=(8, 9, 10, 11, 20)), "r1")["rank"]
+'8-11,20'
 """
 from __future__ import annotations
 
 import hashlib
 from typing import Iterable, Mapping, Protocol
 
+import numpy as np
+
 from detectors.finding import Finding
 
-ALL_RANKS = "*"
+ALL_RANKS = "*"        # the rank label of a run-wide condition (no rank blamed)
+MAX_RANK_LABEL = 64    # characters of a rank label; a longer set's ranges are cut and digested
 IDENTITY_LABELS: tuple[str, ...] = ("alertname", "run", "rank", "metric")
+
+
+def compact_ranks(ranks: tuple[int, ...] | list[int] | np.ndarray) -> str:
+    """Sorted ranks as ranges: ``(0, 1, 2, 5, 7, 8) -> "0-2,5,7-8"`` (vectorised: run breaks)."""
+    r = np.unique(np.asarray(ranks, dtype=np.int64))
+    if r.size == 0:
+        return ""
+    breaks = np.flatnonzero(np.diff(r) != 1)
+    starts = np.concatenate(([r[0]], r[breaks + 1]))
+    ends = np.concatenate((r[breaks], [r[-1]]))
+    return ",".join(str(s) if s == e else f"{s}-{e}" for s, e in zip(starts.tolist(), ends.tolist()))
+
+
+def rank_label(ranks: tuple[int, ...]) -> str:
+    """The ``rank`` label of a blamed rank set: its ranges, ``"*"`` when none. A set whose ranges
+    run past ``MAX_RANK_LABEL`` characters (scattered ranks of a big job) keeps their start and a
+    digest of the whole, so the label stays short and two sets never share it.
+
+    >>> rank_label((3,)), rank_label(tuple(range(512))), rank_label(())
+    ('3', '0-511', '*')
+    >>> label = rank_label(tuple(range(0, 400, 2)))
+    >>> len(label) <= 64, label[:12], label[-9:-8]
+    (True, '0,2,4,6,8,10', '#')
+    """
+    if not ranks:
+        return ALL_RANKS
+    text = str(ranks[0]) if len(ranks) == 1 else compact_ranks(ranks)
+    if len(text) <= MAX_RANK_LABEL:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    head = text[: MAX_RANK_LABEL - 13].rsplit(",", 1)[0]
+    return f"{head},...#{digest}"
 
 
 def condition_labels(finding: Finding, run_id: str) -> dict[str, str]:
@@ -43,7 +81,7 @@ def condition_labels(finding: Finding, run_id: str) -> dict[str, str]:
     labels = {
         "alertname": finding.kind,
         "run": run_id,
-        "rank": str(finding.ranks[0]) if len(finding.ranks) == 1 else ALL_RANKS,
+        "rank": rank_label(finding.ranks),
     }
     if finding.metric:
         labels["metric"] = finding.metric

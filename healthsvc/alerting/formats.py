@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 from urllib.parse import quote
 
-from healthsvc.alerting.model import Alert, run_url
+from healthsvc.alerting.model import ALL_RANKS, Alert, run_url
 from healthsvc.alerting.policy import NotifyReason
 from healthsvc.encode import jsonable
 
@@ -174,7 +174,7 @@ def pagerduty_event(n: Notification, a: Alert) -> dict[str, Any]:
             "source": a.hosts[0] if len(a.hosts) == 1 else f"run {a.run}",
             "severity": PAGERDUTY_SEVERITY[a.severity],
             "timestamp": rfc3339(a.starts_at),
-            "component": f"rank {labels['rank']}" if labels["rank"] != "*" else "all ranks",
+            "component": _component(labels["rank"]),
             "group": a.run,
             "class": a.kind,
             "custom_details": {**ann, "labels": a.routing_labels()},
@@ -229,3 +229,14 @@ def _common(maps: list[dict[str, str]]) -> dict[str, str]:
     for m in maps[1:]:
         common = {k: v for k, v in common.items() if m.get(k) == v}
     return common
+
+
+def _component(rank: str) -> str:
+    """PagerDuty's component for an alert's rank label.
+
+    >>> _component("3"), _component("0-511"), _component("*")
+    ('rank 3', 'ranks 0-511', 'all ranks')
+    """
+    if rank == ALL_RANKS:
+        return "all ranks"
+    return f"rank {rank}" if rank.isdigit() else f"ranks {rank}"

@@ -1,13 +1,14 @@
 """What an alert is: labels, fingerprint and lifecycle (after Prometheus Alertmanager).
 
 An alert is identified by its *identity labels* ``alertname`` (the finding kind), ``run``,
-``rank`` and ``metric`` (absent when the finding names none). ``rank`` is the blamed rank when a
-finding blames exactly one, and ``"*"`` when it is run-wide or blames several: a NaN on 512 ranks
-is ONE alert ``rank="*"`` whose ``ranks`` annotation lists them (compacted as ranges, ``"0-511"``).
-Findings of the same kind/metric that blame different rank sets over time fold into the same
-``"*"`` alert, whose blamed ranks are the union; and a finding joins a firing alert of the same
-kind/metric that already blames some of its ranks (the fault spreading keeps its alert). Which
-alert a finding belongs to is :func:`healthsvc.identity.alert_fingerprint`'s to say.
+``rank`` and ``metric`` (absent when the finding names none). ``rank`` names the blamed rank set
+(:func:`healthsvc.identity.rank_label`): the rank when a finding blames exactly one, its ranges
+when it blames several, ``"*"`` when it is run-wide. A NaN on 512 ranks is ONE alert
+``rank="0-511"``, whose ``ranks`` annotation lists them. A finding joins a firing alert of the
+same kind/metric that already blames some of its ranks, whose blamed ranks grow to the union (the
+fault spreading keeps its alert and its identity); a disjoint rank set is a second alert (a
+second fault). Which alert a finding belongs to is :func:`healthsvc.identity.alert_fingerprint`'s
+to say.
 
 The ``severity`` label is carried for receivers that route on it (Alertmanager routes usually
 do) but is *not* part of the identity: a spike that escalates from warning to critical stays the
@@ -43,7 +44,7 @@ import numpy as np
 
 from detectors.finding import SEVERITY_ORDER, Finding
 # The identity (labels and fingerprint) is healthsvc.identity's; re-exported for alerting's callers.
-from healthsvc.identity import ALL_RANKS, IDENTITY_LABELS, condition_labels, fingerprint  # noqa: F401
+from healthsvc.identity import ALL_RANKS, IDENTITY_LABELS, compact_ranks, condition_labels, fingerprint  # noqa: F401
 
 LATCHED_KINDS: frozenset[str] = frozenset({"non_finite", "rank_outlier", "divergence",
                                            "replica_mismatch", "resume_mismatch"})
@@ -65,17 +66,6 @@ def alert_labels(finding: Finding, run_id: str) -> dict[str, str]:
     """Identity labels of the alert a finding belongs to (see module docstring and
     :mod:`healthsvc.identity`, which owns them)."""
     return condition_labels(finding, run_id)
-
-
-def compact_ranks(ranks: tuple[int, ...] | list[int] | np.ndarray) -> str:
-    """Sorted ranks as ranges: ``(0, 1, 2, 5, 7, 8) -> "0-2,5,7-8"`` (vectorised: run breaks)."""
-    r = np.unique(np.asarray(ranks, dtype=np.int64))
-    if r.size == 0:
-        return ""
-    breaks = np.flatnonzero(np.diff(r) != 1)
-    starts = np.concatenate(([r[0]], r[breaks + 1]))
-    ends = np.concatenate((r[breaks], [r[-1]]))
-    return ",".join(str(s) if s == e else f"{s}-{e}" for s, e in zip(starts.tolist(), ends.tolist()))
 
 
 @dataclass(frozen=True)

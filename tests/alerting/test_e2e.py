@@ -46,8 +46,8 @@ def test_nan_pushed_on_512_ranks_is_one_notification(tmp_path):
             assert body["groupKey"] == '{}:{run="big"}'
             names = {a["labels"]["alertname"] for a in body["alerts"]}
             assert names == {"non_finite"}
-            (alert,) = body["alerts"]   # one alert, rank "*", the 512 ranks in its annotations
-            assert alert["labels"]["rank"] == "*"
+            (alert,) = body["alerts"]   # one alert for the rank set, the 512 ranks in its annotations
+            assert alert["labels"]["rank"] == "0-511"
             assert (alert["annotations"]["ranks"], alert["annotations"]["rank_count"]) == ("0-511", str(WORLD))
             alerts = c.get("/v1/alerts", params={"run": "big"}).json()["alerts"]
             assert {a["kind"] for a in alerts} == {"non_finite"}

@@ -36,7 +36,7 @@ def test_alertmanager_body_validates_against_the_documented_shape():
     assert body["groupLabels"] == {"run": "run-7"}
     assert body["commonLabels"] == {"run": "run-7"}  # alertname, rank, metric, severity differ
     firing, resolved = body["alerts"]
-    assert firing["labels"] == {"alertname": "non_finite", "run": "run-7", "rank": "*", "metric": "loss",
+    assert firing["labels"] == {"alertname": "non_finite", "run": "run-7", "rank": "0-511", "metric": "loss",
                                 "severity": "critical"}
     assert firing["endsAt"] == GO_ZERO_TIME and resolved["endsAt"] != GO_ZERO_TIME
     assert firing["annotations"]["ranks"] == "0-511" and firing["annotations"]["rank_count"] == "512"

@@ -42,7 +42,7 @@ def test_nan_on_512_ranks_is_one_notification_enqueued_at_once():
     ids = m.process("r1", blamed([nan()]), now=100.0)
     assert len(ids) == 1
     (body,) = bodies(m, ids)
-    assert len(body["alerts"]) == 1 and body["alerts"][0]["labels"]["rank"] == "*"
+    assert len(body["alerts"]) == 1 and body["alerts"][0]["labels"]["rank"] == "0-511"
     assert body["alerts"][0]["annotations"]["rank_count"] == "512"
     # Many-rank findings of the same NaN arriving in later blocks fold into the same alert: no page.
     assert m.process("r1", blamed([nan(step=42, ranks=(5, 6)) for _ in range(3)] + [nan(step=42)]), 101.0) == []
@@ -214,13 +214,19 @@ def test_rollback_resolves_by_the_runs_estimated_onset_when_there_is_one():
 
 def test_an_alert_keeps_its_identity_as_ranks_join_the_fault():
     # A hang on rank 3 pages once; when rank 4 hangs with it the finding blames (3, 4): that is
-    # the same fault spreading, so it joins the rank-3 alert instead of paging again as "*".
+    # the same fault spreading, so it joins the rank-3 alert instead of paging again as "3-4".
     m = manager()
     hang = lambda ranks, step: Finding("hang", step=step, ranks=ranks, severity="critical")  # noqa: E731
     assert len(m.process("r1", blamed([hang((3,), 50)]), now=100.0)) == 1
     assert m.process("r1", blamed([hang((3, 4), 51)]), now=101.0) == []
     (a,) = m.alerts()
     assert a.label_dict["rank"] == "3" and a.ranks == (3, 4) and a.hosts == ("node0",)
-    # A fault on ranks it does not share is another alert (its own condition).
+    # A fault on ranks it does not share is another alert (its own rank set), paged with the
+    # run's group at its next interval (10 s for critical).
     m.process("r1", blamed([hang((9, 10), 52)]), now=102.0)
-    assert sorted(x.label_dict["rank"] for x in m.alerts()) == ["*", "3"]
+    assert sorted(x.label_dict["rank"] for x in m.alerts()) == ["3", "9-10"]
+    (body,) = bodies(m, m.tick(112.0))
+    assert sorted(x["labels"]["rank"] for x in body["alerts"]) == ["3", "9-10"]
+    # ... and it keeps that identity as its set grows or shrinks while it fires.
+    assert m.process("r1", blamed([hang((9, 10, 11), 53), hang((10,), 54)]), now=103.0) == []
+    assert sorted((x.label_dict["rank"], x.ranks) for x in m.alerts()) == [("3", (3, 4)), ("9-10", (9, 10, 11))]

@@ -18,7 +18,8 @@ def f(kind="loss_spike", step=100, ranks=(3,), severity="warning", status="firin
 
 def test_labels_single_rank_many_ranks_run_wide():
     assert alert_labels(f(ranks=(3,)), "r1") == {"alertname": "loss_spike", "run": "r1", "rank": "3", "metric": "loss"}
-    assert alert_labels(f(ranks=(3, 4)), "r1")["rank"] == "*"
+    assert alert_labels(f(ranks=(3, 4)), "r1")["rank"] == "3-4"   # a rank set is its own condition
+    assert alert_labels(f(ranks=(3, 4)), "r1") != alert_labels(f(ranks=(5, 6)), "r1")
     assert alert_labels(f(kind="stall", ranks=(), metric=None), "r1") == {"alertname": "stall", "run": "r1", "rank": "*"}
 
 
