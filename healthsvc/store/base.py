@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, BisectionsTable,
                 ProbesTable, TokensTable):
     path: str
+    # Other processes (replicas) write the same runs: the ingest reads their restarts (attempts)
+    # from the database before each batch. SQLite serves one process; PostgreSQL shares.
+    shared_database: bool = False
 
     def __init__(self, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
                  clock: Callable[[], float] = time.time) -> None:

@@ -54,6 +54,19 @@ class MetricsIngest:
                 st = self._runs[run_id]
         return st
 
+    def _newer_attempt(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> tuple[int, int] | None:
+        """(attempt, start step) of a restart another replica opened since this one last wrote
+        the run, or None. On a shared database a replica sees only the pushes it was sent: one
+        that never saw a rank's old steps cannot tell that rank's repeated step from progress,
+        so the run's newest attempt is read before every batch (one indexed row). A push that
+        commits here while the restart's first push is still uncommitted elsewhere can land in
+        the old attempt: the one window this leaves."""
+        if not self.shared_database or st.attempt == 0:
+            return None
+        row = conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id=? AND attempt>? "
+                           "ORDER BY attempt DESC LIMIT 1", (run_id, st.attempt)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
+
     def _ingest(self, conn: sqlite3.Connection, run_id: str, batch: MetricBatch, digest: str) -> IngestResult:
         now = self._clock()
         st = self._ensure_run(conn, run_id, now)
@@ -63,6 +76,11 @@ class MetricsIngest:
             return IngestResult(run_id, n, True, st.attempt, False, None, now, run=st.view())
         if len(batch) == 0:
             return IngestResult(run_id, 0, False, st.attempt, False, None, now, run=st.view())
+        joined = self._newer_attempt(conn, run_id, st)
+        if joined is not None:
+            # Joining changes no row: a job that fails after it leaves the state a replica that
+            # read the same attempt would have (a retry joins it again).
+            st.join_attempt(*joined)
         # First everything that can fail (the SQL), computed from the state without changing it;
         # then the in-memory state, which cannot fail. A failed job leaves both untouched.
         new_attempt = st.needs_new_attempt(batch)

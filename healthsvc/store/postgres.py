@@ -202,6 +202,8 @@ def load_catalog(conn: psycopg.Connection) -> Catalog:
 
 
 class PostgresStore(StoreBase):
+    shared_database = True
+
     def __init__(self, uri: str, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
                  clock: Callable[[], float] = time.time, pool_size: int = 8) -> None:
         super().__init__(snapshot_every_s=snapshot_every_s, dedupe_window_s=dedupe_window_s, clock=clock)

@@ -88,7 +88,12 @@ class RunState:
         return bool(np.any(batch.steps[known] <= self.last_step[pos[known]]))
 
     def open_attempt(self, start_step: int) -> int:
-        self.attempt += 1
+        return self.join_attempt(self.attempt + 1, start_step)
+
+    def join_attempt(self, attempt: int, start_step: int) -> int:
+        """Go on in ``attempt`` (opened here, or by another replica: see ``MetricsIngest``), with
+        no step of it seen yet."""
+        self.attempt = int(attempt)
         self.start_step = int(start_step)
         self.last_step[:] = -1
         self.finished = False
