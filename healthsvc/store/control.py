@@ -19,7 +19,7 @@ class ControlWrites:
     """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: the writes that are not metrics."""
 
     _clock: Callable[[], float]
-
+    shared_database: bool
 
     def submit_run_config(self, run_id: str, config: dict) -> Future:
         def job(conn: sqlite3.Connection) -> dict:
@@ -82,11 +82,32 @@ class ControlWrites:
             now = self._clock()
             st = self._ensure_run(conn, run_id, now)
             if rank is not None:
-                st.finished_ranks.add(rank)
-                if not set(st.ranks_seen().tolist()) <= st.finished_ranks:
+                if self.shared_database:
+                    done = self._run_finished_everywhere(conn, run_id, st, rank)
+                    st.finished_ranks.add(rank)
+                else:
+                    st.finished_ranks.add(rank)
+                    done = set(st.ranks_seen().tolist()) <= st.finished_ranks
+                if not done:
                     return RunEvent(run_id, "rank_finished", {"rank": rank}, now, st.view())
             conn.execute("UPDATE runs SET status='finished', finished_at=?, updated_at=? WHERE run_id=?",
                          (now, now, run_id))
             st.finished = True
             return RunEvent(run_id, "finish", {}, now, st.view())
         return self._run_job(run_id, job)
+
+    def _run_finished_everywhere(self, conn: Any, run_id: str, st: Any, rank: int) -> bool:
+        """On a database shared by replicas: record ``rank``'s finish and say whether every rank
+        the attempt has seen, on any replica, has finished (``rank_progress``). Each replica sees
+        only the finishes and ranks it was sent, so its own counts would call a run finished
+        early (its ranks are done, others still train) or never. The run's row is locked first:
+        two replicas taking the last finishes at once must not each miss the other's."""
+        conn.execute("SELECT status FROM runs WHERE run_id=? FOR UPDATE", (run_id,)).fetchone()
+        joined = self._newer_attempt(conn, run_id, st)
+        if joined is not None:
+            st.join_attempt(*joined)
+        attempt = max(st.attempt, 1)
+        conn.execute("INSERT OR REPLACE INTO rank_progress VALUES (?, ?, ?, 1)", (run_id, attempt, rank))
+        (left,) = conn.execute("SELECT count(*) FROM rank_progress WHERE run_id=? AND attempt=? AND finished=0",
+                               (run_id, attempt)).fetchone()
+        return left == 0

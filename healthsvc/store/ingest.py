@@ -93,6 +93,17 @@ class MetricsIngest:
             conn.execute("INSERT OR IGNORE INTO attempts VALUES (?, ?, ?, ?)", (run_id, attempt, step_min, now))
         if hosts:
             conn.executemany("INSERT OR REPLACE INTO hosts VALUES (?, ?, ?)", [(run_id, r, h) for r, h in hosts])
+        if self.shared_database:
+            # The ranks this replica meets first in the attempt, for the run-wide finish.
+            # (A rank that finished through another replica and resumes here is not seen as
+            # resumed: it stays finished in rank_progress until this attempt ends.)
+            fresh = np.unique(batch.ranks) if new_attempt else st.unseen_ranks(batch)
+            resumed = sorted(st.finished_ranks & set(batch.ranks.tolist())) if st.finished_ranks else []
+            if len(fresh) or resumed:
+                conn.executemany("INSERT OR IGNORE INTO rank_progress VALUES (?, ?, ?, 0)",
+                                 [(run_id, attempt, int(r)) for r in fresh])
+                conn.executemany("UPDATE rank_progress SET finished=0 WHERE run_id=? AND attempt=? AND rank=?",
+                                 [(run_id, attempt, int(r)) for r in resumed])
         cur = conn.execute(
             "INSERT INTO chunks (run_id, attempt, step_min, step_max, n_records, n_points, fields, has_hosts,"
             " received_at, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -16,6 +16,9 @@ database at once take turns (an advisory lock), and a step is never applied twic
 - **Version 3** adds the outbox's claim (``claimed_until``), so deliveries are claimed by one
   replica at a time (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
 - **Version 4** stores chunk payloads (compressed already) without PostgreSQL's compression.
+- **Version 5** adds ``rank_progress``: the ranks each attempt has seen and which of them
+  finished, written by replicas sharing a database (a replica sees only the pushes it was sent,
+  so whether the whole run finished is the database's to say; see ``ControlWrites.submit_finish``).
 
 A database newer than the code (a downgrade) is refused: :class:`SchemaTooNew`, whose message
 says what to do; the server does not start on it.
@@ -95,6 +98,14 @@ STEPS: tuple[Migration, ...] = (
     Migration(3, "the outbox's claims: one replica delivers each notification", """
         ALTER TABLE alert_outbox ADD COLUMN claimed_until REAL;"""),
     Migration(4, "chunks' payloads are not compressed again by PostgreSQL", "", _payload_storage_external),
+    Migration(5, "rank progress shared by replicas: the ranks an attempt has seen, which finished", """
+        CREATE TABLE rank_progress (
+            run_id   TEXT NOT NULL,
+            attempt  INTEGER NOT NULL,
+            rank     INTEGER NOT NULL,
+            finished INTEGER NOT NULL,
+            PRIMARY KEY (run_id, attempt, rank)
+        );"""),
 )
 LATEST = STEPS[-1].version
 

@@ -165,6 +165,13 @@ class RunState:
     def ranks_seen(self) -> np.ndarray:
         return self.ids[self.last_step >= 0]
 
+    def unseen_ranks(self, batch: MetricBatch) -> np.ndarray:
+        """The batch's ranks (unique, sorted) not seen yet in the current attempt (read only)."""
+        ranks = np.unique(batch.ranks)
+        pos, known = self._positions(ranks)
+        known[known] = self.last_step[pos[known]] >= 0
+        return ranks[~known]
+
     def max_step(self) -> int:
         return int(self.last_step.max()) if len(self.last_step) else -1
 

@@ -1,0 +1,123 @@
+"""A run's state is the run's, not one replica's: two stores on one PostgreSQL database (two
+replicas behind a balancer) each see only the pushes they were sent.
+
+- A restart seen by one replica is the run's restart on every replica: after the job restarts
+  from a checkpoint, a replica that never saw a rank's old steps must not store that rank's
+  repeated steps in the old attempt (the history would hold the step twice in one attempt).
+- The run finishes when its last rank finishes, on whichever replica: not when the ranks one
+  replica saw are done (the hang checks would go silent while others train), and not never.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from healthsvc.history import load_history
+from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.postgres import PostgresStore
+from tests.pg import fresh_database
+
+RANKS = 4
+
+
+def push(store: PostgresStore, rank: int, step: int, loss: float) -> int:
+    b = MetricBatch(steps=np.array([step]), ranks=np.array([rank]))
+    b.values["loss"] = np.array([loss])
+    b.present["loss"] = np.array([True])
+    return store.submit_metrics("r", b, f"{rank}-{step}-{loss}").result(10).attempt
+
+
+def test_a_replica_joins_the_attempt_another_replica_opened():
+    with fresh_database() as uri:
+        a, b = PostgresStore(uri), PostgresStore(uri)
+        a.open()
+        b.open()
+        try:
+            # Steps 0-29, rank 0 always through a, the others alternating: b never sees rank 0.
+            for step in range(30):
+                for rank in range(RANKS):
+                    via = a if rank == 0 or (step + rank) % 2 else b
+                    assert push(via, rank, step, 1.0) == 1
+            # The job restarts from its checkpoint at step 20. Rank 1's first push reaches a,
+            # which saw rank 1 at step 21 before: a restart, attempt 2. Rank 0's reaches b, which
+            # never saw rank 0: only the database tells b that the run is in attempt 2 now.
+            assert push(a, 1, 21, 2.0) == 2
+            assert push(b, 0, 21, 2.0) == 2
+            for step in range(21, 40):
+                for rank in range(RANKS):
+                    if step == 21 and rank in (0, 1):
+                        continue
+                    via = b if (step + rank) % 2 else a
+                    assert push(via, rank, step, 2.0) == 2, (step, rank)
+            assert [(x["attempt"], x["start_step"]) for x in a.attempts("r")] == [(1, 0), (2, 21)]
+            for store in (a, b):   # both replicas answer the same history
+                h = load_history(store, "r")
+                got = sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist(), h.values["loss"].tolist()))
+                want = sorted((s, r, 1 if s <= 20 else 2, 1.0 if s <= 20 else 2.0)
+                              for s in range(40) for r in range(RANKS))
+                assert got == want
+        finally:
+            a.close()
+            b.close()
+
+
+def finish(store: PostgresStore, rank: int) -> str:
+    return store.submit_finish("r", rank).result(10).kind
+
+
+def test_the_run_finishes_when_its_last_rank_finishes_on_any_replica():
+    with fresh_database() as uri:
+        a, b = PostgresStore(uri), PostgresStore(uri)
+        a.open()
+        b.open()
+        try:
+            for step in range(5):   # a sees ranks 0 and 1, b sees ranks 2 and 3
+                for rank in range(RANKS):
+                    push(a if rank < 2 else b, rank, step, 1.0)
+            # a's own ranks are done, but the run is not: ranks 2 and 3 still train (counting
+            # only what a saw would call it finished and silence the hang checks).
+            assert [finish(a, 0), finish(a, 1)] == ["rank_finished", "rank_finished"]
+            assert a.get_run_row("r")["status"] == "running"
+            assert finish(b, 2) == "rank_finished"
+            assert finish(b, 3) == "finish"   # b never saw ranks 0 and 1 finish: the database did
+            assert a.get_run_row("r")["status"] == "finished"
+        finally:
+            a.close()
+            b.close()
+
+
+def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run():
+    """The ranks of a job finish together: the last two finishes reach two replicas at once.
+    Each must see the other's (the run's row is locked), or neither would finish the run."""
+    import threading
+    with fresh_database() as uri:
+        a, b = PostgresStore(uri), PostgresStore(uri)
+        a.open()
+        b.open()
+        try:
+            for rounds in range(10):
+                run = f"r{rounds}"
+                for rank in range(2):
+                    (a if rank == 0 else b).submit_metrics(run, _one(rank), f"{run}-{rank}").result(10)
+                start, kinds = threading.Barrier(2), {}
+
+                def finish_on(store, rank):
+                    start.wait()
+                    kinds[rank] = store.submit_finish(run, rank).result(10).kind
+
+                threads = [threading.Thread(target=finish_on, args=(s, r)) for r, s in enumerate((a, b))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(30)
+                assert sorted(kinds.values()) == ["finish", "rank_finished"], (run, kinds)
+                assert a.get_run_row(run)["status"] == "finished"
+        finally:
+            a.close()
+            b.close()
+
+
+def _one(rank: int) -> MetricBatch:
+    b = MetricBatch(steps=np.array([0]), ranks=np.array([rank]))
+    b.values["loss"] = np.array([1.0])
+    b.present["loss"] = np.array([True])
+    return b
