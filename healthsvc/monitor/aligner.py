@@ -28,9 +28,10 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
     """Scatter (step, rank) records into a dense steps x ranks block with presence masks.
 
     Later records win when a (step, rank) pair repeats."""
-    if len(steps) and steps[0] == steps[-1] and len(ranks) > 1 and (np.diff(ranks) > 0).all() \
-            and (steps == steps[0]).all():
-        # One step of distinct ranks in order (what a rank-0 aggregator sends): no sorting.
+    if len(steps) == 1 or (len(steps) and steps[0] == steps[-1] and (np.diff(ranks) > 0).all()
+                           and (steps == steps[0]).all()):
+        # One step of distinct ranks in order (what a rank-0 aggregator sends, or one rank's
+        # own push): no sorting.
         return StepBlock(steps=steps[:1], ranks=ranks,
                          values={f: np.where(present[f], v, np.nan)[None, :] for f, v in values.items()},
                          present={f: p[None, :] for f, p in present.items()})
@@ -58,27 +59,41 @@ class StepAligner:
         self._reset()
 
     def __repr__(self) -> str:
-        return (f"StepAligner(timeout_s={self.timeout_s}, pending={len(self._steps)} records, "
+        return (f"StepAligner(timeout_s={self.timeout_s}, pending={sum(self._count.values())} records, "
                 f"emitted_upto={self.emitted_upto})")
 
     def _reset(self) -> None:
+        # Pending records: the arrays below, then the batches in ``_chunks`` (oldest first), which
+        # are joined onto them only when a block is cut or the state is saved. Pushes are often a
+        # record or a few each, so joining every field's pending columns on every push cost more
+        # than the detectors (per push, O(pending) copies and a sort of all pending steps).
         self._steps = np.zeros(0, np.int64)
         self._ranks = np.zeros(0, np.int64)
         self._values: dict[str, np.ndarray] = {}
         self._present: dict[str, np.ndarray] = {}
-        self._first_seen_step = np.zeros(0, np.int64)   # pending steps ...
-        self._first_seen_s = np.zeros(0, np.float64)    # ... and when each first arrived
+        self._chunks: list[MetricBatch] = []
+        # Pending steps: records held per step (repeats included), and when each first arrived,
+        # in order of arrival; kept as each batch comes, so deciding what is ready sorts steps only.
+        self._count: dict[int, int] = {}
+        self._first_seen: dict[int, float] = {}
         self.emitted_upto = -1
         self.late_records = 0
 
     reset = _reset
 
     def add(self, batch: MetricBatch, now: float, expected_ranks: int) -> list[StepBlock]:
-        keep = batch.steps > self.emitted_upto
-        self.late_records += int((~keep).sum())
-        if keep.any():
-            b = batch if keep.all() else batch.take(keep)
-            self._append(b, now)
+        steps = batch.steps
+        if len(steps) == 1:   # one record (a rank's own push): no mask
+            if int(steps[0]) > self.emitted_upto:
+                self._append(batch, now)
+            else:
+                self.late_records += 1
+        elif len(steps):
+            keep = steps > self.emitted_upto
+            n_keep = int(keep.sum())
+            self.late_records += len(steps) - n_keep
+            if n_keep:
+                self._append(batch if n_keep == len(steps) else batch.take(keep), now)
         return self._emit(now, expected_ranks)
 
     def flush_due(self, now: float, expected_ranks: int) -> list[StepBlock]:
@@ -88,39 +103,55 @@ class StepAligner:
         return self._emit(float("inf"), 0)
 
     def _append(self, b: MetricBatch, now: float) -> None:
-        n_old, n_new = len(self._steps), len(b)
-        for f in set(self._values) | set(b.values):
-            old_v = self._values.get(f, np.full(n_old, np.nan))
-            old_p = self._present.get(f, np.zeros(n_old, bool))
-            new_v = b.values.get(f, np.full(n_new, np.nan))
-            new_p = b.present.get(f, np.zeros(n_new, bool))
-            self._values[f] = np.concatenate([old_v, new_v])
-            self._present[f] = np.concatenate([old_p, new_p])
-        self._steps = np.concatenate([self._steps, b.steps])
-        self._ranks = np.concatenate([self._ranks, b.ranks])
-        fresh = np.setdiff1d(np.unique(b.steps), self._first_seen_step)
-        if len(fresh):
-            self._first_seen_step = np.concatenate([self._first_seen_step, fresh])
-            self._first_seen_s = np.concatenate([self._first_seen_s, np.full(len(fresh), now)])
+        self._chunks.append(b)
+        count, first_seen = self._count, self._first_seen
+        if len(b) == 1:
+            u, c = [int(b.steps[0])], [1]
+        else:
+            u, c = np.unique(b.steps, return_counts=True)
+            u, c = u.tolist(), c.tolist()
+        for step, n in zip(u, c):
+            count[step] = count.get(step, 0) + n
+            if step not in first_seen:
+                first_seen[step] = now
+
+    def _join(self) -> None:
+        """Join the pending batches onto the pending arrays, in arrival order (a field a part
+        lacks is not reported there: NaN, not present)."""
+        if not self._chunks:
+            return
+        parts = [MetricBatch(self._steps, self._ranks, self._values, self._present), *self._chunks]
+        self._chunks = []
+        fields = list(dict.fromkeys(f for part in parts for f in part.values))
+        self._values = {f: np.concatenate([part.values[f] if f in part.values else np.full(len(part), np.nan)
+                                           for part in parts]) for f in fields}
+        self._present = {f: np.concatenate([part.present[f] if f in part.present else np.zeros(len(part), bool)
+                                            for part in parts]) for f in fields}
+        self._steps = np.concatenate([part.steps for part in parts])
+        self._ranks = np.concatenate([part.ranks for part in parts])
 
     def _emit(self, now: float, expected_ranks: int) -> list[StepBlock]:
-        if len(self._steps) == 0:
+        count = self._count
+        if not count:
             return []
-        u_steps, counts = np.unique(self._steps, return_counts=True)  # ranks per step (unique in an attempt)
-        order = np.argsort(self._first_seen_step)
-        first = self._first_seen_s[order][np.searchsorted(self._first_seen_step[order], u_steps)]
-        ready = (counts >= max(expected_ranks, 1)) | (now - first >= self.timeout_s)
+        first_seen = self._first_seen
+        u_steps = sorted(count)
+        need = max(expected_ranks, 1)
         # Too many steps waiting (a rank gone for good): let the oldest go.
-        if len(u_steps) > self.max_pending_steps:
-            ready[: len(u_steps) - self.max_pending_steps] = True
+        forced = len(u_steps) - self.max_pending_steps
         # A step waits for all earlier steps: emit only the ready prefix (step order for detectors).
-        n_ready = len(ready) if ready.all() else int(np.argmin(ready))
+        n_ready = 0
+        for step in u_steps:
+            if not (n_ready < forced or count[step] >= need or now - first_seen[step] >= self.timeout_s):
+                break
+            n_ready += 1
         if n_ready == 0:
             return []
-        if n_ready < self.min_block_steps and now - float(first[0]) < self.max_block_wait_s \
+        if n_ready < self.min_block_steps and now - first_seen[u_steps[0]] < self.max_block_wait_s \
                 and len(u_steps) <= self.max_pending_steps:
             return []  # wait for a fuller block (flush_due on the ticker bounds the wait)
-        upto = int(u_steps[n_ready - 1])
+        upto = u_steps[n_ready - 1]
+        self._join()
         out_mask = self._steps <= upto
         block = batch_to_block(self._steps[out_mask], self._ranks[out_mask],
                                {f: v[out_mask] for f, v in self._values.items()},
@@ -129,17 +160,19 @@ class StepAligner:
         self._steps, self._ranks = self._steps[rest], self._ranks[rest]
         self._values = {f: v[rest] for f, v in self._values.items()}
         self._present = {f: p[rest] for f, p in self._present.items()}
-        still = self._first_seen_step > upto
-        self._first_seen_step, self._first_seen_s = self._first_seen_step[still], self._first_seen_s[still]
+        for step in u_steps[:n_ready]:
+            del count[step]
+        self._first_seen = {s: t for s, t in first_seen.items() if s > upto}
         self.emitted_upto = upto
         return [block]
 
     def state_dict(self) -> dict[str, Any]:
+        self._join()
         return {"steps": self._steps.tolist(), "ranks": self._ranks.tolist(),
                 # Floats may be NaN/Inf (data): the snapshot is written with a NaN-aware encoder.
                 "values": {f: v.tolist() for f, v in self._values.items()},
                 "present": {f: p.tolist() for f, p in self._present.items()},
-                "first_seen_step": self._first_seen_step.tolist(), "first_seen_s": self._first_seen_s.tolist(),
+                "first_seen_step": list(self._first_seen), "first_seen_s": list(self._first_seen.values()),
                 "emitted_upto": self.emitted_upto, "late_records": self.late_records}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -149,7 +182,12 @@ class StepAligner:
         for f, vals in state["values"].items():
             self._values[f] = np.asarray(vals, dtype=np.float64).reshape(-1)
             self._present[f] = np.asarray(state["present"][f], dtype=bool).reshape(-1)
-        self._first_seen_step = np.asarray(state["first_seen_step"], dtype=np.int64)
-        self._first_seen_s = np.asarray(state["first_seen_s"], dtype=np.float64)
+        first_step = np.asarray(state["first_seen_step"], dtype=np.int64).reshape(-1).tolist()
+        first_s = np.asarray(state["first_seen_s"], dtype=np.float64).reshape(-1).tolist()
+        self._first_seen = dict(zip(first_step, first_s))
+        u, c = np.unique(self._steps, return_counts=True)
+        self._count = dict(zip(u.tolist(), c.tolist()))
+        for step in self._count:  # a state without a step's arrival time: count it as old
+            self._first_seen.setdefault(step, min(first_s, default=0.0))
         self.emitted_upto = int(state["emitted_upto"])
         self.late_records = int(state["late_records"])

@@ -87,19 +87,65 @@ def _params(args: Sequence[Any]) -> list[Any]:
     return [int(a) if isinstance(a, bool) else a for a in args]
 
 
+# Transaction control without parameters: BEGIN and savepoints are held back and sent with the
+# next statement of their kind (``RELEASE job; SAVEPOINT job`` between two jobs of a group, one
+# round trip instead of two); COMMIT and ROLLBACK [TO] go at once, with what is held.
+_DEFERRED = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
+_ENDS = re.compile(r"^\s*(COMMIT|ROLLBACK)\b", re.IGNORECASE)
+_FULL_ROLLBACK = re.compile(r"^\s*ROLLBACK\s*$", re.IGNORECASE)
+
+
+def _control(sql: str) -> str:
+    """'defer', 'end', 'rollback' (the whole transaction) or '' for any other statement."""
+    if _FULL_ROLLBACK.match(sql):
+        return "rollback"
+    if _ENDS.match(sql):
+        return "end"
+    return "defer" if _DEFERRED.match(sql) else ""
+
+
+_NO_ROWS = PgCursor([], -1, None)
+
+
 class PgConnection:
     """A psycopg connection (autocommit: the writer and the migrations say BEGIN and COMMIT)
-    with sqlite3's methods, running SQLite-dialect statements translated."""
+    with sqlite3's methods, running SQLite-dialect statements translated.
+
+    Parameterless BEGIN, SAVEPOINT and RELEASE are sent with the next statement (a writer's group
+    of single-record pushes ran four of them per push, each a round trip and a parse on the
+    server); ``raw`` sends what is held first, so a caller using the psycopg connection itself
+    sees the transaction as it was asked for. A held statement that fails raises from the
+    statement it went with."""
 
     dialect = "postgresql"   # for the few statements only PostgreSQL has (FOR UPDATE SKIP LOCKED)
 
     def __init__(self, conn: psycopg.Connection, catalog: Catalog,
                  reconnect: Callable[[], psycopg.Connection] | None = None) -> None:
-        self.raw = conn
+        self._raw = conn
         self.catalog = catalog
         self._reconnect = reconnect
         self._in_transaction = False
-        self._translate = functools.lru_cache(maxsize=1024)(lambda sql: pg_statement(sql, catalog))
+        self._held: list[str] = []
+        self._translate = functools.lru_cache(maxsize=1024)(
+            lambda sql: (pg_statement(sql, catalog), _control(sql)))
+
+    @property
+    def raw(self) -> psycopg.Connection:
+        self._send_held()
+        return self._raw
+
+    @raw.setter
+    def raw(self, conn: psycopg.Connection) -> None:
+        self._held = []
+        self._raw = conn
+
+    def _send_held(self, then: str | None = None) -> None:
+        held = [*self._held, then] if then is not None else self._held
+        self._held = []
+        if held:
+            # One simple-protocol query (no parameters: several statements may go together).
+            with self._raw.cursor() as cur:
+                cur.execute("; ".join(held))
 
     def _run(self, cur: psycopg.Cursor, st: Statement, args: Sequence[Any]) -> PgCursor:
         cur.execute(st.sql, _params(args))
@@ -108,8 +154,8 @@ class PgConnection:
         return PgCursor(rows, cur.rowcount, lastrowid)
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
-        st = self._translate(sql)
-        if self.raw.broken and not self._in_transaction and self._reconnect is not None:
+        st, control = self._translate(sql)
+        if self._raw.broken and not self._in_transaction and self._reconnect is not None:
             # The server restarted or the network dropped: the group that saw it failed (and
             # was answered 503). Outside a transaction nothing is lost by a new connection;
             # inside one, the statement must fail (its transaction's earlier work is gone).
@@ -117,11 +163,23 @@ class PgConnection:
             self.raw = self._reconnect()
         if st.transaction:
             self._in_transaction = st.transaction == "BEGIN"
-        with self.raw.cursor() as cur:
+        if control and not args:
+            if control == "defer":
+                self._held.append(st.sql)
+            elif control == "rollback":
+                # What is held is moot, and in an aborted transaction it would fail and keep the
+                # ROLLBACK after it from running.
+                self._held = []
+                self._send_held(st.sql)
+            else:
+                self._send_held(st.sql)
+            return _NO_ROWS
+        self._send_held()
+        with self._raw.cursor() as cur:
             return self._run(cur, st, args)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> PgCursor:
-        st = self._translate(sql)
+        st, _ = self._translate(sql)
         with self.raw.cursor() as cur:
             cur.executemany(st.sql.rsplit(" RETURNING ", 1)[0] if st.returns_key else st.sql,
                             [_params(r) for r in rows])
@@ -132,7 +190,8 @@ class PgConnection:
             self.raw.execute(sql)
 
     def close(self) -> None:
-        self.raw.close()
+        self._held = []
+        self._raw.close()
 
 
 class PooledReader:
