@@ -96,7 +96,7 @@ class ControlWrites:
             return RunEvent(run_id, "finish", {}, now, st.view())
         return self._run_job(run_id, job)
 
-    def _run_finished_everywhere(self, conn: Any, run_id: str, st: Any, rank: int) -> bool:
+    def _run_finished_everywhere(self, conn: Any, run_id: str, st: RunState, rank: int) -> bool:
         """On a database shared by replicas: record ``rank``'s finish and say whether every rank
         the attempt has seen, on any replica, has finished (``rank_progress``). Each replica sees
         only the finishes and ranks it was sent, so its own counts would call a run finished

@@ -19,11 +19,15 @@ from tests.pg import fresh_database
 RANKS = 4
 
 
-def push(store: PostgresStore, rank: int, step: int, loss: float) -> int:
+def record(rank: int, step: int, loss: float) -> MetricBatch:
     b = MetricBatch(steps=np.array([step]), ranks=np.array([rank]))
     b.values["loss"] = np.array([loss])
     b.present["loss"] = np.array([True])
-    return store.submit_metrics("r", b, f"{rank}-{step}-{loss}").result(10).attempt
+    return b
+
+
+def push(store: PostgresStore, rank: int, step: int, loss: float, run: str = "r") -> int:
+    return store.submit_metrics(run, record(rank, step, loss), f"{rank}-{step}-{loss}").result(10).attempt
 
 
 def test_a_replica_joins_the_attempt_another_replica_opened():
@@ -97,7 +101,7 @@ def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run():
             for rounds in range(10):
                 run = f"r{rounds}"
                 for rank in range(2):
-                    (a if rank == 0 else b).submit_metrics(run, _one(rank), f"{run}-{rank}").result(10)
+                    push(a if rank == 0 else b, rank, 0, 1.0, run)
                 start, kinds = threading.Barrier(2), {}
 
                 def finish_on(store, rank):
@@ -115,9 +119,3 @@ def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run():
             a.close()
             b.close()
 
-
-def _one(rank: int) -> MetricBatch:
-    b = MetricBatch(steps=np.array([0]), ranks=np.array([rank]))
-    b.values["loss"] = np.array([1.0])
-    b.present["loss"] = np.array([True])
-    return b
