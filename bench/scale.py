@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -47,10 +48,21 @@ from tests.server_process import ServerProcess, free_port  # noqa: E402
 FIELDS = ("loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time")
 
 
+# What a healthy synchronous job reports: the all-reduced gradient norm and the step time are one
+# value per step, the same on every rank (drawn from the run and step, whichever push carries
+# them); loss, local gradient norm, compute and communication time vary by rank. (Independent
+# per-rank gradient norms are replicas that disagree: a true page, and rollback reads with it.)
+SHARED = ("grad_norm", "step_time")
+
+
 def body(run_id: str, step: int, ranks: np.ndarray, rng: np.random.Generator) -> bytes:
     cols = {"step": [step] * len(ranks), "rank": ranks.tolist()}
+    per_step = np.random.default_rng([zlib.crc32(run_id.encode()), step])
     for f in FIELDS:
-        cols[f] = (1.0 + 0.05 * rng.standard_normal(len(ranks))).tolist()
+        if f in SHARED:
+            cols[f] = [1.0 + 0.05 * float(per_step.standard_normal())] * len(ranks)
+        else:
+            cols[f] = (1.0 + 0.05 * rng.standard_normal(len(ranks))).tolist()
     return orjson.dumps({"columns": cols})
 
 

@@ -1,8 +1,8 @@
 """One writer thread with group commit.
 
 Every write to the database is a job: a function of the connection. The writer takes every job
-waiting in its queue, runs each inside its own SAVEPOINT (a failing job rolls back alone), commits
-once, and only then resolves the jobs' futures. Many concurrent requests therefore share one
+waiting in its queue, runs each inside its own SAVEPOINT (a failing job rolls back alone; the first
+needs none), commits once, and only then resolves the jobs' futures. Many concurrent requests therefore share one
 fsync, and a request is answered only once its data is durable.
 """
 from __future__ import annotations
@@ -90,17 +90,29 @@ class GroupCommitWriter:
         io_failed = False
         try:
             conn.execute("BEGIN IMMEDIATE")
+            # A job's savepoint protects the jobs stored before it in this transaction; a job
+            # with none before it (the first, or the first after failures) needs none: if it
+            # fails, the whole transaction is rolled back and begun again. (On PostgreSQL a
+            # savepoint and its release are a round trip and two statements of a push's five.)
+            holds_work = False
             for job, fut in group:
-                conn.execute("SAVEPOINT job")
+                if holds_work:
+                    conn.execute("SAVEPOINT job")
                 try:
                     result = job(conn)
                 except BaseException as exc:  # noqa: BLE001 - the job's error goes to its caller
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
+                    if holds_work:
+                        conn.execute("ROLLBACK TO job")
+                        conn.execute("RELEASE job")
+                    else:
+                        conn.execute("ROLLBACK")
+                        conn.execute("BEGIN IMMEDIATE")
                     outcomes.append((fut, False, exc))
                     io_failed = io_failed or is_io_error(exc)
                 else:
-                    conn.execute("RELEASE job")
+                    if holds_work:
+                        conn.execute("RELEASE job")
+                    holds_work = True
                     outcomes.append((fut, True, result))
             conn.execute("COMMIT")
             self.commits += 1
