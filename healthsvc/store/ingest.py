@@ -2,7 +2,8 @@
 
 One job per accepted batch: deduplicate by the batch's digest, open a new attempt when steps went
 back, record host changes, append one columnar chunk, and advance the run's :class:`RunState`
-(after the SQL, which is what can fail). The run states are snapshotted now and then
+(after the SQL, which is what can fail). The usual push (plain progress) only claims its digest and
+appends its chunk: :meth:`MetricsIngest._append_current`, one round trip on PostgreSQL. The run states are snapshotted now and then
 (``snapshots``) and rebuilt on open from the snapshot and the chunks after it.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -23,6 +25,26 @@ from healthsvc.store.results import IngestResult
 from healthsvc.store.runstate import RunState
 
 log = logging.getLogger(__name__)
+
+CHUNK_COLUMNS = ("run_id, attempt, step_min, step_max, n_records, n_points, fields, has_hosts, received_at,"
+                 " payload")
+CHUNK_PLACES = ", ".join("?" * len(CHUNK_COLUMNS.split(",")))
+
+
+def chunk_row(run_id: str, attempt: int, batch: MetricBatch, now: float) -> tuple:
+    """The ``chunks`` row of a batch, in :data:`CHUNK_COLUMNS`' order."""
+    return (run_id, attempt, int(batch.steps.min()), int(batch.steps.max()), len(batch), batch.n_points,
+            ",".join([*batch.values, *batch.labels]), batch.host_index is not None, now, encode_chunk(batch))
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What :meth:`MetricsIngest._append_current` did: the batch was a duplicate; or it is
+    stored as chunk ``chunk_id``; or only claimed, because another replica opened ``newer``
+    (attempt, start step)."""
+    duplicate: bool = False
+    chunk_id: int | None = None
+    newer: tuple[int, int] | None = None
 
 
 class MetricsIngest:
@@ -70,27 +92,36 @@ class MetricsIngest:
     def _ingest(self, conn: sqlite3.Connection, run_id: str, batch: MetricBatch, digest: str) -> IngestResult:
         now = self._clock()
         st = self._ensure_run(conn, run_id, now)
-        cur = conn.execute("INSERT OR IGNORE INTO batches VALUES (?, ?, ?, ?)", (run_id, digest, len(batch), now))
-        if cur.rowcount == 0:
-            n = conn.execute("SELECT n_records FROM batches WHERE run_id=? AND digest=?", (run_id, digest)).fetchone()[0]
-            return IngestResult(run_id, n, True, st.attempt, False, None, now, run=st.view())
-        if len(batch) == 0:
-            return IngestResult(run_id, 0, False, st.attempt, False, None, now, run=st.view())
-        joined = self._newer_attempt(conn, run_id, st)
-        if joined is not None:
-            # Joining changes no row: a job that fails after it leaves the state a replica that
-            # read the same attempt would have (a retry joins it again).
-            st.join_attempt(*joined)
+        if self._only_a_chunk(st, batch):
+            appended = self._append_current(conn, run_id, st, batch, digest, now)
+            if appended.duplicate:
+                return self._duplicate(conn, run_id, digest, st, now)
+            if appended.chunk_id is not None:
+                return self._applied(conn, run_id, st, batch, False, [], appended.chunk_id, now)
+            # Another replica opened a newer attempt: the batch is claimed; it joins that attempt
+            # and goes the general way.
+            assert appended.newer is not None
+            st.join_attempt(*appended.newer)
+        else:
+            if not self._claim(conn, run_id, digest, len(batch), now):
+                return self._duplicate(conn, run_id, digest, st, now)
+            if len(batch) == 0:
+                return IngestResult(run_id, 0, False, st.attempt, False, None, now, run=st.view())
+            joined = self._newer_attempt(conn, run_id, st)
+            if joined is not None:
+                # Joining changes no row: a job that fails after it leaves the state a replica
+                # that read the same attempt would have (a retry joins it again).
+                st.join_attempt(*joined)
         # First everything that can fail (the SQL), computed from the state without changing it;
         # then the in-memory state, which cannot fail. A failed job leaves both untouched.
         new_attempt = st.needs_new_attempt(batch)
         attempt = st.attempt + 1 if new_attempt else st.attempt
-        step_min, step_max = int(batch.steps.min()), int(batch.steps.max())
         hosts = st.host_updates(batch)
         if new_attempt:
             # OR IGNORE: on a database shared by replicas, another one may have opened this
             # attempt (the same restart, seen there first); the batch joins it.
-            conn.execute("INSERT OR IGNORE INTO attempts VALUES (?, ?, ?, ?)", (run_id, attempt, step_min, now))
+            conn.execute("INSERT OR IGNORE INTO attempts VALUES (?, ?, ?, ?)",
+                         (run_id, attempt, int(batch.steps.min()), now))
         if hosts:
             conn.executemany("INSERT OR REPLACE INTO hosts VALUES (?, ?, ?)", [(run_id, r, h) for r, h in hosts])
         if self.shared_database:
@@ -104,18 +135,51 @@ class MetricsIngest:
                                  [(run_id, attempt, int(r)) for r in fresh])
                 conn.executemany("UPDATE rank_progress SET finished=0 WHERE run_id=? AND attempt=? AND rank=?",
                                  [(run_id, attempt, int(r)) for r in resumed])
-        cur = conn.execute(
-            "INSERT INTO chunks (run_id, attempt, step_min, step_max, n_records, n_points, fields, has_hosts,"
-            " received_at, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, attempt, step_min, step_max, len(batch), batch.n_points, ",".join([*batch.values, *batch.labels]),
-             batch.host_index is not None, now, encode_chunk(batch)))
-        chunk_id = cur.lastrowid
+        chunk_id = conn.execute(f"INSERT INTO chunks ({CHUNK_COLUMNS}) VALUES ({CHUNK_PLACES})",
+                                chunk_row(run_id, attempt, batch, now)).lastrowid
         if st.finished:  # data after the run finished: it resumed
             conn.execute("UPDATE runs SET status='running', finished_at=NULL, updated_at=? WHERE run_id=?",
                          (now, run_id))
+        return self._applied(conn, run_id, st, batch, new_attempt, hosts, chunk_id, now)
 
+    def _only_a_chunk(self, st: RunState, batch: MetricBatch) -> bool:
+        """The usual push: progress in the run's current attempt by ranks that have reported in
+        it, on the hosts the run knows, while it runs. Nothing to store but the batch's claim and
+        its chunk (:meth:`_append_current`; the state is only read)."""
+        return (len(batch) > 0 and st.attempt > 0 and not st.finished and not st.finished_ranks
+                and st.only_progress(batch) and not st.host_updates(batch))
+
+    def _append_current(self, conn: sqlite3.Connection, run_id: str, st: RunState, batch: MetricBatch,
+                        digest: str, now: float) -> Appended:
+        """Claim the batch and append its chunk to the run's current attempt, unless the batch
+        is a duplicate or another replica opened a newer attempt (then it is only claimed).
+        Here one statement each (SQLite's are in-process); the PostgreSQL store does it in one
+        round trip."""
+        if not self._claim(conn, run_id, digest, len(batch), now):
+            return Appended(duplicate=True)
+        newer = self._newer_attempt(conn, run_id, st)
+        if newer is not None:
+            return Appended(newer=newer)
+        cur = conn.execute(f"INSERT INTO chunks ({CHUNK_COLUMNS}) VALUES ({CHUNK_PLACES})",
+                           chunk_row(run_id, st.attempt, batch, now))
+        return Appended(chunk_id=cur.lastrowid)
+
+    def _claim(self, conn: sqlite3.Connection, run_id: str, digest: str, n_records: int, now: float) -> bool:
+        """Record the batch's digest; False if it was stored before (a retried push)."""
+        return conn.execute("INSERT OR IGNORE INTO batches VALUES (?, ?, ?, ?)",
+                            (run_id, digest, n_records, now)).rowcount > 0
+
+    def _duplicate(self, conn: sqlite3.Connection, run_id: str, digest: str, st: RunState,
+                   now: float) -> IngestResult:
+        n = conn.execute("SELECT n_records FROM batches WHERE run_id=? AND digest=?", (run_id, digest)).fetchone()[0]
+        return IngestResult(run_id, n, True, st.attempt, False, None, now, run=st.view())
+
+    def _applied(self, conn: sqlite3.Connection, run_id: str, st: RunState, batch: MetricBatch,
+                 new_attempt: bool, hosts: list[tuple[int, str]], chunk_id: int, now: float) -> IngestResult:
+        """The batch is stored: the run's in-memory state follows (it cannot fail), then the
+        housekeeping (pruning the digests, a snapshot now and then)."""
         if new_attempt:
-            st.open_attempt(step_min)
+            st.open_attempt(int(batch.steps.min()))
         st.advance(batch)
         st.set_hosts(hosts)
         st.finished = False
@@ -123,7 +187,7 @@ class MetricsIngest:
             st.finished_ranks.difference_update(np.unique(batch.ranks).tolist())
         # Per-attempt progress and the last push are derivable from the chunks: kept in memory,
         # rebuilt from the chunks table on open, not written per batch.
-        st.record_push(step_max, len(batch), now)
+        st.record_push(int(batch.steps.max()), len(batch), now)
         if now - self._last_prune >= min(60.0, self.dedupe_window_s / 4):
             self._last_prune = now
             conn.execute("DELETE FROM batches WHERE received_at < ?", (now - self.dedupe_window_s,))

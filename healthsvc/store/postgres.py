@@ -28,10 +28,13 @@ from psycopg.adapt import Loader
 from psycopg.types.string import BytesBinaryDumper
 from psycopg_pool import ConnectionPool
 
+from healthsvc.ingest.batch import MetricBatch
 from healthsvc.store import migrations
 from healthsvc.store.base import StoreBase
 from healthsvc.store.dialect import Catalog, Statement, pg_ddl, pg_plain, pg_statement, split_script
+from healthsvc.store.ingest import CHUNK_COLUMNS, CHUNK_PLACES, Appended, chunk_row
 from healthsvc.store.open import is_postgres_uri
+from healthsvc.store.runstate import RunState
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +322,29 @@ class PostgresStore(StoreBase):
             # after close(): read on a connection of one's own.
             return _Direct(self._connect(), self.catalog, owned=True)  # type: ignore[return-value]
         return self._reader
+
+    # The usual push in one round trip (three statements and three round trips otherwise): the
+    # claim of the batch's digest, the read of a newer attempt another replica opened, and the
+    # chunk's insert, which happens only if the batch is new and there is no newer attempt.
+    # (Data-modifying CTEs run once each, on the statement's one snapshot.)
+    _APPEND_CURRENT = (
+        "WITH claimed AS (INSERT INTO batches VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1),"
+        " newer AS (SELECT attempt, start_step FROM attempts WHERE run_id = ? AND attempt > ?"
+        " ORDER BY attempt DESC LIMIT 1),"
+        f" chunk AS (INSERT INTO chunks ({CHUNK_COLUMNS}) SELECT {CHUNK_PLACES}"
+        " WHERE EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM newer) RETURNING id)"
+        " SELECT EXISTS (SELECT 1 FROM claimed), (SELECT attempt FROM newer), (SELECT start_step FROM newer),"
+        " (SELECT id FROM chunk)")
+
+    def _append_current(self, conn: PgConnection, run_id: str, st: RunState, batch: MetricBatch, digest: str,
+                        now: float) -> Appended:
+        claimed, newer, start, chunk_id = conn.execute(self._APPEND_CURRENT, (
+            run_id, digest, len(batch), now, run_id, st.attempt, *chunk_row(run_id, st.attempt, batch, now))).fetchone()
+        if not claimed:
+            return Appended(duplicate=True)
+        if newer is not None:
+            return Appended(newer=(int(newer), int(start)))
+        return Appended(chunk_id=int(chunk_id))
 
     def _check_fence(self, conn: PgConnection, fence: Any) -> None:
         from healthsvc.store.leases import check_fence

@@ -87,6 +87,24 @@ class RunState:
         pos, known = self._positions(batch.ranks)
         return bool(np.any(batch.steps[known] <= self.last_step[pos[known]]))
 
+    def only_progress(self, batch: MetricBatch) -> bool:
+        """True when every rank of the batch has reported in the current attempt and each of its
+        steps is beyond that rank's last: neither a new attempt nor a new rank (read only).
+
+        >>> def batch(steps, ranks): return MetricBatch(np.array(steps), np.array(ranks))
+        >>> st = RunState("r"); st.open_attempt(0); st.advance(batch([0, 0], [0, 1]))
+        1
+        >>> st.only_progress(batch([1], [1])), st.only_progress(batch([0], [1]))
+        (True, False)
+        >>> st.only_progress(batch([1], [2]))   # rank 2 is new in the attempt
+        False
+        """
+        pos, known = self._positions(batch.ranks)
+        if not known.all():
+            return False
+        last = self.last_step[pos]
+        return bool((last >= 0).all() and (batch.steps > last).all())
+
     def open_attempt(self, start_step: int) -> int:
         return self.join_attempt(self.attempt + 1, start_step)
 

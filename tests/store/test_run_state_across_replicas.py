@@ -64,6 +64,35 @@ def test_a_replica_joins_the_attempt_another_replica_opened():
             b.close()
 
 
+def test_a_push_of_plain_progress_on_a_replica_behind_the_run_goes_to_the_newer_attempt():
+    # The usual push (a rank the replica knows, a step beyond its last there) is stored in one
+    # statement that also reads the run's newest attempt: it must not land in the old one.
+    with fresh_database() as uri:
+        a, b = PostgresStore(uri), PostgresStore(uri)
+        a.open()
+        b.open()
+        try:
+            for step in range(20):    # b sees rank 0 up to step 9, a sees the rest
+                for rank in range(2):
+                    assert push(b if rank == 0 and step < 10 else a, rank, step, 1.0) == 1
+            # Restart from step 15: a sees it (rank 0 was at 19 there) and opens attempt 2.
+            assert push(a, 0, 15, 2.0) == 2
+            assert push(a, 1, 15, 2.0) == 2
+            # b knows rank 0 at step 9 in attempt 1: step 16 looks like plain progress there.
+            assert push(b, 0, 16, 2.0) == 2
+            assert push(b, 0, 17, 2.0) == 2
+            # A retried push through the same path is a duplicate, stored once.
+            again = b.submit_metrics("r", record(0, 17, 2.0), "0-17-2.0").result(10)
+            assert again.duplicate and again.attempt == 2
+            h = load_history(a, "r")
+            got = sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist()))
+            assert got == sorted([(s, r, 1) for s in range(15) for r in range(2)]
+                                 + [(15, 0, 2), (15, 1, 2), (16, 0, 2), (17, 0, 2)])
+        finally:
+            a.close()
+            b.close()
+
+
 def finish(store: PostgresStore, rank: int) -> str:
     return store.submit_finish("r", rank).result(10).kind
 
