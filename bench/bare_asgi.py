@@ -1,4 +1,5 @@
-"""A bare ASGI app for bench/ingest.py's baseline: what uvicorn itself costs per request."""
+"""A bare ASGI app for the benchmarks' baseline (bench/ingest.py, bench/scale.py): what uvicorn
+itself costs per request."""
 
 
 async def app(scope, receive, send):
@@ -12,5 +13,13 @@ async def app(scope, receive, send):
                 return
     if scope["type"] != "http":
         return
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": b'{"status":"ok"}'})
+    # A POST is read whole and answered 202, as the ingest answers it (bench/scale.py pushes
+    # the same bodies here as to the service); anything else is a health check.
+    post = scope["method"] == "POST"
+    while post:
+        message = await receive()
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 202 if post else 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"accepted":1}' if post else b'{"status":"ok"}'})

@@ -12,8 +12,11 @@ Reported per case: requests and points offered and acknowledged per second, p50 
 serving the case's database, from /proc via psutil; SQLite runs inside the replica), and of nginx,
 and requests and points per CPU-second of service plus database, net of what the replicas and
 the database spend idle (measured for ``--idle`` seconds before each case, after a warm-up step;
-shown as ``idle cpu/s``). A bare uvicorn app's requests per
-CPU-second, measured in the same run, is the yardstick. Then the sizing of a 16,384-rank job at one
+shown as ``idle cpu/s``). The yardstick, measured in the same run: a bare uvicorn app
+(``bench/bare_asgi.py``: reads the body, answers 202) behind the same nginx under the same load,
+one ``bare`` row per push size (``x bare``: the case's requests per CPU-second over that row's);
+``x sat.`` divides by the bare app's saturated rate instead (GET /healthz, closed loop, where
+uvicorn answers several requests per wake-up: a cheaper floor than any open-loop load). Then the sizing of a 16,384-rank job at one
 step per second from the measured per-request costs, with and without the relay.
 
     .venv/bin/python bench/scale.py [--seconds 8] [--ranks 256] [--step-rate 1] [--replicas 1,2,3]
@@ -22,6 +25,7 @@ step per second from the measured per-request costs, with and without the relay.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
@@ -84,18 +88,27 @@ class Load:
     def run(self, seconds: float) -> float:
         todo = self.pushes()
         start = time.perf_counter()
-        steps = max(1, int(seconds * self.step_rate))
+        # step_rate 0: closed loop, each worker's next push as soon as its last came back, for
+        # ``seconds`` (the saturated rate); else open loop, a fixed number of steps.
+        steps = max(1, int(seconds * self.step_rate)) if self.step_rate > 0 else None
+        issued = [0] * self.workers
 
         def worker(w: int) -> None:
             rng = np.random.default_rng(w)
             mine = todo[w::self.workers]
             lat, ok, bad = [], 0, 0
             with httpx.Client(base_url=self.url, timeout=30, headers={"content-type": "application/json"}) as c:
-                for step in range(steps):
-                    due = start + step / self.step_rate
-                    pause = due - time.perf_counter()
-                    if pause > 0:
-                        time.sleep(pause)
+                for step in itertools.count():
+                    if steps is None:
+                        if time.perf_counter() - start >= seconds:
+                            break
+                    elif step >= steps:
+                        break
+                    else:
+                        pause = start + step / self.step_rate - time.perf_counter()
+                        if pause > 0:
+                            time.sleep(pause)
+                    issued[w] += len(mine)
                     for run_id, ranks in mine:
                         t0 = time.perf_counter()
                         try:
@@ -117,7 +130,7 @@ class Load:
             t.start()
         for t in threads:
             t.join()
-        self.offered = steps * len(todo)
+        self.offered = sum(issued)
         return time.perf_counter() - start
 
 
@@ -164,10 +177,12 @@ def run_case(store: str, replicas: int, per_push: int, args, tmp: Path) -> dict:
         else:
             db = str(tmp / f"scale-{replicas}-{per_push}.db")
         env = {"HEALTHSVC_LOG_LEVEL": "warning"}
-        servers = [ServerProcess(db, env=env, log_path=tmp / f"replica-{store}-{replicas}-{per_push}-{i}.log")
-                   for i in range(replicas)]
+        servers = ([BareASGI()] if store == "bare" else
+                   [ServerProcess(db, env=env, log_path=tmp / f"replica-{store}-{replicas}-{per_push}-{i}.log")
+                    for i in range(replicas)])
         for s in servers:
-            s.start()
+            if store != "bare":
+                s.start()
             stack.callback(s.stop)
         lb = Balancer(tmp / f"nginx-{store}-{replicas}-{per_push}", free_port(), [s.port for s in servers]).start()
         stack.callback(lb.stop)
@@ -179,7 +194,7 @@ def run_case(store: str, replicas: int, per_push: int, args, tmp: Path) -> dict:
         # Idle first: what the replicas and the database spend with no push (tickers, lease
         # renewals, the pool), subtracted below so the per-request cost is the pushes' own.
         warm = Load(lb.url, args.jobs, ranks, step_rate, per_push, args.workers)
-        warm.run(1.0 / step_rate)                        # every run exists, every connection is open
+        warm.run(1.0 / step_rate if step_rate > 0 else 1.0)  # every run exists, every connection is open
         idle = meters()
         for m in idle:
             m.read()
@@ -236,7 +251,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--ranks", type=int, default=128, help="ranks per job")
-    ap.add_argument("--step-rate", type=float, default=1.0, help="steps per second per rank")
+    ap.add_argument("--step-rate", type=float, default=1.0,
+                    help="steps per second per rank (0: closed loop, as fast as the workers get answers)")
     ap.add_argument("--replicas", default="1,2,3")
     ap.add_argument("--stores", default="sqlite,postgresql")
     ap.add_argument("--per-push", default="1,8", help="records per push: 1 = per rank, 8 = a per-host relay")
@@ -253,8 +269,11 @@ def main() -> None:
             bare_rps = floor_case(bare, 3.0, 4)
         finally:
             bare.stop()
-        print(f"bare uvicorn app: {bare_rps:,.0f} requests per CPU-second")
-        cases = []
+        print(f"bare uvicorn app, saturated (GET /healthz, 4 threads, closed loop): {bare_rps:,.0f} requests per CPU-second")
+        # The yardstick: the same bare app behind the same nginx under the same load (same
+        # pushes, same open-loop rate) as the service, one row per push size.
+        sizes = [int(x) for x in args.per_push.split(",")] + ([1024] if args.batch_case else [])
+        cases = [("bare", 1, per_push) for per_push in sizes]
         for store in args.stores.split(","):
             for per_push in (int(x) for x in args.per_push.split(",")):
                 # SQLite is one file with one writer: one replica only.
@@ -264,15 +283,20 @@ def main() -> None:
                 cases.append((store, 1, 1024))
         head = (f"{'store':10} {'repl':>4} {'rec/push':>8} {'offered/s':>9} {'acked/s':>8} {'fail':>5} {'p50 ms':>7} "
                 f"{'p99 ms':>7} {'svc cpu':>7} {'db cpu':>6} {'nginx':>6} {'req/cpu-s':>9} {'pts/cpu-s':>10} "
-                f"{'x bare':>6} {'idle cpu/s':>10}")
+                f"{'x bare':>6} {'x sat.':>6} {'idle cpu/s':>10}")
         print(head)
+        same_load: dict[int, float] = {}
         for store, n, per_push in cases:
             r = run_case(store, n, per_push, args, Path(tmp))
-            rows.append(r)
+            if store == "bare":
+                same_load[per_push] = r["req_per_cpu"]
+            else:
+                rows.append(r)
             print(f"{r['store']:10} {r['replicas']:>4} {r['per_push']:>8} {r['offered_rps']:>9,.0f} {r['acked_rps']:>8,.0f} "
                   f"{r['failed']:>5} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['service_cpu']:>7.2f} {r['db_cpu']:>6.2f} "
                   f"{r['nginx_cpu']:>6.2f} {r['req_per_cpu']:>9,.0f} {r['points_per_cpu']:>10,.0f} "
-                  f"{r['req_per_cpu'] / bare_rps:>6.3f} {r['idle_cpu_per_s']:>10.3f}", flush=True)
+                  f"{r['req_per_cpu'] / same_load[per_push]:>6.3f} {r['req_per_cpu'] / bare_rps:>6.3f} "
+                  f"{r['idle_cpu_per_s']:>10.3f}", flush=True)
     print()
     for line in sizing(rows):
         print(line)

@@ -7,8 +7,9 @@ its snapshot and replays the chunks stored after it, so a restarted service neit
 repeats findings (stored findings are unique by identity).
 
 With several replicas (:mod:`healthsvc.monitor.ownership`) the hub watches only the runs this
-replica owns: a push to a run owned elsewhere is handed on to the owner (which pulls the chunks
-after its watermark from the store: the replay path), and a run taken over from a dead replica is
+replica owns: a push to a run owned elsewhere is handed on to the owner (small chunks in the
+notification, others read by id: :mod:`healthsvc.monitor.remote_chunks`; each tick also pulls the
+chunks after its watermark, the replay path), and a run taken over from a dead replica is
 restored the same way as at start, one run at a time. Every ownership change reaches the hub as a
 message on its queue, so all of its state stays on its one thread.
 """
@@ -25,6 +26,7 @@ from typing import Any, Callable, Union
 from detectors.finding import Finding
 from healthsvc.findings import FindingsService
 from healthsvc.messages import Drain, RunOwned, Stop, Tick
+from healthsvc.monitor import remote_chunks
 from healthsvc.monitor.ownership import RemoteMessage, RunOwnership, SoleOwner
 from healthsvc.monitor.run_monitor import RunMonitor
 from healthsvc.store.interface import Store
@@ -223,7 +225,7 @@ class MonitorHub:
         if not self.ownership.claim(run_id):
             self._drop(run_id)
             if isinstance(item, IngestResult):
-                self.ownership.announce(run_id, {"chunks": [item.chunk_id]})
+                self.ownership.announce(run_id, remote_chunks.announcement(item))
             else:
                 self.ownership.announce(run_id, {"event": item.kind, "data": item.data, "at": item.received_at})
             return False
@@ -251,7 +253,7 @@ class MonitorHub:
             if item.run_id not in self.monitors:
                 self._adopt(item.run_id)  # restore replays the announced chunks with the rest
             else:
-                self._pull(item.run_id, [int(c) for c in msg.get("chunks", ()) if c is not None])
+                self._pull(item.run_id, msg)
 
     def _seen(self, run_id: str, mon: RunMonitor, chunk_id: int) -> bool:
         """Whether the chunk was fed already; records it as fed otherwise.
@@ -273,12 +275,19 @@ class MonitorHub:
             self._floor[run_id] = max(self._floor.get(run_id, 0), old[-1])
         return False
 
-    def _pull(self, run_id: str, announced: list[int] = ()) -> None:
-        """Feed the run's chunks not fed yet: those after the watermark, and announced ones below
-        it that committed late (pushes accepted elsewhere)."""
+    def _pull(self, run_id: str, announced: RemoteMessage | None = None) -> None:
+        """Feed the run's chunks not fed yet: the ones a notification announced (pushes accepted
+        elsewhere; their ids may be below the watermark: they committed late), from the
+        notification itself or read by id (``remote_chunks``); or, on a tick, all those after the
+        watermark (what lost notifications did not bring)."""
         mon = self.monitors[run_id]
-        low = max(self._floor.get(run_id, 0), min([mon.watermark, *(c - 1 for c in announced)]))
-        for chunk in self.store.chunks_after(run_id, low):
+        if announced and announced.get("chunks"):
+            chunks, missing = remote_chunks.inlined(announced)
+            if missing:
+                chunks = sorted([*chunks, *self.store.chunks_by_id(run_id, missing)], key=lambda c: c.id)
+        else:
+            chunks = self.store.chunks_after(run_id, max(self._floor.get(run_id, 0), mon.watermark))
+        for chunk in chunks:
             if not self._seen(run_id, mon, chunk.id):
                 self._record(mon, mon.on_metrics(chunk.batch, self._chunk_view(run_id, mon, chunk.attempt),
                                                  chunk.id, chunk.received_at))

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from healthsvc.store import snapshots
 from healthsvc.store.bisections import BisectionsTable
@@ -171,3 +171,7 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
     def chunks_after(self, run_id: str, watermark: int, fields: set[str] | None = None) -> Iterator[StoredChunk]:
         """The run's stored chunks after ``watermark`` (a chunk id), oldest first: what replay feeds."""
         return snapshots.chunks_after(self.read_conn(), run_id, watermark, fields)
+
+    def chunks_by_id(self, run_id: str, ids: Sequence[int], fields: set[str] | None = None) -> Iterator[StoredChunk]:
+        """The run's stored chunks among ``ids``, oldest first: what a notification announced."""
+        return snapshots.chunks_by_id(self.read_conn(), run_id, ids, fields)

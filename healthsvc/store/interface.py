@@ -27,7 +27,7 @@ steps of ``migrations.py``.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from detectors.finding import Finding
 from healthsvc.ingest.batch import MetricBatch
@@ -91,6 +91,8 @@ class Snapshots(Protocol):
                       fence: Fence | None = None) -> Future: ...
     def snapshots(self, kind: SnapshotKind) -> dict[str, Snapshot]: ...
     def chunks_after(self, run_id: str, watermark: int,
+                     fields: set[str] | None = None) -> Iterator[StoredChunk]: ...
+    def chunks_by_id(self, run_id: str, ids: Sequence[int],
                      fields: set[str] | None = None) -> Iterator[StoredChunk]: ...
 
 

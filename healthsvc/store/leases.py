@@ -16,7 +16,8 @@ row ``FOR SHARE`` (a takeover waits for that transaction) and fails when the tok
 
 Pushes accepted by a replica that does not own the run are handed to the owner with ``NOTIFY`` on
 the owner's own channel (``hs_`` + its id), coalesced per run; the owner ``LISTEN``\\ s on a
-connection of its own and pulls the chunks after its watermark from the store.
+connection of its own and feeds the announced chunks: small ones come in the notification, the
+others it reads from the store by id (``healthsvc.monitor.remote_chunks``).
 
 >>> channel("replica-7f3a"), channel("gpu-node-3:8081")
 ('hs_replica_7f3a', 'hs_gpu_node_3_8081')
@@ -34,6 +35,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from healthsvc.monitor import remote_chunks
 from healthsvc.monitor.ownership import Fence, RemoteMessage
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,11 @@ def check_fence(cur: Any, fence: Fence | None) -> None:
         return
     if cur.execute(FENCE_SQL, (fence.run_id, fence.owner, fence.token)).fetchone() is None:
         raise LeaseLost(f"run {fence.run_id}: lease token {fence.token} of {fence.owner} is no longer valid")
+
+
+# How long the first announcement waits for others to go with it: a few milliseconds of the
+# 100 ms in which the owner must hear of a push.
+NOTIFY_GATHER_S = 0.005
 
 
 def channel(replica_id: str) -> str:
@@ -319,13 +326,16 @@ class PgLeases:
             log.exception("leases: bad notification %r", payload[:200])
 
     def _notify_loop(self) -> None:
-        """Send the announcements; what queued up during one send goes in the next, one
-        notification per owner, each run's chunk announcements folded into one."""
+        """Send the announcements: what queued up within :data:`NOTIFY_GATHER_S` of the first
+        (and during the last send) goes in one notification per owner, each run's chunk
+        announcements folded into one. (A notification is a transaction on the database and a
+        wake-up on the owner: one per push cost more than the push's own insert.)"""
         conn = None
         while True:
             item = self._outbox.get()
             if item is None:
                 break
+            self._stopping.wait(NOTIFY_GATHER_S)
             batch = [item]
             while True:
                 try:
@@ -340,9 +350,11 @@ class PgLeases:
             chunks: dict[tuple[str, str], dict] = {}
             for owner, run_id, message in batch:
                 if "chunks" in message and (owner, run_id) in chunks:
-                    chunks[(owner, run_id)]["msg"]["chunks"].extend(message["chunks"])
+                    remote_chunks.fold(chunks[(owner, run_id)]["msg"], message)
                     continue
-                item = {"run": run_id, "msg": {**message, "chunks": list(message["chunks"])}
+                # Copies: folding appends to them.
+                item = {"run": run_id, "msg": {**message, "chunks": list(message["chunks"]),
+                                               **({"inline": dict(message["inline"])} if message.get("inline") else {})}
                         if "chunks" in message else message}
                 if "chunks" in message:
                     chunks[(owner, run_id)] = item
@@ -361,6 +373,31 @@ class PgLeases:
             conn.close()
 
 
+def _fitted(item: dict, limit: int) -> list[str]:
+    """One announcement as JSON texts of at most ``limit`` bytes: as it is; else without its
+    inline chunks (the owner reads them by id); else its chunk ids split in parts.
+
+    >>> big = {"run": "r", "msg": {"chunks": list(range(3000)), "inline": {"1": [1, 0.0, "x" * 4000]}}}
+    >>> parts = _fitted(big, 7900)
+    >>> len(parts), sorted(c for p in parts for c in json.loads(p)["msg"]["chunks"]) == list(range(3000))
+    (2, True)
+    >>> any("inline" in json.loads(p)["msg"] for p in parts)
+    False
+    """
+    text = json.dumps(item, separators=(",", ":"))
+    msg = item["msg"]
+    if len(text) <= limit or "chunks" not in msg:
+        return [text]
+    if msg.get("inline"):
+        return _fitted({**item, "msg": {k: v for k, v in msg.items() if k != "inline"}}, limit)
+    ids = msg["chunks"]
+    if len(ids) < 2:
+        return [text]
+    half = len(ids) // 2
+    return [*_fitted({**item, "msg": {**msg, "chunks": ids[:half]}}, limit),
+            *_fitted({**item, "msg": {**msg, "chunks": ids[half:]}}, limit)]
+
+
 def _payloads(items: list[dict], limit: int = 7900) -> list[str]:
     """JSON lists of items, each under NOTIFY's 8000-byte payload limit.
 
@@ -369,8 +406,7 @@ def _payloads(items: list[dict], limit: int = 7900) -> list[str]:
     (5, 1000, True)
     """
     out, cur, size = [], [], 2
-    for item in items:
-        text = json.dumps(item, separators=(",", ":"))
+    for text in (t for item in items for t in _fitted(item, limit - 2)):
         if cur and size + len(text) + 1 > limit:
             out.append("[" + ",".join(cur) + "]")
             cur, size = [], 2

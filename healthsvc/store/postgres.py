@@ -207,7 +207,7 @@ class PooledReader:
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> "PgCursor | StreamedRows":
         st = self._translate(sql)
-        if _STREAMED.search(st.sql):
+        if _STREAMED.search(st.sql) and not _BY_ID.search(st.sql):
             return StreamedRows(self._pool, st.sql, _params(args))
         with self._pool.connection() as conn, conn.cursor() as cur:
             cur.execute(st.sql, _params(args))
@@ -215,8 +215,10 @@ class PooledReader:
             return PgCursor(rows, cur.rowcount, None)
 
 
-# Reads of chunk payloads (an export, a replay) can be the whole of a long run: they stream.
+# Reads of chunk payloads (an export, a replay) can be the whole of a long run: they stream;
+# a read of chunks named by id (``snapshots.chunks_by_id``: a few) is fetched at once.
 _STREAMED = re.compile(r"^\s*SELECT\b[^;]*\bpayload\b[^;]*\bFROM\s+chunks\b", re.IGNORECASE | re.DOTALL)
+_BY_ID = re.compile(r"\bAND\s+id\s+IN\s*\(", re.IGNORECASE)
 
 
 class StreamedRows:

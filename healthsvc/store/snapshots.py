@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Sequence
 
 from healthsvc.ingest.batch import MetricBatch
 from healthsvc.store.codec import decode_chunk
@@ -54,6 +54,26 @@ def read_snapshots(conn: sqlite3.Connection, kind: SnapshotKind, run_id: str | N
             "SELECT run_id, watermark, state FROM run_state WHERE kind=? AND run_id=?", (kind, run_id))}
     return {r: Snapshot(int(w), bytes(s)) for r, w, s in conn.execute(
         "SELECT run_id, watermark, state FROM run_state WHERE kind=?", (kind,))}
+
+
+# Ids per read of named chunks: a statement's parameters stay few (and the statement's text,
+# which the PostgreSQL driver prepares, one of a few lengths).
+BY_ID_LIMIT = 64
+
+
+def chunks_by_id(conn: sqlite3.Connection, run_id: str, ids: Sequence[int],
+                 fields: set[str] | None = None) -> Iterator[StoredChunk]:
+    """The run's chunks among ``ids`` (the few a notification named), oldest first, each read
+    fetched whole: one round trip where a stream of the chunks after a watermark takes several
+    (PostgreSQL: a server-side cursor)."""
+    ids = sorted({int(i) for i in ids})
+    for at in range(0, len(ids), BY_ID_LIMIT):
+        part = ids[at:at + BY_ID_LIMIT]
+        rows = conn.execute(
+            f"SELECT id, attempt, received_at, payload FROM chunks WHERE run_id=? AND id IN ({', '.join('?' * len(part))})"
+            " ORDER BY id", (run_id, *part)).fetchall()
+        for chunk_id, attempt, received_at, payload in rows:
+            yield StoredChunk(chunk_id, attempt, received_at, decode_chunk(payload, fields))
 
 
 def chunks_after(conn: sqlite3.Connection, run_id: str, watermark: int,
