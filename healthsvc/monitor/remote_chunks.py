@@ -1,7 +1,7 @@
 """A push accepted by a replica that does not own its run, as the owner hears of it.
 
 The announcement names the stored chunk (``{"chunks": [id]}``); a small chunk also travels inline,
-its stored bytes (``codec.encode_chunk``, base64) with its attempt and receive time, so the owner
+its stored bytes (``IngestResult.payload``, base64) with its attempt and receive time, so the owner
 feeds it without reading the store: with several replicas most pushes arrive elsewhere, and a read
 per push was the largest part of what a push cost its owner. Whatever is not inline (a big chunk,
 or one beyond a notification's share, :data:`INLINE_BYTES`) the owner reads by id. The chunk is
@@ -9,10 +9,11 @@ committed before it is announced, so either way the owner sees exactly what is s
 
 >>> import numpy as np
 >>> from healthsvc.ingest.batch import MetricBatch
+>>> from healthsvc.store.codec import encode_chunk
 >>> from healthsvc.store.results import IngestResult
 >>> b = MetricBatch(np.array([7]), np.array([3]), {"loss": np.array([np.nan])}, {"loss": np.array([True])})
->>> msg = announcement(IngestResult("r", 1, False, 2, False, 41, 100.5, b))
->>> fold(msg, announcement(IngestResult("r", 1, False, 2, False, 42, 100.6, b)))
+>>> msg = announcement(IngestResult("r", 1, False, 2, False, 41, 100.5, b, payload=encode_chunk(b)))
+>>> fold(msg, announcement(IngestResult("r", 1, False, 2, False, 42, 100.6, b, payload=encode_chunk(b))))
 >>> msg["chunks"], sorted(msg["inline"])
 ([41, 42], ['41', '42'])
 >>> chunks, missing = inlined(msg)
@@ -27,7 +28,7 @@ import base64
 import logging
 
 from healthsvc.monitor.ownership import RemoteMessage
-from healthsvc.store.codec import decode_chunk, encode_chunk
+from healthsvc.store.codec import decode_chunk
 from healthsvc.store.results import IngestResult
 from healthsvc.store.snapshots import StoredChunk
 
@@ -40,8 +41,8 @@ INLINE_BYTES = 4000      # inline text per run and notification (NOTIFY's payloa
 def announcement(result: IngestResult) -> RemoteMessage:
     """What the owner is told of a stored metrics batch."""
     msg: RemoteMessage = {"chunks": [result.chunk_id]}
-    if result.batch is not None and len(result.batch) <= INLINE_RECORDS:
-        text = base64.b64encode(encode_chunk(result.batch)).decode()
+    if result.payload is not None and result.batch is not None and len(result.batch) <= INLINE_RECORDS:
+        text = base64.b64encode(result.payload).decode()
         if len(text) <= INLINE_BYTES:
             msg["inline"] = {str(result.chunk_id): [result.attempt, result.received_at, text]}
     return msg

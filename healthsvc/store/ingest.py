@@ -31,10 +31,11 @@ CHUNK_COLUMNS = ("run_id, attempt, step_min, step_max, n_records, n_points, fiel
 CHUNK_PLACES = ", ".join("?" * len(CHUNK_COLUMNS.split(",")))
 
 
-def chunk_row(run_id: str, attempt: int, batch: MetricBatch, now: float) -> tuple:
-    """The ``chunks`` row of a batch, in :data:`CHUNK_COLUMNS`' order."""
+def chunk_row(run_id: str, attempt: int, batch: MetricBatch, now: float, payload: bytes) -> tuple:
+    """The ``chunks`` row of a batch (``payload``: its :func:`encode_chunk`), in
+    :data:`CHUNK_COLUMNS`' order."""
     return (run_id, attempt, int(batch.steps.min()), int(batch.steps.max()), len(batch), batch.n_points,
-            ",".join([*batch.values, *batch.labels]), batch.host_index is not None, now, encode_chunk(batch))
+            ",".join([*batch.values, *batch.labels]), batch.host_index is not None, now, payload)
 
 
 @dataclass(frozen=True)
@@ -92,12 +93,15 @@ class MetricsIngest:
     def _ingest(self, conn: sqlite3.Connection, run_id: str, batch: MetricBatch, digest: str) -> IngestResult:
         now = self._clock()
         st = self._ensure_run(conn, run_id, now)
+        # Encoded once: stored, and handed on with the result (a replica that does not own the
+        # run sends these bytes to the owner).
+        payload = encode_chunk(batch) if len(batch) else b""
         if self._only_a_chunk(st, batch):
-            appended = self._append_current(conn, run_id, st, batch, digest, now)
+            appended = self._append_current(conn, run_id, st, batch, digest, now, payload)
             if appended.duplicate:
                 return self._duplicate(conn, run_id, digest, st, now)
             if appended.chunk_id is not None:
-                return self._applied(conn, run_id, st, batch, False, [], appended.chunk_id, now)
+                return self._applied(conn, run_id, st, batch, False, [], appended.chunk_id, now, payload)
             # Another replica opened a newer attempt: the batch is claimed; it joins that attempt
             # and goes the general way.
             assert appended.newer is not None
@@ -136,11 +140,11 @@ class MetricsIngest:
                 conn.executemany("UPDATE rank_progress SET finished=0 WHERE run_id=? AND attempt=? AND rank=?",
                                  [(run_id, attempt, int(r)) for r in resumed])
         chunk_id = conn.execute(f"INSERT INTO chunks ({CHUNK_COLUMNS}) VALUES ({CHUNK_PLACES})",
-                                chunk_row(run_id, attempt, batch, now)).lastrowid
+                                chunk_row(run_id, attempt, batch, now, payload)).lastrowid
         if st.finished:  # data after the run finished: it resumed
             conn.execute("UPDATE runs SET status='running', finished_at=NULL, updated_at=? WHERE run_id=?",
                          (now, run_id))
-        return self._applied(conn, run_id, st, batch, new_attempt, hosts, chunk_id, now)
+        return self._applied(conn, run_id, st, batch, new_attempt, hosts, chunk_id, now, payload)
 
     def _only_a_chunk(self, st: RunState, batch: MetricBatch) -> bool:
         """The usual push: progress in the run's current attempt by ranks that have reported in
@@ -150,7 +154,7 @@ class MetricsIngest:
                 and st.only_progress(batch) and not st.host_updates(batch))
 
     def _append_current(self, conn: sqlite3.Connection, run_id: str, st: RunState, batch: MetricBatch,
-                        digest: str, now: float) -> Appended:
+                        digest: str, now: float, payload: bytes) -> Appended:
         """Claim the batch and append its chunk to the run's current attempt, unless the batch
         is a duplicate or another replica opened a newer attempt (then it is only claimed).
         Here one statement each (SQLite's are in-process); the PostgreSQL store does it in one
@@ -161,7 +165,7 @@ class MetricsIngest:
         if newer is not None:
             return Appended(newer=newer)
         cur = conn.execute(f"INSERT INTO chunks ({CHUNK_COLUMNS}) VALUES ({CHUNK_PLACES})",
-                           chunk_row(run_id, st.attempt, batch, now))
+                           chunk_row(run_id, st.attempt, batch, now, payload))
         return Appended(chunk_id=cur.lastrowid)
 
     def _claim(self, conn: sqlite3.Connection, run_id: str, digest: str, n_records: int, now: float) -> bool:
@@ -175,7 +179,8 @@ class MetricsIngest:
         return IngestResult(run_id, n, True, st.attempt, False, None, now, run=st.view())
 
     def _applied(self, conn: sqlite3.Connection, run_id: str, st: RunState, batch: MetricBatch,
-                 new_attempt: bool, hosts: list[tuple[int, str]], chunk_id: int, now: float) -> IngestResult:
+                 new_attempt: bool, hosts: list[tuple[int, str]], chunk_id: int, now: float,
+                 payload: bytes) -> IngestResult:
         """The batch is stored: the run's in-memory state follows (it cannot fail), then the
         housekeeping (pruning the digests, a snapshot now and then)."""
         if new_attempt:
@@ -201,7 +206,8 @@ class MetricsIngest:
                 conn.execute("ROLLBACK TO snapshot")
                 log.exception("snapshot of run %s failed; the next batch tries again", run_id)
             conn.execute("RELEASE snapshot")
-        return IngestResult(run_id, len(batch), False, st.attempt, new_attempt, chunk_id, now, batch, st.view())
+        return IngestResult(run_id, len(batch), False, st.attempt, new_attempt, chunk_id, now, batch, st.view(),
+                            payload)
 
     def _write_snapshot(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> None:
         snapshots.write_snapshot(conn, run_id, "ingest", snapshots.newest_chunk_id(conn, run_id),

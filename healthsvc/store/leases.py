@@ -352,11 +352,10 @@ class PgLeases:
                 if "chunks" in message and (owner, run_id) in chunks:
                     remote_chunks.fold(chunks[(owner, run_id)]["msg"], message)
                     continue
-                # Copies: folding appends to them.
-                item = {"run": run_id, "msg": {**message, "chunks": list(message["chunks"]),
-                                               **({"inline": dict(message["inline"])} if message.get("inline") else {})}
-                        if "chunks" in message else message}
+                item = {"run": run_id, "msg": message}
                 if "chunks" in message:
+                    item["msg"] = {"chunks": []}   # a fresh message to fold this run's into
+                    remote_chunks.fold(item["msg"], message)
                     chunks[(owner, run_id)] = item
                 by_owner.setdefault(owner, []).append(item)
             try:

@@ -207,7 +207,7 @@ class PooledReader:
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> "PgCursor | StreamedRows":
         st = self._translate(sql)
-        if _STREAMED.search(st.sql) and not _BY_ID.search(st.sql):
+        if _STREAMED.search(st.sql):
             return StreamedRows(self._pool, st.sql, _params(args))
         with self._pool.connection() as conn, conn.cursor() as cur:
             cur.execute(st.sql, _params(args))
@@ -215,10 +215,9 @@ class PooledReader:
             return PgCursor(rows, cur.rowcount, None)
 
 
-# Reads of chunk payloads (an export, a replay) can be the whole of a long run: they stream;
-# a read of chunks named by id (``snapshots.chunks_by_id``: a few) is fetched at once.
+# Reads of chunk payloads (an export, a replay) can be the whole of a long run: they stream when
+# iterated (``fetchall()`` reads them at once).
 _STREAMED = re.compile(r"^\s*SELECT\b[^;]*\bpayload\b[^;]*\bFROM\s+chunks\b", re.IGNORECASE | re.DOTALL)
-_BY_ID = re.compile(r"\bAND\s+id\s+IN\s*\(", re.IGNORECASE)
 
 
 class StreamedRows:
@@ -239,7 +238,11 @@ class StreamedRows:
             yield from cur
 
     def fetchall(self) -> list[tuple]:
-        return list(self)
+        """All rows at once, the caller holds them anyway: one plain statement, where the
+        cursor takes a transaction and a round trip per batch (``snapshots.chunks_by_id``)."""
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            cur.execute(self._sql, self._args)
+            return cur.fetchall()
 
     def fetchone(self) -> tuple | None:
         return next(iter(self.fetchall()), None)
@@ -339,9 +342,10 @@ class PostgresStore(StoreBase):
         " (SELECT id FROM chunk)")
 
     def _append_current(self, conn: PgConnection, run_id: str, st: RunState, batch: MetricBatch, digest: str,
-                        now: float) -> Appended:
+                        now: float, payload: bytes) -> Appended:
         claimed, newer, start, chunk_id = conn.execute(self._APPEND_CURRENT, (
-            run_id, digest, len(batch), now, run_id, st.attempt, *chunk_row(run_id, st.attempt, batch, now))).fetchone()
+            run_id, digest, len(batch), now, run_id, st.attempt,
+            *chunk_row(run_id, st.attempt, batch, now, payload))).fetchone()
         if not claimed:
             return Appended(duplicate=True)
         if newer is not None:

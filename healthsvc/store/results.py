@@ -23,6 +23,7 @@ class IngestResult:
     received_at: float
     batch: MetricBatch | None = None
     run: RunView | None = None     # the run's committed state after this batch
+    payload: bytes | None = None   # the chunk as stored (``codec.encode_chunk``)
 
 
 @dataclass

@@ -31,10 +31,11 @@ def test_chunks_by_id_reads_exactly_the_runs_named_chunks_oldest_first(db_uri):
         assert [c.id for c in got] == sorted({mine[5], mine[2], *mine[20:]})
         assert [float(c.batch.values["loss"][0]) for c in got] == [2.0, 5.0, *map(float, range(20, len(mine)))]
         assert list(store.chunks_by_id("a", [])) == []
-        # Fetched whole: on PostgreSQL a read by id is a plain statement, not a server-side cursor.
-        rows = store.read_conn().execute(
-            "SELECT id, attempt, received_at, payload FROM chunks WHERE run_id=? AND id IN (?, ?)",
-            ("a", mine[0], mine[1]))
-        assert isinstance(rows.fetchall(), list) and type(rows).__name__ != "StreamedRows"
+        # A chunk read fetched at once (how chunks_by_id reads; on PostgreSQL one plain statement)
+        # gives the rows the streamed read gives.
+        sql, args = "SELECT id, attempt, received_at, payload FROM chunks WHERE run_id=? AND id>? ORDER BY id", ("a", mine[3])
+        at_once = store.read_conn().execute(sql, args).fetchall()
+        streamed = list(store.read_conn().execute(sql, args))
+        assert [r[0] for r in at_once] == mine[4:] and [tuple(r) for r in at_once] == [tuple(r) for r in streamed]
     finally:
         store.close()

@@ -10,6 +10,7 @@ replicas behind a balancer) each see only the pushes they were sent.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from healthsvc.history import load_history
 from healthsvc.ingest.batch import MetricBatch
@@ -17,6 +18,20 @@ from healthsvc.store.postgres import PostgresStore
 from tests.pg import fresh_database
 
 RANKS = 4
+
+
+@pytest.fixture
+def replicas():
+    """Two stores on one fresh PostgreSQL database: two replicas' views of it."""
+    with fresh_database() as uri:
+        a, b = PostgresStore(uri), PostgresStore(uri)
+        a.open()
+        b.open()
+        try:
+            yield a, b
+        finally:
+            a.close()
+            b.close()
 
 
 def record(rank: int, step: int, loss: float) -> MetricBatch:
@@ -30,121 +45,93 @@ def push(store: PostgresStore, rank: int, step: int, loss: float, run: str = "r"
     return store.submit_metrics(run, record(rank, step, loss), f"{rank}-{step}-{loss}").result(10).attempt
 
 
-def test_a_replica_joins_the_attempt_another_replica_opened():
-    with fresh_database() as uri:
-        a, b = PostgresStore(uri), PostgresStore(uri)
-        a.open()
-        b.open()
-        try:
-            # Steps 0-29, rank 0 always through a, the others alternating: b never sees rank 0.
-            for step in range(30):
-                for rank in range(RANKS):
-                    via = a if rank == 0 or (step + rank) % 2 else b
-                    assert push(via, rank, step, 1.0) == 1
-            # The job restarts from its checkpoint at step 20. Rank 1's first push reaches a,
-            # which saw rank 1 at step 21 before: a restart, attempt 2. Rank 0's reaches b, which
-            # never saw rank 0: only the database tells b that the run is in attempt 2 now.
-            assert push(a, 1, 21, 2.0) == 2
-            assert push(b, 0, 21, 2.0) == 2
-            for step in range(21, 40):
-                for rank in range(RANKS):
-                    if step == 21 and rank in (0, 1):
-                        continue
-                    via = b if (step + rank) % 2 else a
-                    assert push(via, rank, step, 2.0) == 2, (step, rank)
-            assert [(x["attempt"], x["start_step"]) for x in a.attempts("r")] == [(1, 0), (2, 21)]
-            for store in (a, b):   # both replicas answer the same history
-                h = load_history(store, "r")
-                got = sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist(), h.values["loss"].tolist()))
-                want = sorted((s, r, 1 if s <= 20 else 2, 1.0 if s <= 20 else 2.0)
-                              for s in range(40) for r in range(RANKS))
-                assert got == want
-        finally:
-            a.close()
-            b.close()
+def test_a_replica_joins_the_attempt_another_replica_opened(replicas):
+    a, b = replicas
+    # Steps 0-29, rank 0 always through a, the others alternating: b never sees rank 0.
+    for step in range(30):
+        for rank in range(RANKS):
+            via = a if rank == 0 or (step + rank) % 2 else b
+            assert push(via, rank, step, 1.0) == 1
+    # The job restarts from its checkpoint at step 20. Rank 1's first push reaches a,
+    # which saw rank 1 at step 21 before: a restart, attempt 2. Rank 0's reaches b, which
+    # never saw rank 0: only the database tells b that the run is in attempt 2 now.
+    assert push(a, 1, 21, 2.0) == 2
+    assert push(b, 0, 21, 2.0) == 2
+    for step in range(21, 40):
+        for rank in range(RANKS):
+            if step == 21 and rank in (0, 1):
+                continue
+            via = b if (step + rank) % 2 else a
+            assert push(via, rank, step, 2.0) == 2, (step, rank)
+    assert [(x["attempt"], x["start_step"]) for x in a.attempts("r")] == [(1, 0), (2, 21)]
+    for store in (a, b):   # both replicas answer the same history
+        h = load_history(store, "r")
+        got = sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist(), h.values["loss"].tolist()))
+        want = sorted((s, r, 1 if s <= 20 else 2, 1.0 if s <= 20 else 2.0)
+                      for s in range(40) for r in range(RANKS))
+        assert got == want
 
 
-def test_a_push_of_plain_progress_on_a_replica_behind_the_run_goes_to_the_newer_attempt():
+def test_a_push_of_plain_progress_on_a_replica_behind_the_run_goes_to_the_newer_attempt(replicas):
     # The usual push (a rank the replica knows, a step beyond its last there) is stored in one
     # statement that also reads the run's newest attempt: it must not land in the old one.
-    with fresh_database() as uri:
-        a, b = PostgresStore(uri), PostgresStore(uri)
-        a.open()
-        b.open()
-        try:
-            for step in range(20):    # b sees rank 0 up to step 9, a sees the rest
-                for rank in range(2):
-                    assert push(b if rank == 0 and step < 10 else a, rank, step, 1.0) == 1
-            # Restart from step 15: a sees it (rank 0 was at 19 there) and opens attempt 2.
-            assert push(a, 0, 15, 2.0) == 2
-            assert push(a, 1, 15, 2.0) == 2
-            # b knows rank 0 at step 9 in attempt 1: step 16 looks like plain progress there.
-            assert push(b, 0, 16, 2.0) == 2
-            assert push(b, 0, 17, 2.0) == 2
-            # A retried push through the same path is a duplicate, stored once.
-            again = b.submit_metrics("r", record(0, 17, 2.0), "0-17-2.0").result(10)
-            assert again.duplicate and again.attempt == 2
-            h = load_history(a, "r")
-            got = sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist()))
-            assert got == sorted([(s, r, 1) for s in range(15) for r in range(2)]
-                                 + [(15, 0, 2), (15, 1, 2), (16, 0, 2), (17, 0, 2)])
-        finally:
-            a.close()
-            b.close()
+    a, b = replicas
+    for step in range(20):    # b sees rank 0 up to step 9, a sees the rest
+        for rank in range(2):
+            assert push(b if rank == 0 and step < 10 else a, rank, step, 1.0) == 1
+    # Restart from step 15: a sees it (rank 0 was at 19 there) and opens attempt 2.
+    assert push(a, 0, 15, 2.0) == 2
+    assert push(a, 1, 15, 2.0) == 2
+    # b knows rank 0 at step 9 in attempt 1: step 16 looks like plain progress there.
+    assert push(b, 0, 16, 2.0) == 2
+    assert push(b, 0, 17, 2.0) == 2
+    # A retried push through the same path is a duplicate, stored once.
+    again = b.submit_metrics("r", record(0, 17, 2.0), "0-17-2.0").result(10)
+    assert again.duplicate and again.attempt == 2
+    h = load_history(a, "r")
+    got = sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist()))
+    assert got == sorted([(s, r, 1) for s in range(15) for r in range(2)]
+                         + [(15, 0, 2), (15, 1, 2), (16, 0, 2), (17, 0, 2)])
 
 
 def finish(store: PostgresStore, rank: int) -> str:
     return store.submit_finish("r", rank).result(10).kind
 
 
-def test_the_run_finishes_when_its_last_rank_finishes_on_any_replica():
-    with fresh_database() as uri:
-        a, b = PostgresStore(uri), PostgresStore(uri)
-        a.open()
-        b.open()
-        try:
-            for step in range(5):   # a sees ranks 0 and 1, b sees ranks 2 and 3
-                for rank in range(RANKS):
-                    push(a if rank < 2 else b, rank, step, 1.0)
-            # a's own ranks are done, but the run is not: ranks 2 and 3 still train (counting
-            # only what a saw would call it finished and silence the hang checks).
-            assert [finish(a, 0), finish(a, 1)] == ["rank_finished", "rank_finished"]
-            assert a.get_run_row("r")["status"] == "running"
-            assert finish(b, 2) == "rank_finished"
-            assert finish(b, 3) == "finish"   # b never saw ranks 0 and 1 finish: the database did
-            assert a.get_run_row("r")["status"] == "finished"
-        finally:
-            a.close()
-            b.close()
+def test_the_run_finishes_when_its_last_rank_finishes_on_any_replica(replicas):
+    a, b = replicas
+    for step in range(5):   # a sees ranks 0 and 1, b sees ranks 2 and 3
+        for rank in range(RANKS):
+            push(a if rank < 2 else b, rank, step, 1.0)
+    # a's own ranks are done, but the run is not: ranks 2 and 3 still train (counting
+    # only what a saw would call it finished and silence the hang checks).
+    assert [finish(a, 0), finish(a, 1)] == ["rank_finished", "rank_finished"]
+    assert a.get_run_row("r")["status"] == "running"
+    assert finish(b, 2) == "rank_finished"
+    assert finish(b, 3) == "finish"   # b never saw ranks 0 and 1 finish: the database did
+    assert a.get_run_row("r")["status"] == "finished"
 
 
-def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run():
+def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run(replicas):
     """The ranks of a job finish together: the last two finishes reach two replicas at once.
     Each must see the other's (the run's row is locked), or neither would finish the run."""
     import threading
-    with fresh_database() as uri:
-        a, b = PostgresStore(uri), PostgresStore(uri)
-        a.open()
-        b.open()
-        try:
-            for rounds in range(10):
-                run = f"r{rounds}"
-                for rank in range(2):
-                    push(a if rank == 0 else b, rank, 0, 1.0, run)
-                start, kinds = threading.Barrier(2), {}
+    a, b = replicas
+    for rounds in range(10):
+        run = f"r{rounds}"
+        for rank in range(2):
+            push(a if rank == 0 else b, rank, 0, 1.0, run)
+        start, kinds = threading.Barrier(2), {}
 
-                def finish_on(store, rank):
-                    start.wait()
-                    kinds[rank] = store.submit_finish(run, rank).result(10).kind
+        def finish_on(store, rank):
+            start.wait()
+            kinds[rank] = store.submit_finish(run, rank).result(10).kind
 
-                threads = [threading.Thread(target=finish_on, args=(s, r)) for r, s in enumerate((a, b))]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(30)
-                assert sorted(kinds.values()) == ["finish", "rank_finished"], (run, kinds)
-                assert a.get_run_row(run)["status"] == "finished"
-        finally:
-            a.close()
-            b.close()
+        threads = [threading.Thread(target=finish_on, args=(s, r)) for r, s in enumerate((a, b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(kinds.values()) == ["finish", "rank_finished"], (run, kinds)
+        assert a.get_run_row(run)["status"] == "finished"
 
