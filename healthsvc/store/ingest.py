@@ -245,12 +245,19 @@ class MetricsIngest:
 
     def _load_run_state(self, conn: sqlite3.Connection, run_id: str, status: str) -> None:
         snap = snapshots.read_snapshots(conn, "ingest", run_id).get(run_id)
-        attempts = {a: s for a, s in conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id=?", (run_id,))}
+        attempts: dict[int, int] = {}
+
+        def start_of(attempt: int) -> int:
+            # Read again on a miss: on a database shared by replicas, a chunk read below may
+            # have committed (with its attempt's row) after the attempts were read.
+            if attempt not in attempts:
+                attempts.update(conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id=?", (run_id,)))
+            return attempts[attempt]
         st = RunState.from_dict(run_id, orjson.loads(snap.state)) if snap else RunState(run_id)
         for chunk in snapshots.chunks_after(conn, run_id, snap.watermark if snap else 0, fields=set()):
             if chunk.attempt != st.attempt:
                 st.attempt = chunk.attempt - 1
-                st.open_attempt(attempts[chunk.attempt])
+                st.open_attempt(start_of(chunk.attempt))
             st.advance(chunk.batch)
             st.set_hosts(st.host_updates(chunk.batch))
         st.finished = status == "finished"

@@ -14,6 +14,7 @@ import pytest
 
 from healthsvc.history import load_history
 from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store import snapshots
 from healthsvc.store.postgres import PostgresStore
 from tests.pg import fresh_database
 
@@ -92,6 +93,28 @@ def test_a_push_of_plain_progress_on_a_replica_behind_the_run_goes_to_the_newer_
     got = sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist()))
     assert got == sorted([(s, r, 1) for s in range(15) for r in range(2)]
                          + [(15, 0, 2), (15, 1, 2), (16, 0, 2), (17, 0, 2)])
+
+
+def test_a_replica_that_loads_a_run_while_another_stores_its_first_push_takes_the_push(replicas, monkeypatch):
+    # The run exists (its config was put through a) but has no push yet. b's first push loads
+    # the run's state from the database: the attempts, then the chunks. a's first push commits
+    # between the two reads (on cue here; under load, by chance): b must read its attempt too.
+    a, b = replicas
+    a.submit_run_config("r", {"world_size": 2}).result(10)
+    chunks_after = snapshots.chunks_after
+    cue = []
+
+    def a_push_commits_first(conn, run_id, watermark, fields=None):
+        if not cue:
+            cue.append(push(a, 0, 0, 1.0))
+        return chunks_after(conn, run_id, watermark, fields)
+    monkeypatch.setattr(snapshots, "chunks_after", a_push_commits_first)
+    assert push(b, 1, 0, 1.0) == 1
+    assert cue == [1]
+    assert push(b, 1, 1, 1.0) == 1 and push(a, 0, 1, 1.0) == 1
+    h = load_history(b, "r")
+    assert sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist())) == \
+        [(0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1)]
 
 
 def finish(store: PostgresStore, rank: int) -> str:
