@@ -67,6 +67,7 @@ def body(run_id: str, step: int, ranks: np.ndarray, rng: np.random.Generator) ->
             cols[f] = [1.0 + 0.05 * float(per_step.standard_normal())] * len(ranks)
         else:
             cols[f] = (1.0 + 0.05 * rng.standard_normal(len(ranks))).tolist()
+    cols["incarnation"] = [f"{run_id}-p{r}" for r in ranks.tolist()]   # each rank's process, as the client sends
     return orjson.dumps({"columns": cols})
 
 

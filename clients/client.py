@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -48,7 +49,7 @@ from clients.sender import Sender
 from clients.spool import SpoolWriter
 from clients.stats import ClientStats, Counters
 from clients.transport import HTTPTransport, Transport
-from clients.wire import API_PREFIX, HEARTBEAT_PHASES
+from clients.wire import API_PREFIX, HEARTBEAT_PHASES, INCARNATION_FIELD
 
 logger = logging.getLogger("healthsvc.client")
 
@@ -160,6 +161,11 @@ class Run(Sender, Heartbeat, Control):
 
         self._held: tuple[int, float, dict] | None = None  # see _may_still_grow
         self._next_step = 0
+        # Which process sends the records (the wire's ``incarnation``): new in each process and
+        # whenever the steps go back, so the service tells a restart or rollback from records
+        # that arrive late (a spool uploaded after an outage) by the trainer's word, not by step
+        # numbers.
+        self._incarnation = new_incarnation()
         self._step_in_progress: int | None = None
         self._phase = "other"
         self._off = mode == "disabled"  # True: every call is ignored (counted)
@@ -222,7 +228,10 @@ class Run(Sender, Heartbeat, Control):
                     step = self._next_step
             if step.__class__ is not int:
                 step = int(step)
+            if step < self._next_step - 1:   # the steps went back: an in-process rollback
+                self._incarnation = new_incarnation()
             self._next_step = step + 1
+            record[INCARNATION_FIELD] = self._incarnation
             self._rows.put((step, time.time(), record))
             self._counters.logged += 1
             for value in record.values():
@@ -257,7 +266,10 @@ class Run(Sender, Heartbeat, Control):
                 step = self._next_step
             if step is not None:
                 step = int(step)
+                if step < self._next_step - 1:
+                    self._incarnation = new_incarnation()
                 self._next_step = step + 1
+            block[INCARNATION_FIELD] = self._incarnation   # broadcast to the block's ranks when sent
             self._cols.put((-1 if step is None else step, time.time(), block))
             self._counters.columns_logged += 1
             if len(self._cols) == self.max_batch:
@@ -274,7 +286,8 @@ class Run(Sender, Heartbeat, Control):
 
         A loop that logs ``step``'s own record should put :meth:`fingerprint_fields` into that
         record instead: this separate ``log()`` may reach the service after the step's record
-        was sent, and a step reported twice reads as a restart."""
+        was sent, and then the step has two records (the same incarnation sent both, so it is
+        not taken for a restart, but the step's fields are split between them)."""
         if self._off:
             self._counters.ignored_calls += 1
             return None
@@ -288,7 +301,7 @@ class Run(Sender, Heartbeat, Control):
                            replica_group: int | None = None) -> dict[str, Any]:
         """The fingerprint's fields (``param_digest``, ``replica_group``) without logging them, for
         a caller that logs them in the step's own record: a separate ``log()`` for a step whose
-        record was already sent reaches the service as a repeated step (a restart). ``{}`` when
+        record was already sent reaches the service as a second record of the step. ``{}`` when
         it could not be taken (never raises)."""
         if self._off:
             return {}
@@ -425,3 +438,8 @@ class Run(Sender, Heartbeat, Control):
 # Whoever imports the client gets the package's run API with it (``clients.stats`` is then the
 # function, not the submodule of the same name).
 import clients.api  # noqa: E402,F401
+
+
+def new_incarnation() -> str:
+    """A fresh ``incarnation`` id: 16 random hex digits (uuid4's randomness)."""
+    return uuid.uuid4().hex[:16]

@@ -17,8 +17,10 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from collections.abc import Iterable, Mapping  # noqa: F401
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping  # noqa: F401
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _PASSTHROUGH = (bool, int, float, str, type(None))
 
@@ -62,6 +64,23 @@ def merge_by_step(rows: Iterable[tuple[int, float, dict]]) -> list[tuple[int, fl
         else:
             merged[step] = (step, max(ts, previous[1]), {**previous[2], **metrics})
     return list(merged.values())
+
+
+def runs_of(items: list[T], key: Callable[[T], Any]) -> list[list[T]]:
+    """``items`` cut where ``key`` changes, in order.
+
+        >>> runs_of([1, 1, 2, 1], lambda x: x)
+        [[1, 1], [2], [1]]
+    """
+    runs: list[list[T]] = []
+    last: Any = object()
+    for item in items:
+        k = key(item)
+        if not runs or k != last:
+            runs.append([])
+            last = k
+        runs[-1].append(item)
+    return runs
 
 
 def concat_columns(blocks: Iterable[Mapping[str, list]]) -> dict[str, list]:

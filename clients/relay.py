@@ -48,7 +48,8 @@ can store one interval's records of those ranks twice: the one case outside exac
 
 Several runs share one relay (bodies are per run path; one flusher thread posts them in turn, so a
 slow service delays every run's push, as it would each rank's). A body never holds one (step, rank) twice
-(the service refuses such a batch whole): a batch that would repeat one goes into the next body.
+(the service refuses such a batch whole), nor one rank under two incarnations (an in-process
+rollback between a rank's batches): a batch that would goes into the next body.
 """
 from __future__ import annotations
 
@@ -338,24 +339,33 @@ class Relay:
 
 
 def _groups(batches: list[tuple[Any, str, list]], max_records: int) -> list[list[tuple[Any, str, list]]]:
-    """Split batches into bodies with unique (step, rank) keys and at most ``max_records`` records
-    (a single larger batch stays whole).
+    """Split batches into bodies with unique (step, rank) keys, one incarnation per rank (a rank's
+    records from before an in-process rollback and after it are two attempts') and at most
+    ``max_records`` records (a single larger batch stays whole).
 
         >>> a = (None, "a", [{"step": 1, "rank": 0}]); b = (None, "b", [{"step": 1, "rank": 1}])
         >>> c = (None, "c", [{"step": 1, "rank": 0, "loss": 2.0}])
         >>> [[x[1] for x in g] for g in _groups([a, b, c], 100)]
         [['a', 'b'], ['c']]
+        >>> d = (None, "d", [{"step": 5, "rank": 0, "incarnation": "x"}])
+        >>> e = (None, "e", [{"step": 2, "rank": 0, "incarnation": "y"}])
+        >>> [[x[1] for x in g] for g in _groups([d, e], 100)]
+        [['d'], ['e']]
     """
     groups: list[list] = []
     keys: set[tuple[Any, Any]] = set()
+    incarnations: dict[Any, Any] = {}
     size = 0
     for batch in batches:
         own = {(rec.get("step"), rec.get("rank")) for rec in batch[2]}
-        if not groups or own & keys or size + len(batch[2]) > max_records:
+        own_inc = {rec.get("rank"): rec.get("incarnation") for rec in batch[2]}
+        clash = any(incarnations.get(rank, inc) != inc for rank, inc in own_inc.items())
+        if not groups or own & keys or clash or size + len(batch[2]) > max_records:
             groups.append([])
-            keys, size = set(), 0
+            keys, incarnations, size = set(), {}, 0
         groups[-1].append(batch)
         keys |= own
+        incarnations.update(own_inc)
         size += len(batch[2])
     return groups
 

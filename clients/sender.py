@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 from clients import encode
+from clients.wire import INCARNATION_FIELD
 
 
 class Sender:
@@ -44,18 +45,24 @@ class Sender:
                 self._held = None
             if not rows:
                 break
-            merged = encode.merge_by_step(rows)
-            # Never hold a record back while a checkpoint/event/finish waits: it must not overtake
-            # the records logged before it (a finish followed by records re-opens the run).
-            if (not force and not len(self._rows) and not len(self._control)
-                    and self._may_still_grow(merged)):
-                self._held = merged.pop()
-            if merged:
-                self._send_rows(merged)
+            # One body per incarnation: the records before an in-process rollback and those after
+            # it are two attempts' (and a step of each must not be merged into one record).
+            runs = encode.runs_of(rows, lambda row: row[2].get(INCARNATION_FIELD))
+            for i, run_rows in enumerate(runs):
+                merged = encode.merge_by_step(run_rows)
+                # Never hold a record back while a checkpoint/event/finish waits: it must not
+                # overtake the records logged before it (a finish followed by records re-opens
+                # the run).
+                if (i == len(runs) - 1 and not force and not len(self._rows) and not len(self._control)
+                        and self._may_still_grow(merged)):
+                    self._held = merged.pop()
+                if merged:
+                    self._send_rows(merged)
             if not len(self._rows):
                 break
         while blocks := self._cols.drain(self.max_batch):
-            self._send_columns(blocks)
+            for run_blocks in encode.runs_of(blocks, lambda block: block[2].get(INCARNATION_FIELD)):
+                self._send_columns(run_blocks)
         for method, suffix, body, _ in self._control.drain():
             self._delivery.deliver(method, self._base_path + suffix, body, n_records=0)
 
@@ -107,8 +114,10 @@ class Sender:
     def _send_columns(self, blocks: list[tuple[int, float, dict]]) -> None:
         converted = []
         for step, ts, block in blocks:
-            cols = {name: _to_list(values) for name, values in block.items()}
+            cols = {name: _to_list(values) for name, values in block.items() if name != INCARNATION_FIELD}
             n = len(cols["rank"])
+            if INCARNATION_FIELD in block:
+                cols[INCARNATION_FIELD] = [block[INCARNATION_FIELD]] * n
             if "step" not in cols:
                 cols["step"] = [step] * n
             cols.setdefault("ts", [ts] * n)

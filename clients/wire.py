@@ -45,9 +45,16 @@ STRING_FIELDS: dict[str, str] = {
                      "update of the step (the state a checkpoint at the step would hold), a string of 1 to "
                      "128 characters (clients.digest writes 16 hex digits). Ranks of one replica_group "
                      "must report the same digest at a step."),
+    "incarnation": ("Which process sent the record, a string of 1 to 128 characters, the same for every "
+                    "record of one process: the client draws a new one when the process starts and when "
+                    "its steps go back (an in-process rollback). A rank's new incarnation is a restart (a "
+                    "new attempt) even if its steps go on; an incarnation the rank already had is never "
+                    "one, so late records (a spool uploaded after the outage) fill their gap. Without it "
+                    "a restart is told by a rank's steps going back."),
 }
+INCARNATION_FIELD = "incarnation"
 # The per-record string fields other than ``host`` (which is kept per rank as well).
-LABEL_FIELDS: tuple[str, ...] = ("param_digest",)
+LABEL_FIELDS: tuple[str, ...] = ("param_digest", INCARNATION_FIELD)
 
 NON_FINITE_STRINGS: dict[str, float] = {
     "NaN": float("nan"),

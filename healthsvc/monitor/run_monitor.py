@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from clients.wire import INCARNATION_FIELD
 from detectors.finding import Finding
 from healthsvc.ingest.batch import MetricBatch
 from healthsvc.monitor.aligner import StepAligner, batch_to_block
@@ -47,10 +48,14 @@ class RunMonitor:
     def on_metrics(self, batch: MetricBatch, run: RunView, chunk_id: int | None, now: float) -> list[Finding]:
         """A committed batch; ``run`` is the run's state the store committed with it."""
         out: list[Finding] = []
-        if run.attempt != self.attempt:
-            out += self._new_attempt(run.attempt, now)
         if chunk_id is not None:
             self.watermark = max(self.watermark, chunk_id)
+        if run.attempt < self.attempt:
+            # Records of an earlier attempt's process, delivered late (its spool uploaded after
+            # the restart): stored for the history; the detectors judge the current attempt.
+            return out
+        if run.attempt != self.attempt:
+            out += self._new_attempt(run.attempt, now)
         self.last_input_s = now
         self.ranks_seen = run.ranks_seen
         if "world_size" in batch.values:
@@ -169,11 +174,13 @@ def label_code(text: str) -> float:
 
 def with_label_codes(batch: MetricBatch) -> MetricBatch:
     """The batch with each string field (``param_digest``) added as a numeric column of codes, so
-    the aligner and the detectors, which see numbers only, can compare digests across ranks."""
-    if not batch.labels:
+    the aligner and the detectors, which see numbers only, can compare digests across ranks.
+    The ``incarnation`` is not judged (each rank's differs by design): the store reads it."""
+    compared = {name: label for name, label in batch.labels.items() if name != INCARNATION_FIELD}
+    if not compared:
         return batch
     values, present = dict(batch.values), dict(batch.present)
-    for name, (names, idx) in batch.labels.items():
+    for name, (names, idx) in compared.items():
         codes = np.array([label_code(n) for n in names] + [np.nan])
         values[name], present[name] = codes[idx], idx >= 0
     return MetricBatch(steps=batch.steps, ranks=batch.ranks, values=values, present=present,

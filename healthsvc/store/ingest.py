@@ -1,7 +1,8 @@
 """The metrics write path: accept a batch into the store, keeping each run's ingest state.
 
-One job per accepted batch: deduplicate by the batch's digest, open a new attempt when steps went
-back, record host changes, append one columnar chunk, and advance the run's :class:`RunState`
+One job per accepted batch: deduplicate by the batch's digest, open a new attempt at a restart
+(:class:`RunState`'s rules: a rank's new ``incarnation``, or, without one, a step that went
+back), store a batch of an earlier attempt's processes in that attempt, record host changes, append one columnar chunk, and advance the run's :class:`RunState`
 (after the SQL, which is what can fail). The usual push (plain progress) only claims its digest and
 appends its chunk: :meth:`MetricsIngest._append_current`, one round trip on PostgreSQL. The run states are snapshotted now and then
 (``snapshots``) and rebuilt on open from the snapshot and the chunks after it.
@@ -22,7 +23,7 @@ from healthsvc.store import snapshots
 from healthsvc.store.codec import encode_chunk
 from healthsvc.store.errors import STORE_ERRORS
 from healthsvc.store.results import IngestResult
-from healthsvc.store.runstate import RunState
+from healthsvc.store.runstate import INCARNATION, RunState, RunView
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +82,10 @@ class MetricsIngest:
         """(attempt, start step) of a restart another replica opened since this one last wrote
         the run, or None. On a shared database a replica sees only the pushes it was sent: one
         that never saw a rank's old steps cannot tell that rank's repeated step from progress,
-        so the run's newest attempt is read before every batch (one indexed row). A push that
-        commits here while the restart's first push is still uncommitted elsewhere can land in
-        the old attempt: the one window this leaves."""
+        so the run's newest attempt is read before every batch (one indexed row). With
+        incarnations, a restarted rank's push opens (or joins) the attempt on its own; a push
+        without one that commits here while the restart's first push is still uncommitted
+        elsewhere can land in the old attempt: the one window this leaves."""
         if not self.shared_database or st.attempt == 0:
             return None
         row = conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id=? AND attempt>? "
@@ -116,11 +118,16 @@ class MetricsIngest:
                 # Joining changes no row: a job that fails after it leaves the state a replica
                 # that read the same attempt would have (a retry joins it again).
                 st.join_attempt(*joined)
+        older = self._incarnations_elsewhere(conn, run_id, st, batch)
+        earlier = _earlier_attempt(batch, older)
+        if earlier is not None:
+            return self._store_in_earlier_attempt(conn, run_id, st, batch, earlier, now, payload)
         # First everything that can fail (the SQL), computed from the state without changing it;
         # then the in-memory state, which cannot fail. A failed job leaves both untouched.
-        new_attempt = st.needs_new_attempt(batch)
+        new_attempt = st.needs_new_attempt(batch, frozenset(older))
         attempt = st.attempt + 1 if new_attempt else st.attempt
         hosts = st.host_updates(batch)
+        late = not new_attempt and st.late(batch)   # a gap filled late: no resume after a finish
         if new_attempt:
             # OR IGNORE: on a database shared by replicas, another one may have opened this
             # attempt (the same restart, seen there first); the batch joins it.
@@ -128,12 +135,16 @@ class MetricsIngest:
                          (run_id, attempt, int(batch.steps.min()), now))
         if hosts:
             conn.executemany("INSERT OR REPLACE INTO hosts VALUES (?, ?, ?)", [(run_id, r, h) for r, h in hosts])
+        incarnations = st.new_incarnations(batch, new_attempt=new_attempt)
+        if incarnations:
+            conn.executemany("INSERT OR IGNORE INTO incarnations VALUES (?, ?, ?, ?)",
+                             [(run_id, r, name, attempt) for r, name in incarnations])
         if self.shared_database:
             # The ranks this replica meets first in the attempt, for the run-wide finish.
             # (A rank that finished through another replica and resumes here is not seen as
             # resumed: it stays finished in rank_progress until this attempt ends.)
             fresh = np.unique(batch.ranks) if new_attempt else st.unseen_ranks(batch)
-            resumed = sorted(st.finished_ranks & set(batch.ranks.tolist())) if st.finished_ranks else []
+            resumed = sorted(st.finished_ranks & set(batch.ranks.tolist())) if st.finished_ranks and not late else []
             if len(fresh) or resumed:
                 conn.executemany("INSERT OR IGNORE INTO rank_progress VALUES (?, ?, ?, 0)",
                                  [(run_id, attempt, int(r)) for r in fresh])
@@ -141,10 +152,38 @@ class MetricsIngest:
                                  [(run_id, attempt, int(r)) for r in resumed])
         chunk_id = conn.execute(f"INSERT INTO chunks ({CHUNK_COLUMNS}) VALUES ({CHUNK_PLACES})",
                                 chunk_row(run_id, attempt, batch, now, payload)).lastrowid
-        if st.finished:  # data after the run finished: it resumed
+        if st.finished and not late:  # data after the run finished: it resumed
             conn.execute("UPDATE runs SET status='running', finished_at=NULL, updated_at=? WHERE run_id=?",
                          (now, run_id))
-        return self._applied(conn, run_id, st, batch, new_attempt, hosts, chunk_id, now, payload)
+        return self._applied(conn, run_id, st, batch, new_attempt, hosts, chunk_id, now, payload, late)
+
+    def _incarnations_elsewhere(self, conn: sqlite3.Connection, run_id: str, st: RunState,
+                                batch: MetricBatch) -> dict[str, int]:
+        """Look up the incarnations the state does not know for their ranks (a restart, a
+        process from before one, or a rank this replica has not met): the state learns those of
+        the current attempt; returned are those of earlier attempts (incarnation -> attempt).
+        One indexed read, only for a batch with such ranks (the first of each rank after a
+        restart)."""
+        misses = st.incarnation_misses(batch) if st.attempt else ()
+        rows: list[tuple[int, str, int]] = []
+        for at in range(0, len(misses), 500):
+            part = misses[at:at + 500].tolist()
+            rows += conn.execute(f"SELECT rank, incarnation, attempt FROM incarnations WHERE run_id=? AND rank IN"
+                                 f" ({', '.join('?' * len(part))})", (run_id, *part)).fetchall()
+        st.learn_incarnations([(int(r), name) for r, name, a in rows if a == st.attempt])
+        return {name: int(a) for _, name, a in rows if a < st.attempt}
+
+    def _store_in_earlier_attempt(self, conn: sqlite3.Connection, run_id: str, st: RunState, batch: MetricBatch,
+                                  attempt: int, now: float, payload: bytes) -> IngestResult:
+        """Records a process sent before the restart that ended its attempt, delivered late (its
+        spool uploaded after the restart): stored in that attempt, so the history keeps them
+        where they belong, and nothing of the current attempt changes. The result carries the
+        earlier attempt: the live detectors, which judge the current one, pass it by."""
+        chunk_id = conn.execute(f"INSERT INTO chunks ({CHUNK_COLUMNS}) VALUES ({CHUNK_PLACES})",
+                                chunk_row(run_id, attempt, batch, now, payload)).lastrowid
+        st.record_push(int(batch.steps.max()), len(batch), now, attempt=attempt)
+        return IngestResult(run_id, len(batch), False, attempt, False, chunk_id, now, batch,
+                            RunView(attempt, -1, 0, st.finished), payload)
 
     def _only_a_chunk(self, st: RunState, batch: MetricBatch) -> bool:
         """The usual push: progress in the run's current attempt by ranks that have reported in
@@ -180,16 +219,17 @@ class MetricsIngest:
 
     def _applied(self, conn: sqlite3.Connection, run_id: str, st: RunState, batch: MetricBatch,
                  new_attempt: bool, hosts: list[tuple[int, str]], chunk_id: int, now: float,
-                 payload: bytes) -> IngestResult:
+                 payload: bytes, late: bool = False) -> IngestResult:
         """The batch is stored: the run's in-memory state follows (it cannot fail), then the
         housekeeping (pruning the digests, a snapshot now and then)."""
         if new_attempt:
             st.open_attempt(int(batch.steps.min()))
         st.advance(batch)
         st.set_hosts(hosts)
-        st.finished = False
-        if st.finished_ranks:  # a rank that said finish and reports again has resumed
-            st.finished_ranks.difference_update(np.unique(batch.ranks).tolist())
+        if not late:  # a rank that said finish and reports again has resumed (unless filling a gap)
+            st.finished = False
+            if st.finished_ranks:
+                st.finished_ranks.difference_update(np.unique(batch.ranks).tolist())
         # Per-attempt progress and the last push are derivable from the chunks: kept in memory,
         # rebuilt from the chunks table on open, not written per batch.
         st.record_push(int(batch.steps.max()), len(batch), now)
@@ -254,8 +294,10 @@ class MetricsIngest:
                 attempts.update(conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id=?", (run_id,)))
             return attempts[attempt]
         st = RunState.from_dict(run_id, orjson.loads(snap.state)) if snap else RunState(run_id)
-        for chunk in snapshots.chunks_after(conn, run_id, snap.watermark if snap else 0, fields=set()):
-            if chunk.attempt != st.attempt:
+        for chunk in snapshots.chunks_after(conn, run_id, snap.watermark if snap else 0, fields={INCARNATION}):
+            if chunk.attempt < st.attempt:
+                continue   # records of an earlier attempt delivered late: its state is gone
+            if chunk.attempt > st.attempt:
                 st.attempt = chunk.attempt - 1
                 st.open_attempt(start_of(chunk.attempt))
             st.advance(chunk.batch)
@@ -267,3 +309,19 @@ class MetricsIngest:
             st.attempt_progress[attempt] = [last_step, n_records]
             st.last_push = max(st.last_push or 0.0, last_push)
         self._runs[run_id] = st
+
+
+def _earlier_attempt(batch: MetricBatch, older: dict[str, int]) -> int | None:
+    """The earlier attempt a batch belongs to when every record of it was sent by an
+    incarnation of an earlier attempt (``older``), else None (a batch that mixes them goes the
+    usual way: a process's batch is never mixed; the client splits at a restart)."""
+    label = batch.labels.get(INCARNATION)
+    if not older or label is None:
+        return None
+    names, idx = label
+    if (idx < 0).any():
+        return None
+    used = [names[i] for i in np.unique(idx).tolist()]
+    if not all(name in older for name in used):
+        return None
+    return max(older[name] for name in used)

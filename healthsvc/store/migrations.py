@@ -19,6 +19,9 @@ database at once take turns (an advisory lock), and a step is never applied twic
 - **Version 5** adds ``rank_progress``: the ranks each attempt has seen and which of them
   finished, written by replicas sharing a database (a replica sees only the pushes it was sent,
   so whether the whole run finished is the database's to say; see ``ControlWrites.submit_finish``).
+- **Version 6** adds ``incarnations``: which process (the client's ``incarnation``) sent each
+  rank's records in each attempt, so a restart is told by the trainer rather than by step numbers
+  (``healthsvc.store.runstate``), on every replica and after a reload.
 
 A database newer than the code (a downgrade) is refused: :class:`SchemaTooNew`, whose message
 says what to do; the server does not start on it.
@@ -106,6 +109,14 @@ STEPS: tuple[Migration, ...] = (
             finished INTEGER NOT NULL,
             PRIMARY KEY (run_id, attempt, rank)
         );"""),
+    Migration(6, "incarnations: the process that sent each rank's records in each attempt", """
+        CREATE TABLE incarnations (
+            run_id      TEXT NOT NULL,
+            rank        INTEGER NOT NULL,
+            incarnation TEXT NOT NULL,
+            attempt     INTEGER NOT NULL,
+            PRIMARY KEY (run_id, rank, incarnation)
+        ) WITHOUT ROWID;"""),
 )
 LATEST = STEPS[-1].version
 

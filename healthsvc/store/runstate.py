@@ -2,10 +2,19 @@
 rank has got in it. Owned by the store's single writer thread; snapshotted into the store so a
 restarted service resumes without rescanning history.
 
-Attempts: steps repeat after a restart or rollback. When a batch brings a step that a rank has
-already reported in the current attempt, a new attempt opens at the batch's smallest step; every
-attempt is kept, and the run's effective history is, for each step, the newest attempt that
-covers it.
+Attempts: steps repeat after a restart or rollback; every attempt is kept, and the run's
+effective history is, for each step, the newest attempt that covers it. A new attempt opens at the
+batch's smallest step when
+
+- a record's ``incarnation`` (the id of the process that sent it, which the client changes when
+  the process starts and when its own steps go back) differs from the one its rank has in the
+  current attempt: the trainer said it restarted. A step a rank already reported, sent by the
+  same incarnation, is late (a spool uploaded after the outage that filled it), not a restart;
+- a record without an incarnation (an older client, a replay, ``curl``) repeats a step its rank
+  already reported in the current attempt: told by step numbers alone.
+
+An incarnation the run knew in an earlier attempt (a process from before the restart, its spool
+uploaded late) is neither: the store routes such a batch to that attempt (``MetricsIngest``).
 
 Memory is proportional to the ranks actually seen, not to the largest rank id: per-rank arrays
 are aligned with ``ids`` (the sorted rank ids seen), so rank 50,000,000 costs one entry, not 50 M.
@@ -17,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from clients.wire import INCARNATION_FIELD as INCARNATION   # the process that sent a record
 from healthsvc.ingest.batch import MetricBatch
 
 
@@ -46,13 +56,15 @@ class RunState:
     last_step: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int64))  # aligned with ids
     host_names: list[str] = field(default_factory=list)
     host_code: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int32))  # aligned with ids
+    inc_names: list[str] = field(default_factory=list)   # incarnations met in the current attempt
+    inc_code: np.ndarray = field(default_factory=lambda: np.full(0, -1, dtype=np.int32))  # aligned with ids, -1 none
     finished: bool = False            # the whole run finished
     finished_ranks: set[int] = field(default_factory=set)  # ranks that said finish in this attempt
     attempt_progress: dict[int, list[int]] = field(default_factory=dict)  # attempt -> [last step, records]
     last_push: float | None = None    # service clock of the last accepted batch
 
-    def record_push(self, step_max: int, n_records: int, now: float) -> None:
-        prog = self.attempt_progress.setdefault(self.attempt, [step_max, 0])
+    def record_push(self, step_max: int, n_records: int, now: float, attempt: int | None = None) -> None:
+        prog = self.attempt_progress.setdefault(self.attempt if attempt is None else attempt, [step_max, 0])
         prog[0] = max(prog[0], step_max)
         prog[1] += n_records
         self.last_push = now
@@ -67,8 +79,9 @@ class RunState:
             merged = np.union1d(self.ids, ranks[~known])
             where = np.searchsorted(merged, self.ids)
             last, code = np.full(len(merged), -1, np.int64), np.full(len(merged), -1, np.int32)
-            last[where], code[where] = self.last_step, self.host_code
-            self.ids, self.last_step, self.host_code = merged, last, code
+            inc = np.full(len(merged), -1, np.int32)
+            last[where], code[where], inc[where] = self.last_step, self.host_code, self.inc_code
+            self.ids, self.last_step, self.host_code, self.inc_code = merged, last, code, inc
             pos = np.searchsorted(self.ids, ranks)
         return pos
 
@@ -79,17 +92,88 @@ class RunState:
         known[known] = self.ids[pos[known]] == ranks[known]
         return pos, known
 
-    def needs_new_attempt(self, batch: MetricBatch) -> bool:
-        """True for the first batch of a run, and when the batch repeats a step some rank already
-        reported in the current attempt (a restart or rollback)."""
+    # -- attempts -------------------------------------------------------------------------
+    def _incarnations(self, batch: MetricBatch, older: frozenset[str] = frozenset()
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Per record of the batch (read only): its incarnation's code in ``inc_names`` (-1: none
+        reported, -2: not met in this attempt, -3: one of ``older``), its rank's incarnation in
+        the attempt (-1: none known) and whether its rank is known; None when the batch reports
+        no incarnation."""
+        label = batch.labels.get(INCARNATION)
+        if label is None:
+            return None
+        names, idx = label
+        lookup = self._inc_lookup()
+        codes = np.array([-3 if n in older else lookup.get(n, -2) for n in names] + [-1], dtype=np.int32)[idx]
+        pos, known = self._positions(batch.ranks)
+        current = np.full(len(batch), -1, dtype=np.int32)
+        current[known] = self.inc_code[pos[known]]
+        return codes, current, known
+
+    def incarnation_misses(self, batch: MetricBatch) -> np.ndarray:
+        """The ranks (unique) whose records report an incarnation other than the one the attempt
+        knows for them: restarted, from before a restart, or not met here yet (on a database
+        shared by replicas, another replica may know them). The store looks these up."""
+        inc = self._incarnations(batch)
+        if inc is None:
+            return np.zeros(0, dtype=np.int64)
+        codes, current, _ = inc
+        return np.unique(batch.ranks[(codes != -1) & (codes != current)])
+
+    def learn_incarnations(self, pairs: Sequence[tuple[int, str]]) -> None:
+        """(rank, incarnation) pairs of the current attempt stored by another write (another
+        replica's, or before this state was loaded): committed facts, so learning them changes
+        nothing a failed job must undo. A rank's own known incarnation is kept."""
+        if not pairs:
+            return
+        pos = self._grow(np.array([r for r, _ in pairs], dtype=np.int64))
+        for at, (_, name) in zip(pos.tolist(), pairs):
+            if self.inc_code[at] < 0:
+                self.inc_code[at] = self._inc_code_of(name)
+
+    def needs_new_attempt(self, batch: MetricBatch, older: frozenset[str] = frozenset()) -> bool:
+        """True for the first batch of a run, and for a restart or rollback (the module's rules:
+        an incarnation its rank did not have in the attempt, or, for records without one, a step
+        the rank already reported). ``older``: incarnations of earlier attempts, never a restart.
+
+        >>> def batch(steps, ranks, inc): return MetricBatch(np.array(steps), np.array(ranks),
+        ...     labels={"incarnation": ([inc], np.zeros(len(steps), np.int32))})
+        >>> st = RunState("r"); _ = st.open_attempt(0); st.advance(batch([5, 6], [0, 0], "a"))
+        >>> st.needs_new_attempt(batch([3], [0], "a")), st.needs_new_attempt(batch([7], [0], "b"))
+        (False, True)
+        >>> st.needs_new_attempt(batch([3], [0], "old"), older=frozenset({"old"}))
+        False
+        """
         if self.attempt == 0 or len(batch) == 0:
             return self.attempt == 0 and len(batch) > 0
         pos, known = self._positions(batch.ranks)
-        return bool(np.any(batch.steps[known] <= self.last_step[pos[known]]))
+        repeats = np.zeros(len(batch), dtype=bool)
+        repeats[known] = batch.steps[known] <= self.last_step[pos[known]]
+        inc = self._incarnations(batch, older)
+        if inc is None:
+            return bool(repeats.any())
+        codes, current, _ = inc
+        restarted = (codes >= -2) & (codes != -1) & (current >= 0) & (codes != current)
+        by_steps = ((codes == -1) | (current < 0)) & (codes != -3)
+        return bool(restarted.any() or (repeats & by_steps).any())
+
+    def late(self, batch: MetricBatch) -> bool:
+        """True when every record is a step its rank already passed, sent by the incarnation the
+        rank has in the attempt: filling a gap (a spool uploaded late), not a resume after a
+        finish."""
+        inc = self._incarnations(batch)
+        if inc is None or len(batch) == 0:
+            return False
+        codes, current, known = inc
+        pos, _ = self._positions(batch.ranks)
+        behind = np.zeros(len(batch), dtype=bool)
+        behind[known] = batch.steps[known] <= self.last_step[pos[known]]
+        return bool(((codes >= 0) & (codes == current) & behind).all())
 
     def only_progress(self, batch: MetricBatch) -> bool:
-        """True when every rank of the batch has reported in the current attempt and each of its
-        steps is beyond that rank's last: neither a new attempt nor a new rank (read only).
+        """True when every rank of the batch has reported in the current attempt, each of its
+        steps is beyond that rank's last and each reported incarnation is its rank's: neither a
+        new attempt nor a new rank (read only).
 
         >>> def batch(steps, ranks): return MetricBatch(np.array(steps), np.array(ranks))
         >>> st = RunState("r"); st.open_attempt(0); st.advance(batch([0, 0], [0, 1]))
@@ -103,7 +187,10 @@ class RunState:
         if not known.all():
             return False
         last = self.last_step[pos]
-        return bool((last >= 0).all() and (batch.steps > last).all())
+        if not ((last >= 0).all() and (batch.steps > last).all()):
+            return False
+        inc = self._incarnations(batch)
+        return inc is None or bool(((inc[0] == -1) | (inc[0] == inc[1])).all())
 
     def open_attempt(self, start_step: int) -> int:
         return self.join_attempt(self.attempt + 1, start_step)
@@ -114,6 +201,9 @@ class RunState:
         self.attempt = int(attempt)
         self.start_step = int(start_step)
         self.last_step[:] = -1
+        self.inc_code[:] = -1
+        self.inc_names.clear()
+        self._inc_by_name = None
         self.finished = False
         self.finished_ranks.clear()
         return self.attempt
@@ -123,6 +213,39 @@ class RunState:
             return
         pos = self._grow(batch.ranks)  # first: it may replace the arrays
         np.maximum.at(self.last_step, pos, batch.steps)
+        label = batch.labels.get(INCARNATION)
+        if label is not None:
+            names, idx = label
+            codes = np.array([self._inc_code_of(n) for n in names] + [-1], dtype=np.int32)[idx]
+            has = codes >= 0
+            self.inc_code[pos[has]] = codes[has]   # a rank's last record wins
+
+    def new_incarnations(self, batch: MetricBatch, *, new_attempt: bool = False) -> list[tuple[int, str]]:
+        """(rank, incarnation) pairs the batch brings that the attempt does not know yet (all of
+        them when the batch opens a new attempt), one per pair (read only): what the store
+        records so other replicas, and later loads, know them."""
+        label = batch.labels.get(INCARNATION)
+        if label is None:
+            return []
+        names, idx = label
+        codes, current, _ = self._incarnations(batch)
+        new = (idx >= 0) if new_attempt else (codes != -1) & (codes != current)
+        return sorted({(int(r), names[int(i)]) for r, i in zip(batch.ranks[new], idx[new])})
+
+    def _inc_code_of(self, name: str) -> int:
+        lookup = self._inc_lookup()
+        code = lookup.get(name)
+        if code is None:
+            code = lookup[name] = len(self.inc_names)
+            self.inc_names.append(name)
+        return code
+
+    def _inc_lookup(self) -> dict[str, int]:
+        # Derived from inc_names, as _host_lookup from host_names.
+        cached = getattr(self, "_inc_by_name", None)
+        if cached is None or len(cached) != len(self.inc_names):
+            cached = self._inc_by_name = {name: i for i, name in enumerate(self.inc_names)}
+        return cached
 
     def host_updates(self, batch: MetricBatch) -> list[tuple[int, str]]:
         """(rank, host) pairs the batch brings that differ from what the run knows (the last
@@ -201,20 +324,23 @@ class RunState:
 
     # -- snapshot -------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        seen = (self.last_step >= 0) | (self.host_code >= 0)
+        seen = (self.last_step >= 0) | (self.host_code >= 0) | (self.inc_code >= 0)
         return {"attempt": self.attempt, "start_step": self.start_step, "finished": self.finished,
                 "finished_ranks": sorted(self.finished_ranks),
                 "ranks": self.ids[seen].tolist(), "last_step": self.last_step[seen].tolist(),
-                "host_code": self.host_code[seen].tolist(), "host_names": self.host_names}
+                "host_code": self.host_code[seen].tolist(), "host_names": self.host_names,
+                "inc_code": self.inc_code[seen].tolist(), "inc_names": self.inc_names}
 
     @classmethod
     def from_dict(cls, run_id: str, d: dict) -> "RunState":
         st = cls(run_id=run_id, attempt=d["attempt"], start_step=d["start_step"],
                  finished=d.get("finished", False), host_names=list(d["host_names"]),
-                 finished_ranks=set(d.get("finished_ranks", ())))
+                 finished_ranks=set(d.get("finished_ranks", ())), inc_names=list(d.get("inc_names", ())))
         ranks = np.asarray(d["ranks"], dtype=np.int64)
         if len(ranks):
             pos = st._grow(ranks)
             st.last_step[pos] = d["last_step"]
             st.host_code[pos] = d["host_code"]
+            if "inc_code" in d:   # snapshots from before incarnations have none
+                st.inc_code[pos] = d["inc_code"]
         return st

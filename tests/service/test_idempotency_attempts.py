@@ -1,5 +1,6 @@
-"""Re-sent batches are stored once; steps that go back open a new attempt, both are kept, and
-the effective history is the newest attempt."""
+"""Re-sent batches are stored once; a restart opens a new attempt, both are kept, and the
+effective history is the newest attempt. A restart is told by the records' ``incarnation`` (the
+process that sent them) where the client sends one, else by steps that go back."""
 from __future__ import annotations
 
 import csv
@@ -16,8 +17,12 @@ def push(http, run, records, **extra):
     return r.json()
 
 
-def steps(start, stop, ranks=(0, 1), loss=1.0):
-    return [{"step": s, "rank": r, "loss": loss} for s in range(start, stop) for r in ranks]
+def steps(start, stop, ranks=(0, 1), loss=1.0, process=None):
+    """Records of ``ranks``; with ``process``, each rank's carries its process's incarnation, as
+    the client sends (``p1`` and then, after a restart, ``p2``)."""
+    inc = {} if process is None else {"incarnation": process}
+    return [{"step": s, "rank": r, "loss": loss, **({"incarnation": f"{process}-rank{r}"} if inc else {})}
+            for s in range(start, stop) for r in ranks]
 
 
 def test_resent_batch_is_not_duplicated(http):
@@ -109,19 +114,46 @@ def test_a_run_finishes_when_every_rank_has_finished(http):
     assert http.get("/v1/runs/fin").json()["status"] == "finished"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "DESIGN BUG (reported): steps are told from restarts by their numbers only, so records "
-    "uploaded late from a spool (`healthsvc sync` after an outage: steps 10-14, after 15-19 and "
-    "the finish were delivered) open attempt 2 at step 10, hide steps 15-19 from the effective "
-    "history and set the finished run running again; the fix needs the client to say which "
-    "process (incarnation) sent a record"))
 def test_spooled_steps_uploaded_after_later_ones_fill_their_gap_and_are_not_a_restart(http):
-    push(http, "late", steps(0, 10))
-    push(http, "late", steps(15, 20))                     # steps 10-14 went to the spool
+    # An outage sent steps 10-14 to the ranks' spools; 15-19 and the finish were delivered;
+    # `healthsvc sync` uploads 10-14 afterwards. The same processes sent them: a gap filled late.
+    push(http, "late", steps(0, 10, process="p1"))
+    push(http, "late", steps(15, 20, process="p1"))
     for rank in (0, 1):
         assert http.post("/v1/runs/late/finish", json={"rank": rank}).status_code == 200
-    assert push(http, "late", steps(10, 15), batch_id="spooled-1")["attempt"] == 1
+    assert push(http, "late", steps(10, 15, process="p1"), batch_id="spooled-1")["attempt"] == 1
     run = http.get("/v1/runs/late").json()
     assert (run["attempt"], run["status"], run["last_step"]) == (1, "finished", 19)
     cols = http.get("/v1/runs/late/metrics").json()["columns"]
-    assert sorted(set(cols["step"])) == list(range(20))
+    assert sorted(zip(cols["step"], cols["rank"])) == [(s, r) for s in range(20) for r in (0, 1)]
+
+
+def test_a_restart_is_the_trainers_word_even_when_its_steps_go_on(http):
+    # The checkpoint was taken at the last reported step: the restarted processes report
+    # steps after it (no step repeats). Their new incarnation says it is a restart; the other
+    # rank's first push in it joins the attempt rather than opening a third.
+    push(http, "said", steps(0, 10, process="p1"))
+    assert push(http, "said", steps(10, 12, ranks=(0,), process="p2"))["attempt"] == 2
+    assert push(http, "said", steps(10, 12, ranks=(1,), process="p2"))["attempt"] == 2
+    assert push(http, "said", steps(12, 14, process="p2"))["attempt"] == 2
+    run = http.get("/v1/runs/said").json()
+    assert [(a["attempt"], a["start_step"], a["last_step"]) for a in run["attempts"]] == [(1, 0, 9), (2, 10, 13)]
+
+
+def test_records_of_a_process_from_before_the_restart_go_to_its_attempt(http, server):
+    # Attempt 1 reached step 9 (steps 10-14 spooled by its processes); the job restarted from
+    # a checkpoint at step 5. The old processes' spools are uploaded after the restart, even
+    # after the service itself restarted: the records are attempt 1's, not a third attempt.
+    push(http, "old", steps(0, 10, process="p1"))
+    assert push(http, "old", steps(6, 12, process="p2"))["attempt"] == 2
+    server.kill()
+    server.start()
+    assert push(http, "old", steps(10, 15, process="p1"), batch_id="old-spool")["attempt"] == 1
+    assert push(http, "old", steps(12, 14, process="p2"))["attempt"] == 2
+    run = http.get("/v1/runs/old").json()
+    assert run["attempt"] == 2 and [a["attempt"] for a in run["attempts"]] == [1, 2]
+    first = http.get("/v1/runs/old/metrics", params={"attempt": 1}).json()["columns"]
+    assert sorted(set(first["step"])) == list(range(15))
+    eff = http.get("/v1/runs/old/metrics").json()["columns"]
+    assert sorted(zip(eff["step"], eff["attempt"], eff["rank"])) == sorted(
+        (s, 1 if s < 6 else 2, r) for s in range(14) for r in (0, 1))

@@ -95,3 +95,29 @@ def test_the_view_is_what_the_monitor_reads_and_hosts_travel_aligned_with_ranks(
     assert st.hosts_of((3, 7, 0, 99)) == ("b", None, "a", None)
     st.open_attempt(5)                          # a new attempt: nobody has reported in it yet
     assert st.view().ranks_seen == 0
+
+
+def with_incarnation(b: MetricBatch, name: str) -> MetricBatch:
+    b.labels["incarnation"] = ([name], np.zeros(len(b), dtype=np.int32))
+    return b
+
+
+def test_incarnations_tell_restarts_and_survive_a_snapshot():
+    st = RunState("r")
+    st.open_attempt(0)
+    st.advance(with_incarnation(batch([0, 1, 2], [0, 0, 0]), "p1"))
+    st.advance(batch([0, 1], [1, 1]))                        # rank 1 sends no incarnation
+    back = RunState.from_dict("r", json.loads(json.dumps(st.to_dict())))
+    for state in (st, back):
+        assert not state.needs_new_attempt(with_incarnation(batch([1], [0]), "p1"))   # late, same process
+        assert state.late(with_incarnation(batch([1], [0]), "p1"))
+        assert state.needs_new_attempt(with_incarnation(batch([3], [0]), "p2"))       # restarted, steps go on
+        assert not state.needs_new_attempt(with_incarnation(batch([1], [0]), "p0"), frozenset({"p0"}))
+        assert state.needs_new_attempt(batch([1], [1]))                               # by steps
+        assert not state.needs_new_attempt(with_incarnation(batch([5], [2]), "q1"))   # a new rank
+        assert not state.only_progress(with_incarnation(batch([3], [0]), "p2"))
+        assert state.only_progress(with_incarnation(batch([3], [0]), "p1"))
+    # A new attempt forgets the old one's incarnations: its first record of rank 0 joins.
+    back.open_attempt(3)
+    assert list(back.incarnation_misses(with_incarnation(batch([3], [0]), "p1"))) == [0]
+    assert back.new_incarnations(with_incarnation(batch([3, 3], [0, 1]), "p2")) == [(0, "p2"), (1, "p2")]

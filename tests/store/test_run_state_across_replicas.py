@@ -35,15 +35,33 @@ def replicas():
             b.close()
 
 
-def record(rank: int, step: int, loss: float) -> MetricBatch:
+def record(rank: int, step: int, loss: float, process: str | None = None) -> MetricBatch:
     b = MetricBatch(steps=np.array([step]), ranks=np.array([rank]))
     b.values["loss"] = np.array([loss])
     b.present["loss"] = np.array([True])
+    if process is not None:   # the client's incarnation: this rank's process
+        b.labels["incarnation"] = ([f"{process}-rank{rank}"], np.zeros(1, dtype=np.int32))
     return b
 
 
-def push(store: PostgresStore, rank: int, step: int, loss: float, run: str = "r") -> int:
-    return store.submit_metrics(run, record(rank, step, loss), f"{rank}-{step}-{loss}").result(10).attempt
+def push(store: PostgresStore, rank: int, step: int, loss: float, run: str = "r", process: str | None = None) -> int:
+    return store.submit_metrics(run, record(rank, step, loss, process),
+                                f"{rank}-{step}-{loss}" + (f"-{process}" if process else "")).result(10).attempt
+
+
+def test_a_restarted_rank_first_heard_by_a_replica_that_never_saw_it_opens_the_attempt(replicas):
+    # Rank 1 pushed only through a; after the restart its first push reaches b, before any
+    # replica has seen the restart. Its steps alone cannot tell b (b never saw the old ones);
+    # its new incarnation, against the one the database holds for rank 1, does.
+    a, b = replicas
+    for step in range(10):
+        assert push(a, 0, step, 1.0, process="p1") == push(a, 1, step, 1.0, process="p1") == 1
+    assert push(b, 1, 10, 2.0, process="p2") == 2      # resumed from a checkpoint at step 9
+    assert push(a, 0, 10, 2.0, process="p2") == 2      # a: rank 0's new incarnation joins it
+    assert push(a, 1, 11, 2.0, process="p2") == 2      # a: the attempt rank 1 is in now
+    assert [(x["attempt"], x["start_step"]) for x in b.attempts("r")] == [(1, 0), (2, 10)]
+    # A late record of rank 1's old process, through b, goes to attempt 1.
+    assert push(b, 1, 12, 1.0, process="p1") == 1
 
 
 def test_a_replica_joins_the_attempt_another_replica_opened(replicas):
