@@ -63,7 +63,14 @@ class Sender:
         while blocks := self._cols.drain(self.max_batch):
             for run_blocks in encode.runs_of(blocks, lambda block: block[2].get(INCARNATION_FIELD)):
                 self._send_columns(run_blocks)
-        for method, suffix, body, _ in self._control.drain():
+        controls = self._control.drain()
+        if controls and self._held is not None:
+            # Queued while this pass was sending (a finish() from the training thread): the
+            # record held back came first and must not be overtaken (records after a finish
+            # reopen the run).
+            held, self._held = self._held, None
+            self._send_rows([held])
+        for method, suffix, body, _ in controls:
             self._delivery.deliver(method, self._base_path + suffix, body, n_records=0)
 
     def _may_still_grow(self, merged: list[tuple[int, float, dict]]) -> bool:

@@ -89,6 +89,27 @@ def test_finish_never_overtakes_a_held_back_record(make_run, service):
     assert order == ["metrics", "checkpoints", "finish"]
 
 
+def test_a_finish_queued_while_the_sender_is_sending_does_not_overtake_the_held_record(make_run, service):
+    # The pass sends step 0 and holds step 1 back (it may still grow); while step 0 is on the
+    # wire, the training thread queues a checkpoint (as finish() queues its finish). The same
+    # pass sends that control: the held step goes first (e2e: rank 0's last step arrived after
+    # its finish and reopened the finished run).
+    run = make_run(flush_interval_s=60.0, max_batch=2)
+    queued = []
+
+    def queue_a_control_during_the_first_send(request):
+        if not queued:
+            queued.append(True)
+            run.checkpoint(1, "file:///c1")
+    service.hook = queue_a_control_during_the_first_send
+    run.log(loss=1.0, step=0)
+    run.log(loss=1.0, step=1)            # the queue reaches max_batch: a pass, not forced
+    assert wait_until(lambda: service.requests("checkpoints"), timeout_s=5.0)
+    order = [(r.path.rsplit("/", 1)[-1], [x["step"] for x in decode_body(r).get("records", [])])
+             for _, r in service.arrivals]
+    assert order == [("metrics", [0]), ("metrics", [1]), ("checkpoints", [])]
+
+
 def test_a_held_back_step_is_sent_after_the_interval_without_a_flush(make_run, service):
     run = make_run(flush_interval_s=0.05)
     run.log(loss=1.0, step=7)  # the last record before the rank hangs
