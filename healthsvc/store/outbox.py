@@ -355,9 +355,19 @@ class Outbox:
             "DELETE FROM alert_records WHERE kind = ? AND key = ?", (kind, key)).rowcount) == 1
 
     def records(self, kind: str, conn: sqlite3.Connection | None = None) -> dict[str, dict[str, Any]]:
-        """The records of one kind; through ``conn`` (a job's), what the job's transaction sees."""
+        """The records of one kind; through ``conn`` (a job's), what the job's transaction sees.
+
+        Inside a job (:meth:`bound`) without ``conn``, the job's connection too: a job that
+        loads records (a replica adopting a run's alerts) must see what the jobs before it in
+        the same group commit wrote, which another connection cannot see before the commit."""
+        bound = getattr(self._bound, "bound", None)
+        conn = conn if conn is not None else (bound[0] if bound is not None else None)
         sql, args = "SELECT key, value FROM alert_records WHERE kind = ? ORDER BY key", (kind,)
-        rows = conn.execute(sql, args).fetchall() if conn is not None else self._read(sql, args)
+        if conn is not None and self._store is None:
+            with self._lock:   # the own connection is shared with readers on other threads
+                rows = conn.execute(sql, args).fetchall()
+        else:
+            rows = conn.execute(sql, args).fetchall() if conn is not None else self._read(sql, args)
         return {k: json.loads(v) for k, v in rows}
 
 

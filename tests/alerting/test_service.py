@@ -221,3 +221,31 @@ def test_a_corruption_page_waits_for_its_rollback_target(tmp_path, db_uri):
         (got,) = rx.delivered()
         (alert,) = json.loads(got.body)["alerts"]
         assert alert["annotations"]["rollback_target"] == "step 5 (mem://r1/5)"
+
+
+def test_a_run_adopted_in_the_group_commit_that_stores_its_first_alert_still_pages(tmp_path, db_uri):
+    # A replica (re)takes a run while a findings job of that run waits for the writer: the two
+    # jobs share one group commit, so the adoption must read the alerts through the group's
+    # transaction. Read through another connection, the uncommitted alert was dropped from the
+    # owner's memory and its page was never sent (what made the test above fail in CI).
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
+        ctx = svc.app.state.ctx
+        ctx.store.submit_checkpoint("r1", 5, "mem://r1/5", None, None).result()
+        svc.drain()   # the owner took the run (PostgreSQL) and loaded its (no) alerts
+        running, gate, adopt_queued = threading.Event(), threading.Event(), threading.Event()
+        held = ctx.store.write(lambda conn: (running.set(), gate.wait(10)))
+        assert running.wait(10)   # the writer waits in a group of its own: the next jobs group
+        stored = ctx.findings.record("r1", 1, [nan(step=7)], HOSTS)
+        real_write = ctx.store.write
+        ctx.store.write = lambda job, **kw: (real_write(job, **kw), adopt_queued.set())[0]
+        adopting = threading.Thread(target=ctx.alerting.on_ownership, args=("r1", True))
+        adopting.start()
+        assert adopt_queued.wait(10)
+        del ctx.store.write
+        gate.set()
+        held.result(10), stored.result(10)
+        adopting.join(10)
+        svc.drain()
+        (got,) = rx.delivered()
+        (alert,) = json.loads(got.body)["alerts"]
+        assert alert["annotations"]["rollback_target"] == "step 5 (mem://r1/5)"
