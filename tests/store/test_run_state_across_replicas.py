@@ -176,3 +176,21 @@ def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run(replicas):
         assert sorted(kinds.values()) == ["finish", "rank_finished"], (run, kinds)
         assert a.get_run_row(run)["status"] == "finished"
 
+
+
+def test_a_finished_run_restarted_through_a_replica_that_did_not_see_it_finish_runs_again(replicas):
+    # b takes the last finish; the job is then resumed from a checkpoint (a new process on every
+    # rank) and its first push reaches a, which never heard of the finish: the run runs again
+    # on every replica (its status, and the hang checks that follow it), not only where it finished.
+    a, b = replicas
+    for step in range(5):
+        for rank in range(2):
+            push(a if rank == 0 else b, rank, step, 1.0, process="p1")
+    assert [finish(a, 0), finish(b, 1)] == ["rank_finished", "finish"]
+    assert a.get_run_row("r")["status"] == "finished"
+    assert push(a, 0, 3, 2.0, process="p2") == 2
+    assert a.get_run_row("r")["status"] == b.get_run_row("r")["status"] == "running"
+    assert push(b, 1, 3, 2.0, process="p2") == 2
+    # The resumed attempt finishes by its own ranks' finishes, on either replica.
+    assert [finish(b, 0), finish(a, 1)] == ["rank_finished", "finish"]
+    assert b.get_run_row("r")["status"] == "finished"
