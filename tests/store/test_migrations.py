@@ -5,6 +5,8 @@ The earlier schemas are frozen in ``fixtures/`` (the DDL as the release had it);
 are filled with that release's SQL, then opened by the service as it is now."""
 from __future__ import annotations
 
+import functools
+import json
 import sqlite3
 import subprocess
 import sys
@@ -118,6 +120,67 @@ def test_a_database_of_the_unversioned_release_is_upgraded_in_place(db_uri, tmp_
     fill_release_bc4ca46(db)
     db.close()
     check_migrated(db_uri, tmp_path)
+
+
+def create_at_version(uri: str, version: int) -> None:
+    """A database as the release with schema ``version`` made it: the steps up to it (steps are
+    frozen: a change to a table is a new step), and the tables the store adds after them."""
+    real = migrations.migrate
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(migrations, "migrate", functools.partial(real, steps=migrations.STEPS[:version]))
+        store = open_store(uri)
+        store.open()
+        store.close()
+
+
+def records(steps, ranks, incarnation=None):
+    return {"records": [{"step": s, "rank": r, "loss": 1.0 + s / 100,
+                         **({"incarnation": f"{incarnation}-{r}"} if incarnation else {})}
+                        for s in steps for r in ranks]}
+
+
+def test_a_run_of_the_release_before_incarnations_goes_on_after_the_upgrade(db_uri, tmp_path):
+    """Schema 5 (the release before incarnations) with a run in the middle of its first attempt,
+    its ingest snapshot in that release's form (no incarnations) and, as replicas wrote it, its
+    ranks' progress: after the upgrade the run goes on in its attempt, records without an
+    incarnation and a client's first records with one alike, and a restart opens attempt 2."""
+    create_at_version(db_uri, 5)
+    db = Raw(db_uri)
+    try:
+        assert db.execute("SELECT max(version) FROM schema_version") == [(5,)]
+        db.execute("INSERT INTO runs (run_id, created_at, updated_at) VALUES (?, ?, ?)", ("r", T0, T0))
+        db.execute("INSERT INTO attempts VALUES (?, ?, ?, ?)", ("r", 1, 0, T0))
+        b = MetricBatch(steps=np.repeat(np.arange(5), 2), ranks=np.tile([0, 1], 5))
+        b.values["loss"] = np.ones(10)
+        b.present["loss"] = np.ones(10, dtype=bool)
+        db.execute("INSERT INTO chunks (run_id, attempt, step_min, step_max, n_records, n_points, fields,"
+                   " has_hosts, received_at, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   ("r", 1, 0, 4, 10, 10, "loss", 0, T0, encode_chunk(b)))
+        (watermark,) = db.execute("SELECT max(id) FROM chunks")[0]
+        state = {"attempt": 1, "start_step": 0, "finished": False, "finished_ranks": [], "ranks": [0, 1],
+                 "last_step": [4, 4], "host_code": [-1, -1], "host_names": []}
+        db.execute("INSERT INTO run_state VALUES (?, ?, ?, ?)", ("r", "ingest", watermark, json.dumps(state).encode()))
+        for rank in (0, 1):
+            db.execute("INSERT INTO rank_progress VALUES (?, ?, ?, ?)", ("r", 1, rank, 0))
+    finally:
+        db.close()
+    with InProcessService(tmp_path, db=db_uri) as svc:
+        http = svc.http
+        for body, attempt in ((records([5], [0, 1]), 1),              # an old client
+                              (records([6, 7], [0, 1], "p1"), 1),     # an upgraded one, going on
+                              (records([3], [0, 1], "p2"), 2)):       # resumed from step 3
+            r = http.post("/v1/runs/r/metrics", json=body)
+            assert (r.status_code, r.json()["attempt"]) == (202, attempt), r.text
+        run = http.get("/v1/runs/r").json()
+        assert [(a["attempt"], a["start_step"], a["last_step"]) for a in run["attempts"]] == [(1, 0, 7), (2, 3, 3)]
+        assert [http.post("/v1/runs/r/finish", json={"rank": rank}).status_code for rank in (0, 1)] == [200, 200]
+        assert http.get("/v1/runs/r").json()["status"] == "finished"
+    db = Raw(db_uri)
+    try:
+        assert [v for (v,) in db.execute("SELECT version FROM schema_version ORDER BY version")] == \
+            list(range(1, LATEST + 1))
+    finally:
+        db.close()
 
 
 def test_the_first_releases_attempts_table_is_rebuilt(tmp_path):
