@@ -42,7 +42,7 @@ def chunk_row(run_id: str, attempt: int, batch: MetricBatch, now: float, payload
 @dataclass(frozen=True)
 class Appended:
     """What :meth:`MetricsIngest._append_current` did: the batch was a duplicate; or it is
-    stored as chunk ``chunk_id``; or only claimed, because another replica opened ``newer``
+    stored as chunk ``chunk_id``; or nothing, because another replica opened ``newer``
     (attempt, start step)."""
     duplicate: bool = False
     chunk_id: int | None = None
@@ -104,20 +104,19 @@ class MetricsIngest:
                 return self._duplicate(conn, run_id, digest, st, now)
             if appended.chunk_id is not None:
                 return self._applied(conn, run_id, st, batch, False, [], appended.chunk_id, now, payload)
-            # Another replica opened a newer attempt: the batch is claimed; it joins that attempt
-            # and goes the general way.
+            # Another replica opened a newer attempt (nothing was written): the batch joins that
+            # attempt and goes the general way.
             assert appended.newer is not None
             st.join_attempt(*appended.newer)
-        else:
-            if not self._claim(conn, run_id, digest, len(batch), now):
-                return self._duplicate(conn, run_id, digest, st, now)
-            if len(batch) == 0:
-                return IngestResult(run_id, 0, False, st.attempt, False, None, now, run=st.view())
-            joined = self._newer_attempt(conn, run_id, st)
-            if joined is not None:
-                # Joining changes no row: a job that fails after it leaves the state a replica
-                # that read the same attempt would have (a retry joins it again).
-                st.join_attempt(*joined)
+        if not self._claim(conn, run_id, digest, len(batch), now):
+            return self._duplicate(conn, run_id, digest, st, now)
+        if len(batch) == 0:
+            return IngestResult(run_id, 0, False, st.attempt, False, None, now, run=st.view())
+        joined = self._newer_attempt(conn, run_id, st)
+        if joined is not None:
+            # Joining changes no row: a job that fails after it leaves the state a replica
+            # that read the same attempt would have (a retry joins it again).
+            st.join_attempt(*joined)
         older = self._incarnations_elsewhere(conn, run_id, st, batch)
         earlier = _earlier_attempt(batch, older)
         if earlier is not None:
@@ -197,15 +196,15 @@ class MetricsIngest:
 
     def _append_current(self, conn: sqlite3.Connection, run_id: str, st: RunState, batch: MetricBatch,
                         digest: str, now: float, payload: bytes) -> Appended:
-        """Claim the batch and append its chunk to the run's current attempt, unless the batch
-        is a duplicate or another replica opened a newer attempt (then it is only claimed).
-        Here one statement each (SQLite's are in-process); the PostgreSQL store does it in one
-        round trip."""
-        if not self._claim(conn, run_id, digest, len(batch), now):
-            return Appended(duplicate=True)
+        """Claim the batch and append its chunk to the run's current attempt, unless another
+        replica opened a newer attempt (then nothing is written: the general way claims it) or
+        the batch is a duplicate. Here one statement each (SQLite's are in-process); the
+        PostgreSQL store does it in one statement, which a lone push runs on its own."""
         newer = self._newer_attempt(conn, run_id, st)
         if newer is not None:
             return Appended(newer=newer)
+        if not self._claim(conn, run_id, digest, len(batch), now):
+            return Appended(duplicate=True)
         cur = conn.execute(f"INSERT INTO chunks ({CHUNK_COLUMNS}) VALUES ({CHUNK_PLACES})",
                            chunk_row(run_id, st.attempt, batch, now, payload))
         return Appended(chunk_id=cur.lastrowid)

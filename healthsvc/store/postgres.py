@@ -118,7 +118,11 @@ class PgConnection:
     of single-record pushes ran four of them per push, each a round trip and a parse on the
     server); ``raw`` sends what is held first, so a caller using the psycopg connection itself
     sees the transaction as it was asked for. A held statement that fails raises from the
-    statement it went with."""
+    statement it went with.
+
+    :meth:`solo` runs a statement that is a lone job's whole write (the usual push) outside the
+    transaction the writer began, committing by itself: one round trip where BEGIN, the
+    statement and COMMIT took three. The writer says when its group is one job (``lone``)."""
 
     dialect = "postgresql"   # for the few statements only PostgreSQL has (FOR UPDATE SKIP LOCKED)
 
@@ -129,11 +133,14 @@ class PgConnection:
         self._reconnect = reconnect
         self._in_transaction = False
         self._held: list[str] = []
+        self.lone = False             # the writer's group is one job (set by the writer)
+        self._begin_later = False     # a solo statement took the transaction's BEGIN
         self._translate = functools.lru_cache(maxsize=1024)(
             lambda sql: (pg_statement(sql, catalog), _control(sql)))
 
     @property
     def raw(self) -> psycopg.Connection:
+        self._resume_transaction()
         self._send_held()
         return self._raw
 
@@ -156,8 +163,36 @@ class PgConnection:
         lastrowid = int(rows[0][0]) if st.returns_key and rows else None
         return PgCursor(rows, cur.rowcount, lastrowid)
 
+    def solo(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
+        """:meth:`execute`, except that as the first statement of a lone job's transaction it
+        runs on its own, outside it, and is committed when it returns (the job's whole write: what
+        the job runs after it, it runs in a transaction begun then). Only for a statement whose
+        effect may stand alone even if the job fails after it (the ingest's append: a retried
+        push is then answered as the duplicate it is)."""
+        if not (self.lone and self._held == ["BEGIN"]) or self._raw.broken:
+            return self.execute(sql, args)
+        st, _ = self._translate(sql)
+        self._held = []
+        self._in_transaction = False
+        self._begin_later = True
+        with self._raw.cursor() as cur:
+            return self._run(cur, st, args)
+
+    def _resume_transaction(self) -> None:
+        """After a solo statement, the job's next statement opens the transaction it took."""
+        if self._begin_later:
+            self._begin_later = False
+            self._held.insert(0, "BEGIN")
+            self._in_transaction = True
+
     def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
         st, control = self._translate(sql)
+        if self._begin_later:
+            if control in ("end", "rollback") and not args:
+                self._begin_later = False   # nothing ran in the transaction since: nothing to end
+                self._held = []
+                return _NO_ROWS
+            self._resume_transaction()
         if self._raw.broken and not self._in_transaction and self._reconnect is not None:
             # The server restarted or the network dropped: the group that saw it failed (and
             # was answered 503). Outside a transaction nothing is lost by a new connection;
@@ -194,6 +229,7 @@ class PgConnection:
 
     def close(self) -> None:
         self._held = []
+        self._begin_later = False
         self._raw.close()
 
 
@@ -328,28 +364,30 @@ class PostgresStore(StoreBase):
             return _Direct(self._connect(), self.catalog, owned=True)  # type: ignore[return-value]
         return self._reader
 
-    # The usual push in one round trip (three statements and three round trips otherwise): the
-    # claim of the batch's digest, the read of a newer attempt another replica opened, and the
-    # chunk's insert, which happens only if the batch is new and there is no newer attempt.
-    # (Data-modifying CTEs run once each, on the statement's one snapshot.)
+    # The usual push in one statement (three statements otherwise): the read of a newer attempt
+    # another replica opened, the claim of the batch's digest and the chunk's insert; both writes
+    # happen only if there is no newer attempt (the batch then goes the general way, which claims
+    # it), the chunk's only if the batch is new. (Data-modifying CTEs run once each, on the
+    # statement's one snapshot.) A lone push runs it on its own (PgConnection.solo): one round trip.
     _APPEND_CURRENT = (
-        "WITH claimed AS (INSERT INTO batches VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1),"
-        " newer AS (SELECT attempt, start_step FROM attempts WHERE run_id = ? AND attempt > ?"
+        "WITH newer AS (SELECT attempt, start_step FROM attempts WHERE run_id = ? AND attempt > ?"
         " ORDER BY attempt DESC LIMIT 1),"
+        " claimed AS (INSERT INTO batches SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM newer)"
+        " ON CONFLICT DO NOTHING RETURNING 1),"
         f" chunk AS (INSERT INTO chunks ({CHUNK_COLUMNS}) SELECT {CHUNK_PLACES}"
-        " WHERE EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM newer) RETURNING id)"
+        " WHERE EXISTS (SELECT 1 FROM claimed) RETURNING id)"
         " SELECT EXISTS (SELECT 1 FROM claimed), (SELECT attempt FROM newer), (SELECT start_step FROM newer),"
         " (SELECT id FROM chunk)")
 
     def _append_current(self, conn: PgConnection, run_id: str, st: RunState, batch: MetricBatch, digest: str,
                         now: float, payload: bytes) -> Appended:
-        claimed, newer, start, chunk_id = conn.execute(self._APPEND_CURRENT, (
-            run_id, digest, len(batch), now, run_id, st.attempt,
+        claimed, newer, start, chunk_id = conn.solo(self._APPEND_CURRENT, (
+            run_id, st.attempt, run_id, digest, len(batch), now,
             *chunk_row(run_id, st.attempt, batch, now, payload))).fetchone()
-        if not claimed:
-            return Appended(duplicate=True)
         if newer is not None:
             return Appended(newer=(int(newer), int(start)))
+        if not claimed:
+            return Appended(duplicate=True)
         return Appended(chunk_id=int(chunk_id))
 
     def _check_fence(self, conn: PgConnection, fence: Any) -> None:

@@ -88,6 +88,9 @@ class GroupCommitWriter:
         conn = self._conn
         outcomes: list[tuple[Future, bool, Any]] = []
         io_failed = False
+        if hasattr(conn, "lone"):
+            # A lone job's one statement may commit by itself (PostgreSQL: PgConnection.solo).
+            conn.lone = len(group) == 1
         try:
             conn.execute("BEGIN IMMEDIATE")
             # A job's savepoint protects the jobs stored before it in this transaction; a job
