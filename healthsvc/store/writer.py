@@ -3,7 +3,8 @@
 Every write to the database is a job: a function of the connection. The writer takes every job
 waiting in its queue, runs each inside its own SAVEPOINT (a failing job rolls back alone; the first
 needs none), commits once, and only then resolves the jobs' futures. Many concurrent requests therefore share one
-fsync, and a request is answered only once its data is durable.
+fsync, and a request is answered only once its data is durable. (A group of one job on
+PostgreSQL may run that job's one statement as its own transaction: ``PgConnection.solo``.)
 """
 from __future__ import annotations
 
