@@ -151,10 +151,10 @@ class MetricsIngest:
                                  [(run_id, attempt, int(r)) for r in resumed])
         chunk_id = conn.execute(f"INSERT INTO chunks ({CHUNK_COLUMNS}) VALUES ({CHUNK_PLACES})",
                                 chunk_row(run_id, attempt, batch, now, payload)).lastrowid
-        if (st.finished or (new_attempt and self.shared_database)) and not late:
+        if (st.finished or (new_attempt and st.attempt and self.shared_database)) and not late:
             # Data after the run finished: it resumed. On a database shared by replicas another
-            # replica may have taken the finish, unknown here: a restart (a new attempt) is the
-            # run running again wherever it is heard first.
+            # replica may have taken the finish, unknown here: a restart (a new attempt after the
+            # first) is the run running again wherever it is heard first.
             conn.execute("UPDATE runs SET status='running', finished_at=NULL, updated_at=? WHERE run_id=?",
                          (now, run_id))
         return self._applied(conn, run_id, st, batch, new_attempt, hosts, chunk_id, now, payload, late)

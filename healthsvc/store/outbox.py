@@ -363,10 +363,7 @@ class Outbox:
         bound = getattr(self._bound, "bound", None)
         conn = conn if conn is not None else (bound[0] if bound is not None else None)
         sql, args = "SELECT key, value FROM alert_records WHERE kind = ? ORDER BY key", (kind,)
-        if conn is not None and self._store is None:
-            with self._lock:   # the own connection is shared with readers on other threads
-                rows = conn.execute(sql, args).fetchall()
-        else:
+        with self._lock:   # an own connection is shared with readers on other threads
             rows = conn.execute(sql, args).fetchall() if conn is not None else self._read(sql, args)
         return {k: json.loads(v) for k, v in rows}
 

@@ -177,7 +177,6 @@ def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run(replicas):
         assert a.get_run_row(run)["status"] == "finished"
 
 
-
 def test_a_finished_run_restarted_through_a_replica_that_did_not_see_it_finish_runs_again(replicas):
     # b takes the last finish; the job is then resumed from a checkpoint (a new process on every
     # rank) and its first push reaches a, which never heard of the finish: the run runs again
