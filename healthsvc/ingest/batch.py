@@ -45,6 +45,25 @@ class MetricBatch:
             labels={f: (names, idx[mask_or_index]) for f, (names, idx) in self.labels.items()},
         )
 
+    @classmethod
+    def concat(cls, batches: list["MetricBatch"]) -> "MetricBatch":
+        """The records of ``batches`` in order as one batch: a field one of them lacks is not
+        reported there; host and label names are merged (indices remapped)."""
+        if len(batches) == 1:
+            return batches[0]
+        fields = dict.fromkeys(f for b in batches for f in b.values)
+        values = {f: np.concatenate([b.values[f] if f in b.values else np.full(len(b), np.nan) for b in batches])
+                  for f in fields}
+        present = {f: np.concatenate([b.present[f] if f in b.present else np.zeros(len(b), bool) for b in batches])
+                   for f in fields}
+        host_names, host_index = [], None
+        if any(b.host_index is not None for b in batches):
+            host_names, host_index = _merge_names([(b.host_names, b.host_index, len(b)) for b in batches])
+        labels = {f: _merge_names([(*b.labels[f], len(b)) if f in b.labels else ([], None, len(b)) for b in batches])
+                  for f in dict.fromkeys(f for b in batches for f in b.labels)}
+        return cls(np.concatenate([b.steps for b in batches]), np.concatenate([b.ranks for b in batches]),
+                   values, present, host_names, host_index, labels)
+
     def label_column(self, name: str) -> list[str | None]:
         """A string field as one value per record (None where not reported)."""
         names, idx = self.labels[name]
@@ -56,3 +75,18 @@ class MetricBatch:
             return {}
         ok = self.host_index >= 0
         return {int(r): self.host_names[int(h)] for r, h in zip(self.ranks[ok], self.host_index[ok])}
+
+
+def _merge_names(parts: list[tuple[list[str], np.ndarray | None, int]]) -> tuple[list[str], np.ndarray]:
+    """(names, index, length) of several string columns (index None: not reported) -> one
+    column over the union of the names; -1 stays "not reported"."""
+    names: dict[str, int] = {}
+    columns = []
+    for part_names, index, n in parts:
+        if index is None:
+            columns.append(np.full(n, -1, np.int32))
+            continue
+        # The last entry maps -1 (not reported) to itself.
+        remap = np.array([names.setdefault(name, len(names)) for name in part_names] + [-1], np.int32)
+        columns.append(remap[index])
+    return list(names), np.concatenate(columns)

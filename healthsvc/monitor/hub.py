@@ -26,7 +26,7 @@ from typing import Any, Callable, Union
 from detectors.finding import Finding
 from healthsvc.findings import FindingsService
 from healthsvc.messages import Drain, RunOwned, Stop, Tick
-from healthsvc.monitor import remote_chunks
+from healthsvc.monitor import coalesce, remote_chunks
 from healthsvc.monitor.ownership import RemoteMessage, RunOwnership, SoleOwner
 from healthsvc.monitor.run_monitor import RunMonitor
 from healthsvc.store.interface import Store
@@ -133,16 +133,19 @@ class MonitorHub:
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if isinstance(item, Stop):
-                return
-            if isinstance(item, Drain):
-                item.done.set()
-                continue
-            try:
-                self._handle(item)
-            except Exception:
-                log.exception("monitor failed on %r", type(item).__name__)
+            for item in coalesce.group_pushes(coalesce.take(self._queue)):
+                if isinstance(item, Stop):
+                    return
+                if isinstance(item, Drain):
+                    item.done.set()
+                    continue
+                try:
+                    if isinstance(item, list):
+                        self._pushes(item)
+                    else:
+                        self._handle(item)
+                except Exception:
+                    log.exception("monitor failed on %r", type(item).__name__)
 
     def _monitor(self, run_id: str) -> RunMonitor:
         mon = self.monitors.get(run_id)
@@ -194,10 +197,7 @@ class MonitorHub:
         if not self._claim(item):
             return
         if isinstance(item, IngestResult):
-            mon = self.monitors[item.run_id]
-            if item.chunk_id is not None and self._seen(item.run_id, mon, item.chunk_id):
-                return  # the restore on claim replayed it already
-            self._record(mon, mon.on_metrics(item.batch, item.run, item.chunk_id, item.received_at))
+            self._feed_pushes([item])
             return
         ev: RunEvent = item
         mon = self.monitors[ev.run_id]
@@ -217,6 +217,23 @@ class MonitorHub:
         else:
             found = []
         self._record(mon, found)
+
+    def _pushes(self, pushes: list[IngestResult]) -> None:
+        """A run's pushes of one attempt, queued together (:mod:`~healthsvc.monitor.coalesce`)."""
+        if not self._claim(pushes[0]):
+            for push in pushes[1:]:   # the first was handed on by _claim
+                self.ownership.announce(push.run_id, remote_chunks.announcement(push))
+            return
+        self._feed_pushes(pushes)
+
+    def _feed_pushes(self, pushes: list[IngestResult]) -> None:
+        """Feed a claimed run's pushes to its monitor as one batch, but those the restore on
+        claim replayed already."""
+        mon = self.monitors[pushes[0].run_id]
+        fresh = [p for p in pushes if p.chunk_id is None or not self._seen(p.run_id, mon, p.chunk_id)]
+        if fresh:
+            push = coalesce.merged(fresh)
+            self._record(mon, mon.on_metrics(push.batch, push.run, push.chunk_id, push.received_at))
 
     # -- ownership ------------------------------------------------------------------------
     def _claim(self, item: IngestResult | RunEvent) -> bool:
