@@ -96,6 +96,7 @@ def _params(args: Sequence[Any]) -> list[Any]:
 _DEFERRED = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE)\b", re.IGNORECASE)
 _ENDS = re.compile(r"^\s*(COMMIT|ROLLBACK)\b", re.IGNORECASE)
 _FULL_ROLLBACK = re.compile(r"^\s*ROLLBACK\s*$", re.IGNORECASE)
+_JOB_SAVEPOINT_END = re.compile(r"^\s*(ROLLBACK\s+TO|RELEASE)\s+job\s*$", re.IGNORECASE)
 
 
 def _control(sql: str) -> str:
@@ -120,9 +121,12 @@ class PgConnection:
     sees the transaction as it was asked for. A held statement that fails raises from the
     statement it went with.
 
-    :meth:`solo` runs a statement that is a lone job's whole write (the usual push) outside the
-    transaction the writer began, committing by itself: one round trip where BEGIN, the
-    statement and COMMIT took three. The writer says when its group is one job (``lone``)."""
+    :meth:`solo` runs a statement whose effect may stand alone (the usual push's append) as a
+    job's first: for a lone job, outside the transaction the writer began, committing by itself
+    (one round trip where BEGIN, the statement and COMMIT took three; the writer says when its
+    group is one job: ``lone``); for a later job of a group, without the savepoint the writer
+    asked for (taken after the statement, if the job runs another), so the job's write costs one
+    round trip where ``RELEASE job; SAVEPOINT job`` and the statement took two."""
 
     dialect = "postgresql"   # for the few statements only PostgreSQL has (FOR UPDATE SKIP LOCKED)
 
@@ -135,6 +139,8 @@ class PgConnection:
         self._held: list[str] = []
         self.lone = False             # the writer's group is one job (set by the writer)
         self._begin_later = False     # a solo statement took the transaction's BEGIN
+        self._savepoint_later = False # a solo statement took its job's savepoint
+        self._doomed: BaseException | None = None   # a solo statement failed in the transaction
         self._translate = functools.lru_cache(maxsize=1024)(
             lambda sql: (pg_statement(sql, catalog), _control(sql)))
 
@@ -147,6 +153,8 @@ class PgConnection:
     @raw.setter
     def raw(self, conn: psycopg.Connection) -> None:
         self._held = []
+        self._begin_later = self._savepoint_later = False
+        self._doomed = None
         self._raw = conn
 
     def _send_held(self, then: str | None = None) -> None:
@@ -169,21 +177,48 @@ class PgConnection:
         the job runs after it, it runs in a transaction begun then). Only for a statement whose
         effect may stand alone even if the job fails after it (the ingest's append: a retried
         push is then answered as the duplicate it is)."""
-        if not (self.lone and self._held == ["BEGIN"]) or self._raw.broken:
+        if self._raw.broken:
+            return self.execute(sql, args)
+        if self.lone and self._held == ["BEGIN"]:
+            self._held = []
+            self._in_transaction = False
+            self._begin_later = True
+        elif self._in_transaction and self._held[-1:] == ["SAVEPOINT job"]:
+            # A job after others in the group. Its statement needs no savepoint before it: if the
+            # job fails, what the statement wrote may stay. The previous job's savepoint is left
+            # (released with the transaction): ROLLBACK TO and RELEASE name the newest one.
+            self._held.pop()
+            if self._held[-1:] == ["RELEASE job"]:
+                self._held.pop()
+            st, _ = self._translate(sql)
+            self._send_held()
+            try:
+                with self._raw.cursor() as cur:
+                    done = self._run(cur, st, args)
+            except BaseException as exc:
+                # The transaction is aborted and no savepoint can restore it: the whole group
+                # must fail (a COMMIT now would roll back what its jobs were told is stored).
+                self._doomed = exc
+                raise
+            self._savepoint_later = True
+            return done
+        else:
             return self.execute(sql, args)
         st, _ = self._translate(sql)
-        self._held = []
-        self._in_transaction = False
-        self._begin_later = True
+        self._send_held()
         with self._raw.cursor() as cur:
             return self._run(cur, st, args)
 
     def _resume_transaction(self) -> None:
-        """After a solo statement, the job's next statement opens the transaction it took."""
+        """After a solo statement, the job's next statement opens the transaction, or takes
+        the savepoint, the solo statement went without."""
         if self._begin_later:
             self._begin_later = False
             self._held.insert(0, "BEGIN")
             self._in_transaction = True
+        if self._savepoint_later:
+            self._savepoint_later = False
+            self._held.append("SAVEPOINT job")
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
         st, control = self._translate(sql)
@@ -193,6 +228,21 @@ class PgConnection:
                 self._held = []
                 return _NO_ROWS
             self._resume_transaction()
+        elif self._savepoint_later:
+            if _JOB_SAVEPOINT_END.match(sql):
+                # The job's savepoint was never taken: nothing to roll back to (the solo
+                # statement's write may stay) or release; the writer's RELEASE ends it.
+                self._savepoint_later = not sql.lstrip().upper().startswith("RELEASE")
+                return _NO_ROWS
+            if control in ("end", "rollback"):
+                self._savepoint_later = False   # the transaction ends
+            else:
+                self._resume_transaction()      # the job's next statement: its savepoint first
+        if self._doomed is not None:
+            if control != "rollback":
+                raise psycopg.errors.InFailedSqlTransaction(
+                    f"the group's transaction failed in a statement without a savepoint: {self._doomed}")
+            self._doomed = None
         if self._raw.broken and not self._in_transaction and self._reconnect is not None:
             # The server restarted or the network dropped: the group that saw it failed (and
             # was answered 503). Outside a transaction nothing is lost by a new connection;
@@ -229,7 +279,8 @@ class PgConnection:
 
     def close(self) -> None:
         self._held = []
-        self._begin_later = False
+        self._begin_later = self._savepoint_later = False
+        self._doomed = None
         self._raw.close()
 
 
