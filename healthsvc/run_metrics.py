@@ -30,11 +30,14 @@ HEALTH_VALUE = {"ok": 0, "warning": 1, "critical": 2}
 
 class StepTimes:
     """The newest ``STEP_TIME_WINDOW`` finite ``step_time`` values of each run (writer thread in,
-    scrape thread out)."""
+    scrape thread out). A push only hands its column over (the writer thread does that for every
+    push); the values are filtered and cut to the window when a scrape asks, or when a run holds
+    four windows' worth."""
 
     def __init__(self, window: int = STEP_TIME_WINDOW) -> None:
         self.window = window
-        self._values: dict[str, np.ndarray] = {}
+        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}   # (values, present), oldest first
+        self._held: dict[str, int] = {}      # records in a run's parts
         self._lock = threading.Lock()
 
     def on_store_results(self, results: list[Any]) -> None:
@@ -42,23 +45,31 @@ class StepTimes:
             batch = getattr(r, "batch", None)
             if batch is None or getattr(r, "duplicate", False) or "step_time" not in batch.values:
                 continue
-            v = batch.values["step_time"][batch.present["step_time"]]
-            v = v[np.isfinite(v)][-self.window:]
-            if v.size:
-                with self._lock:
-                    old = self._values.get(r.run_id)
-                    self._values[r.run_id] = v.copy() if old is None else np.concatenate((old, v))[-self.window:]
+            with self._lock:
+                self._parts.setdefault(r.run_id, []).append((batch.values["step_time"], batch.present["step_time"]))
+                held = self._held[r.run_id] = self._held.get(r.run_id, 0) + len(batch)
+                if held > 4 * self.window:
+                    self._compact(r.run_id)
+
+    def _compact(self, run_id: str) -> np.ndarray:
+        """The run's window as one array (the lock held)."""
+        v = np.concatenate([values[present] for values, present in self._parts[run_id]])
+        v = v[np.isfinite(v)][-self.window:]
+        self._parts[run_id], self._held[run_id] = [(v, np.ones(len(v), bool))], len(v)
+        return v
 
     def median(self, run_id: str) -> float | None:
         with self._lock:
-            v = self._values.get(run_id)
-        return None if v is None else float(np.median(v))
+            if run_id not in self._parts:
+                return None
+            v = self._compact(run_id)
+        return float(np.median(v)) if v.size else None
 
     def keep_only(self, run_ids: set[str]) -> None:
         """Forget runs that are no longer exported (bounded memory)."""
         with self._lock:
-            for run_id in set(self._values) - run_ids:
-                del self._values[run_id]
+            for run_id in set(self._parts) - run_ids:
+                del self._parts[run_id], self._held[run_id]
 
 
 class RunSeriesCollector:

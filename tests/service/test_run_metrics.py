@@ -9,7 +9,13 @@ import statistics
 from pathlib import Path
 
 import httpx
+import numpy as np
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from healthsvc.ingest.batch import MetricBatch
+from healthsvc.run_metrics import StepTimes
+from healthsvc.store.results import IngestResult
 
 from tests.harness import InProcessService
 
@@ -81,3 +87,24 @@ def test_the_grafana_dashboard_uses_the_series_the_service_exports(server, http)
     assert used and used <= exported, used - exported
     assert {"healthsvc_run_health", "healthsvc_run_active_findings", "healthsvc_run_step_time_median_seconds",
             "healthsvc_run_last_step"} <= used
+
+
+def test_the_step_time_median_is_over_the_newest_finite_values_whatever_the_pushes():
+    # Property: pushes of random sizes, with NaN, infinities and unreported values among them; the
+    # median is over the newest `window` finite values, whenever it is asked.
+    rng = np.random.default_rng(7)
+    times, kept = StepTimes(window=64), []
+    for i in range(400):
+        n = int(rng.integers(1, 40))
+        values = rng.uniform(0.1, 2.0, n)
+        values[rng.random(n) < 0.1] = rng.choice([np.nan, np.inf, -np.inf])
+        present = rng.random(n) > 0.1
+        batch = MetricBatch(np.arange(n), np.zeros(n, np.int64), {"step_time": values}, {"step_time": present})
+        times.on_store_results([IngestResult("r", n, i % 50 == 7, 1, False, i, 0.0, batch)])
+        if i % 50 != 7:   # a duplicate adds nothing
+            kept += [v for v, p in zip(values.tolist(), present.tolist()) if p and np.isfinite(v)]
+        if i % 37 == 0 or i == 399:
+            assert times.median("r") == pytest.approx(statistics.median(kept[-64:]), abs=0, rel=0)
+    assert times.median("unknown") is None
+    times.keep_only(set())
+    assert times.median("r") is None
