@@ -182,7 +182,7 @@ def _build_batch(columns: dict[str, list], n: int, where: _Where) -> MetricBatch
     for name, col in columns.items():
         if name in KEY_FIELDS:
             continue
-        if name in RESERVED_FIELDS or not FIELD_NAME.match(name):
+        if name not in _VALID_NAMES and not _valid_name(name):
             raise InvalidInput(f"field name {name!r} is reserved or not a valid name "
                                "(letters, digits, '_' and '.', up to 64 characters)", loc=where(name))
         if name in LABEL_FIELDS:
@@ -193,12 +193,26 @@ def _build_batch(columns: dict[str, list], n: int, where: _Where) -> MetricBatch
             batch.values[name], batch.present[name] = _float_column(name, col, where)
             if name in INTEGER_FIELDS:
                 _check_integers(name, batch.values[name], batch.present[name], where)
-    if n:
+    if n > 1:
         _check_unique_keys(steps, ranks, where)
     return batch
 
 
+# Field names seen valid (pushes repeat the same few): checked by a set lookup, not the pattern.
+_VALID_NAMES: set[str] = set()
+
+
+def _valid_name(name: str) -> bool:
+    if name in RESERVED_FIELDS or not FIELD_NAME.match(name):
+        return False
+    if len(_VALID_NAMES) < 4096:
+        _VALID_NAMES.add(name)
+    return True
+
+
 def _int_column(name: str, col: list, where: _Where) -> np.ndarray:
+    if len(col) == 1 and type(col[0]) is int and 0 <= col[0] <= _INT64_MAX:   # a rank's own push
+        return np.array(col, np.int64)
     arr = _try_array(col)
     # numpy turns [1, true] into [1, 1]: a boolean is not an integer (one C-speed pass over types).
     if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu" and bool not in set(map(type, col)):
@@ -222,6 +236,8 @@ def _int_column(name: str, col: list, where: _Where) -> np.ndarray:
 
 
 def _float_column(name: str, col: list, where: _Where) -> tuple[np.ndarray, np.ndarray]:
+    if len(col) == 1 and type(col[0]) is float:   # a rank's own push
+        return np.array(col, np.float64), np.ones(1, bool)
     arr = _try_array(col)
     if arr is not None and arr.ndim == 1 and arr.dtype.kind in "fiu":
         return arr.astype(np.float64, copy=False), np.ones(len(col), dtype=bool)
@@ -248,6 +264,7 @@ def _float_column(name: str, col: list, where: _Where) -> tuple[np.ndarray, np.n
 
 
 _MAX_EXACT_INT = float(2 ** 53)
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def _check_integers(name: str, values: np.ndarray, present: np.ndarray, where: _Where) -> None:
