@@ -32,8 +32,8 @@ class MetricBatch:
     def n_points(self) -> int:
         """Reported metric values (NaN included, missing excluded). Counted once: the store and
         the ingest counters both ask."""
-        return (int(sum(int(p.sum()) for p in self.present.values()))
-                + int(sum(int((idx >= 0).sum()) for _, idx in self.labels.values())))
+        return int(sum(np.count_nonzero(p) for p in self.present.values())
+                   + sum(np.count_nonzero(idx >= 0) for _, idx in self.labels.values()))
 
     def take(self, mask_or_index: np.ndarray) -> "MetricBatch":
         hi = None if self.host_index is None else self.host_index[mask_or_index]
