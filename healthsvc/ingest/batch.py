@@ -46,10 +46,11 @@ class MetricBatch:
         )
 
     @classmethod
-    def concat(cls, batches: list["MetricBatch"]) -> "MetricBatch":
+    def concat(cls, batches: list["MetricBatch"], without: frozenset[str] = frozenset()) -> "MetricBatch":
         """The records of ``batches`` in order as one batch: a field one of them lacks is not
-        reported there; host and label names are merged (indices remapped)."""
-        if len(batches) == 1:
+        reported there; host and label names are merged (indices remapped). String fields named
+        in ``without`` are left out (merging names costs a Python step per push)."""
+        if len(batches) == 1 and not without:
             return batches[0]
         fields = dict.fromkeys(f for b in batches for f in b.values)
         values = {f: np.concatenate([b.values[f] if f in b.values else np.full(len(b), np.nan) for b in batches])
@@ -60,7 +61,7 @@ class MetricBatch:
         if any(b.host_index is not None for b in batches):
             host_names, host_index = _merge_names([(b.host_names, b.host_index, len(b)) for b in batches])
         labels = {f: _merge_names([(*b.labels[f], len(b)) if f in b.labels else ([], None, len(b)) for b in batches])
-                  for f in dict.fromkeys(f for b in batches for f in b.labels)}
+                  for f in dict.fromkeys(f for b in batches for f in b.labels if f not in without)}
         return cls(np.concatenate([b.steps for b in batches]), np.concatenate([b.ranks for b in batches]),
                    values, present, host_names, host_index, labels)
 

@@ -57,9 +57,10 @@ def group_pushes(items: list[Any]) -> list[Any]:
     return out
 
 
-def merged(pushes: list[IngestResult]) -> IngestResult:
-    """One result for a run's consecutive pushes of one attempt: their records in commit order,
-    the newest chunk id, receive time and run state (what the last commit left)."""
+def merged(pushes: list[IngestResult], without: frozenset[str] = frozenset()) -> IngestResult:
+    """One result for a run's consecutive pushes of one attempt: their records in commit order
+    (but the string fields named in ``without``), the newest chunk id, receive time and run state
+    (what the last commit left)."""
     if len(pushes) == 1:
         return pushes[0]
     last = pushes[-1]
@@ -67,4 +68,4 @@ def merged(pushes: list[IngestResult]) -> IngestResult:
     return IngestResult(
         last.run_id, sum(p.accepted for p in pushes), False, last.attempt,
         any(p.new_attempt for p in pushes), max(chunk_ids) if chunk_ids else None, last.received_at,
-        MetricBatch.concat([p.batch for p in pushes]), last.run)
+        MetricBatch.concat([p.batch for p in pushes], without), last.run)

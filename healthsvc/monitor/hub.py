@@ -28,7 +28,7 @@ from healthsvc.findings import FindingsService
 from healthsvc.messages import Drain, RunOwned, Stop, Tick
 from healthsvc.monitor import coalesce, remote_chunks
 from healthsvc.monitor.ownership import RemoteMessage, RunOwnership, SoleOwner
-from healthsvc.monitor.run_monitor import RunMonitor
+from healthsvc.monitor.run_monitor import NOT_JUDGED, RunMonitor
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
 from healthsvc.store.runstate import RunView
@@ -232,7 +232,7 @@ class MonitorHub:
         mon = self.monitors[pushes[0].run_id]
         fresh = [p for p in pushes if p.chunk_id is None or not self._seen(p.run_id, mon, p.chunk_id)]
         if fresh:
-            push = coalesce.merged(fresh)
+            push = coalesce.merged(fresh, without=NOT_JUDGED)
             self._record(mon, mon.on_metrics(push.batch, push.run, push.chunk_id, push.received_at))
 
     # -- ownership ------------------------------------------------------------------------

@@ -172,11 +172,15 @@ def label_code(text: str) -> float:
     return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 11)
 
 
+# String fields no detector judges: each rank's ``incarnation`` differs by design (the store reads it).
+NOT_JUDGED = frozenset({INCARNATION_FIELD})
+
+
 def with_label_codes(batch: MetricBatch) -> MetricBatch:
     """The batch with each string field (``param_digest``) added as a numeric column of codes, so
     the aligner and the detectors, which see numbers only, can compare digests across ranks.
     The ``incarnation`` is not judged (each rank's differs by design): the store reads it."""
-    compared = {name: label for name, label in batch.labels.items() if name != INCARNATION_FIELD}
+    compared = {name: label for name, label in batch.labels.items() if name not in NOT_JUDGED}
     if not compared:
         return batch
     values, present = dict(batch.values), dict(batch.present)

@@ -40,6 +40,8 @@ def test_concat_keeps_every_record_with_its_values_hosts_and_labels():
     assert hosts == ["a", None, "b", "a", None]
     assert both.label_column("param_digest") == ["x", None, "y", None, "x"]
     assert MetricBatch.concat(parts[:1]) is parts[0]
+    slim = MetricBatch.concat(parts, without=frozenset({"param_digest"}))
+    assert "param_digest" not in slim.labels and slim.host_index.tolist() == both.host_index.tolist()
 
 
 def push(run_id: str, step: int, attempt: int = 1, chunk_id: int = 0) -> IngestResult:
