@@ -183,6 +183,31 @@ class RunState:
         >>> st.only_progress(batch([1], [2]))   # rank 2 is new in the attempt
         False
         """
+        if len(batch) == 1:
+            return self._one_record_progress(batch)
+        return self._progress_of_records(batch)
+
+    def _one_record_progress(self, batch: MetricBatch) -> bool:
+        """:meth:`only_progress` of a rank's own push (one record), in Python scalars: numpy's
+        cost per call was most of it (``tests/service/test_runstate.py`` holds it to the
+        general way)."""
+        at = self._position_of(int(batch.ranks[0]))
+        if at < 0:
+            return False
+        last = int(self.last_step[at])
+        if last < 0 or int(batch.steps[0]) <= last:
+            return False
+        label = batch.labels.get(INCARNATION)
+        if label is None or label[1][0] < 0:
+            return True
+        return self._inc_lookup().get(label[0][int(label[1][0])], -2) == int(self.inc_code[at])
+
+    def _position_of(self, rank: int) -> int:
+        """Position of ``rank`` in ``ids``, -1 if not known."""
+        at = int(self.ids.searchsorted(rank))
+        return at if at < len(self.ids) and int(self.ids[at]) == rank else -1
+
+    def _progress_of_records(self, batch: MetricBatch) -> bool:
         pos, known = self._positions(batch.ranks)
         if not known.all():
             return False
@@ -211,6 +236,27 @@ class RunState:
     def advance(self, batch: MetricBatch) -> None:
         if len(batch) == 0:
             return
+        if len(batch) == 1:
+            self._advance_one_record(batch)
+            return
+        self._advance_records(batch)
+
+    def _advance_one_record(self, batch: MetricBatch) -> None:
+        """:meth:`advance` by a rank's own push (one record), in Python scalars."""
+        at = self._position_of(int(batch.ranks[0]))
+        if at < 0:
+            at = int(self._grow(batch.ranks)[0])
+        step = int(batch.steps[0])
+        if step > self.last_step[at]:
+            self.last_step[at] = step
+        label = batch.labels.get(INCARNATION)
+        if label is not None:
+            names, idx = label
+            codes = [self._inc_code_of(n) for n in names]
+            if idx[0] >= 0:
+                self.inc_code[at] = codes[int(idx[0])]
+
+    def _advance_records(self, batch: MetricBatch) -> None:
         pos = self._grow(batch.ranks)  # first: it may replace the arrays
         np.maximum.at(self.last_step, pos, batch.steps)
         label = batch.labels.get(INCARNATION)

@@ -121,3 +121,28 @@ def test_incarnations_tell_restarts_and_survive_a_snapshot():
     back.open_attempt(3)
     assert list(back.incarnation_misses(with_incarnation(batch([3], [0]), "p1"))) == [0]
     assert back.new_incarnations(with_incarnation(batch([3, 3], [0, 1]), "p2")) == [(0, "p2"), (1, "p2")]
+
+
+def test_a_rank_s_own_push_is_judged_and_applied_as_the_general_way_does():
+    # Property: one-record pushes (the usual push, taken in Python scalars) against the array
+    # code every other batch takes, over random runs: ranks new and known, steps ahead, repeated
+    # and behind, incarnations the same, new, absent, and a restart now and then.
+    rng = np.random.default_rng(11)
+    for trial in range(30):
+        fast, general = RunState("r"), RunState("r")
+        for st in (fast, general):
+            st.open_attempt(0)
+        for _ in range(200):
+            rank, step = int(rng.integers(0, 12)), int(rng.integers(0, 30))
+            b = batch([step], [rank])
+            which = rng.integers(0, 4)
+            if which:   # an incarnation: the rank's usual one, another, or a name with no record
+                name = f"p{rank}" if which == 1 else f"q{rank}-{int(rng.integers(0, 3))}"
+                b.labels["incarnation"] = ([name], np.array([-1 if which == 3 else 0], np.int32))
+            assert fast.only_progress(b) == general._progress_of_records(b), (trial, rank, step, which)
+            fast.advance(b)
+            general._advance_records(b)
+            assert fast.to_dict() == general.to_dict()
+            if rng.random() < 0.02:
+                for st in (fast, general):
+                    st.open_attempt(step)
