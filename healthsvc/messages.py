@@ -10,8 +10,10 @@ these (or a store result, :mod:`healthsvc.store.results`), never a tuple tagged 
 """
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
 
 
 @dataclass(frozen=True)
@@ -60,3 +62,20 @@ class RunOwned:
     alerting."""
     run_id: str
     gained: bool
+
+
+def handle_in_order(items: Iterable[Any], handle: Callable[[Any], None], log: logging.Logger, stage: str) -> bool:
+    """A stage's queued items, in order: a :class:`Drain` is released, a :class:`Stop` ends the
+    stage (False), anything else goes to ``handle``, whose failure is logged, not raised (one bad
+    input must not stop the stage)."""
+    for item in items:
+        if isinstance(item, Stop):
+            return False
+        if isinstance(item, Drain):
+            item.done.set()
+            continue
+        try:
+            handle(item)
+        except Exception:
+            log.exception("%s failed on %r", stage, type(item).__name__)
+    return True

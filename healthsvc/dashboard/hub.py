@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from healthsvc.ingest.batch import MetricBatch
-from healthsvc.messages import Drain, Flush, Stop, Tick
+from healthsvc.messages import Drain, Flush, Stop, Tick, handle_in_order
 from healthsvc.monitor.aligner import StepAligner
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
@@ -176,18 +176,12 @@ class RollupHub:
         except Exception:
             log.exception("dashboard rollups could not be restored; they fill from new data")
         self.catching_up = False
-        while True:
-            item = self._queue.get()
-            if isinstance(item, Stop):
-                return
-            if isinstance(item, Drain):
-                item.done.set()
-                continue
-            try:
-                with self.lock:
-                    self._handle(item)
-            except Exception:
-                log.exception("dashboard rollup failed on %r", type(item).__name__)
+        while handle_in_order([self._queue.get()], self._handle_locked, log, "dashboard rollup"):
+            pass
+
+    def _handle_locked(self, item: IngestResult | RunEvent | Tick | Flush) -> None:
+        with self.lock:
+            self._handle(item)
 
     def _feed(self, run_id: str) -> RunFeed:
         feed = self.feeds.get(run_id)

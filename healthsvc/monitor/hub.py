@@ -25,7 +25,7 @@ from typing import Any, Callable, Union
 
 from detectors.finding import Finding
 from healthsvc.findings import FindingsService
-from healthsvc.messages import Drain, RunOwned, Stop, Tick
+from healthsvc.messages import Drain, RunOwned, Stop, Tick, handle_in_order
 from healthsvc.monitor import coalesce, remote_chunks
 from healthsvc.monitor.ownership import RemoteMessage, RunOwnership, SoleOwner
 from healthsvc.monitor.run_monitor import NOT_JUDGED, RunMonitor
@@ -132,20 +132,14 @@ class MonitorHub:
             self.tick()
 
     def _loop(self) -> None:
-        while True:
-            for item in coalesce.group_pushes(coalesce.take(self._queue)):
-                if isinstance(item, Stop):
-                    return
-                if isinstance(item, Drain):
-                    item.done.set()
-                    continue
-                try:
-                    if isinstance(item, list):
-                        self._pushes(item)
-                    else:
-                        self._handle(item)
-                except Exception:
-                    log.exception("monitor failed on %r", type(item).__name__)
+        while handle_in_order(coalesce.group_pushes(coalesce.take(self._queue)), self._route, log, "monitor"):
+            pass
+
+    def _route(self, item: "MonitorInput | list[IngestResult]") -> None:
+        if isinstance(item, list):
+            self._pushes(item)
+        else:
+            self._handle(item)
 
     def _monitor(self, run_id: str) -> RunMonitor:
         mon = self.monitors.get(run_id)
