@@ -190,10 +190,7 @@ class MonitorHub:
             return
         if not self._claim(item):
             return
-        if isinstance(item, IngestResult):
-            self._feed_pushes([item])
-            return
-        ev: RunEvent = item
+        ev: RunEvent = item   # pushes come grouped (_pushes)
         mon = self.monitors[ev.run_id]
         if ev.kind == "heartbeat":
             found = mon.on_heartbeat(ev.data["rank"], ev.data["step"], ev.data["phase"], ev.received_at)

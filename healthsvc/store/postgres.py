@@ -182,42 +182,41 @@ class PgConnection:
         return PgCursor(rows, cur.rowcount, lastrowid)
 
     def solo(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
-        """:meth:`execute`, except that as the first statement of a lone job's transaction it
-        runs on its own, outside it, and is committed when it returns (the job's whole write: what
-        the job runs after it, it runs in a transaction begun then). Only for a statement whose
-        effect may stand alone even if the job fails after it (the ingest's append: a retried
-        push is then answered as the duplicate it is)."""
+        """:meth:`execute` for a statement whose effect may stand alone even if the job fails
+        after it (the ingest's append: a retried push is then answered as the duplicate it is).
+        As a lone job's first statement it runs outside the transaction, committed when it
+        returns (what the job runs after it, it runs in a transaction begun then); as the first
+        statement of a later job of a group, without the job's savepoint (taken after it, if the
+        job runs another statement)."""
         if self._raw.broken:
             return self.execute(sql, args)
         if self.lone and self._held == ["BEGIN"]:
             self._held = []
             self._in_transaction = False
             self._begin_later = True
+            grouped = False
         elif self._in_transaction and self._held[-1:] == ["SAVEPOINT job"]:
-            # A job after others in the group. Its statement needs no savepoint before it: if the
-            # job fails, what the statement wrote may stay. The previous job's savepoint is left
-            # (released with the transaction): ROLLBACK TO and RELEASE name the newest one.
+            # A job after others in the group. The previous job's savepoint is left (released
+            # with the transaction): ROLLBACK TO and RELEASE name the newest one.
             self._held.pop()
             if self._held[-1:] == ["RELEASE job"]:
                 self._held.pop()
-            st, _ = self._translate(sql)
-            self._send_held()
-            try:
-                with self._raw.cursor() as cur:
-                    done = self._run(cur, st, args)
-            except BaseException as exc:
-                # The transaction is aborted and no savepoint can restore it: the whole group
-                # must fail (a COMMIT now would roll back what its jobs were told is stored).
-                self._doomed = exc
-                raise
-            self._savepoint_later = True
-            return done
+            grouped = True
         else:
             return self.execute(sql, args)
         st, _ = self._translate(sql)
         self._send_held()
-        with self._raw.cursor() as cur:
-            return self._run(cur, st, args)
+        try:
+            with self._raw.cursor() as cur:
+                done = self._run(cur, st, args)
+        except BaseException as exc:
+            if grouped:
+                # The transaction is aborted and no savepoint can restore it: the whole group
+                # must fail (a COMMIT now would roll back what its jobs were told is stored).
+                self._doomed = exc
+            raise
+        self._savepoint_later = grouped
+        return done
 
     def _resume_transaction(self) -> None:
         """After a solo statement, the job's next statement opens the transaction, or takes
