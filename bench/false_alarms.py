@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from detectors.finding import FINDING_KINDS  # noqa: E402
+from detectors.registry import FINDING_KINDS  # noqa: E402
 from detectors.frame import StepBlock  # noqa: E402
 from healthsvc.monitor.suite import build_suite  # noqa: E402
 

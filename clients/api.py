@@ -11,10 +11,11 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from clients.client import MODES, Run
+# Names imported here and not used are re-exported: clients.__all__ lists them (``health.StepTimer``).
+from clients.client import MODES, Run  # noqa: F401
 from clients.stats import ClientStats
-from clients.timing import StepTimer
-from clients.transport import (
+from clients.timing import StepTimer  # noqa: F401
+from clients.transport import (  # noqa: F401
     ConnectError,
     HTTPTransport,
     MockTransport,

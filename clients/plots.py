@@ -18,12 +18,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# One colour per finding kind (the fixed vocabulary), stable across plots.
-KIND_COLORS = {
-    "non_finite": "#d62728", "loss_spike": "#ff7f0e", "grad_spike": "#e377c2", "straggler": "#8c564b",
-    "slowdown": "#bcbd22", "hang": "#7f7f7f", "stall": "#17becf", "rank_outlier": "#9467bd",
-    "divergence": "#1f77b4", "replica_mismatch": "#000000", "resume_mismatch": "#2ca02c",
-}
+
+def kind_colour(kind: str) -> str:
+    """The colour a finding kind is drawn in, as its kind declares it (:mod:`detectors.kinds`);
+    black for a kind this installation does not know (a newer service's).
+
+    >>> kind_colour("non_finite"), kind_colour("no_such_kind")
+    ('#d62728', 'k')
+    """
+    from detectors import kinds   # numpy comes with it: imported on use, like matplotlib
+    return kinds.kind(kind).colour if kinds.known(kind) else "k"
 
 
 def _plt():
@@ -73,7 +77,7 @@ def mark_findings(ax: "Axes", findings: "pd.DataFrame", *, status: str = "firing
         if status and row.status != status:
             continue
         kind = row.kind
-        ax.axvline(row.step, color=KIND_COLORS.get(kind, "k"), lw=1.0, ls="--", alpha=0.8,
+        ax.axvline(row.step, color=kind_colour(kind), lw=1.0, ls="--", alpha=0.8,
                    label=kind if label and kind not in seen else None, gid=f"finding:{kind}:{row.step}")
         seen.add(kind)
     return ax
@@ -274,7 +278,7 @@ def plot_timeline(timeline: "pd.DataFrame", *, ax: "Axes | None" = None) -> "Axe
     ax.scatter(ck["t"], [0.45] * len(ck), marker="v", color="k", s=20, label="checkpoint write", gid="timeline-ckpt")
     fi = rel[rel["kind"] == "finding"]
     for kind, part in fi.groupby("finding_kind") if len(fi) else []:
-        ax.scatter(part["t"], [-0.45] * len(part), marker="o", s=25, color=KIND_COLORS.get(kind, "k"), label=kind)
+        ax.scatter(part["t"], [-0.45] * len(part), marker="o", s=25, color=kind_colour(kind), label=kind)
     ev = rel[rel["kind"] == "event"]
     for row in ev.itertuples():
         ax.annotate(row.event_kind, (row.t, 0.3), xytext=(0, 18), textcoords="offset points", fontsize=7,
@@ -374,7 +378,7 @@ def gids(fig_or_ax) -> list[str]:
 
 
 __all__: Sequence[str] = [
-    "KIND_COLORS", "per_step", "plot_metric", "mark_findings", "mark_checkpoints", "mark_attempts",
+    "kind_colour", "per_step", "plot_metric", "mark_findings", "mark_checkpoints", "mark_attempts",
     "rank_heatmap", "run_overview", "findings_table", "plot_incident", "plot_bisection", "plot_timeline",
     "plot_goodput", "plot_intervals", "plot_retention", "economics_overview", "gids",
 ]

@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from clients.auth import auth_headers
 
 
 class TransportError(Exception):

@@ -9,7 +9,10 @@ Pure numpy/scipy: no HTTP, no storage, no clock reads, no run ids. The service c
 - :mod:`detectors.stats` holds the robust statistics they share.
 - :mod:`detectors.offline` the maths over a stored history: onset, rollback, bisection, economics.
 """
-from detectors.finding import Finding, Severity, FINDING_KINDS
+from detectors.finding import Finding, Severity
 from detectors.frame import StepBlock
+# Last: the registry imports every detector module, and with them the kinds they declare, so a
+# Finding of any built-in kind is valid as soon as anything of this package is imported.
+from detectors.registry import FINDING_KINDS
 
 __all__ = ["Finding", "Severity", "FINDING_KINDS", "StepBlock"]

@@ -29,11 +29,12 @@ from __future__ import annotations
 import copy
 import inspect
 from abc import ABC, abstractmethod
-from typing import Any, Iterable, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Iterable, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from detectors.finding import Finding
+from detectors.kinds import Kind
 from detectors.frame import StepBlock
 
 D = TypeVar("D", bound="Detector")
@@ -43,6 +44,9 @@ class Detector(ABC):
     """Hyper-parameters, learned state, reset, repr and clone: what both shapes share."""
 
     kind: str = ""
+    # What each kind this detector reports means (detectors.kinds): declared here, on the class,
+    # so the registry entry carries it and no consumer keeps a list of its own.
+    kinds: ClassVar[tuple[Kind, ...]] = ()
 
     def __init__(self) -> None:
         self._reset()

@@ -33,6 +33,7 @@ from typing import Any
 
 from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
+from detectors.kinds import Kind
 from detectors.frame import StepBlock
 from detectors.stats.cross_section import ReferenceRanks, cross_section
 from detectors.stats.scales import excess_score, log_positive
@@ -59,6 +60,12 @@ class DivergenceDetector(Detector, BlockDetector):
     """
 
     kind = "divergence"
+    # Slow and lasting by nature; its onset (the last step at its best) is a guess that may fall
+    # after the first corrupted update.
+    kinds = (Kind("divergence", "slow degradation of the loss against its own trend",
+                  resolves="latched", mutes=frozenset(), corruption="drift", heals=False,
+                  onset_guessed=True, probe=False, incident=None, label="divergence",
+                  colour="#1f77b4"),)
 
     def __init__(self, metric: str = "loss", alpha: float = 0.02, noise_alpha: float = 0.02,
                  clip: float = 3.0, min_scale: float = 0.002, warmup_steps: int = 250,

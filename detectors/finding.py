@@ -14,20 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-# The fixed vocabulary; it is also the alert name.
-FINDING_KINDS: tuple[str, ...] = (
-    "non_finite",    # NaN/Inf in a metric
-    "loss_spike",
-    "grad_spike",
-    "straggler",     # one rank persistently slower than its peers
-    "slowdown",      # the whole job got slower
-    "hang",          # some ranks silent
-    "stall",         # all ranks silent
-    "rank_outlier",  # one rank's values disagree with its peers: silent corruption suspect
-    "divergence",    # slow degradation of the loss against its own trend
-    "replica_mismatch",  # data-parallel replicas' parameter digests disagree: proof of corruption
-    "resume_mismatch",   # a restart did not continue the checkpoint's data position or schedule
-)
+from detectors import kinds
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
@@ -46,8 +33,8 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if self.kind not in FINDING_KINDS:
-            raise ValueError(f"unknown finding kind {self.kind!r}; expected one of {FINDING_KINDS}")
+        if not kinds.known(self.kind):   # the kind is also the alert name: detectors.kinds
+            raise ValueError(f"unknown finding kind {self.kind!r}; expected one of {kinds.names()}")
         if self.severity not in SEVERITY_ORDER:
             raise ValueError(f"unknown severity {self.severity!r}")
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
+from detectors.kinds import Kind
 from detectors.frame import StepBlock
 
 _MAX_LISTED = 32  # affected rank ids listed in evidence; beyond that only the count
@@ -52,6 +53,10 @@ class NonFiniteDetector(Detector, BlockDetector):
     """
 
     kind = "non_finite"
+    kinds = (Kind("non_finite", "a NaN or infinity in a metric, at its exact step",
+                  resolves="latched", mutes=frozenset({"loss_spike", "grad_spike", "divergence"}),
+                  corruption="abrupt", heals=True, onset_guessed=False, probe=False,
+                  incident="non_finite", label="NaN / Inf", colour="#d62728"),)
 
     def __init__(self, metrics: tuple[str, ...] | None = None,
                  local_metrics: tuple[str, ...] = ("loss", "local_grad_norm"),

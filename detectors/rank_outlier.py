@@ -45,6 +45,7 @@ import numpy as np
 
 from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
+from detectors.kinds import Kind
 from detectors.frame import StepBlock
 from detectors.peers import PeerDeviation
 from detectors.stats.cross_section import ReferenceRanks, cross_section
@@ -83,6 +84,10 @@ class RankOutlierDetector(Detector, BlockDetector):
     """
 
     kind = "rank_outlier"
+    kinds = (Kind("rank_outlier", "one rank's values disagree with its peers: a silent-corruption suspect",
+                  resolves="latched", mutes=frozenset(), corruption="drift", heals=True,
+                  onset_guessed=False, probe=True, incident="corruption", label="rank outlier",
+                  colour="#9467bd"),)
 
     def __init__(self, metrics: tuple[str, ...] = ("local_grad_norm", "loss"),
                  global_metrics: tuple[str, ...] = ("grad_norm",), window_steps: int = 100,

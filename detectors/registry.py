@@ -13,12 +13,16 @@ configure it under ``hang``). Roles:
 
 The service builds its suite from this table (``healthsvc/monitor/suite.py``) and the
 conformance suite (``tests/detectors/test_conformance.py``) runs every entry, so a detector added
-here is served and checked without another list to keep.
+here is served and checked without another list to keep. An entry carries what each kind it
+reports means (:mod:`detectors.kinds`, declared on the detector class): :func:`register` adds
+both, and every consumer reads them from there.
 
 >>> sorted(name for name, entry in REGISTRY.items() if entry.role == "absence")
 ['hang']
 >>> REGISTRY["loss_spike"].protocol.__name__
 'BlockDetector'
+>>> [k.name for k in REGISTRY["hang"].kinds]
+['hang', 'stall']
 """
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ from typing import Literal
 
 from detectors.base import AbsenceDetector, BlockDetector, Detector
 from detectors.divergence import DivergenceDetector
+from detectors import kinds as kind_table
 from detectors.hang import HangDetector
+from detectors.kinds import Kind
 from detectors.non_finite import NonFiniteDetector
 from detectors.rank_outlier import RankOutlierDetector
 from detectors.replica import ReplicaMismatchDetector
@@ -53,16 +59,47 @@ class Registered:
         """The protocol the service calls it through: block or absence."""
         return AbsenceDetector if self.role == "absence" else BlockDetector
 
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        """What each finding kind it reports means (declared on the detector class)."""
+        return self.cls.kinds
 
-REGISTRY: dict[str, Registered] = {r.name: r for r in (
+
+REGISTRY: dict[str, Registered] = {}
+
+
+def register(entry: Registered) -> None:
+    """Serve a detector: its entry, and the kinds it reports. A detector must declare at least
+    the kind it is named for, and every field of each (a :class:`~detectors.kinds.Kind` has no
+    defaults), so a kind can never be served with a meaning nobody wrote down."""
+    declared = [k.name for k in entry.kinds]
+    if entry.name not in declared:
+        raise ValueError(f"{entry.cls.__name__} must declare the kind {entry.name!r} in its 'kinds'")
+    for k in entry.kinds:
+        kind_table.add(k)
+    REGISTRY[entry.name] = entry
+
+
+def unregister(name: str) -> None:
+    """Take a detector and its kinds out again (a test's toy detector)."""
+    entry = REGISTRY.pop(name)
+    for k in entry.kinds:
+        kind_table.remove(k.name)
+
+
+for _entry in (
     Registered("non_finite", NonFiniteDetector, "arrival"),
     Registered("loss_spike", LossSpikeDetector, "aligned"),
     Registered("grad_spike", GradSpikeDetector, "aligned"),
     Registered("straggler", StragglerDetector, "aligned"),
     Registered("slowdown", SlowdownDetector, "aligned"),
+    Registered("hang", HangDetector, "absence"),
     Registered("rank_outlier", RankOutlierDetector, "aligned"),
     Registered("divergence", DivergenceDetector, "aligned"),
     Registered("replica_mismatch", ReplicaMismatchDetector, "aligned"),
     Registered("resume_mismatch", ResumeMismatchDetector, "aligned"),
-    Registered("hang", HangDetector, "absence"),
-)}
+):
+    register(_entry)
+
+# The built-in vocabulary, for schemas that enumerate it; live checks ask detectors.kinds.
+FINDING_KINDS: tuple[str, ...] = kind_table.names()

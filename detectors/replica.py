@@ -31,6 +31,7 @@ import numpy as np
 
 from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
+from detectors.kinds import Kind
 from detectors.frame import StepBlock
 
 
@@ -44,6 +45,11 @@ class ReplicaMismatchDetector(Detector, BlockDetector):
     """
 
     kind = "replica_mismatch"
+    # Proof, not a statistic: it does not heal.
+    kinds = (Kind("replica_mismatch", "data-parallel replicas' parameter digests disagree: proof of corruption",
+                  resolves="latched", mutes=frozenset(), corruption="abrupt", heals=False,
+                  onset_guessed=False, probe=True, incident=None, label="replica mismatch",
+                  colour="#000000"),)
 
     def __init__(self, metric: str = "param_digest", group_metric: str = "replica_group") -> None:
         self.metric = metric

@@ -40,6 +40,7 @@ import numpy as np
 
 from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
+from detectors.kinds import Kind
 from detectors.frame import StepBlock
 
 
@@ -57,6 +58,10 @@ class ResumeMismatchDetector(Detector, BlockDetector):
     """
 
     kind = "resume_mismatch"
+    kinds = (Kind("resume_mismatch", "a restart did not continue the checkpoint's data position or schedule",
+                  resolves="latched", mutes=frozenset(), corruption="abrupt", heals=False,
+                  onset_guessed=False, probe=False, incident=None, label="resume mismatch",
+                  colour="#2ca02c"),)
 
     def __init__(self, metrics: tuple[str, ...] = ("data_cursor", "lr"), check_steps: int = 3,
                  memory_steps: int = 4096, rtol: float = 1e-4, trend_rtol: float = 0.05,

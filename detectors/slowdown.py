@@ -48,6 +48,7 @@ import numpy as np
 
 from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
+from detectors.kinds import Kind
 from detectors.frame import StepBlock, fill_trainer_time, trainer_time
 
 
@@ -55,6 +56,9 @@ class SlowdownDetector(Detector, BlockDetector):
     """The whole job got slower (kind ``slowdown``, metric ``step_time``); blames no rank."""
 
     kind = "slowdown"
+    kinds = (Kind("slowdown", "the whole job got slower", resolves="condition", mutes=frozenset(),
+                  corruption=None, heals=True, onset_guessed=False, probe=False, incident=None,
+                  label="job slowdown", colour="#bcbd22"),)
 
     def __init__(
         self,

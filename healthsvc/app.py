@@ -135,6 +135,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     app.include_router(ingest_api.router)
     app.include_router(runs_api.router)
     app.include_router(findings_api.router)
+    app.include_router(findings_api.kinds_router)
     app.include_router(ops_api.router)
     app.include_router(auth_router)
     ctx.summaries.add_contributor(ctx.health.summary)

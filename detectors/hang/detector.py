@@ -78,6 +78,7 @@ import numpy as np
 
 from detectors.base import AbsenceDetector, Detector
 from detectors.finding import Finding
+from detectors.kinds import Kind
 from detectors.hang.judging import HangJudging
 from detectors.hang.state import _NEVER
 
@@ -86,6 +87,15 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
     """Absence of progress: ``hang`` (some ranks) and ``stall`` (all ranks)."""
 
     kind = "hang"
+    # Silence that ends is news, its absence is not: both resolve on the detector's own word. A
+    # stall explains the hangs and stragglers of its run.
+    kinds = (Kind("hang", "some ranks silent while the others go on", resolves="explicit",
+                  mutes=frozenset(), corruption=None, heals=True, onset_guessed=False, probe=False,
+                  incident=None, label="hang", colour="#7f7f7f"),
+             Kind("stall", "every rank silent", resolves="explicit",
+                  mutes=frozenset({"hang", "straggler"}), corruption=None, heals=True,
+                  onset_guessed=False, probe=False, incident="stall", label="stall",
+                  colour="#17becf"))
 
     def __init__(
         self,

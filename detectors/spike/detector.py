@@ -51,6 +51,7 @@ import numpy as np
 
 from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
+from detectors.kinds import Kind
 from detectors.frame import StepBlock
 from detectors.peers import PeerDeviation
 from detectors.spike.job import JobJudging
@@ -221,6 +222,10 @@ def _order(f: Finding) -> tuple:
 class LossSpikeDetector(SpikeDetector):
     """``loss_spike``: the median loss across ranks jumps; or some ranks' loss jumps above peers."""
 
+    kinds = (Kind("loss_spike", "the loss jumps above its trend", resolves="condition",
+                  mutes=frozenset(), corruption="abrupt", heals=True, onset_guessed=False,
+                  probe=True, incident=None, label="loss spike", colour="#ff7f0e"),)
+
     def __init__(self, z_threshold: float = 6.0, min_rise: float = 0.1, **kwargs: Any) -> None:
         super().__init__(kind="loss_spike", metric="loss", rank_metric="loss",
                          z_threshold=z_threshold, min_rise=min_rise, **kwargs)
@@ -232,6 +237,10 @@ class LossSpikeDetector(SpikeDetector):
 class GradSpikeDetector(SpikeDetector):
     """``grad_spike``: the global gradient norm jumps (a leading signal of a loss spike); or some
     ranks' ``local_grad_norm`` jumps above their peers'."""
+
+    kinds = (Kind("grad_spike", "the gradient norm jumps above its trend", resolves="condition",
+                  mutes=frozenset(), corruption="abrupt", heals=True, onset_guessed=False,
+                  probe=True, incident=None, label="gradient spike", colour="#e377c2"),)
 
     def __init__(self, z_threshold: float = 6.0, min_rise: float = 0.5, **kwargs: Any) -> None:
         kwargs.setdefault("leading_signal", True)

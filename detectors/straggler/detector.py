@@ -56,6 +56,7 @@ import numpy as np
 
 from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
+from detectors.kinds import Kind
 from detectors.frame import StepBlock, fill_trainer_time, trainer_time
 from detectors.straggler.reference import StragglerReference
 from detectors.straggler.replay import StragglerReplay, _Column
@@ -72,6 +73,10 @@ class StragglerDetector(StragglerReference, StragglerReplay, Detector, BlockDete
     """One rank persistently slower than its peers (kind ``straggler``); blames that rank."""
 
     kind = "straggler"
+    kinds = (Kind("straggler", "one rank persistently slower than its peers",
+                  resolves="condition", mutes=frozenset(), corruption=None, heals=True,
+                  onset_guessed=False, probe=False, incident=None, label="straggler",
+                  colour="#8c564b"),)
 
     def __init__(
         self,

@@ -29,14 +29,14 @@ from healthsvc.alerting.manager import AlertingError, AlertManager, NotFound, Re
 from healthsvc.alerting.model import Alert, LifecyclePolicy, alert_labels, fingerprint
 from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import (
-    DEFAULT_INHIBIT_RULES, DEFAULT_TIMINGS, InhibitRule, Matcher, NotificationLogEntry, NotifyReason,
+    DEFAULT_TIMINGS, InhibitRule, Matcher, NotificationLogEntry, NotifyReason,
     PolicyConfig, Silence, Timing, needs_update,
 )
 from healthsvc.alerting.signing import WebhookVerificationError, generate_secret, sign_headers, verify
 from healthsvc.alerting.subscription import Subscription
 
 __all__ = [
-    "Alert", "AlertManager", "AlertingError", "Backoff", "DEFAULT_INHIBIT_RULES", "DEFAULT_TIMINGS",
+    "Alert", "AlertManager", "AlertingError", "Backoff", "DEFAULT_TIMINGS",
     "Delivery", "DeliveryWorker", "InhibitRule", "LifecyclePolicy", "Matcher", "NotFound",
     "Notification", "NotificationLogEntry", "NotifyReason", "Outbox", "PolicyConfig", "ReadOnly",
     "Silence", "Subscription", "Timing", "WebhookVerificationError", "alert_labels", "fingerprint",

@@ -18,12 +18,14 @@ Lifecycle (all times are unix seconds from the caller; nothing here reads a cloc
 
 - a firing finding opens the alert (``starts_at``) or refreshes it (``last_seen_at``); a firing
   finding for a resolved alert re-opens it with a new ``starts_at``;
-- *latched* kinds (``non_finite``, ``rank_outlier``, ``divergence``: corruption) stay firing until
-  :func:`resolve_by_hand` or a rollback (:func:`resolve_by_hand` with ``by="rollback"``);
-- other kinds resolve ``resolve_timeout_s`` after their condition clears: after a
-  ``status="resolved"`` finding, or after their last firing finding (no re-fire). Kinds in
-  ``explicit_resolve_kinds`` (``hang``, ``stall`` by default) only clear on a resolved finding,
-  because a silent rank does not come back by the service forgetting about it.
+- how a kind resolves is its own (``Kind.resolves`` in :mod:`detectors.kinds`): *latched* kinds
+  (``non_finite``, ``rank_outlier``, ``divergence``, the exact checks: corruption) stay firing
+  until :func:`resolve_by_hand` or a rollback (:func:`resolve_by_hand` with ``by="rollback"``);
+- *condition* kinds resolve ``resolve_timeout_s`` after their condition clears: after a
+  ``status="resolved"`` finding, or after their last firing finding (no re-fire); *explicit*
+  kinds (``hang``, ``stall``) only clear on a resolved finding, because a silent rank does not
+  come back by the service forgetting about it. An alert of a kind no longer declared (stored
+  before its detector was removed) resolves as a condition kind.
 
 Example::
 
@@ -43,12 +45,13 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 
 from detectors.finding import SEVERITY_ORDER, Finding
+from detectors import kinds as kind_table
 # The identity (labels and fingerprint) is healthsvc.identity's; re-exported for alerting's callers.
 from healthsvc.identity import ALL_RANKS, IDENTITY_LABELS, compact_ranks, condition_labels, fingerprint  # noqa: F401
 
-LATCHED_KINDS: frozenset[str] = frozenset({"non_finite", "rank_outlier", "divergence",
-                                           "replica_mismatch", "resume_mismatch"})
-EXPLICIT_RESOLVE_KINDS: frozenset[str] = frozenset({"hang", "stall"})
+
+def _resolves(kind_name: str) -> str:
+    return kind_table.kind(kind_name).resolves if kind_table.known(kind_name) else "condition"
 
 ResolvedBy = Literal["condition", "hand", "rollback"]
 
@@ -58,8 +61,6 @@ class LifecyclePolicy:
     """How alerts resolve. ``resolve_timeout_s``: seconds a condition must stay clear."""
 
     resolve_timeout_s: float = 300.0
-    latched_kinds: frozenset[str] = LATCHED_KINDS
-    explicit_resolve_kinds: frozenset[str] = EXPLICIT_RESOLVE_KINDS
 
 
 def alert_labels(finding: Finding, run_id: str) -> dict[str, str]:
@@ -225,7 +226,7 @@ def fire(
             first_step=finding.step, last_step=finding.step, onset_step=finding.onset_step,
             ranks=tuple(ranks.tolist()), hosts=_known_hosts((), hosts),
             summary=summarize(finding, run_id, ranks), score=finding.score,
-            latched=finding.kind in policy.latched_kinds,
+            latched=_resolves(finding.kind) == "latched",
             rollback_target=existing.rollback_target if existing else None,
             evidence=dict(finding.evidence),
         )
@@ -261,7 +262,7 @@ def expire(alert: Alert, now: float, policy: LifecyclePolicy) -> Alert:
         return alert
     if alert.cleared_at is not None:
         clear_since = alert.cleared_at
-    elif alert.kind in policy.explicit_resolve_kinds:
+    elif _resolves(alert.kind) == "explicit":
         return alert
     else:
         clear_since = alert.last_seen_at

@@ -9,8 +9,9 @@
 - **Dedup**: :func:`needs_update` decides, from what the receiver was last sent and what is firing
   and resolved now, whether to notify, and returns a named :class:`NotifyReason`.
 - **Inhibition**: a firing source alert mutes target alerts of the same run
-  (:data:`DEFAULT_INHIBIT_RULES`: ``non_finite`` mutes the spikes and divergence it explains;
-  ``stall`` mutes the ``hang`` and ``straggler`` alerts it explains).
+  (:func:`kind_inhibit_rules`, from each kind's ``mutes`` in :mod:`detectors.kinds`:
+  ``non_finite`` mutes the spikes and divergence it explains; ``stall`` mutes the ``hang`` and
+  ``straggler`` alerts it explains).
 - **Silences**: label matchers (``=``, ``!=``, ``=~``, ``!~``) with a start and an expiry.
 
 Example::
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping
 
 from detectors.finding import SEVERITY_ORDER
+from detectors import kinds as kind_table
 
 from healthsvc.alerting.model import Alert
 
@@ -182,15 +184,21 @@ class InhibitRule:
     equal: tuple[str, ...] = ("run",)
 
 
-DEFAULT_INHIBIT_RULES: tuple[InhibitRule, ...] = (
-    InhibitRule(frozenset({"non_finite"}), frozenset({"loss_spike", "grad_spike", "divergence"})),
-    InhibitRule(frozenset({"stall"}), frozenset({"hang", "straggler"})),
-)
+def kind_inhibit_rules() -> tuple[InhibitRule, ...]:
+    """One rule per kind that mutes others (``Kind.mutes``), within its run.
+
+    >>> from detectors.registry import REGISTRY
+    >>> [(sorted(r.source_kinds), sorted(r.target_kinds)) for r in kind_inhibit_rules()]
+    [(['non_finite'], ['divergence', 'grad_spike', 'loss_spike']), (['stall'], ['hang', 'straggler'])]
+    """
+    return tuple(InhibitRule(frozenset({k.name}), k.mutes) for k in kind_table.kinds() if k.mutes)
 
 
-def inhibited(alerts: Iterable[Alert], rules: Iterable[InhibitRule] = DEFAULT_INHIBIT_RULES) -> set[str]:
-    """Fingerprints of the alerts muted by a firing source alert."""
+def inhibited(alerts: Iterable[Alert], rules: Iterable[InhibitRule] | None = None) -> set[str]:
+    """Fingerprints of the alerts muted by a firing source alert (by default under the kinds'
+    own rules)."""
     alerts = list(alerts)
+    rules = kind_inhibit_rules() if rules is None else rules
     muted: set[str] = set()
     for rule in rules:
         sources = {
@@ -296,4 +304,4 @@ class PolicyConfig:
     """Everything the notification policy needs; defaults are the documented ones."""
 
     timings: Mapping[str, Timing] = field(default_factory=lambda: dict(DEFAULT_TIMINGS))
-    inhibit_rules: tuple[InhibitRule, ...] = DEFAULT_INHIBIT_RULES
+    inhibit_rules: tuple[InhibitRule, ...] = field(default_factory=kind_inhibit_rules)

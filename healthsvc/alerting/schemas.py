@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from detectors.finding import FINDING_KINDS
+from detectors.registry import FINDING_KINDS
 from healthsvc.store.outbox import DeliveryState
 from healthsvc.alerting.policy import MatchOp, NotifyReason
 from healthsvc.alerting.subscription import BodyFormat
@@ -108,7 +108,7 @@ class Alert(BaseModel):
                                                          "ranks (compacted ranges, e.g. \"0-511\"), rank_count, hosts "
                                                          "(first 16), rollback_target, acknowledged_by, resolved_by, "
                                                          "run_url (needs HEALTHSVC_EXTERNAL_URL).")
-    kind: Kind = Field(..., description="Alert name = finding kind: " + _KINDS + ".")  # type: ignore[valid-type]
+    kind: str = Field(..., description="Alert name = finding kind: " + _KINDS + " (GET /v1/kinds lists what each means).")
     run: str = Field(..., description="Run id.")
     severity: SeverityName = Field(..., description="Highest severity of the findings folded into the alert ("
                                                     + _SEVERITY + "); not part of the identity.")
@@ -122,7 +122,7 @@ class Alert(BaseModel):
                                                     "(earlier than first_step for slow ones), or null.")
     score: float | NonFinite = Field(..., description="Highest finding score, unitless in [0, 1] (0 = barely past "
                                                       "the threshold, 1 = as bad as the detector can say).")
-    latched: bool = Field(..., description="Corruption kinds (non_finite, rank_outlier, divergence) stay firing "
+    latched: bool = Field(..., description="Latched kinds (resolves: latched in GET /v1/kinds: non_finite, rank_outlier, divergence, the exact checks) stay firing "
                                            "until resolved by hand or by a rollback.")
     starts_at: float = Field(..., description="When the alert opened (or re-opened), unix seconds.")
     ends_at: float | None = Field(..., description="When it resolved, unix seconds; null while firing.")

@@ -28,7 +28,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from detectors.finding import FINDING_KINDS, SEVERITY_ORDER
+from detectors import kinds as kind_table
+from detectors.finding import SEVERITY_ORDER
 
 from healthsvc.alerting.model import Alert
 
@@ -68,9 +69,9 @@ class Subscription:
             raise ValueError(f"format must be one of {BODY_FORMATS}; got {self.format!r}")
         if self.min_severity not in SEVERITY_ORDER:
             raise ValueError(f"min_severity must be one of {tuple(SEVERITY_ORDER)}; got {self.min_severity!r}")
-        unknown = set(self.kinds) - set(FINDING_KINDS)
+        unknown = sorted(k for k in self.kinds if not kind_table.known(k))
         if unknown:
-            raise ValueError(f"unknown kinds {sorted(unknown)}; expected some of {FINDING_KINDS}")
+            raise ValueError(f"unknown kinds {unknown}; expected some of {kind_table.names()}")
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url must be http(s); got {self.url!r}")
         if self.secret and not self.secret.startswith("whsec_"):

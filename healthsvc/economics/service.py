@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from detectors import kinds as kind_table
 from detectors.finding import Finding
 from detectors.offline.economics.records import Attempt, CheckpointWrite, Corruption, Incident, RunEvent
 
@@ -168,13 +169,15 @@ def load_run_facts(store, findings_service, cache: AttemptStatsCache, run_id: st
     for at_s, f in findings:
         if f.status != "firing":
             continue
-        if f.kind in ("stall", "non_finite"):
-            incidents.append(Incident(f.kind, at_s, step=f.step, onset_step=f.onset_step,
+        # What a finding is to the run's economics is its kind's ``incident`` (detectors.kinds).
+        incident = kind_table.kind(f.kind).incident if kind_table.known(f.kind) else None
+        if incident in ("stall", "non_finite"):
+            incidents.append(Incident(incident, at_s, step=f.step, onset_step=f.onset_step,
                                       summary=f"{f.kind} finding"))
-        elif f.kind == "rank_outlier":
+        elif incident == "corruption":
             onset = f.onset_step if f.onset_step is not None else f.step
             incidents.append(Incident("corruption", at_s, step=f.step, onset_step=onset,
-                                      summary=f"rank_outlier on ranks {list(f.ranks)}"))
+                                      summary=f"{f.kind} on ranks {list(f.ranks)}"))
             before = [c for c in ckpts if c.step < onset and c.written_at_s <= at_s and not c.known_bad]
             target = max(before, key=lambda c: (c.step, c.written_at_s)).step if before else None
             corruptions.append(Corruption(onset_step=onset, detected_step=max(f.step, onset),

@@ -6,14 +6,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from detectors.finding import FINDING_KINDS
+from detectors import kinds as kind_table
+from detectors.registry import FINDING_KINDS
 from healthsvc.deps import RunId, StoreDep
-from healthsvc.errors import NotFound
+from healthsvc.errors import InvalidInput, NotFound
 
 router = APIRouter(prefix="/v1/runs", tags=["findings"])
-
-Kind = Literal[FINDING_KINDS]  # type: ignore[valid-type]
-
+kinds_router = APIRouter(prefix="/v1", tags=["findings"])
 
 class FindingOut(BaseModel):
     id: int = Field(..., description="Identifier, increasing in the order findings were stored.")
@@ -35,15 +34,45 @@ class FindingOut(BaseModel):
 @router.get("/{run_id}/findings", response_model=list[FindingOut], summary="What the detectors found")
 def list_findings(
     run_id: RunId, request: Request, store: StoreDep,
-    kind: Annotated[Kind | None, Query(description="Only this kind.")] = None,
+    kind: Annotated[str | None, Query(max_length=64, description="Only this kind (GET /v1/kinds lists them).")] = None,
     status: Annotated[Literal["firing", "resolved"] | None, Query(description="Only this status.")] = None,
     since_step: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="Only findings at or after this step.")] = None,
     since: Annotated[float | None, Query(allow_inf_nan=False, ge=-1e11, le=1e11, description="Only findings stored at or after this time, unix seconds.")] = None,
     min_severity: Annotated[Literal["info", "warning", "critical"] | None, Query(description="Lowest severity.")] = None,
     limit: Annotated[int, Query(ge=1, le=100_000, description="At most this many, oldest first.")] = 1000,
 ) -> list[dict]:
+    if kind is not None and not kind_table.known(kind):
+        raise InvalidInput(f"unknown kind {kind!r}; expected one of {', '.join(kind_table.names())}",
+                           loc=("query", "kind"))
     if not store.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
     found = request.app.state.ctx.findings.query(run_id, kind=kind, status=status, since_step=since_step,
                                                  since=since, min_severity=min_severity, limit=limit)
     return [sf.to_dict() for sf in found]
+
+
+class KindOut(BaseModel):
+    """What a finding kind means, as its detector declares it (``detectors/kinds.py``)."""
+
+    name: str = Field(..., description="The kind: the finding's `kind` and the alert's `alertname`.")
+    meaning: str = Field(..., description="What it means, in one line.")
+    resolves: Literal["condition", "latched", "explicit"] = Field(
+        ..., description="How its alert resolves: condition = once the condition stays clear for the resolve "
+                         "timeout; latched = only by hand or by a rollback; explicit = only on the detector's "
+                         "own resolved finding (hang, stall).")
+    mutes: list[str] = Field(..., description="Kinds whose alerts of the same run it inhibits while it fires.")
+    corruption: Literal["abrupt", "drift"] | None = Field(
+        ..., description="null: says nothing about the weights. Otherwise rollback evidence, its onset searched "
+                         "for in the abrupt window (a few dozen steps) or the drift one (a few hundred).")
+    heals: bool = Field(..., description="Whether an episode that recovered quickly may be dismissed as a transient.")
+    onset_guessed: bool = Field(..., description="Its onset step is a guess; only its detection step bounds the onset.")
+    probe: bool = Field(..., description="A warning or critical finding asks for a replay probe of the rank it names.")
+    incident: Literal["stall", "non_finite", "corruption"] | None = Field(
+        ..., description="What it is to the run's economics (MTBF, goodput), or null.")
+    label: str = Field(..., description="How pages and plots name it.")
+    colour: str = Field(..., description="How pages and plots draw it (a CSS colour).")
+
+
+@kinds_router.get("/kinds", response_model=list[KindOut], summary="What each finding kind means")
+def list_kinds() -> list[dict]:
+    return [{**k.__dict__, "mutes": sorted(k.mutes)} for k in kind_table.kinds()]

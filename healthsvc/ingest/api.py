@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request, Response, status
 from healthsvc.deps import RunId, SettingsDep, StoreDep
 from healthsvc.limits import check_rank
 from healthsvc.ingest.accept import accept_metrics
-from healthsvc.schemas import Accepted, CheckpointIn, EventIn, FinishIn, HeartbeatIn, MetricsColumnar, MetricsRows, Ok
+from healthsvc.schemas import Accepted, CheckpointIn, EventIn, FinishIn, HeartbeatIn, Ok
 
 router = APIRouter(prefix="/v1/runs/{run_id}", tags=["ingest"])
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from detectors import kinds as kind_table
 from detectors.offline.replay import judge_replay
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.limits import INT64_MAX
@@ -59,19 +60,17 @@ def request_probe(ctx, run_id: str, suspect: int | None, healthy: int | None, st
     return get_probe(ctx, run_id, probe_id)
 
 
-# Findings that make a rank a suspect worth a replay probe: asked for by the service itself.
-AUTO_PROBE_KINDS = frozenset({"replica_mismatch", "rank_outlier", "loss_spike", "grad_spike"})
 
 
 def auto_probe_listener(ctx):
     """A findings listener (writer thread, after commit) that asks for a probe of the first rank a
-    new warning or critical finding of ``AUTO_PROBE_KINDS`` blames, unless that rank already has
+    new warning or critical finding of a kind a probe can check (``Kind.probe``) blames, unless that rank already has
     one pending. It only queues a write: it never waits on the writer it runs on."""
 
     def on_findings(stored: list) -> None:
         for sf in stored:
             f = sf.finding
-            if (f.kind not in AUTO_PROBE_KINDS or f.status != "firing" or not f.ranks
+            if (not (kind_table.known(f.kind) and kind_table.kind(f.kind).probe) or f.status != "firing" or not f.ranks
                     or f.severity not in ("warning", "critical")):
                 continue
             st = ctx.store.run_state(sf.run_id)

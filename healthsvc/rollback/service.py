@@ -5,7 +5,7 @@ this module only gathers their inputs from the store and persists the bisection 
 policy (what counts as evidence, the restart rule, the margin) is
 :func:`detectors.offline.rollback.decide_rollback`'s.
 
-- Findings of the incident: every corruption-kind finding (``detectors.offline.rollback.CORRUPTION_KINDS``)
+- Findings of the incident: every finding of a corruption kind (``Kind.corruption`` in :mod:`detectors.kinds`)
   of the current attempt, firing and resolved, so the decision can tell an episode that is still
   on (or lasted) from a transient that recovered by itself.
 - Restarts: each attempt after the first (it resumed at its ``start_step``) and each ``restart``
@@ -27,7 +27,8 @@ import numpy as np
 from detectors.offline.bisection import Bisection, BisectionError
 from detectors.offline.onset import OnsetParams
 from detectors.frame import StepBlock
-from detectors.offline.rollback import (CORRUPTION_KINDS, Checkpoint, Restart, RollbackDecision,
+from detectors.kinds import corruption_kinds
+from detectors.offline.rollback import (Checkpoint, Restart, RollbackDecision,
                                         decide_rollback, episodes, evidence_episodes, onset_window)
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.history import load_history
@@ -68,8 +69,9 @@ def incident_findings(ctx, run_id: str) -> tuple[list, int | None]:
     """Corruption-kind findings (firing and resolved) of the newest attempt, and that attempt."""
     attempts = ctx.store.attempts(run_id)
     current = attempts[-1]["attempt"] if attempts else None
+    corruption = corruption_kinds()
     found = [sf for sf in ctx.findings.query(run_id, limit=1_000_000)
-             if sf.finding.kind in CORRUPTION_KINDS and (current is None or sf.attempt == current)]
+             if sf.finding.kind in corruption and (current is None or sf.attempt == current)]
     found.sort(key=lambda sf: (sf.finding.step, sf.id))
     return found, current
 

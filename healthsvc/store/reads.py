@@ -5,7 +5,6 @@ Every read uses the calling thread's own connection (WAL: readers never block th
 """
 from __future__ import annotations
 
-import sqlite3
 from typing import Any, Iterator
 
 import numpy as np

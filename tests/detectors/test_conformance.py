@@ -14,7 +14,10 @@ value and timing fault at once (5 % of cells missing, the trainer's clock ``ts``
 - missing is not NaN: whatever sits in a cell that is not present is ignored, a block with
   nothing present fires nothing, and a field left out equals a field present nowhere;
 - state round trip: a snapshot (strict JSON, as the service stores it) restored mid-trace into
-  a fresh detector gives the same findings afterwards;
+  a fresh detector gives the same findings afterwards, at random cuts and at cuts inside each of
+  the detector's own episodes (where its mid-episode state must survive);
+- the input is read, never written: one block is handed to every aligned detector in turn;
+- every kind it reports is declared on its registry entry (:mod:`detectors.kinds`);
 - repr and clone: ``repr`` names the class and every hyper-parameter; a clone is fresh, shares
   nothing and behaves as a new detector.
 
@@ -143,6 +146,14 @@ def whole(trace) -> dict[str, list]:
 
 
 @pytest.mark.parametrize("name", BLOCK)
+def test_every_kind_a_detector_reports_is_declared_on_its_entry(name, whole):
+    declared = {k.name for k in REGISTRY[name].kinds}
+    assert {f.kind for f in whole[name]} <= declared, f"{name} reports kinds it does not declare"
+    for k in REGISTRY[name].kinds:   # a Kind has no defaults: every field was written down
+        assert all(getattr(k, f) is not None or f in ("corruption", "incident") for f in k.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("name", BLOCK)
 def test_the_trace_makes_every_block_detector_fire_and_resolve(name, whole):
     statuses = {f.status for f in whole[name]}
     assert "firing" in statuses, f"{name} never fires on the conformance trace: add its fault to FAULTS"
@@ -233,6 +244,54 @@ def test_state_round_trip(name, cut, trace, whole):
     restored = fresh(name)
     restored.load_state_dict(_snapshot(first))
     assert head + feed(restored, iter_blocks(trace.slice_steps(cut, N_STEPS), 97)) == whole[name]
+
+
+def _cuts_inside_episodes(findings: list, limit: int = 12) -> list[int]:
+    """Cuts that land inside the detector's own episodes: a step after each firing finding, and
+    halfway to the resolution that closes it, so state a detector only holds mid-episode (a
+    streak, a pending confirmation, the ranks out of the majority) must survive the snapshot."""
+    cuts: set[int] = set()
+    firing = [f for f in findings if f.status == "firing"]
+    for f in firing:
+        cuts.add(f.step + 1)
+        end = next((g.step for g in findings if g.status == "resolved" and g.kind == f.kind
+                    and g.metric == f.metric and g.step > f.step), None)
+        if end is not None and end - f.step > 2:
+            cuts.add((f.step + end) // 2)
+    ordered = sorted(c for c in cuts if 0 < c < N_STEPS)
+    if len(ordered) > limit:   # evenly over the trace's episodes, first and last kept
+        ordered = [ordered[round(i * (len(ordered) - 1) / (limit - 1))] for i in range(limit)]
+    return ordered
+
+
+@pytest.mark.parametrize("name", BLOCK)
+def test_state_round_trip_inside_every_episode(name, trace, whole):
+    cuts = _cuts_inside_episodes(whole[name])
+    assert cuts, f"{name}: no episode on the conformance trace to cut inside"
+    for cut in cuts:
+        first = fresh(name)
+        head = feed(first, iter_blocks(trace.slice_steps(0, cut), 97))
+        restored = fresh(name)
+        restored.load_state_dict(_snapshot(first))
+        tail = feed(restored, iter_blocks(trace.slice_steps(cut, N_STEPS), 97))
+        assert head + tail == whole[name], f"{name}: restored at step {cut} finds otherwise"
+
+
+@pytest.mark.parametrize("name", BLOCK)
+def test_update_leaves_its_input_block_unchanged(name, trace):
+    # One block is handed to every aligned detector in turn: one that writes into it changes what
+    # the others see.
+    block = StepBlock(steps=trace.steps.copy(), ranks=trace.ranks.copy(),
+                      values={m: v.copy() for m, v in trace.values.items()},
+                      present={m: p.copy() for m, p in trace.present.items()})
+    for part in iter_blocks(block, 211):
+        fresh(name).update(part)
+    fresh(name).update(block)
+    assert np.array_equal(block.steps, trace.steps) and np.array_equal(block.ranks, trace.ranks)
+    assert block.values.keys() == trace.values.keys() and block.present.keys() == trace.present.keys()
+    for m in trace.values:
+        assert np.array_equal(block.values[m], trace.values[m], equal_nan=True), f"{name} wrote into {m}"
+        assert np.array_equal(block.present[m], trace.present[m]), f"{name} wrote into present[{m}]"
 
 
 def _own_params(cls) -> list[str]:
@@ -329,6 +388,11 @@ def identity(f) -> tuple:
 @pytest.fixture(scope="module")
 def scripted() -> dict[str, list[list]]:
     return {name: drive(fresh(name), SCRIPT) for name in ABSENCE}
+
+
+@pytest.mark.parametrize("name", ABSENCE)
+def test_every_kind_an_absence_detector_reports_is_declared_on_its_entry(name, scripted):
+    assert {f.kind for f in flat(scripted[name])} <= {k.name for k in REGISTRY[name].kinds}
 
 
 @pytest.mark.parametrize("name", ABSENCE)

@@ -43,7 +43,8 @@ from detectors.offline.bisection import Bisection
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.offline.onset import OnsetEstimate
-from detectors.offline.rollback import (CORRUPTION_KINDS, Checkpoint, RollbackDecision, choose_rollback,
+from detectors.kinds import corruption_kinds
+from detectors.offline.rollback import (Checkpoint, RollbackDecision, choose_rollback,
                                         decide_rollback, episodes)
 from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite,
                         iter_blocks, simulate_run)
@@ -118,7 +119,7 @@ def watch(block: StepBlock) -> tuple[list[Finding], int]:
     stream stopped (``AFTER_EVIDENCE`` steps after the first evidence, else the whole block)."""
     suite = build_suite({})
     detectors = [d for name, d in {**suite.arrival, **suite.aligned}.items()
-                 if name in CORRUPTION_KINDS]
+                 if name in corruption_kinds()]
     found: list[Finding] = []
     first_evidence = None
     for b in iter_blocks(block, 16):

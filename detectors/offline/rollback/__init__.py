@@ -9,11 +9,11 @@
   the decision.
 """
 from detectors.offline.rollback.decision import choose_rollback, decide_rollback
-from detectors.offline.rollback.evidence import (CORRUPTION_KINDS, RESTART_BLOWUP_STEPS,
+from detectors.offline.rollback.evidence import (RESTART_BLOWUP_STEPS,
                                                  TRANSIENT_STEPS, episodes, evidence_episodes,
                                                  onset_window)
 from detectors.offline.rollback.records import Checkpoint, Restart, RollbackDecision
 
-__all__ = ["CORRUPTION_KINDS", "Checkpoint", "RESTART_BLOWUP_STEPS", "Restart", "RollbackDecision",
+__all__ = ["Checkpoint", "RESTART_BLOWUP_STEPS", "Restart", "RollbackDecision",
            "TRANSIENT_STEPS", "choose_rollback", "decide_rollback", "episodes",
            "evidence_episodes", "onset_window"]

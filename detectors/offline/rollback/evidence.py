@@ -11,32 +11,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from detectors import kinds as kind_table
 from detectors.finding import SEVERITY_ORDER, Finding
 from detectors.offline.rollback.records import Checkpoint, Restart
 
-# Findings whose presence means some update may be corrupted.
-CORRUPTION_KINDS: frozenset[str] = frozenset(
-    {"non_finite", "loss_spike", "grad_spike", "rank_outlier", "divergence", "replica_mismatch",
-     "resume_mismatch"})
+# Which findings mean that some update may be corrupted, whether an episode of one may heal as a
+# transient, whether its onset is a guess and which onset window it takes are each kind's own
+# (detectors.kinds: ``corruption``, ``heals``, ``onset_guessed``).
 # An episode that recovered (resolved) within this many steps of its onset is a transient: the
 # run got back on its curve by itself, so it is recorded but is no reason to throw progress away.
 # 50 steps: well past a hard batch or a few garbage batches (1-10 steps), well short of a
 # learning-rate blow-up whose loss stays up for hundreds of steps.
 TRANSIENT_STEPS = 50
-# Kinds whose episodes are never transients: a divergence is by nature slow and lasting. Its
-# ``onset_step`` (the last step the smoothed loss was at its best) is a guess that may fall a
-# little before or after the first corrupted update, so only its detection step bounds the onset.
-# A replica mismatch or a resume mismatch is proof, not a statistic: it does not heal either.
-NEVER_TRANSIENT: frozenset[str] = frozenset({"divergence", "replica_mismatch", "resume_mismatch"})
-GUESSED_ONSET_KINDS: frozenset[str] = frozenset({"divergence"})
+# Some kinds' episodes are never transients (``heals``: false): a divergence is by nature slow
+# and lasting, and its ``onset_step`` (the last step the smoothed loss was at its best) is a guess
+# that may fall a little before or after the first corrupted update (``onset_guessed``), so only
+# its detection step bounds the onset. A replica or resume mismatch is proof: it does not heal.
 # How far before a finding's own onset the history may still place the first corrupted update:
 # at least this many steps, and a multiple of the finding's detection delay (step - onset_step).
 # Spikes and NaNs are seen within a step or two; drifts and one rank's disagreement take longer
 # to show, and their detectors' onset is the last step that looked healthy, not the first bad one.
-ABRUPT_KINDS: frozenset[str] = frozenset({"non_finite", "loss_spike", "grad_spike",
-                                          "replica_mismatch", "resume_mismatch"})
-LOOKBACK_STEPS = {"abrupt": 32, "gradual": 256}
-LOOKBACK_DELAY_FACTOR = {"abrupt": 2, "gradual": 4}
+# Which window a kind takes is its ``corruption`` shape: ``abrupt`` or ``drift``.
+LOOKBACK_STEPS = {"abrupt": 32, "drift": 256}
+LOOKBACK_DELAY_FACTOR = {"abrupt": 2, "drift": 4}
 # Evidence first seen within this many steps of the first step after a restart is a blow-up of
 # the restore (a wrong state dict, a data loader restarted at the wrong place), not of the
 # checkpoint it resumed from.
@@ -65,7 +62,7 @@ class Episode:
     @property
     def transient(self) -> bool:
         """Recovered by itself within ``TRANSIENT_STEPS`` of its onset (never a divergence)."""
-        return (self.kind not in NEVER_TRANSIENT and self.resolved_step is not None
+        return (kind_table.kind(self.kind).heals and self.resolved_step is not None
                 and self.resolved_step - self.onset <= TRANSIENT_STEPS)
 
     @property
@@ -86,7 +83,7 @@ class Episode:
     def upper_bound(self) -> int:
         """The step by which the problem existed: its onset, or for a guessed onset its
         detection."""
-        return self.first_step if self.kind in GUESSED_ONSET_KINDS else self.onset
+        return self.first_step if kind_table.kind(self.kind).onset_guessed else self.onset
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "metric": self.metric, "ranks": list(self.ranks),
@@ -102,7 +99,8 @@ def episodes(findings: Iterable[Finding]) -> list[Episode]:
     there is none, those of the same kind and metric whose ranks it covers); a firing finding
     while one is open joins it (an escalation).
     """
-    order = sorted((f for f in findings if f.kind in CORRUPTION_KINDS),
+    corruption = kind_table.corruption_kinds()
+    order = sorted((f for f in findings if f.kind in corruption),
                    key=lambda f: (f.step, f.status == "resolved"))
     open_: dict[tuple, dict[str, Any]] = {}
     done: list[dict[str, Any]] = []
@@ -135,7 +133,7 @@ def _finding_onset(f: Finding) -> int:
 
 
 def _lookback(ep: Episode) -> int:
-    kind = "abrupt" if ep.kind in ABRUPT_KINDS else "gradual"
+    kind = kind_table.kind(ep.kind).corruption or "drift"
     delay = max(0, ep.first_step - ep.onset)
     return max(LOOKBACK_STEPS[kind], LOOKBACK_DELAY_FACTOR[kind] * delay)
 
