@@ -33,7 +33,7 @@ from healthsvc.findings import api as findings_api
 from healthsvc.health import RunHealth
 from healthsvc.ingest import api as ingest_api
 from healthsvc.ingest.fast_path import IngestFastPath
-from healthsvc.monitor.ownership import LeasesCollector, RunOwnership, SoleOwner, ownership_for
+from healthsvc.ownership import LeasesCollector, RunOwnership, SoleOwner, ownership_for
 from healthsvc.observability import ServiceMetrics
 from healthsvc.ops import api as ops_api
 from healthsvc.runs import api as runs_api

@@ -16,7 +16,7 @@ import pyarrow.csv as pacsv
 import pyarrow.ipc as paipc
 
 from clients.wire import LABEL_FIELDS
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 
 ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 

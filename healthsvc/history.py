@@ -10,7 +10,7 @@ from typing import Iterator
 
 import numpy as np
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store.interface import RunReads
 
 

@@ -84,7 +84,7 @@ class RunSeriesCollector:
         s, store = self.ctx.settings, self.ctx.store
         out = []
         for row in store.list_run_rows():
-            st = store.run_state(row["run_id"])
+            st = store.run_view(row["run_id"])
             if row["status"] != "running" or st is None or st.last_push is None:
                 continue
             if now - st.last_push <= s.metrics_run_window_s:
@@ -113,8 +113,8 @@ class RunSeriesCollector:
             worst = max((HEALTH_VALUE.get(sf.finding.severity, 0) if sf.finding.severity != "info" else 0
                          for sf in active), default=0)
             health.add_metric([run_id], worst)
-            if st.max_step() >= 0:
-                last_step.add_metric([run_id], st.max_step())
+            if st.max_step >= 0:
+                last_step.add_metric([run_id], st.max_step)
             last_push.add_metric([run_id], st.last_push)
             median = self.step_times.median(run_id)
             if median is not None:

@@ -1,5 +1,5 @@
 """The alert manager with replicas: each replica's manager keeps the alerts of the runs its
-replica owns (:mod:`healthsvc.monitor.ownership`), loads a run's when it takes the run over and
+replica owns (:mod:`healthsvc.ownership`), loads a run's when it takes the run over and
 forgets them when it lets the run go (the store keeps them for the next owner).
 
 A mixin of :class:`~healthsvc.alerting.manager.AlertManager` (its state and ``_owns``, the

@@ -62,7 +62,7 @@ class AlertingService:
                  onset_lookup: Callable[[str], int | None] | None = None,
                  ownership: Any = None, run_findings_after: Callable[..., list] | None = None) -> None:
         self.outbox = outbox
-        # With replicas (an ownership that takes runs over, healthsvc.monitor.ownership), a run's
+        # With replicas (an ownership that takes runs over, healthsvc.ownership), a run's
         # alert lifecycle is its owner's: the cursor is per run ("findings:<run>"), and a run
         # taken over is loaded from the store and its unprocessed findings processed (_adopt).
         self.ownership = ownership

@@ -24,6 +24,8 @@ import hmac
 import secrets
 from typing import Mapping
 
+from healthsvc.store.outbox import new_webhook_id
+
 SECRET_PREFIX = "whsec_"
 DEFAULT_TOLERANCE_S = 300
 
@@ -38,7 +40,8 @@ def generate_secret(n_bytes: int = 24) -> str:
 
 
 def generate_message_id() -> str:
-    return "msg_" + secrets.token_hex(12)
+    """A message id of the Standard Webhooks form (the outbox's: one id per delivery)."""
+    return new_webhook_id()
 
 
 def _key(secret: str) -> bytes:

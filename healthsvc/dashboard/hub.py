@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.messages import Drain, Flush, Stop, Tick, handle_in_order
 from healthsvc.monitor.aligner import StepAligner
 from healthsvc.store.interface import Store
@@ -239,8 +239,8 @@ class RollupHub:
             # As the monitor's replay: the store's run state is what the chunks led to (see
             # MonitorHub._restore); each attempt's first step is in its attempts table.
             starts = {a["attempt"]: int(a["start_step"]) for a in self.store.attempts(run_id)}
-            st = self.store.run_state(run_id)
-            seen = st.view().ranks_seen if st is not None else 0
+            st = self.store.run_view(run_id)
+            seen = st.ranks_seen if st is not None else 0
             for chunk in self.store.chunks_after(run_id, feed.watermark, FIELDS):
                 with self.lock:
                     feed.add(chunk.batch, RunView(chunk.attempt, starts.get(chunk.attempt, -1), seen, False),

@@ -26,7 +26,7 @@ import xxhash
 
 from clients.wire import INTEGER_FIELDS, KEY_FIELDS, LABEL_FIELDS, NON_FINITE_STRINGS, STRING_FIELDS
 from healthsvc.errors import BadRequest, InvalidInput, PayloadTooLarge
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
 RESERVED_FIELDS = frozenset({"attempt", "batch_id"})

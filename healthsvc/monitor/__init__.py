@@ -16,7 +16,7 @@ def install(app: FastAPI, ctx) -> None:
     hub = MonitorHub(ctx.store, ctx.findings, clock=ctx.clock, tick_interval_s=settings.tick_interval_s,
                      snapshot_every_s=settings.snapshot_every_s, align_timeout_s=settings.align_timeout_s,
                      ownership=ctx.ownership)
-    # Alerting follows the runs this replica owns (replicas; healthsvc.monitor.ownership).
+    # Alerting follows the runs this replica owns (replicas; healthsvc.ownership).
     hub.ownership_listeners.append(ctx.alerting.on_ownership)
     hub.remote_event_listeners.append(ctx.alerting.on_store_results)
     app.state.monitor = hub

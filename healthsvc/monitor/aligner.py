@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from detectors.frame import StepBlock
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 
 
 def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.ndarray],

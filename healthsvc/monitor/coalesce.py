@@ -21,7 +21,7 @@ from __future__ import annotations
 import queue
 from typing import Any
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store.results import IngestResult
 
 TAKE_AT_MOST = 256   # queued items handled together; bounds a merged batch's size and latency

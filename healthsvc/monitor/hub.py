@@ -6,9 +6,9 @@ a queue; the writer thread never waits on a detector. On start it restores each 
 its snapshot and replays the chunks stored after it, so a restarted service neither re-warms nor
 repeats findings (stored findings are unique by identity).
 
-With several replicas (:mod:`healthsvc.monitor.ownership`) the hub watches only the runs this
+With several replicas (:mod:`healthsvc.ownership`) the hub watches only the runs this
 replica owns: a push to a run owned elsewhere is handed on to the owner (small chunks in the
-notification, others read by id: :mod:`healthsvc.monitor.remote_chunks`; each tick also pulls the
+notification, others read by id: :mod:`healthsvc.ownership.remote_chunks`; each tick also pulls the
 chunks after its watermark, the replay path), and a run taken over from a dead replica is
 restored the same way as at start, one run at a time. Every ownership change reaches the hub as a
 message on its queue, so all of its state stays on its one thread.
@@ -26,8 +26,9 @@ from typing import Any, Callable, Union
 from detectors.finding import Finding
 from healthsvc.findings import FindingsService
 from healthsvc.messages import Drain, RunOwned, Stop, Tick, handle_in_order
-from healthsvc.monitor import coalesce, remote_chunks
-from healthsvc.monitor.ownership import RemoteMessage, RunOwnership, SoleOwner
+from healthsvc.monitor import coalesce
+from healthsvc.ownership import remote_chunks
+from healthsvc.ownership import RemoteMessage, RunOwnership, SoleOwner
 from healthsvc.monitor.run_monitor import NOT_JUDGED, RunMonitor
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
@@ -304,8 +305,8 @@ class MonitorHub:
         """The run's state for a chunk read back from the store (a replay, or a push accepted by
         another replica): its attempt, and the most ranks this replica's store or monitor knows
         of in it (the store keeps no count per chunk; see _restore_run)."""
-        st = self.store.run_state(run_id)
-        seen = st.view().ranks_seen if st is not None and st.attempt == attempt else 0
+        st = self.store.run_view(run_id)
+        seen = st.ranks_seen if st is not None and st.attempt == attempt else 0
         return RunView(attempt, -1, max(seen, mon.ranks_seen if mon.attempt == attempt else 0), False)
 
     def _drop(self, run_id: str) -> None:
@@ -378,8 +379,9 @@ class MonitorHub:
         # count of ranks is the one their blocks are aligned by (the counts at each chunk
         # are not kept; an attempt's ranks only grow, so early blocks may wait for their
         # timeout instead of completing at once: the findings are the same).
-        st = self.store.run_state(run_id)
-        view = st.view() if st is not None else RunView(0, -1, 0, row["status"] == "finished")
+        st = self.store.run_view(run_id)
+        view = (RunView(st.attempt, st.start_step, st.ranks_seen, st.finished) if st is not None
+                else RunView(0, -1, 0, row["status"] == "finished"))
         replayed = 0
         self._fed.pop(run_id, None)
         self._floor[run_id] = watermark

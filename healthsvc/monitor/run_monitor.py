@@ -18,7 +18,7 @@ import numpy as np
 
 from clients.wire import INCARNATION_FIELD
 from detectors.finding import Finding
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.monitor.aligner import StepAligner, batch_to_block
 from healthsvc.monitor.suite import DetectorSuite, build_suite
 from healthsvc.store.runstate import RunView

@@ -44,8 +44,8 @@ def request_probe(ctx, run_id: str, suspect: int | None, healthy: int | None, st
     if suspect is None:
         raise InvalidInput("give suspect_rank (or finding_id of a finding that blames a rank)",
                            loc=("body", "suspect_rank"))
-    st = store.run_state(run_id)
-    seen = [] if st is None else [int(r) for r in st.ranks_seen()]
+    st = store.run_view(run_id)
+    seen = [] if st is None else list(st.ranks)
     if healthy is None:
         healthy = next((r for r in seen if r != suspect and r not in blamed), None)
         if healthy is None:
@@ -73,8 +73,8 @@ def auto_probe_listener(ctx):
             if (not (kind_table.known(f.kind) and kind_table.kind(f.kind).probe) or f.status != "firing" or not f.ranks
                     or f.severity not in ("warning", "critical")):
                 continue
-            st = ctx.store.run_state(sf.run_id)
-            seen = [] if st is None else [int(r) for r in st.ranks_seen()]
+            st = ctx.store.run_view(sf.run_id)
+            seen = [] if st is None else list(st.ranks)
             healthy = next((r for r in seen if r not in f.ranks), None)
             if healthy is not None:
                 ctx.store.submit_probe(sf.run_id, int(f.ranks[0]), healthy, int(f.step), sf.id,

@@ -40,14 +40,14 @@ class RunSummaries:
 
     def _summarise(self, row: dict, detail: bool) -> dict[str, Any]:
         run_id = row["run_id"]
-        st = self.store.run_state(run_id)
-        ranks_seen = int(len(st.ranks_seen())) if st else 0
+        st = self.store.run_view(run_id)
+        ranks_seen = st.ranks_seen if st else 0
         config, config_error = shown_config(row["config"])
         out = {
             "run_id": run_id, "status": row["status"], "created_at": row["created_at"],
             "last_push": st.last_push if st else None, "finished_at": row["finished_at"],
             "attempt": st.attempt if st else 0,
-            "last_step": (st.max_step() if st and st.max_step() >= 0 else None),
+            "last_step": (st.max_step if st and st.max_step >= 0 else None),
             "world_size": config.get("world_size") or (ranks_seen or None),
             "ranks_seen": ranks_seen, "config": config, "config_error": config_error,
         }

@@ -125,8 +125,8 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
 
     def write(self, job: Callable[[Any], Any], fence: Any = None) -> Future:
         """Run ``job(conn)`` on the writer thread in the next group commit; with a ``fence``
-        (replicas: :class:`~healthsvc.monitor.ownership.Fence`) only while that lease holds
-        (else the job fails alone with :class:`~healthsvc.store.leases.LeaseLost`)."""
+        (replicas: :class:`~healthsvc.ownership.Fence`) only while that lease holds
+        (else the job fails alone with :class:`~healthsvc.ownership.leases.LeaseLost`)."""
         if self._writer is None:
             raise RuntimeError("store is not open")
         if fence is not None:

@@ -23,7 +23,7 @@ import blosc2
 import numpy as np
 import orjson
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 
 MAGIC = b"HSC2"
 RAW_BELOW_BYTES = 256  # smaller blocks are stored uncompressed

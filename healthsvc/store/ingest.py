@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import orjson
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store import snapshots
 from healthsvc.store.codec import encode_chunk
 from healthsvc.store.errors import STORE_ERRORS

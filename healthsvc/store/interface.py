@@ -30,12 +30,12 @@ from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from detectors.finding import Finding
-from healthsvc.ingest.batch import MetricBatch
-from healthsvc.monitor.ownership import Fence
+from healthsvc.store.batch import MetricBatch
+from healthsvc.store.fencing import Fence
 from healthsvc.store.bisections import BisectionUpdate
 from healthsvc.store.findings import FindingsStage, StoredFinding
 from healthsvc.store.probes import ProbeReport, ProbeRow
-from healthsvc.store.runstate import RunState
+from healthsvc.store.runstate import RunSnapshot, RunState
 from healthsvc.store.snapshots import Snapshot, SnapshotKind, StoredChunk
 from healthsvc.store.tokens import AuditEntry, TokenRow
 
@@ -70,7 +70,8 @@ class IngestWrites(Protocol):
 
 
 class RunReads(Protocol):
-    def run_state(self, run_id: str) -> RunState | None: ...
+    def run_state(self, run_id: str) -> RunState | None: ...   # the writer thread's only
+    def run_view(self, run_id: str) -> RunSnapshot | None: ...  # a copy, for any thread
     def run_exists(self, run_id: str) -> bool: ...
     def list_run_rows(self) -> list[dict]: ...
     def get_run_row(self, run_id: str) -> dict | None: ...

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
 import time
@@ -42,6 +43,12 @@ from healthsvc.store import outbox_tables
 
 T = TypeVar("T")
 
+
+
+def new_webhook_id() -> str:
+    """A delivery's id (the Standard Webhooks ``webhook-id``): the same on every retry, so a
+    receiver that saw it already can drop the copy."""
+    return "msg_" + secrets.token_hex(12)
 
 class StoreLike(Protocol):
     """The part of the service store the outbox uses (see ``healthsvc.store.sqlite``)."""
@@ -229,9 +236,7 @@ class Outbox:
     ) -> str:
         """Store a delivery, due at once; returns its ``webhook_id``. Durable when this returns."""
         if webhook_id is None:
-            # (here, not at import: importing the alerting package imports this module)
-            from healthsvc.alerting.signing import generate_message_id
-            webhook_id = generate_message_id()
+            webhook_id = new_webhook_id()
         self._write(lambda conn: conn.execute(
                 "INSERT INTO alert_outbox (webhook_id, subscription_id, url, secret, content_type,"
                 " body, group_key, reason, state, created_at, next_attempt_at)"

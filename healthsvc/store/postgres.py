@@ -28,7 +28,7 @@ from psycopg.adapt import Loader
 from psycopg.types.string import BytesBinaryDumper
 from psycopg_pool import ConnectionPool
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store import migrations
 from healthsvc.store.base import StoreBase
 from healthsvc.store.dialect import Catalog, Statement, pg_ddl, pg_plain, pg_statement, split_script
@@ -451,7 +451,7 @@ class PostgresStore(StoreBase):
         return Appended(chunk_id=int(chunk_id))
 
     def _check_fence(self, conn: PgConnection, fence: Any) -> None:
-        from healthsvc.store.leases import check_fence
+        from healthsvc.store.fencing import check_fence
         check_fence(conn.raw, fence)   # in the group commit's transaction, on its connection
 
     def check_schema(self) -> int:

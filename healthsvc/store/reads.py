@@ -10,9 +10,9 @@ from typing import Any, Iterator
 import numpy as np
 import orjson
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store.codec import decode_chunk
-from healthsvc.store.runstate import RunState
+from healthsvc.store.runstate import RunSnapshot, RunState
 
 
 class StoreReads:
@@ -22,7 +22,15 @@ class StoreReads:
 
 
     def run_state(self, run_id: str) -> RunState | None:
+        """The live state: the writer thread's alone (it changes it on every push). Every other
+        thread reads :meth:`run_view`."""
         return self._runs.get(run_id)
+
+    def run_view(self, run_id: str) -> RunSnapshot | None:
+        """The run's state as of now, copied: for any thread (API handlers, the monitor, the
+        dashboard, scrapes); None for a run that has no state (never pushed to)."""
+        st = self._runs.get(run_id)
+        return None if st is None else st.snapshot()
 
     def run_exists(self, run_id: str) -> bool:
         return self.read_conn().execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is not None

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from clients.wire import INCARNATION_FIELD as INCARNATION   # the process that sent a record
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,26 @@ class RunView:
     start_step: int                   # first step of the attempt (-1: not known, in a replay)
     ranks_seen: int                   # ranks that reported in the current attempt
     finished: bool                    # the whole run finished (``runs.status`` says the same)
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """A run's state as a thread other than the writer reads it (``store.run_view``): a copy,
+    so nothing outside the store holds the live :class:`RunState` the writer changes.
+
+    >>> RunState("r").snapshot()
+    RunSnapshot(attempt=0, start_step=0, ranks=(), max_step=-1, last_push=None, finished=False)
+    """
+    attempt: int
+    start_step: int                   # first step of the current attempt
+    ranks: tuple[int, ...]            # ranks that reported in the current attempt, ascending
+    max_step: int                     # highest step of the current attempt; -1 before any
+    last_push: float | None           # service clock of the last accepted batch
+    finished: bool
+
+    @property
+    def ranks_seen(self) -> int:
+        return len(self.ranks)
 
 
 @dataclass
@@ -351,6 +371,21 @@ class RunState:
 
     def ranks_seen(self) -> np.ndarray:
         return self.ids[self.last_step >= 0]
+
+    def snapshot(self) -> "RunSnapshot":
+        """An immutable copy for another thread (:meth:`healthsvc.store.Store.run_view`).
+
+        The writer thread goes on changing this state while a reader copies it, and when ranks
+        join it swaps the per-rank arrays one after the other; a copy whose arrays differ in
+        length saw half a swap and is taken again (the swap is a few assignments: the next try
+        sees it whole)."""
+        while True:
+            ids, last = self.ids, self.last_step
+            attempt, start, finished, last_push = self.attempt, self.start_step, self.finished, self.last_push
+            if len(ids) == len(last):
+                seen = ids[last >= 0]
+                return RunSnapshot(attempt, start, tuple(int(r) for r in seen),
+                                   int(last.max()) if len(last) else -1, last_push, finished)
 
     def unseen_ranks(self, batch: MetricBatch) -> np.ndarray:
         """The batch's ranks (unique, sorted) not seen yet in the current attempt (read only)."""

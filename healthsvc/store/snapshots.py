@@ -15,7 +15,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store.codec import decode_chunk
 
 SnapshotKind = Literal["ingest", "monitor", "dashboard"]

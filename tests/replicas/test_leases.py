@@ -9,7 +9,8 @@ import psycopg
 import pytest
 
 from healthsvc.store.open import open_store
-from healthsvc.store.leases import LeaseLost, PgLeases, check_fence
+from healthsvc.ownership.leases import PgLeases
+from healthsvc.store.fencing import LeaseLost, check_fence
 from tests.pg import fresh_database
 
 
@@ -144,7 +145,7 @@ def test_a_running_run_that_nobody_claimed_is_taken_by_the_sweep(dsn):
     # The replica that stored a run's first push died before its monitor claimed the run: the
     # run has no lease row. The next sweep of any replica takes it (a finished run stays unowned).
     import numpy as np
-    from healthsvc.ingest.batch import MetricBatch
+    from healthsvc.store.batch import MetricBatch
 
     def one_record() -> MetricBatch:
         b = MetricBatch(steps=np.array([0]), ranks=np.array([0]))

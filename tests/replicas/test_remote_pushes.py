@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from healthsvc.monitor.remote_chunks import INLINE_RECORDS
+from healthsvc.ownership.remote_chunks import INLINE_RECORDS
 from tests.barriers import wait_until
 from tests.pg import fresh_database
 from tests.server_process import ServerProcess

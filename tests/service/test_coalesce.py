@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from simulation import CorruptRank, LossSpike, NonFinite, Straggler, simulate_run
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.messages import Drain, Tick
 from healthsvc.monitor import coalesce
 from healthsvc.monitor.run_monitor import RunMonitor

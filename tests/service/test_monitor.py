@@ -17,7 +17,7 @@ pytestmark = pytest.mark.both_stores
 
 from simulation import NonFinite, Straggler, simulate_run
 from healthsvc.monitor.aligner import StepAligner
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.settings import Settings
 from tests.barriers import wait_until
 from tests.harness import InProcessService

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.run_metrics import StepTimes
 from healthsvc.store.results import IngestResult
 

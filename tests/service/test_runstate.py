@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store.runstate import RunState
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store import migrations
 from healthsvc.store.codec import encode_chunk
 from healthsvc.store.dialect import pg_ddl, split_script
@@ -108,7 +108,7 @@ def check_migrated(uri: str, tmp_path: Path) -> None:
             list(range(1, LATEST + 1))
         assert db.execute("SELECT webhook_id FROM alert_outbox") == [("msg_old",)]
         # The table of version 2 is there; on PostgreSQL the service took the lease of the run it
-        # was pushed to (replicas: healthsvc.store.leases), SQLite has no leases.
+        # was pushed to (replicas: healthsvc.ownership.leases), SQLite has no leases.
         assert db.execute("SELECT run_id FROM leases") == ([("old",)] if uri.startswith("postgresql") else [])
     finally:
         db.close()

@@ -9,7 +9,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store.postgres import PostgresStore
 from tests.harness import InProcessService
 from tests.pg import fresh_database

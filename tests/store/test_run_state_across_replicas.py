@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from healthsvc.history import load_history
-from healthsvc.ingest.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store import snapshots
 from healthsvc.store.postgres import PostgresStore
 from tests.pg import fresh_database

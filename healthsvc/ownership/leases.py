@@ -10,14 +10,14 @@ first push was stored by a replica that died before it claimed them). A replica 
 ``ttl_s`` after the renewal that extended it was *sent* (its monotonic clock, less a margin), so it
 stops acting before the database would let another replica take over.
 
-Fencing: the owner's writes that must not come from a stale owner (snapshots, findings) are made in a
-transaction that first runs :data:`FENCE_SQL` with the writer's :class:`Fence`: it locks the lease
-row ``FOR SHARE`` (a takeover waits for that transaction) and fails when the token moved on.
+Fencing: the owner's writes that must not come from a stale owner (snapshots, findings) carry the
+lease's :class:`~healthsvc.store.fencing.Fence` (:meth:`PgLeases.fence`); the store checks it in
+the write's own transaction (:mod:`healthsvc.store.fencing`).
 
 Pushes accepted by a replica that does not own the run are handed to the owner with ``NOTIFY`` on
 the owner's own channel (``hs_`` + its id), coalesced per run; the owner ``LISTEN``\\ s on a
 connection of its own and feeds the announced chunks: small ones come in the notification, the
-others it reads from the store by id (``healthsvc.monitor.remote_chunks``).
+others it reads from the store by id (``healthsvc.ownership.remote_chunks``).
 
 >>> channel("replica-7f3a"), channel("gpu-node-3:8081")
 ('hs_replica_7f3a', 'hs_gpu_node_3_8081')
@@ -35,15 +35,16 @@ import threading
 import time
 from typing import Any, Callable
 
-from healthsvc.monitor import remote_chunks
-from healthsvc.monitor.ownership import Fence, RemoteMessage
+from healthsvc.ownership import remote_chunks
+from healthsvc.ownership import RemoteMessage
+from healthsvc.store.fencing import DB_NOW, Fence
 
 log = logging.getLogger(__name__)
 
 # The table is the store's (migration 2 of ``migrations``: run_id, owner, token, expires_at in unix
 # seconds). Every time below is the database's clock (one clock for every replica); ttl_s is a
 # parameter. _NOW is that clock in the table's unit.
-_NOW = "extract(epoch FROM clock_timestamp())::float8"
+_NOW = DB_NOW
 
 _CLAIM = f"""
 INSERT INTO leases AS l (run_id, owner, token, expires_at)
@@ -87,26 +88,6 @@ UPDATE leases l SET expires_at = {_NOW} - 0.001
 FROM unnest(%(runs)s::text[], %(tokens)s::bigint[]) AS h(run_id, token)
 WHERE l.run_id = h.run_id AND l.token = h.token AND l.owner = %(me)s
 """
-#: Run first in a fenced write's transaction, with (run_id, owner, token): no row means the
-#: writer lost the run (raise :class:`LeaseLost`, roll back). ``FOR SHARE``: a takeover (an
-#: UPDATE of the row) waits until the fenced write committed.
-FENCE_SQL = f"""
-SELECT 1 FROM leases WHERE run_id = %s AND owner = %s AND token = %s AND expires_at > {_NOW} FOR SHARE
-"""
-
-
-class LeaseLost(RuntimeError):
-    """A fenced write came from a replica that no longer owns the run."""
-
-
-def check_fence(cur: Any, fence: Fence | None) -> None:
-    """In a write's transaction: lock the lease of ``fence`` or raise :class:`LeaseLost`."""
-    if fence is None:
-        return
-    if cur.execute(FENCE_SQL, (fence.run_id, fence.owner, fence.token)).fetchone() is None:
-        raise LeaseLost(f"run {fence.run_id}: lease token {fence.token} of {fence.owner} is no longer valid")
-
-
 # How long the first announcement waits for others to go with it: a few milliseconds of the
 # 100 ms in which the owner must hear of a push.
 NOTIFY_GATHER_S = 0.005
@@ -127,7 +108,7 @@ def new_replica_id(port: int = 0) -> str:
 
 
 class PgLeases:
-    """:class:`~healthsvc.monitor.ownership.RunOwnership` over the ``leases`` table (see the module)."""
+    """:class:`~healthsvc.ownership.RunOwnership` over the ``leases`` table (see the module)."""
 
     takes_over = True
 

@@ -8,7 +8,7 @@ or one beyond a notification's share, :data:`INLINE_BYTES`) the owner reads by i
 committed before it is announced, so either way the owner sees exactly what is stored.
 
 >>> import numpy as np
->>> from healthsvc.ingest.batch import MetricBatch
+>>> from healthsvc.store.batch import MetricBatch
 >>> from healthsvc.store.codec import encode_chunk
 >>> from healthsvc.store.results import IngestResult
 >>> b = MetricBatch(np.array([7]), np.array([3]), {"loss": np.array([np.nan])}, {"loss": np.array([True])})
@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import logging
 
-from healthsvc.monitor.ownership import RemoteMessage
+from healthsvc.ownership import RemoteMessage
 from healthsvc.store.codec import decode_chunk
 from healthsvc.store.results import IngestResult
 from healthsvc.store.snapshots import StoredChunk

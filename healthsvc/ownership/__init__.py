@@ -18,7 +18,7 @@ Two implementations:
 
 - :class:`SoleOwner` (the SQLite store, one process): owns every run, hears of no other
   replica; every call is a constant, so a single server pays nothing for the protocol.
-- :class:`healthsvc.store.leases.PgLeases` (PostgreSQL): a lease row per run with a fencing token,
+- :class:`healthsvc.ownership.leases.PgLeases` (PostgreSQL): a lease row per run with a fencing token,
   renewed by a background thread; pushes handed on with ``NOTIFY``.
 
 >>> own = SoleOwner()
@@ -27,20 +27,10 @@ Two implementations:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from healthsvc.store.fencing import Fence
 from healthsvc.store.open import is_postgres_uri
-
-
-@dataclass(frozen=True)
-class Fence:
-    """A held lease as the owner's writes carry it: a write is applied only while the run's
-    lease still has this ``token`` (a replica that lost the run cannot overwrite the new owner's
-    snapshot or findings)."""
-    run_id: str
-    owner: str
-    token: int
 
 
 # A push accepted by another replica, as the owner hears of it (see PgLeases.announce):
@@ -101,7 +91,7 @@ def ownership_for(settings: Any, store: Any) -> RunOwnership:
     uri = str(getattr(store, "uri", ""))
     if not is_postgres_uri(uri):
         return SoleOwner()
-    from healthsvc.store.leases import PgLeases
+    from healthsvc.ownership.leases import PgLeases
     return PgLeases(uri, ttl_s=settings.lease_ttl_s, replica_id=settings.replica_id or None,
                     port=int(getattr(settings, "port", 0) or 0))
 
