@@ -22,7 +22,9 @@ sys.path.insert(0, str(BENCH))
 from tables import parse  # noqa: E402  (bench/tables.py)
 
 # Scripts that have no smoke mode of their own, and why.
-NO_SMOKE: dict[str, str] = {}
+NO_SMOKE = {
+    "ab.py": "runs another script on two trees, not a bench: tests/bench/test_ab.py runs it on a scratch repository",
+}
 
 
 def scripts() -> list[str]:
