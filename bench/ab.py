@@ -75,8 +75,8 @@ def describe(repo: Path, ref: str) -> tuple[str, str]:
     a = git(repo, "log", "-1", "--format=%h %s", ref)
     dirty = git(repo, "status", "--porcelain", "--untracked-files=no")
     b = git(repo, "log", "-1", "--format=%h %s", "HEAD")
-    return (f"A = {ref}: {a[:100]} (scratch worktree)",
-            f"B = working tree {repo}: HEAD {b[:90]}{' + uncommitted changes' if dirty else ''}")
+    return (f"A = {ref} (scratch worktree): {a[:100]}",
+            f"B = working tree {repo}{', with uncommitted changes' if dirty else ''}: HEAD {b[:100]}")
 
 
 def compare(a_runs: list[list[Figure]], b_runs: list[list[Figure]]) -> tuple[list[str], list[str]]:
@@ -133,7 +133,7 @@ def main() -> int:
     print(head_b)
     print(f"{args.pairs} pair(s), run A, B, A, B, ...; ratio = B / A within a pair: median and min–max over pairs\n")
     print("| table | row | figure | A (median) | B (median) | B / A | B / A min–max |")
-    print("|---|---|---|---:|---:|---:|---|")
+    print("|---|---|---|---:|---:|---:|---:|")
     for row in rows:
         print(row)
     for line in lonely:

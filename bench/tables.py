@@ -72,7 +72,7 @@ def parse(text: str) -> list[Figure]:
 def _table_figures(header: list[str], right: list[bool], body: list[list[str]]) -> list[Figure]:
     n = min(len(header), len(right))
     label_cols = [j for j in range(n) if not right[j]]
-    names = [" · ".join(r[j] for j in label_cols if j < len(r)) for r in body]
+    names = [" · ".join(r[j] for j in label_cols if j < len(r) and r[j]) for r in body]
     first_figure = next((j for j in range(n) if right[j]), None)
     # Names that repeat: the whole table is named by its first figure column too, so a row's name
     # does not depend on which other rows a run printed.

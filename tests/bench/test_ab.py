@@ -6,6 +6,7 @@ in subprocesses too.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,8 +56,8 @@ def test_ab_prints_each_figure_ratio_of_the_working_tree_over_the_ref(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout.splitlines()
     assert out[0] == "A/B of bench/fig.py --scale 10"
-    assert out[1].startswith("A = HEAD: ") and "scratch worktree" in out[1]
-    assert out[2].startswith(f"B = working tree {repo}") and out[2].endswith("+ uncommitted changes")
+    assert out[1] == "A = HEAD (scratch worktree): " + git(repo, "log", "-1", "--format=%h two").strip()
+    assert out[2] == f"B = working tree {repo}, with uncommitted changes: HEAD " + git(repo, "log", "-1", "--format=%h two").strip()
     assert "| case | one | latency ms | 20 | 30 | 1.50 | 1.50–1.50 |" in out
     # Progress on stderr, alternated A, B, A, B; the bench's own stderr passes through.
     order = [line.split(":")[1].strip() for line in proc.stderr.splitlines() if line.startswith("ab: pair")]
@@ -85,3 +86,13 @@ def test_an_unknown_ref_is_refused_by_name(tmp_path):
     proc = ab(scratch_repo(tmp_path), "no-such-ref", "bench/fig.py")
     assert proc.returncode == 2
     assert "ref: no-such-ref is not a commit of" in proc.stderr
+
+
+def test_the_documented_comparisons_name_a_commit_and_a_script_of_this_repository():
+    # Running them is a measurement (minutes); what can rot unseen is the ref and the path.
+    root = AB.parents[1]
+    commands = re.findall(r"^\.venv/bin/python bench/ab\.py (\S+) (\S+)", (root / "docs" / "performance.md").read_text(), re.M)
+    assert len(commands) >= 2
+    for ref, script in commands:
+        git(root, "rev-parse", "--verify", f"{ref}^{{commit}}")
+        assert (root / script).is_file(), script

@@ -18,7 +18,7 @@ def test_left_aligned_cells_name_the_row_and_right_aligned_cells_are_figures():
 """
     assert parse(text) == [Figure("path", "push · durable", "p50 ms", 6.6),
                            Figure("path", "push · durable", "p99 ms", 1250.5),
-                           Figure("path", "bare · ", "p50 ms", 1.4)]
+                           Figure("path", "bare", "p50 ms", 1.4)]
 
 
 def test_rows_named_alike_are_named_by_their_first_figure_column_in_the_whole_table():
