@@ -97,12 +97,16 @@ def load(server: ServerProcess, request, seconds: float, threads: int) -> tuple[
 
     def worker() -> None:
         with httpx.Client(base_url=server.url, timeout=60) as client:
-            while not stop.is_set():
+            # At least one request each, however short the case: on a loaded machine a thread may
+            # start after a 0.1 s case is over, and a case of no request has no figure.
+            while True:
                 ok = request(client)
                 if ok is None:
                     return
                 with lock:
                     counts[ok] += 1
+                if stop.is_set():
+                    return
 
     cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
     pool = [threading.Thread(target=worker) for _ in range(threads)]

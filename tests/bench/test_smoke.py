@@ -5,12 +5,16 @@ markdown table with figures (the convention of ``bench/tables.py``, which ``benc
 The scripts are found, not listed: a script in ``bench/`` (a file with a ``__main__`` guard) is
 run with ``--smoke``, which every script accepts (a second or a few, tiny sizes). A new script is
 tested from the start, and fails here until it has a smoke mode.
+
+The scripts run two at a time (most of a smoke run is a server starting or a client waiting), so
+the module stays near a minute on the shared 2-core machine; each still has its own test.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -40,10 +44,23 @@ def user_env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("script", [s for s in scripts() if s not in NO_SMOKE])
-def test_bench_runs_and_prints_its_table(script):
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], cwd=ROOT, env=user_env(),
+def smoke(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / script), "--smoke"], cwd=ROOT, env=user_env(),
                           capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request):
+    """script -> its smoke run, started for every selected test of this module at once."""
+    selected = [item.callspec.params["script"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {s: pool.submit(smoke, s) for s in selected}
+
+
+@pytest.mark.parametrize("script", [s for s in scripts() if s not in NO_SMOKE])
+def test_bench_runs_and_prints_its_table(script, smoke_runs: dict[str, Future]):
+    proc = smoke_runs[script].result()
     assert proc.returncode == 0, f"{script} --smoke exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     assert parse(proc.stdout), f"{script} --smoke printed no markdown table of figures:\n{proc.stdout[-3000:]}"
 
