@@ -187,7 +187,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="load duration per case")
     ap.add_argument("--threads", type=int, default=4, help="client threads (concurrent requests)")
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes, 0.2 s per case: proves it runs (tests)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, 0.1 s per case: proves it runs (tests)")
     args = ap.parse_args()
     sizes, wide, big_seconds, payloads = (1, 64, 1024, 16384), 1024, 6.0, 4000
     if args.smoke:

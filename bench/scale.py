@@ -263,7 +263,7 @@ def main() -> None:
     ap.add_argument("--batch-case", action="store_true", help="also 1,024-record pushes on one replica per store")
     ap.add_argument("--batch-rate", type=float, default=10.0, help="steps per second of the 1,024-rank batch case")
     ap.add_argument("--idle", type=float, default=2.0, help="seconds of idle CPU measured before each case")
-    ap.add_argument("--smoke", action="store_true", help="1 s, one 8-rank job, SQLite: proves it runs (tests)")
+    ap.add_argument("--smoke", action="store_true", help="0.5 s, one 8-rank job, SQLite: proves it runs (tests)")
     args = ap.parse_args()
     if args.smoke:
         args.seconds, args.jobs, args.ranks, args.step_rate, args.idle, args.workers = 0.5, 1, 8, 4.0, 0.2, 2

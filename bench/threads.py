@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--store", choices=("postgresql", "sqlite"), default="postgresql")
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=12.0)
-    ap.add_argument("--smoke", action="store_true", help="SQLite, 1 s of load: proves it runs (tests)")
+    ap.add_argument("--smoke", action="store_true", help="SQLite, 0.5 s of load: proves it runs (tests)")
     args = ap.parse_args()
     # Load(jobs, ranks per job, steps per second, records per push, pushing threads)
     shape = (2, 128, 2, 1, 16)

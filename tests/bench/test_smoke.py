@@ -6,8 +6,8 @@ The scripts are found, not listed: a script in ``bench/`` (a file with a ``__mai
 run with ``--smoke``, which every script accepts (a second or a few, tiny sizes). A new script is
 tested from the start, and fails here until it has a smoke mode.
 
-The scripts run two at a time (most of a smoke run is a server starting or a client waiting), so
-the module stays near a minute on the shared 2-core machine; each still has its own test.
+The scripts run two at a time (most of a smoke run is a server starting or a client waiting);
+each still has its own test.
 """
 from __future__ import annotations
 
@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.tables import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-sys.path.insert(0, str(BENCH))
-
-from tables import parse  # noqa: E402  (bench/tables.py)
 
 # Scripts that have no smoke mode of their own, and why.
 NO_SMOKE = {

@@ -1,12 +1,7 @@
 """The figures convention of bench/tables.py: what ab.py compares and the smoke tests require."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from tables import Figure, number, parse  # noqa: E402  (bench/tables.py)
+from bench.tables import Figure, number, parse
 
 
 def test_left_aligned_cells_name_the_row_and_right_aligned_cells_are_figures():
