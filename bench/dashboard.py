@@ -24,8 +24,10 @@ Building the run takes about a minute on the shared 2-core machine; ``--db`` reu
 from __future__ import annotations
 
 import argparse
+import atexit
 import gzip
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -158,6 +160,8 @@ def main() -> None:
     if args.smoke:
         args.ranks, args.steps, args.repeats = 16, 64, 1
     tmp = tempfile.mkdtemp(prefix="bench-dashboard-")
+    if args.db is None:   # a built run is gigabytes; --db keeps one to reuse
+        atexit.register(shutil.rmtree, tmp, True)
     db = args.db or os.path.join(tmp, "healthsvc.db")
     if not os.path.exists(db):
         build(db, args.ranks, args.steps, slow_rank=min(12_345, args.ranks - 1), nan_step=args.steps * 7 // 10)

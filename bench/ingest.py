@@ -14,9 +14,11 @@ API, in process) and into pandas (CSV over HTTP).
 from __future__ import annotations
 
 import argparse
+import atexit
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -194,6 +196,7 @@ def main() -> None:
         sizes, wide, big_seconds, payloads = (1, 64), 64, 0.1, 100
         args.seconds, args.threads = 0.1, 2
     tmp = tempfile.mkdtemp(prefix="healthsvc-bench-")
+    atexit.register(shutil.rmtree, tmp, True)   # three stores of up to ~100 MB each
     db = os.path.join(tmp, "bench.db")
     rows = []
     # What uvicorn alone costs per request (no framework, no work): the ceiling of this stack.

@@ -14,8 +14,10 @@ server's WAL writer, which others on the machine may share (so the figure is a b
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 
@@ -85,7 +87,9 @@ def main() -> None:
     if args.smoke:
         args.seconds, args.threads, args.records, warm_s, payloads = 0.2, 2, 64, 0.2, 100
     out = {}
-    out["sqlite"] = measure(os.path.join(tempfile.mkdtemp(), "bench.db"), args.seconds, args.threads, args.records,
+    sqlite_dir = tempfile.mkdtemp(prefix="healthsvc-store-bench-db-")
+    atexit.register(shutil.rmtree, sqlite_dir, True)   # the store; the servers' logs are kept (printed above)
+    out["sqlite"] = measure(os.path.join(sqlite_dir, "bench.db"), args.seconds, args.threads, args.records,
                             None, warm_s, payloads)
     name = f"hs_bench_{secrets.token_hex(4)}"
     with psycopg.connect(ADMIN, autocommit=True) as c:
