@@ -8,7 +8,11 @@ the bad push was sent. Two baselines measured in the same run, so the figure can
 ratio on a noisy machine: the bad push's own round trip (POST -> 202, i.e. durable ingest), and a
 bare loopback POST to the receiver.
 
-    .venv/bin/python bench/alert_latency.py [--trials 200] [--world 8]
+    .venv/bin/python bench/alert_latency.py [--trials 200] [--world 8] [--smoke]
+
+The receiver listens on loopback, which the service refuses as a webhook target by default (the
+address policy); the bench opens 127.0.0.0/8 for its server with
+``HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS``, as a user testing against a local receiver would.
 
 Target: p99 <= 250 ms for critical alerts.
 """
@@ -83,13 +87,17 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--world", type=int, default=8, help="ranks per run")
     ap.add_argument("--clean-steps", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="3 trials of 2 ranks: proves it runs (tests)")
     args = ap.parse_args()
+    if args.smoke:
+        args.trials, args.world, args.clean_steps = 3, 2, 1
 
     log = ArrivalLog()
     rx = start_receiver(log)
     url = f"http://127.0.0.1:{rx.server_address[1]}/hook"
     env = {"HEALTHSVC_ALERT_WEBHOOKS": json.dumps(
-        [{"id": "bench", "url": url, "format": "alertmanager", "secret": generate_secret()}])}
+        [{"id": "bench", "url": url, "format": "alertmanager", "secret": generate_secret()}]),
+        "HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8"}
     W = args.world
     alert_s, push_s, bare_s, missed = [], [], [], 0
     with tempfile.TemporaryDirectory() as tmp, ServerProcess(os.path.join(tmp, "svc.db"), env=env) as srv, \
@@ -117,11 +125,12 @@ def main() -> int:
 
     rx.shutdown()
     print(f"alert latency, push of a NaN record -> Alertmanager webhook received "
-          f"({len(alert_s)} trials, world {W}, loopback, 2-core shared machine)")
-    print(f"{'':32s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'max ms':>8s}")
+          f"({len(alert_s)} trials, world {W}, loopback, 2-core shared machine)\n")
+    print("| path | p50 ms | p90 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|")
     for name, xs in (("push -> webhook received", alert_s), ("baseline: push -> 202 (durable)", push_s),
                      ("baseline: bare loopback POST", bare_s)):
-        print(f"{name:32s} {pct(xs, 50):8.1f} {pct(xs, 90):8.1f} {pct(xs, 99):8.1f} {max(xs) * 1e3:8.1f}")
+        print(f"| {name} | {pct(xs, 50):.1f} | {pct(xs, 90):.1f} | {pct(xs, 99):.1f} | {max(xs) * 1e3:.1f} |")
+    print()
     print(f"ratio p50 alert / p50 durable push: {np.median(alert_s) / np.median(push_s):.2f}x")
     print(f"missed (no webhook within 5 s): {missed}; notifications received: {log.count} "
           f"(expected one per trial)")

@@ -9,6 +9,7 @@
 
     .venv/bin/python bench/client.py            # about a minute
     .venv/bin/python bench/client.py --quick    # a few seconds, smaller samples
+    .venv/bin/python bench/client.py --smoke    # tiny samples: proves it runs (tests)
 
 Prints figures; asserts nothing.
 """
@@ -92,11 +93,11 @@ def bench_log(n: int) -> None:
         rows.append((settled(per_call_us(baseline, n)), settled(per_call_us(run_log, n)),
                      settled(per_call_us(lambda k: run_log(k, hung), n)), settled(per_call_us(module_log, n))))
     base, healthy_us, hung_us, module_us = (statistics.median(col) for col in zip(*rows))
-    print(f"log() on the training thread ({n} calls x 3 rounds, median; target <= 10 us):")
-    print(f"  baseline: append a dict to a list   {base:6.2f} us/call")
-    print(f"  run.log(), service healthy          {healthy_us:6.2f} us/call  ({healthy_us / base:4.1f}x baseline)")
-    print(f"  run.log(), service hung             {hung_us:6.2f} us/call  ({hung_us / base:4.1f}x baseline)")
-    print(f"  clients.log() (module facade)       {module_us:6.2f} us/call  ({module_us / base:4.1f}x baseline)")
+    print(f"log() on the training thread ({n} calls x 3 rounds, median; target <= 10 us):\n")
+    print("| call | us / call | x baseline |\n|---|---:|---:|")
+    for label, us in (("baseline: append a dict to a list", base), ("run.log(), service healthy", healthy_us),
+                      ("run.log(), service hung", hung_us), ("clients.log() (module facade)", module_us)):
+        print(f"| {label} | {us:.2f} | {us / base:.1f} |")
     release.set()
     for run in (healthy, hung, clients.current_run()):
         run.finish(5.0)
@@ -156,20 +157,25 @@ def bench_training(steps: int, rounds: int) -> None:
             results[mode].append(train(mode))
     sink.kill()
     print(f"\nstep time of a tiny CPU training ({steps} steps x {rounds} rounds per mode; median step "
-          f"time, and the median over rounds of the ratio to 'off' in the same round):")
+          f"time, and the median over rounds of the ratio to 'off' in the same round):\n")
+    print("| client | ms / step | x off | rounds x off |\n|---|---:|---:|---|")
     for mode, label in (("off", "client off (disabled)"), ("on", "client on, service healthy"),
                         ("down", "client on, service down (refused)")):
         value = statistics.median(results[mode])
         ratios = sorted(m / o for m, o in zip(results[mode], results["off"]))
-        print(f"  {label:36s} {value * 1e3:7.2f} ms/step  ({statistics.median(ratios):5.3f}x off; "
-              f"rounds {ratios[0]:.3f}-{ratios[-1]:.3f})")
+        print(f"| {label} | {value * 1e3:.2f} | {statistics.median(ratios):.3f} | {ratios[0]:.3f}-{ratios[-1]:.3f} |")
 
 
 def main() -> None:
     logging.getLogger("healthsvc.client").setLevel(logging.ERROR)  # "service down" is on purpose
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small samples (seconds)")
+    parser.add_argument("--smoke", action="store_true", help="tiny samples: proves it runs (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        bench_log(2_000)
+        bench_training(steps=5, rounds=1)
+        return
     bench_log(20_000 if args.quick else 200_000)
     bench_training(steps=40 if args.quick else 100, rounds=2 if args.quick else 9)
 

@@ -19,12 +19,15 @@ measured in a real headless Chromium (the target: interactive within 2 s).
     .venv/bin/python bench/dashboard.py [--ranks 16384] [--steps 10000] [--repeats 3] [--db PATH] [--screenshot PNG]
 
 Building the run takes about a minute on the shared 2-core machine; ``--db`` reuses a file.
+``--smoke`` (the tests): 16 ranks x 64 steps, one page load.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import gzip
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -137,10 +140,11 @@ def page_load(url: str, repeats: int, screenshot: str | None = None) -> list[flo
             errors = browser.console_errors(d)
         finally:
             d.quit()
-    print(f"\nrun page ready (header, findings, curves, heatmap drawn) in Chromium: "
-          f"median {statistics.median(times):.2f} s, runs {', '.join(f'{t:.2f}' for t in times)} s "
+    print(f"\nrun page ready (header, findings, curves, heatmap drawn) in Chromium, {len(times)} loads "
           f"(target 2 s); heatmap's slowest row: ranks {heat['rank_lo']}-{heat['rank_hi']} ({heat['ratio']}x); "
-          f"console errors: {len(errors)}")
+          f"console errors: {len(errors)}\n")
+    print("| page | ready s (median) | fastest s | slowest s |\n|---|---:|---:|---:|")
+    print(f"| /runs/{{run}} | {statistics.median(times):.2f} | {min(times):.2f} | {max(times):.2f} |")
     return times
 
 
@@ -151,8 +155,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--db", default=None, help="reuse (or create) this store file")
     ap.add_argument("--screenshot", default=None, help="save the run page as this PNG")
+    ap.add_argument("--smoke", action="store_true", help="16 ranks x 64 steps, one load: proves it runs (tests)")
     args = ap.parse_args()
+    if args.smoke:
+        args.ranks, args.steps, args.repeats = 16, 64, 1
     tmp = tempfile.mkdtemp(prefix="bench-dashboard-")
+    if args.db is None:   # a built run is gigabytes; --db keeps one to reuse
+        atexit.register(shutil.rmtree, tmp, True)
     db = args.db or os.path.join(tmp, "healthsvc.db")
     if not os.path.exists(db):
         build(db, args.ranks, args.steps, slow_rank=min(12_345, args.ranks - 1), nan_step=args.steps * 7 // 10)

@@ -19,6 +19,7 @@ block pays for it).
 
     .venv/bin/python bench/detectors.py            # full table (under a minute)
     .venv/bin/python bench/detectors.py --quick    # 8 and 1,024 ranks only
+    .venv/bin/python bench/detectors.py --smoke    # 8 and 64 ranks, one pass: proves it runs (tests)
 """
 from __future__ import annotations
 
@@ -190,8 +191,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--timing-only", action="store_true", help="skip the value detectors")
     ap.add_argument("--exact-only", action="store_true", help="only the exact checks (replica, resume)")
+    ap.add_argument("--smoke", action="store_true", help="8 and 64 ranks, one pass: proves it runs (tests)")
     args = ap.parse_args(argv)
-    sizes = (8, 1024) if args.quick else (8, 1024, 16_384, 131_072)
+    sizes = (8, 64) if args.smoke else (8, 1024) if args.quick else (8, 1024, 16_384, 131_072)
+    if args.smoke:
+        args.repeats = 1
     if args.exact_only:
         return time_exact_checks((1024, 16_384), args.repeats)
     block_sizes = (1, 16)

@@ -8,6 +8,7 @@ Fault traces count only up to their onset (what came before a fault is clean too
 
     .venv/bin/python bench/false_alarms.py            # prints markdown tables
     .venv/bin/python bench/false_alarms.py --sweep    # each default threshold and its neighbours
+    .venv/bin/python bench/false_alarms.py --smoke    # the first clean trace only: proves it runs (tests)
 
 ``--sweep`` varies one parameter at a time around its default (the long Pythia 410m curves are
 left out to keep it to minutes) and prints the warnings-or-worse per 10,000 clean steps each value
@@ -18,6 +19,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import itertools
 import json
 import sys
 from collections import Counter
@@ -127,7 +129,8 @@ def main() -> None:
     total: Counter = Counter()
     steps = 0
     print("| source | steps | info | warning | critical |\n|---|---:|---:|---:|---:|")
-    for name, recs, n in clean_sources():
+    sources = clean_sources()
+    for name, recs, n in (itertools.islice(sources, 1) if "--smoke" in sys.argv[1:] else sources):
         c = Counter((f.kind, f.severity) for f in findings(recs) if f.status == "firing")
         total.update(c)
         steps += n

@@ -13,6 +13,7 @@ The default ``FINGERPRINT_EVERY`` is chosen so that share stays at or below 1 %.
 
     .venv/bin/python bench/fingerprint.py            # about a minute
     .venv/bin/python bench/fingerprint.py --quick    # the example model only, a few seconds
+    .venv/bin/python bench/fingerprint.py --smoke    # the example model, 5 rounds: proves it runs (tests)
 
 Prints figures; asserts nothing.
 """
@@ -84,14 +85,15 @@ def measure(name, model, opt, train_step, rounds: int) -> dict:
         fp_s.append(timed(lambda: param_digest(model)))
         fp_opt_s.append(timed(lambda: param_digest(model, optimizer=opt)))
     step, fp, fp_opt = (statistics.median(v) for v in (step_s, fp_s, fp_opt_s))
-    print(f"\n{name}: {n_params / 1e6:.2f} M parameters, median of {rounds} rounds")
-    print(f"  training step                   {step * 1e3:9.2f} ms")
-    print(f"  fingerprint (parameters)        {fp * 1e3:9.2f} ms  = {100 * fp / step:6.2f} % of a step "
-          f"({fp / n_params * 1e9:.2f} ns per parameter)")
-    print(f"  fingerprint (+ optimizer state) {fp_opt * 1e3:9.2f} ms  = {100 * fp_opt / step:6.2f} % of a step")
+    print(f"\n{name}: {n_params / 1e6:.2f} M parameters, median of {rounds} rounds "
+          f"(fingerprint: {fp / n_params * 1e9:.2f} ns per parameter)\n")
+    print(f"| {name}: work | ms | % of a step |\n|---|---:|---:|")
+    for label, s in (("training step", step), ("fingerprint (parameters)", fp),
+                     ("fingerprint (+ optimizer state)", fp_opt)):
+        print(f"| {label} | {s * 1e3:.2f} | {100 * s / step:.2f} |")
+    print(f"\n| {name}: fingerprint every | % of training time | + optimizer state, % |\n|---|---:|---:|")
     for every in (1, 5, FINGERPRINT_EVERY, 50):
-        print(f"  every {every:3d} steps: {100 * fp / step / every:6.3f} % of training time "
-              f"(+ optimizer state: {100 * fp_opt / step / every:6.3f} %)")
+        print(f"| {every} steps | {100 * fp / step / every:.3f} | {100 * fp_opt / step / every:.3f} |")
     return {"step_s": step, "fingerprint_s": fp, "fingerprint_opt_s": fp_opt}
 
 
@@ -99,7 +101,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the example model only")
     parser.add_argument("--rounds", type=int, default=0, help="rounds per model (default: 200 / 7)")
+    parser.add_argument("--smoke", action="store_true", help="the example model, 5 rounds: proves it runs (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        args.quick, args.rounds = True, 5
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread; FINGERPRINT_EVERY = {FINGERPRINT_EVERY}")
     measure(*example_model(), rounds=args.rounds or 200)

@@ -7,14 +7,18 @@ payloads (``orjson.loads``) measured in the same run, so figures can be compared
 machines as ratios. Then: bytes per stored point, and reading 1 M points back into numpy (store
 API, in process) and into pandas (CSV over HTTP).
 
-    .venv/bin/python bench/ingest.py [--seconds 4] [--threads 4]
+    .venv/bin/python bench/ingest.py [--seconds 4] [--threads 4] [--smoke]
+
+``--smoke`` (the tests): every case at tiny sizes (at most 64 records a request, 0.1 s each).
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,12 +57,13 @@ def make_payload(form: str, n_records: int, first_step: int, rng: np.random.Gene
     return orjson.dumps({"records": records})
 
 
-def run_case(server: ServerProcess, form: str, n_records: int, seconds: float, threads: int) -> dict:
+def run_case(server: ServerProcess, form: str, n_records: int, seconds: float, threads: int,
+             max_payloads: int = 4000) -> dict:
     rng = np.random.default_rng(n_records)
     n_steps, _ = shape(n_records)
     run_id = f"bench-{form}-{n_records}"
     # Enough distinct payloads for the time budget (each has its own steps: no duplicates).
-    n_payloads = max(32, min(4000, int(600_000 / n_records)))
+    n_payloads = min(max_payloads, max(32, min(4000, int(600_000 / n_records))))
     payloads = [make_payload(form, n_records, i * n_steps, rng) for i in range(n_payloads)]
     t0 = time.process_time()
     for p in payloads:
@@ -94,12 +99,16 @@ def load(server: ServerProcess, request, seconds: float, threads: int) -> tuple[
 
     def worker() -> None:
         with httpx.Client(base_url=server.url, timeout=60) as client:
-            while not stop.is_set():
+            # At least one request each, however short the case: on a loaded machine a thread may
+            # start after a 0.1 s case is over, and a case of no request has no figure.
+            while True:
                 ok = request(client)
                 if ok is None:
                     return
                 with lock:
                     counts[ok] += 1
+                if stop.is_set():
+                    return
 
     cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
     pool = [threading.Thread(target=worker) for _ in range(threads)]
@@ -180,8 +189,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="load duration per case")
     ap.add_argument("--threads", type=int, default=4, help="client threads (concurrent requests)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, 0.1 s per case: proves it runs (tests)")
     args = ap.parse_args()
+    sizes, wide, big_seconds, payloads = (1, 64, 1024, 16384), 1024, 6.0, 4000
+    if args.smoke:
+        sizes, wide, big_seconds, payloads = (1, 64), 64, 0.1, 100
+        args.seconds, args.threads = 0.1, 2
     tmp = tempfile.mkdtemp(prefix="healthsvc-bench-")
+    atexit.register(shutil.rmtree, tmp, True)   # three stores of up to ~100 MB each
     db = os.path.join(tmp, "bench.db")
     rows = []
     # What uvicorn alone costs per request (no framework, no work): the ceiling of this stack.
@@ -196,15 +211,15 @@ def main() -> None:
     try:
         floor = floor_case(server, args.seconds, args.threads)
         for form in ("columns", "rows"):
-            for n in (1, 64, 1024, 16384):
-                res = run_case(server, form, n, args.seconds, args.threads)
+            for n in sizes:
+                res = run_case(server, form, n, args.seconds, args.threads, payloads)
                 res["service"] = "ingest"
                 rows.append(res)
                 print(f"  {form:7s} {n:6d} records/request: {res['points_per_cpu_s'] / 1e6:6.2f} M points/CPU-s,"
                       f" {res['requests_per_cpu_s']:8.0f} req/CPU-s", file=sys.stderr, flush=True)
         # A run of >= 1 M points to read back.
-        big = run_case(server, "columns", 16384, 6.0, args.threads)
-        read = read_back(db, server, "bench-columns-16384")
+        big = run_case(server, "columns", sizes[-1], big_seconds, args.threads, payloads)
+        read = read_back(db, server, f"bench-columns-{sizes[-1]}")
     finally:
         server.stop()
     total_points = sum(r["requests"] * r["records"] * len(FIELDS) for r in rows) + \
@@ -214,8 +229,8 @@ def main() -> None:
     server = ServerProcess(os.path.join(tmp, "slow.db"), env={"HEALTHSVC_DETECT": "0", "HEALTHSVC_INGEST_FAST_PATH": "0"})
     server.start()
     try:
-        for form, n in (("columns", 1), ("columns", 1024)):
-            res = run_case(server, form, n, args.seconds, args.threads)
+        for form, n in (("columns", 1), ("columns", wide)):
+            res = run_case(server, form, n, args.seconds, args.threads, payloads)
             res["service"] = "ingest, fast path off"
             rows.append(res)
     finally:
@@ -224,8 +239,8 @@ def main() -> None:
     server = ServerProcess(os.path.join(tmp, "detect.db"))
     server.start()
     try:
-        for form, n in (("columns", 1), ("columns", 1024), ("rows", 1024)):
-            res = run_case(server, form, n, args.seconds, args.threads)
+        for form, n in (("columns", 1), ("columns", wide), ("rows", wide)):
+            res = run_case(server, form, n, args.seconds, args.threads, payloads)
             res["service"] = "ingest + detectors"
             rows.append(res)
     finally:

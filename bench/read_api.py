@@ -10,7 +10,9 @@ each over Arrow (the default) and CSV, next to baselines measured in the same ru
 transfer alone (same request, bytes discarded) and decoding the same Arrow bytes from memory into
 the same DataFrame. Best of ``--repeats`` runs.
 
-    .venv/bin/python bench/read_api.py [--repeats 5]
+    .venv/bin/python bench/read_api.py [--repeats 5] [--smoke]
+
+``--smoke`` (the tests): 1,024 and 4,096 rows, one repeat.
 """
 from __future__ import annotations
 
@@ -65,15 +67,20 @@ def best(fn, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="tiny runs, one repeat: proves it runs (tests)")
     args = parser.parse_args()
+    sizes = (1_024, 4_096) if args.smoke else (250_000, 1_000_000)
+    if args.smoke:
+        args.repeats = 1
     with tempfile.TemporaryDirectory() as tmp, ServerProcess(os.path.join(tmp, "bench.db")) as server:
         reader = read.Reader(server.url)
-        cases = [("1M points (250k rows x 4)", "bench-250k", 250_000), ("4M points (1M rows x 4)", "bench-1m", 1_000_000)]
+        cases = [(f"{n * len(FIELDS) / 1e6:g}M points ({n:,} rows x {len(FIELDS)})", f"bench-{n}", n) for n in sizes]
         t0 = time.perf_counter()
         for _, run_id, n in cases:
             fill(server.url, run_id, n)
         print(f"filled in {time.perf_counter() - t0:.1f} s (not part of the figures)")
-        print(f"{'case':28s} {'path':46s} {'seconds':>8s} {'points/s':>12s} {'x baseline':>10s}")
+        print("\n| case | path | seconds | points/s | x baseline |\n|---|---|---:|---:|---:|")
+        bodies = []
         for label, run_id, n in cases:
             points = (n // RANKS) * RANKS * len(FIELDS)
             url = f"{server.url}/v1/runs/{run_id}/metrics?format=arrow"
@@ -88,8 +95,9 @@ def main() -> None:
                     ("read.metrics (Arrow over HTTP)", t_arrow),
                     ("read.metrics (CSV over HTTP)", t_csv)]
             for path, t in rows:
-                print(f"{label:28s} {path:46s} {t:8.3f} {points / t:12,.0f} {t / t_decode:10.1f}")
-            print(f"{'':28s} Arrow body: {len(body) / 1e6:.1f} MB")
+                print(f"| {label} | {path} | {t:.3f} | {points / t:,.0f} | {t / t_decode:.1f} |")
+            bodies.append(f"{label}: Arrow body {len(body) / 1e6:.1f} MB")
+        print("\n" + "\n".join(bodies))
 
 
 if __name__ == "__main__":

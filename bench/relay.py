@@ -9,6 +9,7 @@
 
     .venv/bin/python bench/relay.py            # about two minutes
     .venv/bin/python bench/relay.py --quick    # a few seconds
+    .venv/bin/python bench/relay.py --smoke    # tiny samples: proves it runs (tests)
 
 Prints figures; asserts nothing.
 """
@@ -101,13 +102,14 @@ def bench_log(url: str, n: int, rounds: int) -> None:
     dead = [per_call_us(relayed, n) for _ in range(rounds)]
     base, direct_us, relay_us = (statistics.median(col) for col in zip(*rows))
     dead_us = statistics.median(dead)
-    print(f"log() on the training thread ({n} calls x {rounds} rounds, median; target <= 10 us):")
-    print(f"  baseline: append a dict to a list   {base:6.2f} us/call")
-    print(f"  run.log(), direct                   {direct_us:6.2f} us/call  ({direct_us / base:4.1f}x baseline)")
-    print(f"  run.log(), through the relay        {relay_us:6.2f} us/call  ({relay_us / base:4.1f}x baseline)"
-          f"   [{relayed_stats.relayed_requests} bodies relayed, {relayed_stats.relay_fallbacks} fallbacks]")
-    print(f"  run.log(), relay killed (fallback)  {dead_us:6.2f} us/call  ({dead_us / base:4.1f}x baseline)"
-          f"   [{relayed.stats().relay_fallbacks} fallbacks]")
+    print(f"log() on the training thread ({n} calls x {rounds} rounds, median; target <= 10 us):\n")
+    print("| call | us / call | x baseline | note |\n|---|---:|---:|---|")
+    for label, us, note in (
+            ("baseline: append a dict to a list", base, ""), ("run.log(), direct", direct_us, ""),
+            ("run.log(), through the relay", relay_us,
+             f"{relayed_stats.relayed_requests} bodies relayed, {relayed_stats.relay_fallbacks} fallbacks"),
+            ("run.log(), relay killed (fallback)", dead_us, f"{relayed.stats().relay_fallbacks} fallbacks")):
+        print(f"| {label} | {us:.2f} | {us / base:.1f} | {note} |")
     for run in (direct, relayed):
         run.finish(10.0)
 
@@ -137,9 +139,10 @@ def bench_requests(url: str, ranks: int, steps: int, step_s: float, interval_s: 
     relay.terminate()
     relay.wait(10)
     print(f"\nmetrics requests for {ranks} ranks x {steps} steps of {step_s * 1e3:g} ms, one host "
-          f"(rank flush interval and relay interval {interval_s:g} s):")
-    print(f"  direct          {direct:6d} requests")
-    print(f"  through relay   {relayed:6d} requests  ({direct / max(relayed, 1):4.1f}x fewer)")
+          f"(rank flush interval and relay interval {interval_s:g} s):\n")
+    print("| path | requests | x fewer |\n|---|---:|---:|")
+    print(f"| direct | {direct} | 1.0 |")
+    print(f"| through relay | {relayed} | {direct / max(relayed, 1):.1f} |")
 
 
 def main() -> None:
@@ -149,11 +152,14 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--step-ms", type=float, default=50.0)
+    parser.add_argument("--smoke", action="store_true", help="tiny samples: proves it runs (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        args.quick, args.ranks, args.steps, args.step_ms = True, 2, 3, 10.0
     sink = subprocess.Popen([sys.executable, "-c", COUNTING_SINK], stdout=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
     try:
-        bench_log(url, 20_000 if args.quick else 200_000, 3)
+        bench_log(url, 2_000 if args.smoke else 20_000 if args.quick else 200_000, 3)
         steps = args.steps or (20 if args.quick else 100)
         bench_requests(url, args.ranks, steps, args.step_ms / 1e3, 0.5)
     finally:

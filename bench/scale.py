@@ -20,7 +20,9 @@ uvicorn answers several requests per wake-up: a cheaper floor than any open-loop
 step per second from the measured per-request costs, with and without the relay.
 
     .venv/bin/python bench/scale.py [--seconds 8] [--ranks 256] [--step-rate 1] [--replicas 1,2,3]
-                                    [--stores sqlite,postgresql] [--per-push 1,8] [--batch-case]
+                                    [--stores sqlite,postgresql] [--per-push 1,8] [--batch-case] [--smoke]
+
+``--smoke`` (the tests): half a second of one 8-rank job, SQLite and the bare app only.
 """
 from __future__ import annotations
 
@@ -261,13 +263,17 @@ def main() -> None:
     ap.add_argument("--batch-case", action="store_true", help="also 1,024-record pushes on one replica per store")
     ap.add_argument("--batch-rate", type=float, default=10.0, help="steps per second of the 1,024-rank batch case")
     ap.add_argument("--idle", type=float, default=2.0, help="seconds of idle CPU measured before each case")
+    ap.add_argument("--smoke", action="store_true", help="0.5 s, one 8-rank job, SQLite: proves it runs (tests)")
     args = ap.parse_args()
+    if args.smoke:
+        args.seconds, args.jobs, args.ranks, args.step_rate, args.idle, args.workers = 0.5, 1, 8, 4.0, 0.2, 2
+        args.stores, args.per_push, args.batch_case = "sqlite", "1", False
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="hs-scale-") as tmp:
         bare = BareASGI()
         try:
-            bare_rps = floor_case(bare, 3.0, 4)
+            bare_rps = floor_case(bare, 0.5 if args.smoke else 3.0, 4)
         finally:
             bare.stop()
         print(f"bare uvicorn app, saturated (GET /healthz, 4 threads, closed loop): {bare_rps:,.0f} requests per CPU-second")
@@ -282,10 +288,10 @@ def main() -> None:
                     cases.append((store, n, per_push))
             if args.batch_case:
                 cases.append((store, 1, 1024))
-        head = (f"{'store':10} {'repl':>4} {'rec/push':>8} {'offered/s':>9} {'acked/s':>8} {'fail':>5} {'p50 ms':>7} "
-                f"{'p99 ms':>7} {'svc cpu':>7} {'db cpu':>6} {'nginx':>6} {'req/cpu-s':>9} {'pts/cpu-s':>10} "
-                f"{'x bare':>6} {'x sat.':>6} {'idle cpu/s':>10}")
-        print(head)
+        print("\n| store | replicas | records / push | offered / s | acked / s | failed | p50 ms | p99 ms "
+              "| service CPU-s | database CPU-s | nginx CPU-s | requests / CPU-s | points / CPU-s | x bare | x sat. "
+              "| idle CPU-s / s |")
+        print("|---|---|---|" + "---:|" * 13)
         same_load: dict[int, float] = {}
         for store, n, per_push in cases:
             r = run_case(store, n, per_push, args, Path(tmp))
@@ -293,11 +299,11 @@ def main() -> None:
                 same_load[per_push] = r["req_per_cpu"]
             else:
                 rows.append(r)
-            print(f"{r['store']:10} {r['replicas']:>4} {r['per_push']:>8} {r['offered_rps']:>9,.0f} {r['acked_rps']:>8,.0f} "
-                  f"{r['failed']:>5} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['service_cpu']:>7.2f} {r['db_cpu']:>6.2f} "
-                  f"{r['nginx_cpu']:>6.2f} {r['req_per_cpu']:>9,.0f} {r['points_per_cpu']:>10,.0f} "
-                  f"{r['req_per_cpu'] / same_load[per_push]:>6.3f} {r['req_per_cpu'] / bare_rps:>6.3f} "
-                  f"{r['idle_cpu_per_s']:>10.3f}", flush=True)
+            print(f"| {r['store']} | {r['replicas']} | {r['per_push']} | {r['offered_rps']:,.0f} | {r['acked_rps']:,.0f} "
+                  f"| {r['failed']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['service_cpu']:.2f} | {r['db_cpu']:.2f} "
+                  f"| {r['nginx_cpu']:.2f} | {r['req_per_cpu']:,.0f} | {r['points_per_cpu']:,.0f} "
+                  f"| {r['req_per_cpu'] / same_load[per_push]:.3f} | {r['req_per_cpu'] / bare_rps:.3f} "
+                  f"| {r['idle_cpu_per_s']:.3f} |", flush=True)
     print()
     for line in sizing(rows):
         print(line)

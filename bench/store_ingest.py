@@ -7,13 +7,17 @@ columnar batches from client threads (``bench/ingest.py``'s load). CPU: the serv
 /proc; for PostgreSQL also its backends of the bench's database (pg_stat_activity) and the
 server's WAL writer, which others on the machine may share (so the figure is a bound).
 
-    .venv/bin/python bench/store_ingest.py [--seconds 6] [--threads 4] [--records 1024]
+    .venv/bin/python bench/store_ingest.py [--seconds 6] [--threads 4] [--records 1024] [--smoke]
+
+``--smoke`` (the tests): 64-record batches for 0.2 s on each store.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 
@@ -51,16 +55,17 @@ class PgCpu:
         return sum(proc_cpu(p) for p in pids)
 
 
-def measure(db: str, seconds: float, threads: int, records: int, pg: PgCpu | None) -> dict:
+def measure(db: str, seconds: float, threads: int, records: int, pg: PgCpu | None, warm_s: float = 1.0,
+            payloads: int = 4000) -> dict:
     tmp = tempfile.mkdtemp(prefix="healthsvc-store-bench-")
     server = ServerProcess(db, env={"HEALTHSVC_DETECT": "0"}, log_path=os.path.join(tmp, "server.log"))
     print(f"{db}: server log {server.log_path}", file=sys.stderr)
     server.start()
     try:
-        run_case(server, "columns", records - 1, 1.0, threads)   # warm up (another run: no duplicates)
+        run_case(server, "columns", records - 1, warm_s, threads, payloads)   # warm up (another run: no duplicates)
         pids = pg.pids() if pg else []
         db0 = pg(pids) if pg else 0.0
-        res = run_case(server, "columns", records, seconds, threads)
+        res = run_case(server, "columns", records, seconds, threads, payloads)
         db_cpu = (pg(pids) - db0) if pg else 0.0
     finally:
         server.stop()
@@ -76,15 +81,22 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--records", type=int, default=1024)
+    ap.add_argument("--smoke", action="store_true", help="64 records, 0.2 s: proves it runs (tests)")
     args = ap.parse_args()
+    warm_s, payloads = 1.0, 4000
+    if args.smoke:
+        args.seconds, args.threads, args.records, warm_s, payloads = 0.2, 2, 64, 0.2, 100
     out = {}
-    out["sqlite"] = measure(os.path.join(tempfile.mkdtemp(), "bench.db"), args.seconds, args.threads, args.records, None)
+    sqlite_dir = tempfile.mkdtemp(prefix="healthsvc-store-bench-db-")
+    atexit.register(shutil.rmtree, sqlite_dir, True)   # the store; the servers' logs are kept (printed above)
+    out["sqlite"] = measure(os.path.join(sqlite_dir, "bench.db"), args.seconds, args.threads, args.records,
+                            None, warm_s, payloads)
     name = f"hs_bench_{secrets.token_hex(4)}"
     with psycopg.connect(ADMIN, autocommit=True) as c:
         c.execute(f"CREATE DATABASE {name}")
     try:
         out["postgresql"] = measure(ADMIN.rsplit("/", 1)[0] + "/" + name, args.seconds, args.threads, args.records,
-                                    PgCpu(name))
+                                    PgCpu(name), warm_s, payloads)
     finally:
         with psycopg.connect(ADMIN, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -7,7 +7,9 @@ Reads each thread's CPU from ``/proc/<pid>/task`` before and after, and names th
 ``py-spy dump`` when py-spy is installed (``pip install py-spy``; else by thread id). With several
 replicas it also prints the notifications sent and heard (``/metrics``): pushes per notification.
 
-    .venv/bin/python bench/threads.py [--store postgresql] [--replicas 2] [--seconds 12]
+    .venv/bin/python bench/threads.py [--store postgresql] [--replicas 2] [--seconds 12] [--smoke]
+
+``--smoke`` (the tests): SQLite, one replica, one 16-rank job for half a second.
 """
 from __future__ import annotations
 
@@ -61,7 +63,12 @@ def main() -> None:
     ap.add_argument("--store", choices=("postgresql", "sqlite"), default="postgresql")
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=12.0)
+    ap.add_argument("--smoke", action="store_true", help="SQLite, 0.5 s of load: proves it runs (tests)")
     args = ap.parse_args()
+    # Load(jobs, ranks per job, steps per second, records per push, pushing threads)
+    shape = (2, 128, 2, 1, 16)
+    if args.smoke:
+        args.store, args.seconds, shape = "sqlite", 0.5, (1, 16, 4, 1, 4)
     replicas = 1 if args.store == "sqlite" else args.replicas
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="hs-threads-") as tmp:
         if args.store == "postgresql":
@@ -79,9 +86,9 @@ def main() -> None:
             lb = Balancer(Path(tmp) / "nginx", free_port(), [s.port for s in servers]).start()
             stack.callback(lb.stop)
             url = lb.url
-        Load(url, 2, 128, 2, 1, 16).run(1.0)          # every run exists, every connection is open
+        Load(url, *shape).run(1.0 / shape[2])          # every run exists, every connection is open
         before = {s.pid: thread_cpu(s.pid) for s in servers}
-        load = Load(url, 2, 128, 2, 1, 16)
+        load = Load(url, *shape)
         load.run(args.seconds)
         after = {s.pid: thread_cpu(s.pid) for s in servers}
         per_thread: collections.Counter[str] = collections.Counter()
@@ -90,11 +97,12 @@ def main() -> None:
             for tid, cpu in after[s.pid].items():
                 per_thread[names.get(tid, f"thread {tid}")] += cpu - before[s.pid].get(tid, 0.0)
         n = max(load.acked, 1)
-        print(f"{args.store}, {replicas} replica(s), {load.acked} pushes acknowledged")
+        print(f"{args.store}, {replicas} replica(s), {load.acked} pushes acknowledged\n")
+        print("| thread | CPU us / push |\n|---|---:|")
         for name, cpu in per_thread.most_common():
             if cpu > 0:
-                print(f"  {name:28s} {1e6 * cpu / n:7.0f} us/push")
-        print(f"  {'all threads':28s} {1e6 * sum(per_thread.values()) / n:7.0f} us/push")
+                print(f"| {name} | {1e6 * cpu / n:.0f} |")
+        print(f"| all threads | {1e6 * sum(per_thread.values()) / n:.0f} |\n")
         if replicas > 1:
             sent = heard = 0.0
             for s in servers:

@@ -1,0 +1,98 @@
+"""bench/ab.py on a scratch repository: a committed tree against the working tree, alternated.
+
+The bench of the scratch repository reads its figure from a module of its tree in a subprocess
+(as a bench's server would), so a ratio other than 1 proves each run ran its own tree's code,
+in subprocesses too.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+AB = Path(__file__).resolve().parents[2] / "bench" / "ab.py"
+
+BENCH = '''
+import subprocess, sys
+scale = float(sys.argv[sys.argv.index("--scale") + 1]) if "--scale" in sys.argv else 1.0
+value = subprocess.run([sys.executable, "-c", "import figure; print(figure.VALUE)"], cwd="/",
+                       capture_output=True, text=True, check=True).stdout
+if "--fail" in sys.argv:
+    sys.exit(3)
+print("progress", file=sys.stderr)
+print("| case | latency ms |\\n|---|---:|\\n| one | %g |" % (scale * float(value)))
+'''
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def scratch_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    (repo / "bench" / "fig.py").write_text(BENCH)
+    (repo / "figure.py").write_text("VALUE = 2.0\n")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "two")
+    (repo / "figure.py").write_text("VALUE = 3.0\n")   # B: the working tree, uncommitted
+    return repo
+
+
+def ab(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(AB), *args], cwd=repo, capture_output=True, text=True, timeout=60)
+
+
+def worktrees(repo: Path) -> list[str]:
+    return [line for line in git(repo, "worktree", "list", "--porcelain").splitlines() if line.startswith("worktree ")]
+
+
+def test_ab_prints_each_figure_ratio_of_the_working_tree_over_the_ref(tmp_path):
+    repo = scratch_repo(tmp_path)
+    proc = ab(repo, "HEAD", "bench/fig.py", "--pairs", "2", "--", "--scale", "10")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert out[0] == "A/B of bench/fig.py --scale 10"
+    assert out[1] == "A = HEAD (scratch worktree): " + git(repo, "log", "-1", "--format=%h two").strip()
+    assert out[2] == f"B = working tree {repo}, with uncommitted changes: HEAD " + git(repo, "log", "-1", "--format=%h two").strip()
+    assert "| case | one | latency ms | 20 | 30 | 1.50 | 1.50–1.50 |" in out
+    # Progress on stderr, alternated A, B, A, B; the bench's own stderr passes through.
+    order = [line.split(":")[1].strip() for line in proc.stderr.splitlines() if line.startswith("ab: pair")]
+    assert order == ["pair 1/2, A", "pair 1/2, B", "pair 2/2, A", "pair 2/2, B"]
+    assert proc.stderr.count("progress") == 4
+    assert worktrees(repo) == [f"worktree {repo}"]        # the scratch worktree is gone
+    assert [p.name for p in tmp_path.iterdir()] == ["repo"]
+
+
+def test_a_failing_run_stops_ab_and_still_removes_the_scratch_worktree(tmp_path):
+    repo = scratch_repo(tmp_path)
+    proc = ab(repo, "HEAD", "bench/fig.py", "--", "--fail")
+    assert proc.returncode != 0
+    assert "pair 1/3, A: bench/fig.py exited 3" in proc.stderr
+    assert worktrees(repo) == [f"worktree {repo}"]
+    assert [p.name for p in tmp_path.iterdir()] == ["repo"]
+
+
+def test_a_script_that_is_not_in_the_working_tree_is_refused_by_name(tmp_path):
+    proc = ab(scratch_repo(tmp_path), "HEAD", "bench/nope.py")
+    assert proc.returncode == 2
+    assert "script: bench/nope.py is not a file of the working tree" in proc.stderr
+
+
+def test_an_unknown_ref_is_refused_by_name(tmp_path):
+    proc = ab(scratch_repo(tmp_path), "no-such-ref", "bench/fig.py")
+    assert proc.returncode == 2
+    assert "ref: no-such-ref is not a commit of" in proc.stderr
+
+
+def test_the_documented_comparisons_name_a_commit_and_a_script_of_this_repository():
+    # Running them is a measurement (minutes); what can rot unseen is the ref and the path.
+    root = AB.parents[1]
+    commands = re.findall(r"^\.venv/bin/python bench/ab\.py (\S+) (\S+)", (root / "docs" / "performance.md").read_text(), re.M)
+    assert len(commands) >= 2
+    for ref, script in commands:
+        git(root, "rev-parse", "--verify", f"{ref}^{{commit}}")
+        assert (root / script).is_file(), script

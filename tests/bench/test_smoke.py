@@ -1,0 +1,68 @@
+"""Every bench script runs at smoke sizes and prints its table, so none breaks unseen.
+
+Benchmarks report; these tests assert only that a script exited 0 and printed at least one
+markdown table with figures (the convention of ``bench/tables.py``, which ``bench/ab.py`` reads).
+The scripts are found, not listed: a script in ``bench/`` (a file with a ``__main__`` guard) is
+run with ``--smoke``, which every script accepts (a second or a few, tiny sizes). A new script is
+tested from the start, and fails here until it has a smoke mode.
+
+The scripts run two at a time (most of a smoke run is a server starting or a client waiting);
+each still has its own test.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bench.tables import parse
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+
+# Scripts that have no smoke mode of their own, and why.
+NO_SMOKE = {
+    "ab.py": "runs another script on two trees, not a bench: tests/bench/test_ab.py runs it on a scratch repository",
+}
+
+
+def scripts() -> list[str]:
+    return sorted(p.name for p in BENCH.glob("*.py") if 'if __name__ == "__main__":' in p.read_text())
+
+
+def user_env() -> dict[str, str]:
+    """The environment a user runs a bench in: this tree's code, none of the suite's settings
+    (tests/conftest.py opens loopback webhooks for the tests' own servers; a bench must open
+    what it needs itself)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HEALTHSVC_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def smoke(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / script), "--smoke"], cwd=ROOT, env=user_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request):
+    """script -> its smoke run, started for every selected test of this module at once."""
+    selected = [item.callspec.params["script"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {s: pool.submit(smoke, s) for s in selected}
+
+
+@pytest.mark.parametrize("script", [s for s in scripts() if s not in NO_SMOKE])
+def test_bench_runs_and_prints_its_table(script, smoke_runs: dict[str, Future]):
+    proc = smoke_runs[script].result()
+    assert proc.returncode == 0, f"{script} --smoke exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    assert parse(proc.stdout), f"{script} --smoke printed no markdown table of figures:\n{proc.stdout[-3000:]}"
+
+
+def test_every_exemption_names_a_script():
+    assert set(NO_SMOKE) <= set(scripts())
