@@ -68,7 +68,7 @@ def _domain(exc: Exception, loc: tuple = ()) -> Exception:
 
 def _alert_view(m: AlertManager, alerts: list, now: float, external_url: str) -> list[dict[str, Any]]:
     muting = m.muting(alerts, now)
-    return [{**a.to_dict(external_url), **muting[a.fingerprint]} for a in alerts]
+    return [{**a.to_dict(external_url, m.runbook_url), **muting[a.fingerprint]} for a in alerts]
 
 
 @router.get("/alerts", summary="Alerts, newest first", response_model=out.AlertList,
@@ -112,7 +112,7 @@ def acknowledge_alert(fingerprint: Fingerprint, body: Actor, request: Request) -
         a = m.acknowledge(fingerprint, body.by, _now(request))
     except mgr.AlertingError as exc:
         raise _domain(exc, ("path", "fingerprint")) from None
-    return a.to_dict(m.external_url)
+    return a.to_dict(m.external_url, m.runbook_url)
 
 
 @router.post("/alerts/{fingerprint}/resolve", summary="Resolve by hand (latched alerts too)",
@@ -124,7 +124,7 @@ def resolve_alert(fingerprint: Fingerprint, body: Actor, request: Request) -> di
         a = m.resolve(fingerprint, body.by, _now(request))
     except mgr.AlertingError as exc:
         raise _domain(exc, ("path", "fingerprint")) from None
-    return a.to_dict(m.external_url)
+    return a.to_dict(m.external_url, m.runbook_url)
 
 
 # -- silences -----------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def _put(request: Request, sub_id: str, body: WebhookIn, existing: Subscription 
                            hint="an operator can open a network with HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS")
     try:
         sub = Subscription(id=sub_id, url=body.url, format=body.format, runs=tuple(body.runs),
-                           kinds=tuple(body.kinds), min_severity=body.min_severity, secret=secret,
+                           kinds=tuple(body.kinds), min_severity=body.min_severity or "", secret=secret,
                            name=body.name, send_resolved=body.send_resolved, headers=headers,
                            bearer_token=kept(body.bearer_token, "bearer_token", ""),
                            pass_through=body.pass_through, resend_interval_s=body.resend_interval_s,
