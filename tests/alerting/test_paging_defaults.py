@@ -6,10 +6,12 @@ its own. Table-driven over formats x severities: the formats that reach people a
 and critical, never info; ``json`` (a program's feed) is sent all three; a subscription that asks
 for info gets it. Then, against a real Alertmanager and a PagerDuty receiver: the alert of a
 finding that resolves is resolved there within one re-send interval, long before the group
-interval or the alert's own ``endsAt`` would have ended it."""
+interval or the alert's own ``endsAt`` would have ended it. And the report itself, through the
+real detectors: a one-step x1.6 loss spike that recovers pages nobody."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import httpx
@@ -140,3 +142,25 @@ def test_a_resolved_finding_resolves_its_alert_at_alertmanager_and_pagerduty_wit
             assert pd == ["resolve"]
             (alert,) = srv.http.get("/v1/alerts", params={"run": "blip"}).json()["alerts"]
             assert (alert["status"], alert["resolved_by"]) == ("resolved", "condition")
+
+
+def test_a_one_step_loss_spike_that_recovers_pages_nobody_and_its_alert_resolves_at_the_next_step(tmp_path):
+    """The report: a x1.6 loss spike at one step, through the real detectors (an info finding,
+    resolved at the next step), paged PagerDuty with severity info a minute later and stayed
+    firing for the resolve timeout."""
+    with Receiver() as rx:
+        subs = [subscription(f, rx.port) for f in ("pagerduty", "alertmanager_api", "slack")]
+        with ServedService(tmp_path, alert_webhooks=subs) as srv:
+            records = [{"step": s, "rank": r, "grad_norm": 1.0, "step_time": 0.5,
+                        "loss": (3.0 * math.exp(-s / 400) + 0.005 * ((s * 7 + r * 3) % 5 - 2)) * (1.6 if s == 250 else 1.0)}
+                       for s in range(300) for r in range(2)]
+            for i in range(0, len(records), 40):
+                assert srv.http.post("/v1/runs/blip1/metrics", json={"records": records[i:i + 40]}).status_code == 202
+            srv.drain()
+            spikes = [(f["step"], f["severity"], f["status"])
+                      for f in srv.http.get("/v1/runs/blip1/findings", params={"kind": "loss_spike"}).json()]
+            assert spikes == [(250, "info", "firing"), (251, "info", "resolved")]
+            (alert,) = srv.http.get("/v1/alerts", params={"run": "blip1"}).json()["alerts"]
+            assert (alert["status"], alert["resolved_by"]) == ("resolved", "condition")
+            srv.advance(DEFAULT_TIMINGS["info"].group_wait_s + 30, step_s=5)   # past the first flush; drained
+            assert rx.requests == []
