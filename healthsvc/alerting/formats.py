@@ -120,6 +120,8 @@ def slack_body(n: Notification) -> dict[str, Any]:
                 details.append(f"{key.replace('_', ' ')}: {ann[key]}")
         if n.external_url:
             details.append(f"<{generator_url(n.external_url, a)}|open>")
+        if "runbook_url" in ann:
+            details.append(f"<{ann['runbook_url']}|runbook>")
         lines.append(" · ".join(details))
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:3000]}})
     shown = min(len(firing), MAX_SLACK_ALERTS) + min(len(resolved), MAX_SLACK_ALERTS)
@@ -183,6 +185,8 @@ def pagerduty_event(n: Notification, a: Alert) -> dict[str, Any]:
         event["client"] = "healthsvc"
         event["client_url"] = run_url(n.external_url, a.run)
         event["links"] = [{"href": generator_url(n.external_url, a), "text": f"{a.kind} findings of run {a.run}"}]
+        if "runbook_url" in ann:
+            event["links"].append({"href": ann["runbook_url"], "text": f"runbook: {a.kind}"})
     return event
 
 

@@ -39,6 +39,7 @@ def test_the_runbook_has_a_section_per_kind_that_says_what_it_means_what_to_chec
 def test_alert_links_open_the_dashboard_page_and_the_kinds_runbook_section(tmp_path):
     with Receiver() as rx:
         subs = [{"id": "am", "url": f"http://127.0.0.1:{rx.port}/am", "format": "alertmanager", "secret": ""},
+                {"id": "slack", "url": f"http://127.0.0.1:{rx.port}/slack", "format": "slack", "secret": ""},
                 {"id": "pd", "url": f"http://127.0.0.1:{rx.port}/pd", "format": "pagerduty", "secret": "",
                  "routing_key": ROUTING_KEY}]
         with ServedService(tmp_path, alert_webhooks=subs) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
@@ -55,6 +56,8 @@ def test_alert_links_open_the_dashboard_page_and_the_kinds_runbook_section(tmp_p
             assert ann["description"].startswith("Non finite in loss on rank 2 of run links-run since step 7. "
                                                  + KIND_MEANING["non_finite"])
             assert got["/pd"]["payload"]["custom_details"]["runbook_url"] == ann["runbook_url"]
+            assert {"href": ann["runbook_url"], "text": "runbook: non_finite"} in got["/pd"]["links"]
+            assert f"<{ann['runbook_url']}|runbook>" in json.dumps(got["/slack"]["blocks"])
 
             page = httpx.get(ann["run_url"])    # the dashboard's page, HTML for a person
             assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
