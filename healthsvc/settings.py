@@ -59,7 +59,7 @@ class Settings(BaseSettings):
                                                    "per finding kind); every alert's runbook_url annotation is it "
                                                    "plus #<kind>. Default: the copy this service serves at /runbook "
                                                    "(under external_url).")
-    alert_resolve_timeout_s: float = Field(300.0, gt=0, description="A non-latched alert resolves this long after its condition clears, seconds.")
+    alert_resolve_timeout_s: float = Field(300.0, gt=0, description="A non-latched alert resolves this long after its last finding when no resolved finding ends it (one does at once), seconds.")
     alert_timings: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description='Per-severity overrides of group_wait_s, group_interval_s, repeat_interval_s, e.g.'

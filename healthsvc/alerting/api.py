@@ -15,6 +15,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from healthsvc.alerting import manager as mgr
 from healthsvc.alerting import schemas as out
 from healthsvc.alerting.manager import AlertManager
+from healthsvc.alerting.model import SERVICE_RESOLVERS
 from healthsvc.alerting.policy import Matcher
 from healthsvc.alerting.schemas import (
     Actor, DeliveryState, Kind, SeverityName, SilenceIn, WebhookCreate, WebhookIn,
@@ -117,8 +118,12 @@ def acknowledge_alert(fingerprint: Fingerprint, body: Actor, request: Request) -
 
 @router.post("/alerts/{fingerprint}/resolve", summary="Resolve by hand (latched alerts too)",
              response_model=out.Alert, response_description="The alert, resolved (unchanged if it already was).",
-             responses=_errors({404: "No alert with this fingerprint.", 409: _NOT_STARTED}))
+             responses=_errors({404: "No alert with this fingerprint.", 409: _NOT_STARTED,
+                                422: "by names the service itself (condition, rollback)."}))
 def resolve_alert(fingerprint: Fingerprint, body: Actor, request: Request) -> dict[str, Any]:
+    if body.by in SERVICE_RESOLVERS:   # resolved_by would read as the service's own resolution
+        raise InvalidInput(f"{body.by!r} is what the service records when it resolves an alert itself",
+                           loc=("body", "by"), hint="give your name (or nothing: resolved_by is then \"hand\")")
     m = _manager(request)
     try:
         a = m.resolve(fingerprint, body.by, _now(request))

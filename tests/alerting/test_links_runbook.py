@@ -69,6 +69,8 @@ def test_alert_links_open_the_dashboard_page_and_the_kinds_runbook_section(tmp_p
 
             # Resolved by hand: the alert and the resolved notification keep who.
             (alert,) = c.get("/v1/alerts", params={"run": "links-run"}).json()["alerts"]
+            refused = c.post(f"/v1/alerts/{alert['fingerprint']}/resolve", json={"by": "rollback"})
+            assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "by"]
             r = c.post(f"/v1/alerts/{alert['fingerprint']}/resolve", json={"by": "alice"})
             assert r.status_code == 200 and r.json()["resolved_by"] == "alice"
             srv.advance(DEFAULT_TIMINGS["critical"].group_interval_s)
