@@ -62,7 +62,7 @@ class DivergenceDetector(Detector, BlockDetector):
     kind = "divergence"
     # Slow and lasting by nature; its onset (the last step at its best) is a guess that may fall
     # after the first corrupted update.
-    kinds = (Kind("divergence", "slow degradation of the loss against its own trend",
+    kinds = (Kind("divergence", "The loss is degrading slowly against its own trend.",
                   resolves="latched", mutes=frozenset(), corruption="drift", heals=False,
                   onset_guessed=True, probe=False, incident=None, label="divergence",
                   colour="#1f77b4"),)

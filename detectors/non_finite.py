@@ -53,7 +53,7 @@ class NonFiniteDetector(Detector, BlockDetector):
     """
 
     kind = "non_finite"
-    kinds = (Kind("non_finite", "a NaN or infinity in a metric, at its exact step",
+    kinds = (Kind("non_finite", "A metric was NaN or infinite: the weights are likely corrupted from this step on.",
                   resolves="latched", mutes=frozenset({"loss_spike", "grad_spike", "divergence"}),
                   corruption="abrupt", heals=True, onset_guessed=False, probe=False,
                   incident="non_finite", label="NaN / Inf", colour="#d62728"),)

@@ -84,7 +84,7 @@ class RankOutlierDetector(Detector, BlockDetector):
     """
 
     kind = "rank_outlier"
-    kinds = (Kind("rank_outlier", "one rank's values disagree with its peers: a silent-corruption suspect",
+    kinds = (Kind("rank_outlier", "One rank's values disagree with its peers': a silent data corruption suspect.",
                   resolves="latched", mutes=frozenset(), corruption="drift", heals=True,
                   onset_guessed=False, probe=True, incident="corruption", label="rank outlier",
                   colour="#9467bd"),)

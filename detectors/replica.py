@@ -46,7 +46,7 @@ class ReplicaMismatchDetector(Detector, BlockDetector):
 
     kind = "replica_mismatch"
     # Proof, not a statistic: it does not heal.
-    kinds = (Kind("replica_mismatch", "data-parallel replicas' parameter digests disagree: proof of corruption",
+    kinds = (Kind("replica_mismatch", "Data-parallel replicas hold different parameters: proof of a corrupted replica.",
                   resolves="latched", mutes=frozenset(), corruption="abrupt", heals=False,
                   onset_guessed=False, probe=True, incident=None, label="replica mismatch",
                   colour="#000000"),)

@@ -58,7 +58,7 @@ class ResumeMismatchDetector(Detector, BlockDetector):
     """
 
     kind = "resume_mismatch"
-    kinds = (Kind("resume_mismatch", "a restart did not continue the checkpoint's data position or schedule",
+    kinds = (Kind("resume_mismatch", "A resume did not continue the checkpoint's data position or schedule.",
                   resolves="latched", mutes=frozenset(), corruption="abrupt", heals=False,
                   onset_guessed=False, probe=False, incident=None, label="resume mismatch",
                   colour="#2ca02c"),)

@@ -56,7 +56,7 @@ class SlowdownDetector(Detector, BlockDetector):
     """The whole job got slower (kind ``slowdown``, metric ``step_time``); blames no rank."""
 
     kind = "slowdown"
-    kinds = (Kind("slowdown", "the whole job got slower", resolves="condition", mutes=frozenset(),
+    kinds = (Kind("slowdown", "The whole job got slower than its own recent step time.", resolves="condition", mutes=frozenset(),
                   corruption=None, heals=True, onset_guessed=False, probe=False, incident=None,
                   label="job slowdown", colour="#bcbd22"),)
 

@@ -1,5 +1,5 @@
 """The HTTP call behind the client commands of the CLI (``runs``, ``status``, ``rollback``,
-``bisect``): standard library only, so they work after ``pip install .`` without extras, on a
+``bisect``, ``alerts``, ``ack``, ``silence``, ``findings``): standard library only, so they work after ``pip install .`` without extras, on a
 training node.
 
 The service is found with ``--url`` or ``HEALTHSVC_URL`` (default http://127.0.0.1:8080); when
@@ -40,9 +40,21 @@ def _error_message(raw: bytes) -> str:
     except (ValueError, AttributeError):
         return raw.decode(errors="replace")[:300]
     if isinstance(detail, list):
-        return "; ".join(str(d.get("msg", "")) + (f" ({d['hint']})" if d.get("hint") else "")
+        return "; ".join(_field(d) + str(d.get("msg", "")) + (f" ({d['hint']})" if d.get("hint") else "")
                          for d in detail if isinstance(d, dict))
     return str(detail)
+
+
+def _field(d: dict) -> str:
+    """``"kind: "`` for an error about the ``kind`` query parameter (where the request was wrong:
+    ``loc`` without its leading ``query``/``body``/``path``), or nothing.
+
+    >>> _field({"loc": ["query", "kind"]}), _field({"loc": ["body"]}), _field({})
+    ('kind: ', '', '')
+    """
+    loc = [str(p) for p in d.get("loc") or ()]
+    where = ".".join(loc[1:] if loc and loc[0] in ("query", "body", "path", "header") else loc)
+    return f"{where}: " if where else ""
 
 
 def call(method: str, url: str, path: str, body: dict | None = None,
@@ -68,6 +80,19 @@ def call(method: str, url: str, path: str, body: dict | None = None,
     except ValueError:
         print(f"healthsvc: {url} did not answer JSON: {raw[:200]!r}", file=sys.stderr)
         return None, UNREACHABLE
+
+
+def get_to_show(args: Any, path: str) -> tuple[Any, int | None]:
+    """``GET path`` for a listing command: ``(answer, None)`` for the caller to render as text,
+    or ``(None, exit status)`` when the command is done: the request failed (said on stderr),
+    or ``args.json`` asked for the answer, which is printed as it is."""
+    answer, rc = call("GET", args.url, path)
+    if rc != OK:
+        return None, rc
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return None, OK
+    return answer, None
 
 
 def table(rows: list[list[str]]) -> str:

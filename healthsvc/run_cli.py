@@ -28,7 +28,7 @@ import time
 import urllib.parse
 
 from healthsvc.cli import command
-from healthsvc.cli_http import OK, add_url_arg, call, fields, table
+from healthsvc.cli_http import OK, add_url_arg, call, fields, get_to_show, table
 
 CRITICAL = 4
 
@@ -58,12 +58,9 @@ def _runs_args(p: argparse.ArgumentParser) -> None:
 
 
 def runs(args: argparse.Namespace) -> int:
-    answer, rc = call("GET", args.url, "/v1/runs")
-    if rc != OK:
-        return rc
-    if args.json:
-        print(json.dumps(answer, indent=2))
-        return OK
+    answer, done = get_to_show(args, "/v1/runs")
+    if done is not None:
+        return done
     if not answer:
         print(f"no runs on {args.url}")
         return OK

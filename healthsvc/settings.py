@@ -50,12 +50,16 @@ class Settings(BaseSettings):
     alert_webhooks: list[dict] = Field(
         default_factory=list,
         description='Webhook subscriptions from settings, a JSON list: [{"id": "oncall", "url": "http://am:9093/...",'
-                    ' "format": "alertmanager|slack|json", "runs": [], "kinds": [], "min_severity": "info",'
-                    ' "secret": "whsec_..."}]. API subscriptions (/v1/webhooks) are kept in the store.')
+                    ' "format": "alertmanager|slack|json", "runs": [], "kinds": [], "min_severity": "warning",'
+                    ' "secret": "whsec_..."}] (min_severity omitted: warning, info for format json).. API subscriptions (/v1/webhooks) are kept in the store.')
     webhook_allowed_networks: str = Field(
         "", description="Comma-separated CIDRs webhooks may reach although they are loopback, link-local, private or"
                         " reserved (refused by default), e.g. 10.0.0.0/8,127.0.0.0/8.")
-    alert_resolve_timeout_s: float = Field(300.0, gt=0, description="A non-latched alert resolves this long after its condition clears, seconds.")
+    alert_runbook_url: str = Field("", description="Base URL of the on-call runbook (docs/runbook.md: one section "
+                                                   "per finding kind); every alert's runbook_url annotation is it "
+                                                   "plus #<kind>. Default: the copy this service serves at /runbook "
+                                                   "(under external_url).")
+    alert_resolve_timeout_s: float = Field(300.0, gt=0, description="A non-latched alert resolves this long after its last finding when no resolved finding ends it (one does at once), seconds.")
     alert_timings: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description='Per-severity overrides of group_wait_s, group_interval_s, repeat_interval_s, e.g.'
@@ -65,6 +69,10 @@ class Settings(BaseSettings):
     alert_retry_base_s: float = Field(1.0, gt=0, description="First webhook retry backoff (full jitter, doubling), seconds.")
     alert_retry_cap_s: float = Field(10.0, gt=0, description="Largest webhook retry backoff, seconds (small, so delivery resumes within seconds of a receiver's recovery; a success also makes the subscription's other pending deliveries due at once).")
     alert_dead_after_s: float = Field(24 * 3600.0, gt=0, description="A webhook still failing this long after it was queued goes to the dead letters, seconds.")
+
+    def runbook_url(self) -> str:
+        """``alert_runbook_url``, else the runbook this service serves (``/runbook``)."""
+        return self.alert_runbook_url or self.public_url() + "/runbook"
 
     def public_url(self) -> str:
         """``external_url``, else the listening address, so links in alerts are never relative."""

@@ -89,10 +89,10 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
     kind = "hang"
     # Silence that ends is news, its absence is not: both resolve on the detector's own word. A
     # stall explains the hangs and stragglers of its run.
-    kinds = (Kind("hang", "some ranks silent while the others go on", resolves="explicit",
+    kinds = (Kind("hang", "Some ranks went silent while others still report.", resolves="explicit",
                   mutes=frozenset(), corruption=None, heals=True, onset_guessed=False, probe=False,
                   incident=None, label="hang", colour="#7f7f7f"),
-             Kind("stall", "every rank silent", resolves="explicit",
+             Kind("stall", "Every rank went silent: the job makes no progress.", resolves="explicit",
                   mutes=frozenset({"hang", "straggler"}), corruption=None, heals=True,
                   onset_guessed=False, probe=False, incident="stall", label="stall",
                   colour="#17becf"))

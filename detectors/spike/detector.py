@@ -222,7 +222,7 @@ def _order(f: Finding) -> tuple:
 class LossSpikeDetector(SpikeDetector):
     """``loss_spike``: the median loss across ranks jumps; or some ranks' loss jumps above peers."""
 
-    kinds = (Kind("loss_spike", "the loss jumps above its trend", resolves="condition",
+    kinds = (Kind("loss_spike", "The loss jumped far above the baseline that follows the training curve.", resolves="condition",
                   mutes=frozenset(), corruption="abrupt", heals=True, onset_guessed=False,
                   probe=True, incident=None, label="loss spike", colour="#ff7f0e"),)
 
@@ -238,7 +238,7 @@ class GradSpikeDetector(SpikeDetector):
     """``grad_spike``: the global gradient norm jumps (a leading signal of a loss spike); or some
     ranks' ``local_grad_norm`` jumps above their peers'."""
 
-    kinds = (Kind("grad_spike", "the gradient norm jumps above its trend", resolves="condition",
+    kinds = (Kind("grad_spike", "The gradient norm jumped far above its recent baseline.", resolves="condition",
                   mutes=frozenset(), corruption="abrupt", heals=True, onset_guessed=False,
                   probe=True, incident=None, label="gradient spike", colour="#e377c2"),)
 

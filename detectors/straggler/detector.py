@@ -73,7 +73,7 @@ class StragglerDetector(StragglerReference, StragglerReplay, Detector, BlockDete
     """One rank persistently slower than its peers (kind ``straggler``); blames that rank."""
 
     kind = "straggler"
-    kinds = (Kind("straggler", "one rank persistently slower than its peers",
+    kinds = (Kind("straggler", "One rank is persistently slower than its peers and holds every step back.",
                   resolves="condition", mutes=frozenset(), corruption=None, heals=True,
                   onset_guessed=False, probe=False, incident=None, label="straggler",
                   colour="#8c564b"),)

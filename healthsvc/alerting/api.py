@@ -15,6 +15,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from healthsvc.alerting import manager as mgr
 from healthsvc.alerting import schemas as out
 from healthsvc.alerting.manager import AlertManager
+from healthsvc.alerting.model import SERVICE_RESOLVERS
 from healthsvc.alerting.policy import Matcher
 from healthsvc.alerting.schemas import (
     Actor, DeliveryState, Kind, SeverityName, SilenceIn, WebhookCreate, WebhookIn,
@@ -68,7 +69,7 @@ def _domain(exc: Exception, loc: tuple = ()) -> Exception:
 
 def _alert_view(m: AlertManager, alerts: list, now: float, external_url: str) -> list[dict[str, Any]]:
     muting = m.muting(alerts, now)
-    return [{**a.to_dict(external_url), **muting[a.fingerprint]} for a in alerts]
+    return [{**a.to_dict(external_url, m.runbook_url), **muting[a.fingerprint]} for a in alerts]
 
 
 @router.get("/alerts", summary="Alerts, newest first", response_model=out.AlertList,
@@ -112,19 +113,23 @@ def acknowledge_alert(fingerprint: Fingerprint, body: Actor, request: Request) -
         a = m.acknowledge(fingerprint, body.by, _now(request))
     except mgr.AlertingError as exc:
         raise _domain(exc, ("path", "fingerprint")) from None
-    return a.to_dict(m.external_url)
+    return a.to_dict(m.external_url, m.runbook_url)
 
 
 @router.post("/alerts/{fingerprint}/resolve", summary="Resolve by hand (latched alerts too)",
              response_model=out.Alert, response_description="The alert, resolved (unchanged if it already was).",
-             responses=_errors({404: "No alert with this fingerprint.", 409: _NOT_STARTED}))
+             responses=_errors({404: "No alert with this fingerprint.", 409: _NOT_STARTED,
+                                422: "by names the service itself (condition, rollback)."}))
 def resolve_alert(fingerprint: Fingerprint, body: Actor, request: Request) -> dict[str, Any]:
+    if body.by in SERVICE_RESOLVERS:   # resolved_by would read as the service's own resolution
+        raise InvalidInput(f"{body.by!r} is what the service records when it resolves an alert itself",
+                           loc=("body", "by"), hint="give your name (or nothing: resolved_by is then \"hand\")")
     m = _manager(request)
     try:
         a = m.resolve(fingerprint, body.by, _now(request))
     except mgr.AlertingError as exc:
         raise _domain(exc, ("path", "fingerprint")) from None
-    return a.to_dict(m.external_url)
+    return a.to_dict(m.external_url, m.runbook_url)
 
 
 # -- silences -----------------------------------------------------------------------------------
@@ -184,7 +189,7 @@ def _put(request: Request, sub_id: str, body: WebhookIn, existing: Subscription 
                            hint="an operator can open a network with HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS")
     try:
         sub = Subscription(id=sub_id, url=body.url, format=body.format, runs=tuple(body.runs),
-                           kinds=tuple(body.kinds), min_severity=body.min_severity, secret=secret,
+                           kinds=tuple(body.kinds), min_severity=body.min_severity or "", secret=secret,
                            name=body.name, send_resolved=body.send_resolved, headers=headers,
                            bearer_token=kept(body.bearer_token, "bearer_token", ""),
                            pass_through=body.pass_through, resend_interval_s=body.resend_interval_s,

@@ -57,6 +57,7 @@ class Notification:
     created_at: float
     resend_interval_s: float = 60.0   # alertmanager_api: sets how far ahead a firing endsAt is
     routing_key: str = ""             # pagerduty: the integration key written into each event
+    runbook_url: str = ""             # the runbook's base URL: each alert links its kind's section
 
     @property
     def status(self) -> str:
@@ -78,7 +79,7 @@ def alertmanager_body(n: Notification) -> dict[str, Any]:
         {
             "status": a.status,
             "labels": a.routing_labels(),
-            "annotations": a.annotations(n.external_url),
+            "annotations": a.annotations(n.external_url, n.runbook_url),
             "startsAt": rfc3339(a.starts_at),
             "endsAt": GO_ZERO_TIME if a.ends_at is None else rfc3339(a.ends_at),
             "generatorURL": generator_url(n.external_url, a),
@@ -111,7 +112,7 @@ def slack_body(n: Notification) -> dict[str, Any]:
         {"type": "header", "text": {"type": "plain_text", "text": title[:150], "emoji": True}},
     ]
     for a in list(firing)[:MAX_SLACK_ALERTS] + list(resolved)[:MAX_SLACK_ALERTS]:
-        ann = a.annotations(n.external_url)
+        ann = a.annotations(n.external_url, n.runbook_url)
         lines = [f"*{a.kind}* ({a.severity}, {a.status}) {ann['summary']}"]
         details = [f"first step {ann['first_step']}"]
         for key in ("onset_step", "ranks", "hosts", "rollback_target"):
@@ -119,6 +120,8 @@ def slack_body(n: Notification) -> dict[str, Any]:
                 details.append(f"{key.replace('_', ' ')}: {ann[key]}")
         if n.external_url:
             details.append(f"<{generator_url(n.external_url, a)}|open>")
+        if "runbook_url" in ann:
+            details.append(f"<{ann['runbook_url']}|runbook>")
         lines.append(" · ".join(details))
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:3000]}})
     shown = min(len(firing), MAX_SLACK_ALERTS) + min(len(resolved), MAX_SLACK_ALERTS)
@@ -141,7 +144,7 @@ def json_body(n: Notification) -> dict[str, Any]:
         "status": n.status,
         "reason": n.reason.value,
         "created_at": n.created_at,
-        "alerts": [a.to_dict(n.external_url) for a in n.alerts],
+        "alerts": [a.to_dict(n.external_url, n.runbook_url) for a in n.alerts],
     }
 
 
@@ -150,7 +153,7 @@ def alertmanager_api_body(n: Notification) -> list[dict[str, Any]]:
     return [
         {
             "labels": a.routing_labels(),
-            "annotations": a.annotations(n.external_url),
+            "annotations": a.annotations(n.external_url, n.runbook_url),
             "startsAt": rfc3339(a.starts_at),
             "endsAt": ahead if a.ends_at is None else rfc3339(min(a.ends_at, n.created_at)),
             "generatorURL": generator_url(n.external_url, a),
@@ -167,7 +170,7 @@ def pagerduty_event(n: Notification, a: Alert) -> dict[str, Any]:
         action = "trigger" if a.acknowledged_at is None else "acknowledge"
     event: dict[str, Any] = {"routing_key": n.routing_key, "event_action": action, "dedup_key": a.fingerprint}
     if action == "trigger":
-        ann = a.annotations(n.external_url)
+        ann = a.annotations(n.external_url, n.runbook_url)
         labels = a.label_dict
         event["payload"] = {
             "summary": (a.summary or f"{a.kind} in run {a.run}")[:1024],
@@ -182,6 +185,8 @@ def pagerduty_event(n: Notification, a: Alert) -> dict[str, Any]:
         event["client"] = "healthsvc"
         event["client_url"] = run_url(n.external_url, a.run)
         event["links"] = [{"href": generator_url(n.external_url, a), "text": f"{a.kind} findings of run {a.run}"}]
+        if "runbook_url" in ann:
+            event["links"].append({"href": ann["runbook_url"], "text": f"runbook: {a.kind}"})
     return event
 
 

@@ -48,7 +48,7 @@ from healthsvc.alerting.model import Alert, LifecyclePolicy
 from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.policy import (
     NotificationLogEntry, NotifyReason, PolicyConfig, Silence, flush_due, group_key,
-    group_timing, inhibited, needs_update, next_flush_at, silenced,
+    group_timing, inhibited, needs_update, next_flush_at, resolution_due, silenced,
 )
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.identity import alert_fingerprint
@@ -94,6 +94,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         policy: PolicyConfig = PolicyConfig(),
         lifecycle: LifecyclePolicy = LifecyclePolicy(),
         external_url: str = "",
+        runbook_url: str = "",
         on_enqueue: Callable[[], None] | None = None,
         rollback_lookup: RollbackLookup | None = None,
         retention_s: float = 7 * 24 * 3600.0,
@@ -103,6 +104,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         self.policy = policy
         self.lifecycle = lifecycle
         self.external_url = external_url
+        self.runbook_url = runbook_url
         self.retention_s = retention_s
         self.counters = ManagerCounters()
         self._on_enqueue = on_enqueue
@@ -197,7 +199,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
     @one_job
     def resolve(self, fp: str, by: str, now: float) -> Alert:
         """Resolve by hand (latched alerts too); the resolution is notified at the next flush."""
-        a = model.resolve_by_hand(self._get(fp), now, "hand")
+        a = model.resolve_by_hand(self._get(fp), now, by)
         a = model.acknowledge(a, now, by) if a.acknowledged_at is None else a
         self._store_alert(a, now)
         self._tell_owner(a.run)
@@ -300,7 +302,8 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
             return []
         firing_members = [a for a in members if a.status == "firing"]
         timing = group_timing(firing_members or members, self.policy.timings)
-        if not flush_due(g.first_alert_at, g.last_flush_at, timing, now):
+        due = flush_due(g.first_alert_at, g.last_flush_at, timing, now)
+        if not due and not g.resolved_pending:
             return []
         run_alerts = [a for a in self._alerts.values() if a.run == run_id]
         muted = inhibited(run_alerts, self.policy.inhibit_rules) | silenced(members, self._silences.values(), now)
@@ -314,6 +317,8 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
             resolved = {a.fingerprint for a in visible if a.status == "resolved"}
             key = (sub.id, run_id)
             entry = self._nflog.get(key)
+            if not due and not (sub.send_resolved and resolution_due(entry, resolved, sub.resend_interval_s, now)):
+                continue   # between group flushes, only a resolution the receiver waits for goes out
             reason = needs_update(
                 entry, firing, resolved, timing.repeat_interval_s, now, sub.send_resolved,
                 all_acknowledged=all(a.acknowledged_at is not None for a in visible if a.status == "firing"),
@@ -328,10 +333,11 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
                 entry = NotificationLogEntry(frozenset(firing), frozenset(resolved), now)
                 self._nflog[key] = entry
                 self.outbox.put_record("nflog", f"{sub.id}|{run_id}", entry.to_dict(), now)
-        g.last_flush_at = now
-        g.resolved_pending.clear()
-        if not firing_members:
-            del self._groups[run_id]
+        if due:
+            g.last_flush_at = now
+            g.resolved_pending.clear()
+            if not firing_members:
+                del self._groups[run_id]
         if enqueued and self._on_enqueue is not None:
             self.outbox.after_commit(self._on_enqueue)
         return enqueued
@@ -342,7 +348,8 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         alerts = sorted(alerts, key=lambda a: (-SEVERITY_ORDER[a.severity], a.starts_at, a.fingerprint))
         gkey = group_key(run_id)
         n = Notification(gkey, run_id, sub.receiver, reason, tuple(alerts), self.external_url, now,
-                         resend_interval_s=sub.resend_interval_s, routing_key=sub.routing_key)
+                         resend_interval_s=sub.resend_interval_s, routing_key=sub.routing_key,
+                         runbook_url=self.runbook_url)
         ids = [self.outbox.enqueue(sub.id, sub.delivery_url, sub.secret, body, now, group_key=gkey,
                                    reason=reason.value)
                for body in render_all(sub.format, n)]

@@ -21,11 +21,13 @@ Lifecycle (all times are unix seconds from the caller; nothing here reads a cloc
 - how a kind resolves is its own (``Kind.resolves`` in :mod:`detectors.kinds`): *latched* kinds
   (``non_finite``, ``rank_outlier``, ``divergence``, the exact checks: corruption) stay firing
   until :func:`resolve_by_hand` or a rollback (:func:`resolve_by_hand` with ``by="rollback"``);
-- *condition* kinds resolve ``resolve_timeout_s`` after their condition clears: after a
-  ``status="resolved"`` finding, or after their last firing finding (no re-fire); *explicit*
-  kinds (``hang``, ``stall``) only clear on a resolved finding, because a silent rank does not
-  come back by the service forgetting about it. An alert of a kind no longer declared (stored
-  before its detector was removed) resolves as a condition kind.
+- *condition* kinds resolve when a ``status="resolved"`` finding says their condition cleared, at
+  once (the receiver is told within one re-send interval: a one-step spike that recovers is not
+  left firing for minutes), or ``resolve_timeout_s`` after their last firing finding when no
+  resolved finding comes (no re-fire); *explicit* kinds (``hang``, ``stall``) only resolve on a
+  resolved finding, because a silent rank does not come back by the service forgetting about it.
+  An alert of a kind no longer declared (stored before its detector was removed) resolves as a
+  condition kind.
 
 Example::
 
@@ -36,11 +38,14 @@ Example::
     ('3', 'firing', ('h3',))
     >>> expire(a, now=100.0 + 300.0, policy=LifecyclePolicy()).status
     'resolved'
+    >>> clear(a, now=101.0).ends_at, clear(a, now=101.0).resolved_by
+    (101.0, 'condition')
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping, Sequence
+from urllib.parse import quote
 
 import numpy as np
 
@@ -48,12 +53,15 @@ from detectors.finding import SEVERITY_ORDER, Finding
 from detectors import kinds as kind_table
 # The identity (labels and fingerprint) is healthsvc.identity's; re-exported for alerting's callers.
 from healthsvc.identity import ALL_RANKS, IDENTITY_LABELS, compact_ranks, condition_labels, fingerprint  # noqa: F401
+from healthsvc.alerting.runbook import describe_kind, runbook_section
 
 
 def _resolves(kind_name: str) -> str:
     return kind_table.kind(kind_name).resolves if kind_table.known(kind_name) else "condition"
 
-ResolvedBy = Literal["condition", "hand", "rollback"]
+# Who resolved an alert: the service itself ("condition": it cleared; "rollback": a rollback
+# past its onset) or the person named in POST .../resolve ("by"), "hand" when they gave no name.
+SERVICE_RESOLVERS: frozenset[str] = frozenset({"condition", "rollback"})
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,7 @@ class Alert:
     latched: bool = False
     ends_at: float | None = None
     cleared_at: float | None = None
-    resolved_by: ResolvedBy | None = None
+    resolved_by: str | None = None
     acknowledged_at: float | None = None
     acknowledged_by: str | None = None
     rollback_target: dict[str, Any] | None = field(default=None, compare=False)
@@ -118,10 +126,12 @@ class Alert:
         """Labels as receivers see them: identity labels plus ``severity``."""
         return {**self.label_dict, "severity": self.severity}
 
-    def annotations(self, external_url: str = "") -> dict[str, str]:
-        """Human part of the alert, all strings (Alertmanager's annotations are string maps)."""
+    def annotations(self, external_url: str = "", runbook_url: str = "") -> dict[str, str]:
+        """Human part of the alert, all strings (Alertmanager's annotations are string maps).
+        ``runbook_url``: the runbook's base URL; the alert links its kind's section."""
         ann = {
             "summary": self.summary,
+            "description": describe(self),
             "first_step": str(self.first_step),
             "last_step": str(self.last_step),
             "score": f"{self.score:.3f}",
@@ -142,15 +152,17 @@ class Alert:
             ann["resolved_by"] = self.resolved_by
         if external_url:
             ann["run_url"] = run_url(external_url, self.run)
+        if runbook_url:
+            ann["runbook_url"] = runbook_section(runbook_url, self.kind)
         return ann
 
-    def to_dict(self, external_url: str = "") -> dict[str, Any]:
+    def to_dict(self, external_url: str = "", runbook_url: str = "") -> dict[str, Any]:
         """Our own JSON form (the ``json`` webhook format and the API)."""
         return {
             "fingerprint": self.fingerprint,
             "status": self.status,
             "labels": self.routing_labels(),
-            "annotations": self.annotations(external_url),
+            "annotations": self.annotations(external_url, runbook_url),
             "kind": self.kind,
             "run": self.run,
             "severity": self.severity,
@@ -189,7 +201,22 @@ class Alert:
 
 
 def run_url(external_url: str, run_id: str) -> str:
-    return f"{external_url.rstrip('/')}/v1/runs/{run_id}"
+    """The dashboard's page of a run (what a person opens from a page), not its JSON.
+
+    >>> run_url("http://svc:8080/", "exp 1")
+    'http://svc:8080/runs/exp%201'
+    """
+    return f"{external_url.rstrip('/')}/runs/{quote(run_id, safe='')}"
+
+
+def describe(a: Alert) -> str:
+    """The ``description`` annotation: what happened where (the summary), what the alert name
+    means (the runbook's sentence), and where to resume when a corruption alert knows it."""
+    text = f"{a.summary[:1].upper()}{a.summary[1:]}. {describe_kind(a.kind)}" if a.summary else describe_kind(a.kind)
+    if a.rollback_target and a.rollback_target.get("step") is not None:
+        uri = a.rollback_target.get("uri")
+        text += f" Resume from the checkpoint at step {a.rollback_target['step']}" + (f" ({uri})." if uri else ".")
+    return text
 
 
 def summarize(finding: Finding, run_id: str, ranks: np.ndarray) -> str:
@@ -246,21 +273,24 @@ def fire(
 
 
 def clear(existing: Alert, now: float) -> Alert:
-    """A ``status="resolved"`` finding: the condition cleared at ``now`` (latched stay firing)."""
+    """A ``status="resolved"`` finding: the condition cleared at ``now``, so the alert resolves
+    now; latched alerts (corruption) stay firing, their condition noted as cleared."""
     if existing.status == "resolved":
         return existing
-    return replace(existing, cleared_at=now)
+    if existing.latched:
+        return replace(existing, cleared_at=now)
+    return replace(existing, cleared_at=now, ends_at=now, resolved_by="condition")
 
 
 def expire(alert: Alert, now: float, policy: LifecyclePolicy) -> Alert:
-    """Resolve a non-latched alert whose condition stayed clear for ``resolve_timeout_s``.
+    """Resolve a non-latched alert no finding was folded into for ``resolve_timeout_s``.
 
     ``ends_at`` is the moment the timeout elapsed, not ``now``, so the result does not depend on
     how often the caller ticks.
     """
     if alert.status == "resolved" or alert.latched:
         return alert
-    if alert.cleared_at is not None:
+    if alert.cleared_at is not None:   # cleared and firing: stored by a version that waited
         clear_since = alert.cleared_at
     elif _resolves(alert.kind) == "explicit":
         return alert
@@ -272,11 +302,12 @@ def expire(alert: Alert, now: float, policy: LifecyclePolicy) -> Alert:
     return replace(alert, ends_at=ends_at, resolved_by="condition")
 
 
-def resolve_by_hand(alert: Alert, now: float, by: ResolvedBy = "hand") -> Alert:
-    """Resolve now, latched or not (an operator, or a rollback past the corruption)."""
+def resolve_by_hand(alert: Alert, now: float, by: str = "") -> Alert:
+    """Resolve now, latched or not: ``by`` is who (an operator's name; ``"rollback"`` for a
+    rollback past the corruption; empty: ``"hand"``)."""
     if alert.status == "resolved":
         return alert
-    return replace(alert, ends_at=now, resolved_by=by)
+    return replace(alert, ends_at=now, resolved_by=by or "hand")
 
 
 def acknowledge(alert: Alert, now: float, by: str) -> Alert:

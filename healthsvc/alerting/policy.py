@@ -5,7 +5,9 @@
 - **Timing** (:class:`Timing`, defaults per severity in :data:`DEFAULT_TIMINGS`): a new group is
   first flushed ``group_wait_s`` after its first alert (0 for critical: it goes out at once), then
   at most every ``group_interval_s`` when it changes, and re-sent every ``repeat_interval_s`` while
-  unchanged and firing. A group is timed by its most severe alert.
+  unchanged and firing. A group is timed by its most severe alert. A resolution of an alert a
+  receiver was told fires does not wait for the group interval: it goes out within the
+  subscription's ``resend_interval_s`` (:func:`resolution_due`).
 - **Dedup**: :func:`needs_update` decides, from what the receiver was last sent and what is firing
   and resolved now, whether to notify, and returns a named :class:`NotifyReason`.
 - **Inhibition**: a firing source alert mutes target alerts of the same run
@@ -163,6 +165,22 @@ def flush_due(first_alert_at: float, last_flush_at: float | None, timing: Timing
     if last_flush_at is None:
         return now >= first_alert_at + timing.group_wait_s
     return now >= last_flush_at + timing.group_interval_s
+
+
+def resolution_due(entry: NotificationLogEntry | None, resolved: set[str] | frozenset[str],
+                   resend_interval_s: float, now: float) -> bool:
+    """Must a receiver hear now, between group flushes, that alerts it was told fire resolved?
+
+    Yes once ``resend_interval_s`` passed since its last notification: a resolution reaches it
+    within one re-send interval (a warning group's interval is minutes; an alert left firing
+    that long at a receiver pages and holds incidents open for nothing), and a run whose alerts
+    flap notifies at most once per interval.
+
+    >>> e = NotificationLogEntry(frozenset({"a1"}), frozenset(), sent_at=100.0)
+    >>> resolution_due(e, {"a1"}, 60.0, now=130.0), resolution_due(e, {"a1"}, 60.0, now=160.0)
+    (False, True)
+    """
+    return entry is not None and bool(entry.firing & set(resolved)) and now >= entry.sent_at + resend_interval_s
 
 
 def next_flush_at(first_alert_at: float, last_flush_at: float | None, timing: Timing) -> float:

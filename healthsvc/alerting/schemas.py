@@ -70,7 +70,10 @@ class WebhookIn(BaseModel):
     format: BodyFormat = Field("json", description="Body format: " + _FORMATS + ".")
     runs: list[str] = Field(default_factory=list, description="Only these runs (empty: all).")
     kinds: list[Kind] = Field(default_factory=list, description="Only these alert names (empty: all).")  # type: ignore[valid-type]
-    min_severity: SeverityName = Field("info", description="Only alerts at least this severe (" + _SEVERITY + ").")
+    min_severity: SeverityName | None = Field(
+        None, description="Only alerts at least this severe (" + _SEVERITY + "). Omitted: warning for the formats "
+                          "that page people (alertmanager, alertmanager_api, slack, pagerduty: info never pages), "
+                          "info for json.")
     secret: str | None = Field(None, description="whsec_<base64>; omitted: one is generated and returned once;"
                                                  " empty string: bodies are sent unsigned.")
     name: str = Field("", description="Receiver name written into bodies (default: the id).")
@@ -82,7 +85,9 @@ class WebhookIn(BaseModel):
     pass_through: bool = Field(False, description="Send every new firing and resolved alert at once, with no "
                                                   "grouping, inhibition or silences here (the receiver does them).")
     resend_interval_s: float = Field(60.0, ge=1, le=3600, description="alertmanager_api: re-send firing alerts this "
-                                                                      "often, seconds (endsAt is 4 intervals ahead).")
+                                                                      "often, seconds (endsAt is 4 intervals ahead). "
+                                                                      "Every format: a resolution is sent within this "
+                                                                      "long, not after the group interval.")
     routing_key: str | None = Field(None, max_length=256, description="pagerduty: the integration (routing) key of "
                                                                      "the PagerDuty service (secret); omitted on PUT: kept.")
 
@@ -107,7 +112,9 @@ class Alert(BaseModel):
                                                          "first_step, last_step, score, and when known onset_step, "
                                                          "ranks (compacted ranges, e.g. \"0-511\"), rank_count, hosts "
                                                          "(first 16), rollback_target, acknowledged_by, resolved_by, "
-                                                         "run_url (needs HEALTHSVC_EXTERNAL_URL).")
+                                                         "description (what happened and what the alert name "
+                                                         "means), run_url (the run's dashboard page) and "
+                                                         "runbook_url (the kind's section of the runbook).")
     kind: str = Field(..., description="Alert name = finding kind: " + _KINDS + " (GET /v1/kinds lists what each means).")
     run: str = Field(..., description="Run id.")
     severity: SeverityName = Field(..., description="Highest severity of the findings folded into the alert ("
@@ -127,12 +134,13 @@ class Alert(BaseModel):
     starts_at: float = Field(..., description="When the alert opened (or re-opened), unix seconds.")
     ends_at: float | None = Field(..., description="When it resolved, unix seconds; null while firing.")
     last_seen_at: float = Field(..., description="Latest firing finding folded into it, unix seconds.")
-    cleared_at: float | None = Field(..., description="When its condition cleared (a resolved finding), unix "
-                                                      "seconds; it resolves alert_resolve_timeout_s later. Null "
-                                                      "while the condition holds.")
-    resolved_by: Literal["condition", "hand", "rollback"] | None = Field(
-        ..., description="What resolved it: condition (cleared for the resolve timeout), hand (POST .../resolve) "
-                         "or rollback; null while firing.")
+    cleared_at: float | None = Field(..., description="When a resolved finding said its condition cleared, unix "
+                                                      "seconds: a non-latched alert resolves then; a latched one "
+                                                      "stays firing. Null while the condition holds.")
+    resolved_by: str | None = Field(
+        ..., description="Who resolved it: condition (a resolved finding, or no finding for "
+                         "alert_resolve_timeout_s), rollback, or the by of POST .../resolve (\"hand\" when it "
+                         "named nobody); null while firing.")
     acknowledged_at: float | None = Field(..., description="When someone acknowledged it, unix seconds; null if "
                                                            "nobody did.")
     acknowledged_by: str | None = Field(..., description="Who acknowledged it; null if nobody did.")

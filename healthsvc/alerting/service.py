@@ -11,7 +11,8 @@ Wiring (see INTEGRATION.md of the repository's notes for the extension points):
   corruption alert (which reads the committed findings) are *queued* for the alerting thread,
   which also ticks the manager every ``alert_tick_s``; each change the manager makes is one
   store job (``healthsvc.alerting.admin.one_job``);
-- routers: ``/v1/alerts``, ``/v1/silences``, ``/v1/webhooks`` (``healthsvc.alerting.api``);
+- routers: ``/v1/alerts``, ``/v1/silences``, ``/v1/webhooks`` (``healthsvc.alerting.api``), and
+  the runbook page ``/runbook`` (``healthsvc.alerting.runbook_page``);
 - Prometheus: alerts by state, notifications by reason, webhook attempts by outcome, deliveries
   by state (a collector reading current values at scrape time).
 
@@ -201,7 +202,7 @@ class AlertingService:
         self.manager = AlertManager(
             self.outbox, subscriptions=self.settings_subscriptions, policy=policy_from_settings(s),
             lifecycle=LifecyclePolicy(resolve_timeout_s=s.alert_resolve_timeout_s),
-            external_url=s.public_url(), on_enqueue=self.worker.wake, rollback_lookup=self.rollback_lookup,
+            external_url=s.public_url(), runbook_url=s.runbook_url(), on_enqueue=self.worker.wake, rollback_lookup=self.rollback_lookup,
             owns=self.ownership.owns if self.replicated else None)
         if self.replicated:
             self.manager.on_changed_elsewhere = lambda run_id: self.ownership.tell_owner(
@@ -342,10 +343,12 @@ def install(app: Any, ctx: Any) -> None:
     """The feature: its router, listeners, start/stop hooks and collector (``ctx.alerting`` is
     built by the app factory)."""
     from healthsvc.alerting.api import router
+    from healthsvc.alerting.runbook_page import router as runbook_router
 
     service = ctx.alerting
     app.state.alerting = service
     app.include_router(router)
+    app.include_router(runbook_router)
     ctx.findings.set_stage(service.in_job)
     ctx.store.subscribe(service.on_store_results)
     ctx.on_startup.append(service.start)

@@ -1,11 +1,15 @@
 """Webhook subscriptions: where notifications go, in which body format, for which alerts.
 
 A subscription matches an alert when every filter that is set agrees: ``runs`` (run ids),
-``kinds`` (alert names) and ``min_severity``. Empty filters match everything.
+``kinds`` (alert names) and ``min_severity``. Empty filters match everything. Info never pages:
+a subscription that does not say its ``min_severity`` gets ``warning`` in the formats that reach
+people (:data:`PAGING_FORMATS`: Alertmanager, Slack, PagerDuty), ``info`` in ``json`` (a program's
+feed of everything).
 
 Formats (``formats``): ``alertmanager`` (the v4 webhook body Alertmanager sends), ``slack``,
 ``json``, ``alertmanager_api`` (``url`` is an Alertmanager; its ``/api/v2/alerts`` is fed postable
-alerts, firing ones re-sent every ``resend_interval_s``) and ``pagerduty`` (Events API v2; one
+alerts, firing ones re-sent every ``resend_interval_s``; in every format a resolution is sent
+within ``resend_interval_s``) and ``pagerduty`` (Events API v2; one
 event per alert, ``routing_key`` required).
 
 ``pass_through``: post every alert change at once, with no grouping, inhibition or silences on
@@ -19,6 +23,8 @@ Example::
     ...                  min_severity="critical")
     >>> s.receiver
     'oncall'
+    >>> Subscription(id="chat", url="https://hooks.slack.com/services/T/B/X", format="slack").min_severity
+    'warning'
     >>> Subscription(id="am", url="http://127.0.0.1:9093", format="alertmanager_api").delivery_url
     'http://127.0.0.1:9093/api/v2/alerts'
 """
@@ -35,12 +41,19 @@ from healthsvc.alerting.model import Alert
 
 BodyFormat = Literal["alertmanager", "slack", "json", "alertmanager_api", "pagerduty"]
 BODY_FORMATS: tuple[str, ...] = ("alertmanager", "slack", "json", "alertmanager_api", "pagerduty")
+# Formats whose receivers page or notify people: info findings stay out unless asked for.
+PAGING_FORMATS: frozenset[str] = frozenset({"alertmanager", "slack", "alertmanager_api", "pagerduty"})
 AM_ALERTS_PATH = "/api/v2/alerts"
 HIDDEN = "***"
 # Headers the delivery sets itself; a subscription may not replace them.
 RESERVED_HEADERS = frozenset({"content-type", "content-length", "host", "user-agent", "webhook-id",
                               "webhook-timestamp", "webhook-signature", "transfer-encoding", "connection"})
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")
+
+
+def default_min_severity(fmt: str) -> str:
+    """``warning`` for the formats that page (info never pages), ``info`` for ``json``."""
+    return "warning" if fmt in PAGING_FORMATS else "info"
 
 
 @dataclass(frozen=True)
@@ -53,7 +66,7 @@ class Subscription:
     format: BodyFormat = "json"
     runs: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
-    min_severity: str = "info"
+    min_severity: str = ""            # empty: default_min_severity(format)
     secret: str = ""
     name: str = ""
     source: Literal["settings", "api"] = "api"
@@ -67,6 +80,8 @@ class Subscription:
     def __post_init__(self) -> None:
         if self.format not in BODY_FORMATS:
             raise ValueError(f"format must be one of {BODY_FORMATS}; got {self.format!r}")
+        if not self.min_severity:
+            object.__setattr__(self, "min_severity", default_min_severity(self.format))
         if self.min_severity not in SEVERITY_ORDER:
             raise ValueError(f"min_severity must be one of {tuple(SEVERITY_ORDER)}; got {self.min_severity!r}")
         unknown = sorted(k for k in self.kinds if not kind_table.known(k))
@@ -144,7 +159,7 @@ class Subscription:
         return cls(
             id=d["id"], url=d["url"], format=d.get("format", "json"),
             runs=tuple(d.get("runs") or ()), kinds=tuple(d.get("kinds") or ()),
-            min_severity=d.get("min_severity", "info"), secret=d.get("secret", ""),
+            min_severity=d.get("min_severity") or "", secret=d.get("secret", ""),
             name=d.get("name", ""), source=d.get("source", "api"),
             send_resolved=bool(d.get("send_resolved", True)),
             headers=tuple((str(k), str(v)) for k, v in (d.get("headers") or {}).items()),

@@ -44,7 +44,7 @@ def test_a_latched_alert_fed_to_alertmanager_stays_firing_then_resolves(tmp_path
             assert alert["labels"]["alertname"] == "non_finite" and alert["labels"]["severity"] == "critical"
             assert alert["status"]["state"] == "active"
             assert alert["generatorURL"].startswith(f"{srv.url}/runs/amrun?kind=non_finite&step=")
-            assert alert["annotations"]["run_url"] == f"{srv.url}/v1/runs/amrun"
+            assert alert["annotations"]["run_url"] == f"{srv.url}/runs/amrun"   # the dashboard page
 
             # Routed by Alertmanager to its receiver, in its own v4 webhook body.
             first = json.loads(rx.wait_for(1)[0].body)

@@ -136,7 +136,7 @@ def test_resolution_is_notified_and_latched_alerts_need_a_hand():
     newest = m.outbox.deliveries()[0]
     body = json.loads(newest.body)
     assert newest.reason == "all_alerts_resolved" and m.tick(190.0) == []
-    assert body["status"] == "resolved" and body["alerts"][0]["annotations"]["resolved_by"] == "hand"
+    assert body["status"] == "resolved" and body["alerts"][0]["annotations"]["resolved_by"] == "ann"   # who resolved it
 
 
 def test_rollback_resolves_corruption_that_began_after_the_checkpoint():

@@ -57,11 +57,15 @@ def test_severity_escalates_without_changing_identity():
 def test_annotations_carry_the_human_part():
     a = model.fire(None, f(kind="non_finite", ranks=(7,), severity="critical", onset=98), "r1", ("node-b",), 0.0)
     a = model.Alert(**{**a.__dict__, "rollback_target": {"step": 90, "uri": "s3://ck/90"}})
-    ann = a.annotations("http://svc:8080/")
+    ann = a.annotations("http://svc:8080/", "https://wiki.example.com/runbook")
     assert ann["summary"] == "non finite in loss on rank 7 of run r1 since step 100"
     assert (ann["first_step"], ann["onset_step"], ann["hosts"]) == ("100", "98", "node-b")
     assert ann["rollback_target"] == "step 90 (s3://ck/90)"
-    assert ann["run_url"] == "http://svc:8080/v1/runs/r1"
+    assert ann["run_url"] == "http://svc:8080/runs/r1"   # the dashboard page, not the JSON
+    assert ann["runbook_url"] == "https://wiki.example.com/runbook#non_finite"
+    assert ann["description"] == ("Non finite in loss on rank 7 of run r1 since step 100. A metric was NaN or "
+                                  "infinite: the weights are likely corrupted from this step on. Resume from "
+                                  "the checkpoint at step 90 (s3://ck/90).")
 
 
 def test_no_refire_resolves_after_the_timeout_with_a_tick_independent_end_time():
@@ -77,12 +81,19 @@ def test_refire_postpones_resolution():
     assert model.expire(a, 210.0, P).ends_at == 210.0
 
 
-def test_resolved_finding_resolves_after_the_timeout_unless_it_fires_again():
-    a = model.clear(model.fire(None, f(kind="hang"), "r1", (), 100.0), 130.0)
+@pytest.mark.parametrize("kind", ["hang", "loss_spike"])
+def test_a_resolved_finding_resolves_the_alert_at_once_and_a_new_firing_reopens_it(kind):
+    a = model.clear(model.fire(None, f(kind=kind), "r1", (), 100.0), 130.0)
+    assert (a.status, a.ends_at, a.resolved_by) == ("resolved", 130.0, "condition")
+    again = model.fire(a, f(kind=kind, step=130), "r1", (), 150.0)
+    assert (again.status, again.starts_at, again.cleared_at) == ("firing", 150.0, None)
+
+
+def test_an_alert_cleared_by_an_earlier_version_still_resolves_after_the_timeout():
+    a = model.fire(None, f(kind="hang"), "r1", (), 100.0)
+    a = model.Alert(**{**a.__dict__, "cleared_at": 130.0})   # stored firing and cleared: that version waited
     assert model.expire(a, 189.0, P).status == "firing"
     assert model.expire(a, 190.0, P).ends_at == 190.0
-    again = model.fire(a, f(kind="hang", step=130), "r1", (), 150.0)
-    assert again.cleared_at is None and model.expire(again, 1e9, P).status == "firing"
 
 
 def test_hang_never_resolves_by_silence_alone():

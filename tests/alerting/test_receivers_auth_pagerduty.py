@@ -57,7 +57,7 @@ def test_every_kind_sends_headers_and_bearer_and_pagerduty_follows_the_alert(tmp
             assert trigger["event_action"] == "trigger" and trigger["dedup_key"] == alert["fingerprint"]
             assert trigger["routing_key"] == ROUTING_KEY
             assert trigger["payload"]["severity"] == "critical" and trigger["payload"]["class"] == "non_finite"
-            assert trigger["client_url"] == f"{srv.url}/v1/runs/pd-run"
+            assert trigger["client_url"] == f"{srv.url}/runs/pd-run"   # the dashboard page, not the JSON
 
             def pd_events() -> list[dict]:
                 return [json.loads(r.body) for r in rx.delivered() if r.path == "/pagerduty"]

@@ -54,7 +54,7 @@ def test_a_stored_finding_pages_once_signed_in_alertmanager_shape(tmp_path, db_u
         body = json.loads(got.body)
         jsonschema.validate(body, ALERTMANAGER_V4)
         assert body["externalURL"] == "http://healthsvc.test" and len(body["alerts"]) == 1
-        assert body["alerts"][0]["annotations"]["run_url"] == "http://healthsvc.test/v1/runs/r1"
+        assert body["alerts"][0]["annotations"]["run_url"] == "http://healthsvc.test/runs/r1"
         svc.advance(1.0)   # a tick later: nothing new to say
         assert len(rx.requests) == 1
 
