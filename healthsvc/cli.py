@@ -8,7 +8,8 @@ import sys
 COMMANDS: dict[str, "tuple[str, callable, callable]"] = {}
 
 # Modules that register more subcommands with @command on import (a feature's CLI lives with it).
-CLI_MODULES: list[str] = ["healthsvc.run_cli", "healthsvc.rollback.cli", "healthsvc.sync_cli"]
+CLI_MODULES: list[str] = ["healthsvc.run_cli", "healthsvc.rollback.cli", "healthsvc.sync_cli",
+                          "healthsvc.supervise.cli"]
 
 SERVER_EXTRA_HINT = ("healthsvc serve needs the server dependencies, which a client-only install "
                      "leaves out: pip install 'healthsvc[server]'")

@@ -206,8 +206,9 @@ def decide_action(s: Situation, p: Policy) -> Action:
     same = _same_corruption(s, causes)
     if same is not None:
         return out(Reason.SAME_CORRUPTION_AGAIN, same, causes=causes)
+    # A condition seen in two metrics (a NaN loss and gradient norm) is said once.
     what = (f"the job exited with status {s.exited} and no finding explains it" if crash else
-            "; ".join(f"{f.kind} ({f.severity}) at step {f.step}" for f in causes[:3]))
+            "; ".join(dict.fromkeys(f"{f.kind} ({f.severity}) at step {f.step}" for f in causes)))
     if used >= p.max_restarts:
         return out(Reason.BUDGET_SPENT, f"The restart budget of {p.max_restarts} is spent, so "
                                         f"{what} ends the run.", causes=causes)
