@@ -4,7 +4,8 @@ steps (a JSON file holding the step) and register it.
 
 Faults, in the first attempt only (a resumed job is healthy unless it restores badly):
 ``--nan-at K`` rank 1 reports a NaN loss and local gradient norm at step K; ``--crash-at K`` the
-process exits 1 at step K. ``--reset-data-on-resume``: a resumed job starts its data position
+process exits 1 at step K; ``--hang-at K`` rank 1 stops reporting at step K (rank 0 goes on).
+``--exclude`` (comma-separated hosts): the ranks of those hosts are not run. ``--reset-data-on-resume``: a resumed job starts its data position
 from zero (what a ``resume_mismatch`` catches). Each start appends its arguments to ``--log`` as
 one JSON line, so a test sees what the supervisor substituted."""
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> int:
     p.add_argument("--world-size", default="")
     p.add_argument("--nan-at", type=int)
     p.add_argument("--crash-at", type=int)
+    p.add_argument("--hang-at", type=int)
     p.add_argument("--reset-data-on-resume", action="store_true")
     p.add_argument("--log", required=True)
     a = p.parse_args()
@@ -46,8 +48,9 @@ def main() -> int:
     start = 0
     if a.resume:
         start = json.loads(Path(a.resume.removeprefix("file://")).read_text())["step"] + 1
-    runs = [Run(a.url, a.run_id, rank=r, host=HOSTS[r], world_size=2, flush_interval_s=0.05,
-                heartbeat_interval_s=0, timeout_s=2.0, max_attempts=1) for r in range(2)]
+    ranks = [r for r in range(len(HOSTS)) if HOSTS[r] not in a.exclude.split(",")]
+    runs = {r: Run(a.url, a.run_id, rank=r, host=HOSTS[r], world_size=len(ranks), flush_interval_s=0.05,
+                   heartbeat_interval_s=0, timeout_s=2.0, max_attempts=1) for r in ranks}
     ckpt_dir = Path(a.ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     for step in range(start, a.steps):
@@ -55,7 +58,9 @@ def main() -> int:
         if first and step == a.crash_at:
             return 1
         cursor = (step - start + 1 if a.resume and a.reset_data_on_resume else step + 1) * BATCH
-        for r, run in enumerate(runs):
+        for r, run in runs.items():
+            if first and a.hang_at is not None and step >= a.hang_at and r == 1:
+                continue
             bad = first and step == a.nan_at and r == 1
             loss = float("nan") if bad else 2.0 - 1e-3 * step
             run.log(step=step, loss=loss, grad_norm=1.0, local_grad_norm=loss if bad else 1.0,
@@ -63,9 +68,9 @@ def main() -> int:
         if (step + 1) % a.ckpt_every == 0:
             path = ckpt_dir / f"step{step}.json"
             path.write_text(json.dumps({"step": step}))
-            runs[0].checkpoint(step, f"file://{path}")
+            runs[ranks[0]].checkpoint(step, f"file://{path}")
         time.sleep(a.step_s)
-    for run in runs:
+    for run in runs.values():
         run.finish(timeout_s=2.0)
     return 0
 

@@ -87,6 +87,27 @@ def test_a_resume_mismatch_after_the_restart_stops_with_the_reason(shared_server
     assert mismatch and mismatch[0]["attempt"] == 2
 
 
+@pytest.mark.parametrize("check,left_out", [("false", True), ("true", False)])
+def test_a_hung_rank_restarts_without_its_host_unless_it_passes_the_health_check(
+        shared_server, shared_http, tmp_path, check, left_out):
+    run_id = f"sup-hang-{check}"
+    r = shared_http.put(f"/v1/runs/{run_id}", json={"detectors": {"hang": {"timeout_floor_s": 1.0}}})
+    assert r.status_code == 200, r.text
+    result, starts = supervise(shared_server.url, run_id, tmp_path, "--steps", "200", "--step-s",
+                               "0.03", "--hang-at", "30", sup_args=("--health-check", check + " {host}"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(starts) == 2
+    assert (starts[1]["exclude"], starts[1]["world_size"]) == (("node-b", "1") if left_out else ("", "2"))
+    events = supervised_events(shared_http, run_id)
+    assert [e["data"]["exclude_hosts"] for e in events] == [["node-b"] if left_out else []]
+    assert events[0]["data"]["causes"][0][0] == "hang"
+    changes = [e["data"] for e in shared_http.get(f"/v1/runs/{run_id}/events").json()
+               if e["kind"] == "world_size_change"]
+    assert [(c["old"], c["new"]) for c in changes] == ([(2, 1)] if left_out else [])
+    verdict = "failed: it stays out" if left_out else "passed: it is taken back"
+    assert any(f"health check of node-b {verdict}" in line for line in progress(result))
+
+
 def test_a_crash_restarts_from_the_newest_checkpoint(shared_server, shared_http, tmp_path):
     run_id = "sup-crash"
     result, starts = supervise(shared_server.url, run_id, tmp_path, "--steps", "60", "--crash-at", "25")
