@@ -172,12 +172,13 @@ class Supervisor:
             self._progress(answer)
             if answer["action"] == "stop":
                 self.job.stop(self.args.grace_s)
-                say(f"stopped: {answer['message']}")
+                say(f"stopped ({answer['reason']}): {answer['message']}")
                 return STOPPED
             if answer["action"] == "restart":
                 if self.restarts >= self.args.max_restarts:
                     self.job.stop(self.args.grace_s)
-                    say(f"stopped: --max-restarts {self.args.max_restarts} is spent")
+                    say(f"stopped (max_restarts): --max-restarts {self.args.max_restarts} is spent, "
+                        f"so the service's restart is not carried out: {answer['message']}")
                     return STOPPED
                 self._restart(answer)
             elif rc is not None:
@@ -201,9 +202,10 @@ class Supervisor:
         return "" if size is None else str(size)
 
     def _progress(self, answer: dict) -> None:
-        """One line per decision: printed when the action or its reason changes."""
+        """One line per decision: printed when the action or its reason changes (a restart and a
+        stop say theirs once carried out)."""
         decision = (answer["action"], answer["reason"])
-        if decision != self.last_decision and answer["action"] != "restart":
+        if decision != self.last_decision and answer["action"] == "continue":
             say(f"{answer['action']} ({answer['reason']}): {answer['message']}")
         self.last_decision = decision
 

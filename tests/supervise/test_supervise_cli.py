@@ -78,8 +78,9 @@ def test_a_resume_mismatch_after_the_restart_stops_with_the_reason(shared_server
                                "0.03", "--nan-at", "30", "--reset-data-on-resume")
     assert result.returncode == 3, result.stderr[-3000:]
     assert len(starts) == 2                                   # one restart, then no loop
-    [stopped] = [line for line in progress(result) if "stopped:" in line]
-    assert "resume_mismatch" in stopped and "restore" in stopped
+    [stopped] = [line for line in progress(result) if "supervise: stopped (" in line]
+    assert "stopped (resume_mismatch): A resume_mismatch at step" in stopped and "restore" in stopped
+    assert sum("A resume_mismatch at step" in line for line in progress(result)) == 1   # said once
     with pytest.raises(ProcessLookupError):                   # the job is gone
         os.kill(starts[1]["pid"], 0)
     shared_http.drain()

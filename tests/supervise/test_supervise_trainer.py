@@ -40,7 +40,8 @@ def test_the_example_trainer_is_restarted_after_a_nan_and_stopped_when_it_comes_
     assert event["data"]["causes"][0] == ["non_finite", 30]
     lines = progress(out)
     assert any(f"restart 1/3 (finding): Restart from step {event['step']}" in line for line in lines)
-    [stopped] = [line for line in lines if "stopped:" in line]
+    [stopped] = [line for line in lines if "supervise: stopped (" in line]
+    assert "stopped (same_corruption_again)" in stopped
     assert stopped.endswith(f"The same non_finite at step 30 came back after the restart from step "
                             f"{event['step']}; restarting from it again would repeat it.")
     shared_http.drain()
