@@ -141,7 +141,8 @@ def health_check(template: str, host: str, timeout_s: float) -> bool:
     argv = shlex.split(template)
     argv = [a.replace("{host}", host) for a in argv] if "{host}" in template else [*argv, host]
     try:
-        return subprocess.run(argv, timeout=timeout_s, stdin=subprocess.DEVNULL).returncode == 0
+        return subprocess.run(argv, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                              check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 

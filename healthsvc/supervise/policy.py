@@ -5,7 +5,8 @@ reason (after Alertmanager's ``needsUpdate``/``NotifyReason``); the service gath
 
 :func:`decide_action` looks at, in this order (the first that applies answers):
 
-1. ``exited == 0`` or the run finished: **continue** (``finished``); nothing to supervise.
+1. ``exited == 0`` or the run finished (every rank said so, whatever the job's exit status):
+   **continue** (``finished``); nothing to supervise.
 2. A firing ``resume_mismatch``: **stop** (``resume_mismatch``). The restore code did not continue
    the data position or the schedule; a restart runs the same code again.
 3. A restart was recorded in the current attempt and the job has not exited: **continue**
@@ -38,8 +39,8 @@ Example:
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from detectors.finding import SEVERITY_ORDER
 
@@ -177,7 +178,9 @@ def decide_action(s: Situation, p: Policy) -> Action:
     def out(reason: Reason, message: str, **kw) -> Action:
         return Action(reason, message, restarts_used=used, **kw)
 
-    if s.exited == 0 or (s.finished and s.exited is None):
+    # A run every rank finished is done even when its launcher exits non-zero afterwards (a
+    # teardown that fails): training it again from a checkpoint would redo finished work.
+    if s.exited == 0 or s.finished:
         return out(Reason.FINISHED, "The run finished; there is nothing to supervise.")
     mismatch = [f for f in s.findings if f.kind == "resume_mismatch"]
     if mismatch:
@@ -246,6 +249,6 @@ def _same_corruption(s: Situation, causes: tuple[Cause, ...]) -> str | None:
     for r in s.restarts:
         again = [f for f in causes if (f.kind, f.step) in r.causes]
         if again and r.from_step == target:
-            return (f"The same {again[0].kind} at step {again[0].step} came back after the restart from step "
-                    f"{target}; restarting from it again would repeat it.")
+            return (f"The same {again[0].kind} at step {again[0].step} came back after the restart "
+                    f"from step {target}; restarting from it again would repeat it.")
     return None

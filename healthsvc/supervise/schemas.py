@@ -12,8 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from detectors.finding import FINDING_KINDS
 from healthsvc.limits import Seconds
-from healthsvc.supervise.policy import (DEFAULT_LEAVE_OUT_KINDS, DEFAULT_RESTART_ON, NEVER_RESTART,
-                                        Policy, Reason)
+from healthsvc.supervise.policy import (
+    DEFAULT_LEAVE_OUT_KINDS,
+    DEFAULT_RESTART_ON,
+    NEVER_RESTART,
+    Policy,
+    Reason,
+)
 
 Severity = Literal["info", "warning", "critical"]
 MAX_RESTARTS = 1000

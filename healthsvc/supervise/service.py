@@ -17,14 +17,22 @@ from detectors.offline.rollback import CORRUPTION_KINDS
 from healthsvc.errors import NotFound
 from healthsvc.rollback import service as rollback_service
 from healthsvc.runs.service import shown_config
-from healthsvc.supervise.policy import (Action, Cause, PastRestart, RollbackView, Situation,
-                                        decide_action)
+from healthsvc.supervise.policy import (
+    Action,
+    Cause,
+    PastRestart,
+    RollbackView,
+    Situation,
+    decide_action,
+)
 from healthsvc.supervise.schemas import SuperviseConfig
 
 DECIDED_BY = "healthsvc supervise"
 
 
 def past_restarts(events: list[dict]) -> list[PastRestart]:
+    """The supervised restarts among a run's events, oldest first (anyone may post events, so a
+    malformed ``causes`` entry is skipped, not trusted)."""
     out = []
     for ev in events:
         data = ev.get("data") or {}
@@ -33,8 +41,8 @@ def past_restarts(events: list[dict]) -> list[PastRestart]:
         from_step = data.get("resume_from_checkpoint_step", ev["step"])
         causes = frozenset((str(c[0]), int(c[1])) for c in data.get("causes") or ()
                            if isinstance(c, list) and len(c) == 2 and isinstance(c[1], int))
-        out.append(PastRestart(at_s=float(ev["ts"]), attempt=int(ev["attempt"]), from_step=from_step if isinstance(from_step, int)
-                               else None, causes=causes))
+        out.append(PastRestart(at_s=float(ev["ts"]), attempt=int(ev["attempt"]), causes=causes,
+                               from_step=from_step if isinstance(from_step, int) else None))
     return out
 
 
@@ -46,7 +54,7 @@ def _world_size(store, run_id: str, config: dict, events: list[dict]) -> int | N
     if config.get("world_size"):
         return int(config["world_size"])
     st = store.run_state(run_id)
-    return int(len(st.ranks_seen())) if st is not None and len(st.ranks_seen()) else None
+    return len(st.ranks_seen()) if st is not None and len(st.ranks_seen()) else None
 
 
 def situation(ctx, run_id: str, exited: int | None) -> tuple[Situation, SuperviseConfig]:

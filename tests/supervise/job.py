@@ -5,8 +5,9 @@ steps (a JSON file holding the step) and register it.
 Faults, in the first attempt only (a resumed job is healthy unless it restores badly):
 ``--nan-at K`` rank 1 reports a NaN loss and local gradient norm at step K; ``--crash-at K`` the
 process exits 1 at step K; ``--hang-at K`` rank 1 stops reporting at step K (rank 0 goes on).
-``--exclude`` (comma-separated hosts): the ranks of those hosts are not run. ``--reset-data-on-resume``: a resumed job starts its data position
-from zero (what a ``resume_mismatch`` catches). Each start appends its arguments to ``--log`` as
+``--exclude`` (comma-separated hosts): the ranks of those hosts are not run.
+``--reset-data-on-resume``: a resumed job starts its data position from zero (what a
+``resume_mismatch`` catches). Each start appends its arguments to ``--log`` as
 one JSON line, so a test sees what the supervisor substituted."""
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from clients.client import Run  # noqa: E402
+from clients.client import Run
 
 HOSTS = ("node-a", "node-b")
 BATCH = 8

@@ -73,7 +73,7 @@ def test_nan_then_restart_then_the_new_attempt(svc):
     assert http.put(f"/v1/runs/{run}", json={"world_size": 4}).status_code == 200
     for c in (49, 99):
         http.post(f"/v1/runs/{run}/checkpoints", json={"step": c, "uri": f"mem://{run}/{c}"})
-    push(http, run, range(0, 120))
+    push(http, run, range(120))
     svc.drain()
     assert (a := action(http, run))["action"] == "continue" and a["reason"] == "healthy"
     assert a["checkpoint"] is None and a["event"] is None

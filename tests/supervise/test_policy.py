@@ -7,8 +7,15 @@ from dataclasses import replace
 import pytest
 
 from detectors.finding import FINDING_KINDS, SEVERITY_ORDER
-from healthsvc.supervise.policy import (Cause, PastRestart, Policy, Reason, RollbackView,
-                                        Situation, decide_action)
+from healthsvc.supervise.policy import (
+    Cause,
+    PastRestart,
+    Policy,
+    Reason,
+    RollbackView,
+    Situation,
+    decide_action,
+)
 
 C, R, S = "continue", "restart", "stop"
 # kind -> the action for one firing finding at info, warning, critical (default policy, a clean
@@ -37,8 +44,8 @@ def finding(kind="non_finite", severity="critical", step=120, ranks=(2,), attemp
 
 
 def situation(*findings, **kw) -> Situation:
-    base = dict(findings=findings, rollback=CKPT, world_size=4, rank_hosts=HOSTS, now_s=100.0,
-                attempt=1)
+    base = {"findings": findings, "rollback": CKPT, "world_size": 4, "rank_hosts": HOSTS,
+            "now_s": 100.0, "attempt": 1}
     return Situation(**{**base, **kw})
 
 
@@ -72,6 +79,8 @@ RULES = [
     ("no finding", situation(), Policy(), C, Reason.HEALTHY),
     ("job exited 0", situation(NAN, exited=0), Policy(), C, Reason.FINISHED),
     ("run finished", situation(NAN, finished=True), Policy(), C, Reason.FINISHED),
+    ("a run that finished, then its launcher failed", situation(exited=1, finished=True), Policy(), C,
+     Reason.FINISHED),
     ("crash with no finding", situation(exited=1), Policy(), R, Reason.CRASH),
     ("crash killed by a signal", situation(exited=-9), Policy(), R, Reason.CRASH),
     ("crash, policy says no", situation(exited=1), Policy(restart_on_crash=False), S,
