@@ -7,13 +7,14 @@ Faults, in the first attempt only (a resumed job is healthy unless it restores b
 process exits 1 at step K; ``--hang-at K`` rank 1 stops reporting at step K (rank 0 goes on).
 ``--exclude`` (comma-separated hosts): the ranks of those hosts are not run.
 ``--reset-data-on-resume``: a resumed job starts its data position from zero (what a
-``resume_mismatch`` catches). Each start appends its arguments to ``--log`` as
+``resume_mismatch`` catches). ``--ignore-sigterm``: only SIGKILL stops it. Each start appends its arguments to ``--log`` as
 one JSON line, so a test sees what the supervisor substituted."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -41,11 +42,14 @@ def main() -> int:
     p.add_argument("--crash-at", type=int)
     p.add_argument("--hang-at", type=int)
     p.add_argument("--reset-data-on-resume", action="store_true")
+    p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--log", required=True)
     a = p.parse_args()
     with open(a.log, "a") as f:
         f.write(json.dumps({"resume": a.resume, "exclude": a.exclude, "world_size": a.world_size,
                             "pid": os.getpid(), "at": time.time()}) + "\n")
+    if a.ignore_sigterm:        # a job stuck in a collective does not stop on SIGTERM either
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     start = 0
     if a.resume:
         start = json.loads(Path(a.resume.removeprefix("file://")).read_text())["step"] + 1

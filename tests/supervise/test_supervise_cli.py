@@ -110,6 +110,20 @@ def test_a_hung_rank_restarts_without_its_host_unless_it_passes_the_health_check
     assert any(f"health check of node-b {verdict}" in line for line in progress(result))
 
 
+def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(shared_server, shared_http, tmp_path):
+    run_id = "sup-sigkill"
+    result, starts = supervise(shared_server.url, run_id, tmp_path, "--steps", "400", "--step-s",
+                               "0.03", "--nan-at", "30", "--ignore-sigterm",
+                               sup_args=("--grace-s", "1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(starts) == 2 and len(supervised_events(shared_http, run_id)) == 1
+    # Left alone the first job would run 400 x 30 ms = 12 s; it was restarted well before that:
+    # about a second to the NaN, one to decide, the one-second grace, then SIGKILL.
+    assert starts[1]["at"] - starts[0]["at"] < 8.0, starts
+    with pytest.raises(ProcessLookupError):    # SIGKILL after the grace: the first job is gone
+        os.kill(starts[0]["pid"], 0)
+
+
 def test_a_crash_restarts_from_the_newest_checkpoint(shared_server, shared_http, tmp_path):
     run_id = "sup-crash"
     result, starts = supervise(shared_server.url, run_id, tmp_path, "--steps", "60", "--crash-at", "25")
