@@ -64,7 +64,7 @@ class DivergenceDetector(Detector, BlockDetector):
     # after the first corrupted update.
     kinds = (Kind("divergence", "The loss is degrading slowly against its own trend.",
                   resolves="latched", mutes=frozenset(), corruption="drift", heals=False,
-                  onset_guessed=True, probe=False, incident=None, label="divergence",
+                  onset_guessed=True, probe=False, incident=None, restarts_at="warning", blames_host=False, label="divergence",
                   colour="#1f77b4"),)
 
     def __init__(self, metric: str = "loss", alpha: float = 0.02, noise_alpha: float = 0.02,

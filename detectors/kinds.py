@@ -48,6 +48,11 @@ class Kind:
       corrupted update, so only its detection step bounds the onset.
     - ``probe``: a warning or critical finding names a rank a replay probe can check.
     - ``incident``: what it is to the run's economics (MTBF and goodput), or ``None``.
+    - ``restarts_at``: the lowest severity at which a supervisor restarts the run for it by
+      default (``healthsvc/supervise/``), or ``None`` (it costs pace, not correctness, or a
+      restart would not help).
+    - ``blames_host``: the ranks it names point at their machine, so a restart leaves those
+      hosts out (a NaN or a spike on one rank may be its batch: its host stays in).
     - ``label``, ``colour``: how plots and pages show it.
     """
 
@@ -60,6 +65,8 @@ class Kind:
     onset_guessed: bool
     probe: bool
     incident: Incident | None
+    restarts_at: Literal["info", "warning", "critical"] | None
+    blames_host: bool
     label: str
     colour: str
 

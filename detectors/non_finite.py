@@ -56,7 +56,7 @@ class NonFiniteDetector(Detector, BlockDetector):
     kinds = (Kind("non_finite", "A metric was NaN or infinite: the weights are likely corrupted from this step on.",
                   resolves="latched", mutes=frozenset({"loss_spike", "grad_spike", "divergence"}),
                   corruption="abrupt", heals=True, onset_guessed=False, probe=False,
-                  incident="non_finite", label="NaN / Inf", colour="#d62728"),)
+                  incident="non_finite", restarts_at="warning", blames_host=False, label="NaN / Inf", colour="#d62728"),)
 
     def __init__(self, metrics: tuple[str, ...] | None = None,
                  local_metrics: tuple[str, ...] = ("loss", "local_grad_norm"),

@@ -86,7 +86,7 @@ class RankOutlierDetector(Detector, BlockDetector):
     kind = "rank_outlier"
     kinds = (Kind("rank_outlier", "One rank's values disagree with its peers': a silent data corruption suspect.",
                   resolves="latched", mutes=frozenset(), corruption="drift", heals=True,
-                  onset_guessed=False, probe=True, incident="corruption", label="rank outlier",
+                  onset_guessed=False, probe=True, incident="corruption", restarts_at="warning", blames_host=True, label="rank outlier",
                   colour="#9467bd"),)
 
     def __init__(self, metrics: tuple[str, ...] = ("local_grad_norm", "loss"),

@@ -48,7 +48,7 @@ class ReplicaMismatchDetector(Detector, BlockDetector):
     # Proof, not a statistic: it does not heal.
     kinds = (Kind("replica_mismatch", "Data-parallel replicas hold different parameters: proof of a corrupted replica.",
                   resolves="latched", mutes=frozenset(), corruption="abrupt", heals=False,
-                  onset_guessed=False, probe=True, incident=None, label="replica mismatch",
+                  onset_guessed=False, probe=True, incident=None, restarts_at="warning", blames_host=True, label="replica mismatch",
                   colour="#000000"),)
 
     def __init__(self, metric: str = "param_digest", group_metric: str = "replica_group") -> None:

@@ -60,7 +60,7 @@ class ResumeMismatchDetector(Detector, BlockDetector):
     kind = "resume_mismatch"
     kinds = (Kind("resume_mismatch", "A resume did not continue the checkpoint's data position or schedule.",
                   resolves="latched", mutes=frozenset(), corruption="abrupt", heals=False,
-                  onset_guessed=False, probe=False, incident=None, label="resume mismatch",
+                  onset_guessed=False, probe=False, incident=None, restarts_at=None, blames_host=False, label="resume mismatch",
                   colour="#2ca02c"),)
 
     def __init__(self, metrics: tuple[str, ...] = ("data_cursor", "lr"), check_steps: int = 3,

@@ -58,7 +58,7 @@ class SlowdownDetector(Detector, BlockDetector):
     kind = "slowdown"
     kinds = (Kind("slowdown", "The whole job got slower than its own recent step time.", resolves="condition", mutes=frozenset(),
                   corruption=None, heals=True, onset_guessed=False, probe=False, incident=None,
-                  label="job slowdown", colour="#bcbd22"),)
+                  restarts_at=None, blames_host=False, label="job slowdown", colour="#bcbd22"),)
 
     def __init__(
         self,

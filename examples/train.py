@@ -325,7 +325,7 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
 
     # Where to start: a given checkpoint, the service's rollback target, or the newest local one
     # after an elastic restart. Rank 0 decides and tells the others.
-    resume = [cfg.resume]
+    resume = [uri_to_path(cfg.resume) if cfg.resume else None]   # a path or a file:// URI
     if rank == 0 and cfg.resume_from_rollback:
         target = run.rollback_target()
         checkpoint = (target or {}).get("checkpoint")

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
-from healthsvc import dashboard, economics, monitor, probes, rollback, run_metrics
+from healthsvc import dashboard, economics, monitor, probes, rollback, run_metrics, supervise
 from healthsvc.alerting import service as alerting_feature
 from healthsvc.alerting.service import AlertingService
 from healthsvc.auth.guard import Guard
@@ -144,6 +144,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     alerting_feature.install(app, ctx)
     rollback.install(app, ctx)
     probes.install(app, ctx)
+    supervise.install(app, ctx)
     dashboard.install(app, ctx)
     run_metrics.install(app, ctx)
     _install_openapi(app)

@@ -9,7 +9,7 @@ COMMANDS: dict[str, "tuple[str, callable, callable]"] = {}
 
 # Modules that register more subcommands with @command on import (a feature's CLI lives with it).
 CLI_MODULES: list[str] = ["healthsvc.run_cli", "healthsvc.alerts_cli", "healthsvc.silence_cli", "healthsvc.rollback.cli",
-                         "healthsvc.sync_cli"]
+                         "healthsvc.sync_cli", "healthsvc.supervise.cli"]
 
 SERVER_EXTRA_HINT = ("healthsvc serve needs the server dependencies, which a client-only install "
                      "leaves out: pip install 'healthsvc[server]'")

@@ -10,6 +10,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from healthsvc.limits import INT64_MAX, check_storable, NonNegInt, PositiveInt, Seconds
+from healthsvc.supervise.schemas import SuperviseConfig
 from clients.wire import EVENT_KINDS, HEARTBEAT_PHASES, INTEGER_FIELDS, KEY_FIELDS, METRIC_FIELDS, STRING_FIELDS
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
@@ -91,6 +92,9 @@ class RunConfig(BaseModel):
     detectors: dict[str, dict[str, Any]] = Field(default_factory=dict,
                                                  description="Per-detector parameters, by finding kind, e.g. {\"straggler\": {\"min_ratio\": 1.1}, \"hang\": {\"timeout_floor_s\": 120}}.")
     tags: dict[str, str] = Field(default_factory=dict, description="Free-form labels (team, model, cluster).")
+    supervise: SuperviseConfig | None = Field(None, description="When `healthsvc supervise` restarts the run "
+                                                                 "(GET /v1/runs/{run_id}/action); null: the defaults. "
+                                                                 "See docs/supervise.md.")
 
     @field_validator("hang_timeout_floor_s")
     @classmethod

@@ -91,10 +91,10 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
     # stall explains the hangs and stragglers of its run.
     kinds = (Kind("hang", "Some ranks went silent while others still report.", resolves="explicit",
                   mutes=frozenset(), corruption=None, heals=True, onset_guessed=False, probe=False,
-                  incident=None, label="hang", colour="#7f7f7f"),
+                  incident=None, restarts_at="warning", blames_host=True, label="hang", colour="#7f7f7f"),
              Kind("stall", "Every rank went silent: the job makes no progress.", resolves="explicit",
                   mutes=frozenset({"hang", "straggler"}), corruption=None, heals=True,
-                  onset_guessed=False, probe=False, incident="stall", label="stall",
+                  onset_guessed=False, probe=False, incident="stall", restarts_at="warning", blames_host=False, label="stall",
                   colour="#17becf"))
 
     def __init__(

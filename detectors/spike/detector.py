@@ -224,7 +224,7 @@ class LossSpikeDetector(SpikeDetector):
 
     kinds = (Kind("loss_spike", "The loss jumped far above the baseline that follows the training curve.", resolves="condition",
                   mutes=frozenset(), corruption="abrupt", heals=True, onset_guessed=False,
-                  probe=True, incident=None, label="loss spike", colour="#ff7f0e"),)
+                  probe=True, incident=None, restarts_at="critical", blames_host=False, label="loss spike", colour="#ff7f0e"),)
 
     def __init__(self, z_threshold: float = 6.0, min_rise: float = 0.1, **kwargs: Any) -> None:
         super().__init__(kind="loss_spike", metric="loss", rank_metric="loss",
@@ -240,7 +240,7 @@ class GradSpikeDetector(SpikeDetector):
 
     kinds = (Kind("grad_spike", "The gradient norm jumped far above its recent baseline.", resolves="condition",
                   mutes=frozenset(), corruption="abrupt", heals=True, onset_guessed=False,
-                  probe=True, incident=None, label="gradient spike", colour="#e377c2"),)
+                  probe=True, incident=None, restarts_at="critical", blames_host=False, label="gradient spike", colour="#e377c2"),)
 
     def __init__(self, z_threshold: float = 6.0, min_rise: float = 0.5, **kwargs: Any) -> None:
         kwargs.setdefault("leading_signal", True)

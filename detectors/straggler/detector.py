@@ -75,7 +75,7 @@ class StragglerDetector(StragglerReference, StragglerReplay, Detector, BlockDete
     kind = "straggler"
     kinds = (Kind("straggler", "One rank is persistently slower than its peers and holds every step back.",
                   resolves="condition", mutes=frozenset(), corruption=None, heals=True,
-                  onset_guessed=False, probe=False, incident=None, label="straggler",
+                  onset_guessed=False, probe=False, incident=None, restarts_at=None, blames_host=True, label="straggler",
                   colour="#8c564b"),)
 
     def __init__(

@@ -69,6 +69,10 @@ class KindOut(BaseModel):
     probe: bool = Field(..., description="A warning or critical finding asks for a replay probe of the rank it names.")
     incident: Literal["stall", "non_finite", "corruption"] | None = Field(
         ..., description="What it is to the run's economics (MTBF, goodput), or null.")
+    restarts_at: Literal["info", "warning", "critical"] | None = Field(
+        ..., description="The lowest severity at which a supervisor restarts the run for it by default "
+                         "(GET /v1/runs/{run_id}/action), or null: left to people.")
+    blames_host: bool = Field(..., description="The ranks it names point at their machine: a restart leaves those hosts out.")
     label: str = Field(..., description="How pages and plots name it.")
     colour: str = Field(..., description="How pages and plots draw it (a CSS colour).")
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from detectors.finding import Finding
-from detectors.kinds import kind
+from detectors import kinds
 from detectors.registry import FINDING_KINDS
 from healthsvc.alerting.policy import DEFAULT_TIMINGS
 from tests.alerting.receiver import Receiver
@@ -33,7 +33,7 @@ def test_the_runbook_has_a_section_per_kind_that_says_what_it_means_what_to_chec
     found = sections(RUNBOOK.read_text())
     assert list(found) == list(FINDING_KINDS)
     for name, text in found.items():
-        assert text.startswith(f"**What it means.** {kind(name).meaning}\n"), name
+        assert text.startswith(f"**What it means.** {kinds.kind(name).meaning}\n"), name
         assert "\n**What to check.**\n" in text and "\n**What to do.**\n" in text, name
 
 
@@ -55,7 +55,7 @@ def test_alert_links_open_the_dashboard_page_and_the_kinds_runbook_section(tmp_p
             assert got["/pd"]["client_url"] == ann["run_url"]
             assert ann["runbook_url"] == f"{srv.url}/runbook#non_finite"
             assert ann["description"].startswith("Non finite in loss on rank 2 of run links-run since step 7. "
-                                                 + kind("non_finite").meaning)
+                                                 + kinds.kind("non_finite").meaning)
             assert got["/pd"]["payload"]["custom_details"]["runbook_url"] == ann["runbook_url"]
             assert {"href": ann["runbook_url"], "text": "runbook: non_finite"} in got["/pd"]["links"]
             assert f"<{ann['runbook_url']}|runbook>" in json.dumps(got["/slack"]["blocks"])

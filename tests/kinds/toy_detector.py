@@ -19,7 +19,7 @@ class ToyDetector(Detector, BlockDetector):
     kind = "toy"
     kinds = (Kind("toy", "a rank's loss reached the toy threshold", resolves="latched", mutes=frozenset(),
                   corruption="abrupt", heals=False, onset_guessed=False, probe=False, incident="corruption",
-                  label="toy", colour="#123456"),)
+                  restarts_at="critical", blames_host=False, label="toy", colour="#123456"),)
 
     def __init__(self, threshold: float = 1_000.0) -> None:
         self.threshold = threshold

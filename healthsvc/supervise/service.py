@@ -1,0 +1,125 @@
+"""The action answer in the service: the run's situation gathered from what the service already
+knows, decided by :func:`healthsvc.supervise.policy.decide_action`.
+
+- Findings: the active ones (``ctx.health``: unresolved, alert not resolved since) of the current
+  attempt, firing.
+- Checkpoint: the rollback answer (``healthsvc.rollback.service.decide``), never recomputed.
+- Restarts: the run's events a supervisor recorded (``data.decided_by`` is :data:`DECIDED_BY`),
+  which is also what the timeline and goodput show.
+- World size: the newest ``world_size_change`` event's ``new``, else the configured size, else the
+  ranks seen; hosts of ranks: the run's (each rank's newest report).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from detectors.kinds import corruption_kinds
+from healthsvc.errors import NotFound
+from healthsvc.rollback import service as rollback_service
+from healthsvc.runs.service import shown_config
+from healthsvc.supervise.policy import (
+    Action,
+    Cause,
+    PastRestart,
+    RollbackView,
+    Situation,
+    decide_action,
+)
+from healthsvc.supervise.schemas import SuperviseConfig
+
+DECIDED_BY = "healthsvc supervise"
+
+
+def past_restarts(events: list[dict]) -> list[PastRestart]:
+    """The supervised restarts among a run's events, oldest first (anyone may post events, so a
+    malformed ``causes`` entry is skipped, not trusted)."""
+    out = []
+    for ev in events:
+        data = ev.get("data") or {}
+        if ev["kind"] not in ("rollback", "restart") or data.get("decided_by") != DECIDED_BY:
+            continue
+        from_step = data.get("resume_from_checkpoint_step", ev["step"])
+        causes = frozenset((str(c[0]), int(c[1])) for c in data.get("causes") or ()
+                           if isinstance(c, list) and len(c) == 2 and isinstance(c[1], int))
+        out.append(PastRestart(at_s=float(ev["ts"]), attempt=int(ev["attempt"]), causes=causes,
+                               from_step=from_step if isinstance(from_step, int) else None))
+    return out
+
+
+def _world_size(store, run_id: str, config: dict, events: list[dict]) -> int | None:
+    for ev in reversed(events):
+        new = (ev.get("data") or {}).get("new")
+        if ev["kind"] == "world_size_change" and isinstance(new, int):
+            return new
+    if config.get("world_size"):
+        return int(config["world_size"])
+    st = store.run_view(run_id)
+    return st.ranks_seen if st is not None and st.ranks_seen else None
+
+
+def situation(ctx, run_id: str, exited: int | None) -> tuple[Situation, SuperviseConfig]:
+    """The inputs of the decision and the run's policy."""
+    store = ctx.store
+    row = store.get_run_row(run_id)
+    if row is None:
+        raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"),
+                       hint="runs are created by their first push or by PUT /v1/runs/{run_id}")
+    config, _ = shown_config(row["config"])
+    attempts = store.attempts(run_id)
+    current = attempts[-1] if attempts else None
+    findings = tuple(
+        Cause(id=sf.id, kind=sf.finding.kind, severity=sf.finding.severity, step=sf.finding.step,
+              ranks=sf.finding.ranks, hosts=sf.hosts, attempt=sf.attempt)
+        for sf in (af.stored for af in ctx.health.active(run_id))
+        if sf.finding.status == "firing" and (current is None or sf.attempt == current["attempt"]))
+    answer = rollback_service.decide(ctx, run_id).to_dict(run_id)
+    ckpt = answer["checkpoint"]
+    rollback = RollbackView(step=None if ckpt is None else ckpt["step"],
+                            uri=None if ckpt is None else ckpt["uri"],
+                            checkpoint_id=None if ckpt is None else ckpt["id"],
+                            proven_clean=bool(answer["proven_clean"]),
+                            resumed_from=answer["evidence"].get("resumed_from"))
+    events = store.events(run_id)
+    s = Situation(findings=findings, rollback=rollback, restarts=tuple(past_restarts(events)),
+                  attempt=0 if current is None else current["attempt"],
+                  world_size=_world_size(store, run_id, config, events),
+                  rank_hosts=store.hosts(run_id), now_s=ctx.clock(), exited=exited,
+                  finished=row["status"] == "finished")
+    return s, SuperviseConfig.model_validate(config.get("supervise") or {})
+
+
+def decide(ctx, run_id: str, exited: int | None = None) -> dict[str, Any]:
+    """The answer of ``GET /v1/runs/{run_id}/action`` (``ActionOut``)."""
+    s, config = situation(ctx, run_id, exited)
+    return to_dict(run_id, decide_action(s, config.policy()), config, s.attempt)
+
+
+def to_dict(run_id: str, a: Action, config: SuperviseConfig, attempt: int) -> dict[str, Any]:
+    ck = a.checkpoint
+    restart = a.action == "restart" and ck is not None
+    world = None
+    if restart:
+        world = {"old": a.world_size_old, "new": a.world_size_new,
+                 "changes": a.world_size_old != a.world_size_new,
+                 "ranks_by_host": {h: list(r) for h, r in a.ranks_by_host.items()}}
+    event = None
+    if restart:
+        corruption = any(f.kind in corruption_kinds() for f in a.causes)
+        event = {"kind": "rollback" if corruption else "restart", "step": ck.step, "data": {
+            "decided_by": DECIDED_BY, "reason": a.message, "reason_code": a.reason.value,
+            "resume_from_checkpoint_step": ck.step, "uri": ck.uri,
+            "causes": [[f.kind, f.step] for f in a.causes], "finding_ids": [f.id for f in a.causes],
+            "exclude_hosts": list(a.exclude_hosts),
+            "world_size": {"old": a.world_size_old, "new": a.world_size_new},
+            "from_attempt": attempt}}
+    return {
+        "run_id": run_id, "action": a.action, "reason": a.reason.value, "message": a.message,
+        "checkpoint": None if not restart else {"step": ck.step, "uri": ck.uri,
+                                                "id": ck.checkpoint_id,
+                                                "proven_clean": ck.proven_clean},
+        "exclude_hosts": list(a.exclude_hosts), "world_size": world,
+        "findings": [{"id": f.id, "kind": f.kind, "severity": f.severity, "step": f.step,
+                      "ranks": list(f.ranks), "hosts": list(f.hosts)} for f in a.causes],
+        "restarts_used": a.restarts_used, "max_restarts": config.max_restarts,
+        "retry_after_s": a.retry_after_s, "attempt": attempt, "event": event,
+    }
