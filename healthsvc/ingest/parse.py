@@ -192,7 +192,7 @@ def _build_batch(columns: dict[str, list], n: int, where: _Where) -> MetricBatch
         else:
             batch.values[name], batch.present[name] = _float_column(name, col, where)
             if name in INTEGER_FIELDS:
-                _check_integers(name, batch.values[name], batch.present[name], where)
+                _check_integers(name, col, batch.values[name], batch.present[name], where)
     if n > 1:
         _check_unique_keys(steps, ranks, where)
     return batch
@@ -263,19 +263,28 @@ def _float_column(name: str, col: list, where: _Where) -> tuple[np.ndarray, np.n
     return values, present
 
 
-_MAX_EXACT_INT = float(2 ** 53)
+_MAX_EXACT = 2 ** 53
+_MAX_EXACT_INT = float(_MAX_EXACT)
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
 
-def _check_integers(name: str, values: np.ndarray, present: np.ndarray, where: _Where) -> None:
+def _check_integers(name: str, col: list, values: np.ndarray, present: np.ndarray, where: _Where) -> None:
     """An integer field (``INTEGER_FIELDS``): a reported value must be a whole number from 0 to
-    2**53 (exact in float64); NaN/Infinity are no integers."""
+    2**53; NaN/Infinity are no integers. The JSON parsers read integers exactly, but float64
+    rounds 2**53 + 1 down to 2**53: values that reach 2**53 after the conversion are checked
+    against the integers as sent (rare, so the usual push pays one vectorised comparison)."""
     with np.errstate(invalid="ignore"):
         bad = present & ~((values >= 0) & (values <= _MAX_EXACT_INT) & (values == np.floor(values)))
     if bad.any():
         i = int(np.argmax(bad))
         raise InvalidInput(f"{name} must be an integer from 0 to 2**53, got {float(values[i])!r}",
                            loc=where(name, i))
+    at_limit = present & (values == _MAX_EXACT_INT)
+    if at_limit.any():
+        for i in np.flatnonzero(at_limit).tolist():
+            if type(col[i]) is int and col[i] > _MAX_EXACT:
+                raise InvalidInput(f"{name} must be an integer from 0 to 2**53, got {col[i]} (above 2**53, "
+                                   "where float64 would round it)", loc=where(name, i))
 
 
 def _string_column(name: str, col: list, where: _Where, max_chars: int = 255,
