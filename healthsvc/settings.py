@@ -60,6 +60,8 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='Per-severity overrides of group_wait_s, group_interval_s, repeat_interval_s, e.g.'
                     ' {"warning": {"group_wait_s": 10}}. Defaults: docs/alerting.md.')
+    alert_max_silences: int = Field(1000, ge=1, le=100_000, description="Most silences active or pending at once; one more is a 422 "
+                                                                       "(expire one with DELETE /v1/silences/{id}). Bounds the work of matching alerts.")
     alert_tick_s: float = Field(1.0, gt=0, description="How often alerts are re-evaluated (resolve timeouts, group intervals), seconds.")
     alert_delivery_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one webhook attempt, seconds.")
     alert_retry_base_s: float = Field(1.0, gt=0, description="First webhook retry backoff (full jitter, doubling), seconds.")
