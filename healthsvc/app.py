@@ -100,6 +100,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store.open()
+        _start_clock_after_stored_times(clock, store)
         tokens.load()
         _check_exposure(settings, tokens)
         for hook in ctx.on_startup:
@@ -147,6 +148,21 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     run_metrics.install(app, ctx)
     _install_openapi(app)
     return app
+
+
+def _start_clock_after_stored_times(clock: Callable[[], float], store: Any) -> None:
+    """Stored times are compared with the service clock (a rank's last push with now): after a
+    restart with the wall clock behind them, the clock starts from the newest of them instead
+    (see ``healthsvc.clock``), so the offset delays no timeout. Clocks without ``not_before``
+    (a test's fake clock) are left alone."""
+    not_before = getattr(clock, "not_before", None)
+    if not_before is None:
+        return
+    shift = not_before(store.newest_time())
+    if shift > 0:
+        log.warning("the wall clock is %.1f s behind the newest time the store holds; the service clock "
+                    "starts from that time (timeouts are measured from it; stored times may run ahead of "
+                    "the wall clock by as much)", shift)
 
 
 def create_asgi(settings: Settings | None = None, *, clock: Callable[[], float] | None = None):
