@@ -295,7 +295,13 @@ class MetricsIngest:
             if attempt not in attempts:
                 attempts.update(conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id=?", (run_id,)))
             return attempts[attempt]
-        st = RunState.from_dict(run_id, orjson.loads(snap.state)) if snap else RunState(run_id)
+        st = RunState(run_id)
+        if snap is not None:
+            try:
+                st = RunState.from_dict(run_id, orjson.loads(snap.state))
+            except Exception as exc:   # a form this release cannot read: the chunks tell it all
+                snapshots.replaying_past("ingest", run_id, exc)
+                snap = None
         for chunk in snapshots.chunks_after(conn, run_id, snap.watermark if snap else 0, fields={INCARNATION}):
             if chunk.attempt < st.attempt:
                 continue   # records of an earlier attempt delivered late: its state is gone
