@@ -26,6 +26,10 @@ class Settings(BaseSettings):
                                 description="Largest accepted request body, before and after gzip, bytes.")
     max_ranks: int = Field(1_048_576, ge=1, le=2**31,
                            description="Largest world size a run may have; rank ids are below it (memory per run grows with the ranks actually seen).")
+    max_runs: int = Field(10_000, ge=1, le=10_000_000, description="Most runs the service holds (each keeps about 100 KB "
+                                                                  "of state in memory); a write that would make one more is a 429.")
+    max_metric_names: int = Field(1024, ge=1, le=1_000_000, description="Most distinct metric names (fields) one run may have; "
+                                                                       "a push that would take a run beyond is a 422.")
     dedupe_window_s: float = Field(3600.0, gt=0, description="How long a re-sent batch is recognised as a duplicate, seconds.")
     snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
     lease_ttl_s: float = Field(10.0, gt=0, description="Replicas (a postgresql:// store): a run's owner renews its lease every third of this; "
