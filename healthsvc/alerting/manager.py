@@ -50,7 +50,7 @@ from healthsvc.alerting.policy import (
     NotificationLogEntry, NotifyReason, PolicyConfig, flush_due, group_key,
     group_timing, inhibited, needs_update, next_flush_at,
 )
-from healthsvc.alerting.silences import Silence, Silences
+from healthsvc.alerting.silences import Silences
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.identity import alert_fingerprint
 
@@ -119,7 +119,8 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         self._owns = owns
         self.on_changed_elsewhere: Callable[[str], None] | None = None
         self._alerts = {} if owns else {k: Alert.from_dict(v) for k, v in outbox.records("alert").items()}
-        self._silences = Silences(Silence.from_dict(v) for v in outbox.records("silence").values())
+        self._silences = Silences()
+        self._silences.reload(outbox.records("silence"))
         self._nflog = {} if owns else {tuple(k.split("|", 1)): NotificationLogEntry.from_dict(v)
                                        for k, v in outbox.records("nflog").items()}
         self._groups: dict[str, _Group] = {}

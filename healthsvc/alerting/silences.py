@@ -19,10 +19,13 @@ Example::
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping
 
 from healthsvc.alerting.model import Alert
+
+log = logging.getLogger(__name__)
 
 MAX_PATTERN_CHARS = 1000
 DEFAULT_MAX_SILENCES = 1000   # active or pending; each scanned one costs a few microseconds per alert
@@ -143,6 +146,7 @@ class Silences:
         self._by_id: dict[str, Silence] = {}
         self._by_pair: dict[tuple[str, str], dict[str, Silence]] = {}
         self._scanned: dict[str, Silence] = {}
+        self._unreadable: set[str] = set()   # stored silences this release cannot parse (said once)
         for s in silences:
             self.put(s)
 
@@ -177,13 +181,21 @@ class Silences:
 
     def reload(self, stored: Mapping[str, Mapping[str, Any]]) -> None:
         """Follow the stored silences (replicas: any replica may change them), parsing (and
-        compiling) only those that are new or changed since the last reload."""
+        compiling) only those that are new or changed since the last reload. One this release
+        cannot parse (a regex an earlier release's engine took, RE2 does not) is skipped with a
+        WARNING, never a reason not to start."""
         for sid in [sid for sid in self._by_id if sid not in stored]:
             self._drop(sid)
         for sid, d in stored.items():
             known = self._by_id.get(sid)
-            if known is None or known.to_dict() != d:
+            if (known is None and sid in self._unreadable) or (known is not None and known.to_dict() == d):
+                continue
+            try:
                 self.put(Silence.from_dict(d))
+            except (ValueError, KeyError, TypeError) as exc:
+                self._unreadable.add(sid)
+                log.warning("stored silence %s cannot be read (%s); it mutes nothing and is not listed: make "
+                            "it again in RE2 syntax", sid, exc)
 
     def unexpired(self, now: float) -> int:
         return sum(1 for s in self._by_id.values() if s.ends_at > now)

@@ -103,3 +103,17 @@ def test_a_replica_reload_compiles_only_new_silences(monkeypatch):
     del stored["sil_0"]
     s.reload(stored)
     assert compiled == ["new-.*"] and len(s) == 50 and s.get("sil_0") is None
+
+
+def test_a_stored_silence_this_release_cannot_parse_mutes_nothing_and_stops_nothing(caplog):
+    """Before RE2 a silence could hold a backreference: its database must still start."""
+    from healthsvc.alerting.silences import Silences
+    good = Silence("sil_ok", (Matcher("run", "r1"),), NOW - 1, NOW + 60).to_dict()
+    old = {**good, "id": "sil_old", "matchers": [{"name": "run", "value": "(a)\\1", "op": "=~"}]}
+    s = Silences()
+    for _ in range(2):   # replicas reload every tick: said once
+        s.reload({"sil_ok": good, "sil_old": old})
+    assert [x.id for x in s.values()] == ["sil_ok"]
+    assert s.matching({"run": "r1"}, NOW) == ["sil_ok"]
+    said = [r for r in caplog.records if "sil_old" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING"
