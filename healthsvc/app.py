@@ -27,7 +27,7 @@ from healthsvc.auth.router import router as auth_router
 from healthsvc.auth.tokens import TokenStore
 from healthsvc.body_limit import BodyLimitMiddleware
 from healthsvc.clock import ServiceClock
-from healthsvc.errors import HealthsvcError, store_error
+from healthsvc.errors import HealthsvcError, quota_error, store_error
 from healthsvc.findings import FindingsService
 from healthsvc.findings import api as findings_api
 from healthsvc.health import RunHealth
@@ -44,6 +44,7 @@ from healthsvc.store.interface import Store
 from healthsvc.store.outbox import Outbox
 from healthsvc.store.errors import STORE_ERRORS
 from healthsvc.store.open import open_store
+from healthsvc.store.quotas import QuotaExceeded, Quotas
 
 log = logging.getLogger("healthsvc")
 
@@ -77,7 +78,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     settings = settings or Settings()
     clock = clock or ServiceClock()
     store = open_store(settings.db, snapshot_every_s=settings.snapshot_every_s,
-                        dedupe_window_s=settings.dedupe_window_s, clock=clock)
+                        dedupe_window_s=settings.dedupe_window_s, clock=clock,
+                        quotas=Quotas(max_runs=settings.max_runs, max_metric_names=settings.max_metric_names))
     metrics = ServiceMetrics(store.size_bytes)
     findings = FindingsService(store, clock)
     ownership = ownership_for(settings, store)   # which runs this replica watches (replicas)
@@ -100,6 +102,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store.open()
+        _start_clock_after_stored_times(clock, store)
         tokens.load()
         _check_exposure(settings, tokens)
         for hook in ctx.on_startup:
@@ -149,6 +152,21 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     run_metrics.install(app, ctx)
     _install_openapi(app)
     return app
+
+
+def _start_clock_after_stored_times(clock: Callable[[], float], store: Any) -> None:
+    """Stored times are compared with the service clock (a rank's last push with now): after a
+    restart with the wall clock behind them, the clock starts from the newest of them instead
+    (see ``healthsvc.clock``), so the offset delays no timeout. Clocks without ``not_before``
+    (a test's fake clock) are left alone."""
+    not_before = getattr(clock, "not_before", None)
+    if not_before is None:
+        return
+    shift = not_before(store.newest_time())
+    if shift > 0:
+        log.warning("the wall clock is %.1f s behind the newest time the store holds; the service clock "
+                    "starts from that time (timeouts are measured from it; stored times may run ahead of "
+                    "the wall clock by as much)", shift)
 
 
 def create_asgi(settings: Settings | None = None, *, clock: Callable[[], float] | None = None):
@@ -204,6 +222,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     for error_class in STORE_ERRORS:   # sqlite3's, and psycopg's when installed
         app.add_exception_handler(error_class, _store_error)
+
+    @app.exception_handler(QuotaExceeded)   # a write that would make a run too many
+    async def _quota_error(request: Request, exc: QuotaExceeded) -> JSONResponse:
+        err = quota_error(exc)
+        return JSONResponse({"detail": err.detail()}, status_code=err.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -6,6 +6,7 @@
     ├── InvalidInput        422  the JSON is well formed but a field is wrong (names the field)
     ├── NotFound            404  no such run / checkpoint / resource
     ├── Conflict            409  the request contradicts stored state
+    ├── TooManyRequests     429  a quota of the service is reached (runs)
     ├── StoreUnavailable    503  the store refused the write (I/O error, locked, constraint)
     └── InsufficientStorage 507  the disk is full
 """
@@ -60,6 +61,11 @@ class Conflict(HealthsvcError):
     error_type = "conflict"
 
 
+class TooManyRequests(HealthsvcError):
+    status_code = 429
+    error_type = "quota_exceeded"
+
+
 class StoreUnavailable(HealthsvcError):
     status_code = 503
     error_type = "store_unavailable"
@@ -68,6 +74,16 @@ class StoreUnavailable(HealthsvcError):
 class InsufficientStorage(HealthsvcError):
     status_code = 507
     error_type = "insufficient_storage"
+
+
+def quota_error(exc: Any) -> HealthsvcError:
+    """What a client is told when a write would cross a store quota
+    (:class:`healthsvc.store.quotas.QuotaExceeded`): 429 for one run too many (the request was
+    right; the service is full), 422 for a push with too many metric names (naming its body)."""
+    hint = f"raise HEALTHSVC_{exc.setting.upper()} if this is expected (now {exc.limit})"
+    if exc.setting == "max_runs":
+        return TooManyRequests(str(exc), loc=("path", "run_id"), hint=hint + "; or push to an existing run")
+    return InvalidInput(str(exc), loc=("body",), hint=hint + "; or send such values as fewer metrics")
 
 
 def store_error(exc: BaseException) -> HealthsvcError:

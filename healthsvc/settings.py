@@ -26,6 +26,10 @@ class Settings(BaseSettings):
                                 description="Largest accepted request body, before and after gzip, bytes.")
     max_ranks: int = Field(1_048_576, ge=1, le=2**31,
                            description="Largest world size a run may have; rank ids are below it (memory per run grows with the ranks actually seen).")
+    max_runs: int = Field(10_000, ge=1, le=10_000_000, description="Most runs the service holds (each keeps about 100 KB "
+                                                                  "of state in memory); a write that would make one more is a 429.")
+    max_metric_names: int = Field(1024, ge=1, le=1_000_000, description="Most distinct metric names (fields) one run may have; "
+                                                                       "a push that would take a run beyond is a 422.")
     dedupe_window_s: float = Field(3600.0, gt=0, description="How long a re-sent batch is recognised as a duplicate, seconds.")
     snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
     lease_ttl_s: float = Field(10.0, gt=0, description="Replicas (a postgresql:// store): a run's owner renews its lease every third of this; "
@@ -64,6 +68,8 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='Per-severity overrides of group_wait_s, group_interval_s, repeat_interval_s, e.g.'
                     ' {"warning": {"group_wait_s": 10}}. Defaults: docs/alerting.md.')
+    alert_max_silences: int = Field(1000, ge=1, le=100_000, description="Most silences active or pending at once; one more is a 422 "
+                                                                       "(expire one with DELETE /v1/silences/{id}). Bounds the work of matching alerts.")
     alert_tick_s: float = Field(1.0, gt=0, description="How often alerts are re-evaluated (resolve timeouts, group intervals), seconds.")
     alert_delivery_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one webhook attempt, seconds.")
     alert_retry_base_s: float = Field(1.0, gt=0, description="First webhook retry backoff (full jitter, doubling), seconds.")

@@ -6,7 +6,8 @@ once.
 Modules, one concept each::
 
     model         Alert, labels, fingerprint, lifecycle (fire / clear / expire / resolve)
-    policy        NotifyReason, needs_update, Timing, inhibition, silences   (pure)
+    policy        NotifyReason, needs_update, Timing, inhibition   (pure)
+    silences      Matcher, Silence (regexes compiled once), Silences: indexed matching, the cap
     subscription  Subscription: URL, body format, filters, secret, headers, bearer token
     formats       webhook bodies: alertmanager | slack | json | alertmanager_api | pagerduty
     signing       Standard Webhooks headers, sign and verify

@@ -19,6 +19,7 @@ from detectors.finding import SEVERITY_ORDER
 
 from healthsvc.alerting.model import Alert
 from healthsvc.alerting.policy import Matcher, NotificationLogEntry, PolicyConfig, Silence, inhibited
+from healthsvc.alerting.silences import Silences
 from healthsvc.alerting.signing import generate_message_id
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.store.outbox import Outbox
@@ -61,7 +62,7 @@ class AlertAdmin:
     policy: PolicyConfig
     _lock: threading.RLock
     _alerts: dict[str, Alert]
-    _silences: dict[str, Silence]
+    _silences: Silences
     _settings_subs: dict[str, Subscription]
     _api_subs: dict[str, Subscription]
     _nflog: dict[tuple[str, str], NotificationLogEntry]
@@ -73,7 +74,8 @@ class AlertAdmin:
     def add_silence(self, matchers: Iterable[Matcher], starts_at: float, ends_at: float, now: float,
                     created_by: str = "", comment: str = "") -> Silence:
         s = Silence("sil_" + generate_message_id()[4:], tuple(matchers), starts_at, ends_at, created_by, comment)
-        self._silences[s.id] = s
+        self._silences.check_room(now, self.policy.max_silences)
+        self._silences.put(s)
         self.outbox.put_record("silence", s.id, s.to_dict(), now)
         return s
 
@@ -85,7 +87,7 @@ class AlertAdmin:
             raise NotFound(f"no silence {silence_id!r}")
         if s.ends_at > now:
             s = Silence(s.id, s.matchers, min(s.starts_at, now - 1e-3), now, s.created_by, s.comment)
-            self._silences[s.id] = s
+            self._silences.put(s)
             self.outbox.put_record("silence", s.id, s.to_dict(), now)
         return s
 
@@ -165,9 +167,8 @@ class AlertAdmin:
             for run in {a.run for a in alerts}:
                 inhibited_fps |= inhibited([a for a in known.values() if a.run == run],
                                            self.policy.inhibit_rules)
-            active = [s for s in self._silences.values() if s.active(now)]
             return {a.fingerprint: {
-                "silenced_by": [s.id for s in active if s.matches(a.routing_labels())],
+                "silenced_by": self._silences.matching(a.routing_labels(), now),
                 "inhibited": a.fingerprint in inhibited_fps,
             } for a in alerts}
 

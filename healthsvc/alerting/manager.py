@@ -47,9 +47,10 @@ from healthsvc.alerting.formats import Notification, render_all
 from healthsvc.alerting.model import Alert, LifecyclePolicy
 from healthsvc.store.outbox import Outbox
 from healthsvc.alerting.policy import (
-    NotificationLogEntry, NotifyReason, PolicyConfig, Silence, flush_due, group_key,
-    group_timing, inhibited, needs_update, next_flush_at, resolution_due, silenced,
+    NotificationLogEntry, NotifyReason, PolicyConfig, flush_due, group_key,
+    group_timing, inhibited, needs_update, next_flush_at, resolution_due,
 )
+from healthsvc.alerting.silences import Silences
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.identity import alert_fingerprint
 
@@ -120,7 +121,8 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         self._owns = owns
         self.on_changed_elsewhere: Callable[[str], None] | None = None
         self._alerts = {} if owns else {k: Alert.from_dict(v) for k, v in outbox.records("alert").items()}
-        self._silences = {k: Silence.from_dict(v) for k, v in outbox.records("silence").items()}
+        self._silences = Silences()
+        self._silences.reload(outbox.records("silence"))
         self._nflog = {} if owns else {tuple(k.split("|", 1)): NotificationLogEntry.from_dict(v)
                                        for k, v in outbox.records("nflog").items()}
         self._groups: dict[str, _Group] = {}
@@ -306,7 +308,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         if not due and not g.resolved_pending:
             return []
         run_alerts = [a for a in self._alerts.values() if a.run == run_id]
-        muted = inhibited(run_alerts, self.policy.inhibit_rules) | silenced(members, self._silences.values(), now)
+        muted = inhibited(run_alerts, self.policy.inhibit_rules) | self._silences.muted(members, now)
         enqueued = []
         for sub in self.subscriptions():
             if sub.pass_through:

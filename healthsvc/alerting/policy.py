@@ -14,7 +14,8 @@
   (:func:`kind_inhibit_rules`, from each kind's ``mutes`` in :mod:`detectors.kinds`:
   ``non_finite`` mutes the spikes and divergence it explains; ``stall`` mutes the ``hang`` and
   ``straggler`` alerts it explains).
-- **Silences**: label matchers (``=``, ``!=``, ``=~``, ``!~``) with a start and an expiry.
+- **Silences**: label matchers (``=``, ``!=``, ``=~``, ``!~``) with a start and an expiry
+  (:mod:`healthsvc.alerting.silences`).
 
 Example::
 
@@ -24,35 +25,16 @@ Example::
 from __future__ import annotations
 
 import enum
-import functools
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Mapping
 
 from detectors.finding import SEVERITY_ORDER
 from detectors import kinds as kind_table
 
 from healthsvc.alerting.model import Alert
-
-MAX_PATTERN_CHARS = 1000
-
-
-@functools.lru_cache(maxsize=1024)
-def compile_pattern(pattern: str):
-    """An RE2 pattern (google-re2): matching is linear in the input, so no pattern can backtrack
-    catastrophically (``(a+)+b`` on a long run id costs microseconds, not minutes). RE2 has no
-    backreferences or lookaround; a pattern using them is refused when the matcher is made."""
-    import re2
-
-    if len(pattern) > MAX_PATTERN_CHARS:
-        raise ValueError(f"regex longer than {MAX_PATTERN_CHARS} characters")
-    options = re2.Options()
-    options.log_errors = False
-    try:
-        return re2.compile(pattern, options)
-    except re2.error as exc:
-        msg = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        raise ValueError(f"invalid regex {pattern[:80]!r}: {msg} (RE2 syntax: no backreferences or lookaround)") from None
-
+# Silences are healthsvc.alerting.silences'; re-exported for the policy's callers.
+from healthsvc.alerting.silences import (DEFAULT_MAX_SILENCES, MAX_PATTERN_CHARS, Matcher, MatchOp,  # noqa: F401
+                                         Silence, compile_pattern, silenced)
 
 class NotifyReason(str, enum.Enum):
     """Why a group is (or is not) notified; mirrors Alertmanager's ``NotifyReason``."""
@@ -231,95 +213,10 @@ def inhibited(alerts: Iterable[Alert], rules: Iterable[InhibitRule] | None = Non
     return muted
 
 
-# ---------------------------------------------------------------------------------------------
-# Silences
-
-MatchOp = Literal["=", "!=", "=~", "!~"]
-
-
-@dataclass(frozen=True)
-class Matcher:
-    """A label matcher; regex matchers are anchored, as in Alertmanager."""
-
-    name: str
-    value: str
-    op: MatchOp = "="
-
-    def __post_init__(self) -> None:
-        if self.op not in ("=", "!=", "=~", "!~"):
-            raise ValueError(f"matcher op must be one of =, !=, =~, !~; got {self.op!r}")
-        if self.op in ("=~", "!~"):
-            compile_pattern(self.value)  # fail at creation, not at match time
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        value = labels.get(self.name, "")
-        if self.op == "=":
-            return value == self.value
-        if self.op == "!=":
-            return value != self.value
-        hit = compile_pattern(self.value).fullmatch(value) is not None
-        return hit if self.op == "=~" else not hit
-
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "value": self.value, "op": self.op}
-
-
-@dataclass(frozen=True)
-class Silence:
-    """Mutes notifications of matching alerts between ``starts_at`` and ``ends_at`` (unix s).
-
-    Alerts keep firing and are listed by the API; only notifications are muted.
-    """
-
-    id: str
-    matchers: tuple[Matcher, ...]
-    starts_at: float
-    ends_at: float
-    created_by: str = ""
-    comment: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.matchers:
-            raise ValueError("a silence needs at least one matcher (it would mute everything)")
-        if self.ends_at <= self.starts_at:
-            raise ValueError("silence ends_at must be after starts_at")
-
-    def active(self, now: float) -> bool:
-        return self.starts_at <= now < self.ends_at
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(m.matches(labels) for m in self.matchers)
-
-    def to_dict(self, now: float | None = None) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "id": self.id, "matchers": [m.to_dict() for m in self.matchers],
-            "starts_at": self.starts_at, "ends_at": self.ends_at,
-            "created_by": self.created_by, "comment": self.comment,
-        }
-        if now is not None:
-            d["state"] = "active" if self.active(now) else ("pending" if now < self.starts_at else "expired")
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Silence":
-        return cls(
-            id=d["id"], matchers=tuple(Matcher(m["name"], m["value"], m.get("op", "=")) for m in d["matchers"]),
-            starts_at=float(d["starts_at"]), ends_at=float(d["ends_at"]),
-            created_by=d.get("created_by", ""), comment=d.get("comment", ""),
-        )
-
-
-def silenced(alerts: Iterable[Alert], silences: Iterable[Silence], now: float) -> set[str]:
-    """Fingerprints of the alerts muted by an active silence at ``now``."""
-    active = [s for s in silences if s.active(now)]
-    if not active:
-        return set()
-    return {a.fingerprint for a in alerts if any(s.matches(a.routing_labels()) for s in active)}
-
-
 @dataclass(frozen=True)
 class PolicyConfig:
     """Everything the notification policy needs; defaults are the documented ones."""
 
     timings: Mapping[str, Timing] = field(default_factory=lambda: dict(DEFAULT_TIMINGS))
     inhibit_rules: tuple[InhibitRule, ...] = field(default_factory=kind_inhibit_rules)
+    max_silences: int = DEFAULT_MAX_SILENCES   # active or pending at once (see silences)

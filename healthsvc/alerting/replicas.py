@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from healthsvc.alerting.admin import one_job
 from healthsvc.alerting.model import Alert
-from healthsvc.alerting.policy import NotificationLogEntry, Silence
+from healthsvc.alerting.policy import NotificationLogEntry
+from healthsvc.alerting.silences import Silences
 from healthsvc.alerting.subscription import Subscription
 
 
@@ -23,7 +24,7 @@ class ReplicaAlerts:
     outbox: Any
     _alerts: dict[str, Alert]
     _nflog: dict[tuple[str, str], NotificationLogEntry]
-    _silences: dict[str, Silence]
+    _silences: Silences
     _api_subs: dict[str, Subscription]
     _settings_subs: dict[str, Subscription]
     _groups: dict[str, Any]
@@ -60,7 +61,7 @@ class ReplicaAlerts:
         """Replicas: silences and API subscriptions may be changed through any replica; the
         owner reads them again at every tick (two small reads), so a silence made elsewhere
         mutes its pages within a tick."""
-        self._silences = {k: Silence.from_dict(v) for k, v in self.outbox.records("silence").items()}
+        self._silences.reload(self.outbox.records("silence"))   # compiles only new or changed ones
         self._api_subs = {k: Subscription.from_dict(v) for k, v in self.outbox.records("subscription").items()
                           if k not in self._settings_subs}
 

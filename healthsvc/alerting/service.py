@@ -50,7 +50,7 @@ def policy_from_settings(settings: Any) -> PolicyConfig:
             raise ValueError(f"alert_timings: unknown severity {severity!r}; expected one of {tuple(timings)}")
         base = timings[severity]
         timings[severity] = Timing(**{**base.__dict__, **override})
-    return PolicyConfig(timings=timings)
+    return PolicyConfig(timings=timings, max_silences=settings.alert_max_silences)
 
 
 class AlertingService:

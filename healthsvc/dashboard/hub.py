@@ -27,6 +27,7 @@ from healthsvc.monitor.aligner import StepAligner
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
 from healthsvc.store.runstate import RunView
+from healthsvc.store.snapshots import replaying_past
 from healthsvc.dashboard.rollup import HEAT_FIELDS, LINE_FIELDS, RunRollup
 
 log = logging.getLogger(__name__)
@@ -233,8 +234,8 @@ class RollupHub:
                 if run_id in snapshots:
                     try:
                         feed.load_bytes(snapshots[run_id])
-                    except Exception:
-                        log.exception("dashboard snapshot of run %s unreadable; replaying its history", run_id)
+                    except Exception as exc:
+                        replaying_past("dashboard", run_id, exc)
                         feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, row["config"].get("world_size"))
             # As the monitor's replay: the store's run state is what the chunks led to (see
             # MonitorHub._restore); each attempt's first step is in its attempts table.

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from healthsvc.errors import HealthsvcError, store_error
+from healthsvc.errors import HealthsvcError, quota_error, store_error
 from healthsvc.store.errors import STORE_ERRORS
+from healthsvc.store.quotas import QuotaExceeded
 from healthsvc.ingest.parse import decode_body, parse_metrics
 
 
@@ -16,7 +17,7 @@ async def accept_metrics(ctx, run_id: str, raw: bytes, content_encoding: str | N
     started = time.perf_counter()
     try:
         body = decode_body(raw, content_encoding, ctx.settings.max_body_bytes)
-        batch, digest = parse_metrics(body, ctx.settings.max_ranks)
+        batch, digest = parse_metrics(body, ctx.settings.max_ranks, ctx.settings.max_metric_names)
     except HealthsvcError:
         metrics.ingest_requests.labels("rejected").inc()
         raise
@@ -25,6 +26,9 @@ async def accept_metrics(ctx, run_id: str, raw: bytes, content_encoding: str | N
     except STORE_ERRORS as exc:  # nothing was stored: a 503/507 the client retries
         metrics.ingest_requests.labels("failed").inc()
         raise store_error(exc) from None
+    except QuotaExceeded as exc:  # nothing was stored either
+        metrics.ingest_requests.labels("rejected").inc()
+        raise quota_error(exc) from None
     if result.duplicate:
         metrics.ingest_duplicates.inc()
         metrics.ingest_requests.labels("duplicate").inc()

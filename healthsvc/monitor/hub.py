@@ -33,6 +33,7 @@ from healthsvc.monitor.run_monitor import NOT_JUDGED, RunMonitor
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
 from healthsvc.store.runstate import RunView
+from healthsvc.store.snapshots import replaying_past
 
 log = logging.getLogger(__name__)
 
@@ -367,12 +368,12 @@ class MonitorHub:
         watermark, saved_at = 0, None
         if snapshot is not None:
             watermark = snapshot.watermark
-            state = json.loads(snapshot.state)
             try:
+                state = json.loads(snapshot.state)
                 mon.load_state_dict(state)
                 saved_at = state.get("saved_at")
-            except Exception:
-                log.exception("monitor snapshot of run %s unreadable; replaying its history", run_id)
+            except Exception as exc:
+                replaying_past("monitor", run_id, exc)
                 mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
                 watermark = 0
         # The store's run state (loaded before us) is what the replayed chunks led to: its

@@ -20,6 +20,7 @@ from healthsvc.store.control import ControlWrites
 from healthsvc.store.findings import FindingsTable
 from healthsvc.store.ingest import MetricsIngest
 from healthsvc.store.probes import ProbesTable
+from healthsvc.store.quotas import Quotas
 from healthsvc.store.reads import StoreReads
 from healthsvc.store.runstate import RunState
 from healthsvc.store.snapshots import Snapshot, SnapshotKind, StoredChunk
@@ -37,8 +38,9 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
     shared_database: bool = False
 
     def __init__(self, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, quotas: Quotas = Quotas()) -> None:
         self.snapshot_every_s = snapshot_every_s
+        self.quotas = quotas
         # How long a batch's idempotency key is remembered: retries come within minutes, and one
         # row per request kept forever would outgrow the data itself at thousands of ranks.
         self.dedupe_window_s = dedupe_window_s

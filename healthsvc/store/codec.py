@@ -12,7 +12,7 @@ would dominate small batches if each column were compressed on its own. Blocks t
 are stored raw.
 
 Values are kept bit for bit as float64, so NaN and ±Inf survive; "not reported" is the separate
-presence bitmap. Steps and ranks are stored as deltas, which compress to almost nothing for the
+presence bitmap. The first release's chunks (``b"HSC1"``) are read by ``codec_v1``. Steps and ranks are stored as deltas, which compress to almost nothing for the
 usual shapes (one step x many ranks, or many steps x one rank).
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from healthsvc.store.batch import MetricBatch
+from healthsvc.store import codec_v1
 
 MAGIC = b"HSC2"
 RAW_BELOW_BYTES = 256  # smaller blocks are stored uncompressed
@@ -108,9 +109,11 @@ def _encode_one_record(batch: MetricBatch, names: list[str], has_hosts: bool, la
 
 
 def decode_chunk(buf: bytes, fields: set[str] | None = None) -> MetricBatch:
-    """Decode a chunk; with ``fields`` only those metric columns are returned."""
+    """Decode a chunk (of any release); with ``fields`` only those metric columns are returned."""
     if buf[:4] != MAGIC:
-        raise ValueError("not a healthsvc chunk")
+        if buf[:4] == codec_v1.MAGIC:
+            return codec_v1.decode_chunk_v1(buf, fields)
+        raise ValueError(f"not a healthsvc chunk (starts with {bytes(buf[:4])!r})")
     (hlen,) = struct.unpack_from("<I", buf, 4)
     header = orjson.loads(buf[8:8 + hlen])
     n, names = header["n"], header["fields"]

@@ -22,6 +22,7 @@ from healthsvc.store.batch import MetricBatch
 from healthsvc.store import snapshots
 from healthsvc.store.codec import encode_chunk
 from healthsvc.store.errors import STORE_ERRORS
+from healthsvc.store.quotas import Quotas, TooManyMetricNames, TooManyRuns
 from healthsvc.store.results import IngestResult
 from healthsvc.store.runstate import INCARNATION, RunState, RunView
 
@@ -59,6 +60,7 @@ class MetricsIngest:
     _write_conn: sqlite3.Connection | None
     snapshot_every_s: float
     dedupe_window_s: float
+    quotas: Quotas
 
 
     def submit_metrics(self, run_id: str, batch: MetricBatch, digest: str) -> Future:
@@ -67,6 +69,9 @@ class MetricsIngest:
     def _ensure_run(self, conn: sqlite3.Connection, run_id: str, now: float) -> RunState:
         st = self._runs.get(run_id)
         if st is None:
+            if len(self._runs) >= self.quotas.max_runs and not conn.execute(
+                    "SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone():
+                raise TooManyRuns(run_id, self.quotas.max_runs)   # before anything is written
             cur = conn.execute("INSERT OR IGNORE INTO runs (run_id, created_at, updated_at) VALUES (?, ?, ?)",
                                (run_id, now, now))
             st = self._runs[run_id] = RunState(run_id)
@@ -77,6 +82,19 @@ class MetricsIngest:
                 self._load_run_state(conn, run_id, status)
                 st = self._runs[run_id]
         return st
+
+    def _claim_names(self, run_id: str, st: RunState, batch: MetricBatch) -> None:
+        """Count the batch's new field names against the run's quota (raises before anything is
+        written). Claimed before the SQL: a job that fails after it leaves names counted that no
+        chunk holds, until the next reload of the run states (a failed commit's) recounts them."""
+        new = st.new_names(batch)
+        if not new:
+            return
+        known = st.metric_names if st.metric_names is not None else set()
+        if len(known) + len(new) > self.quotas.max_metric_names:
+            raise TooManyMetricNames(run_id, new, len(known), self.quotas.max_metric_names)
+        known.update(new)
+        st.metric_names = known
 
     def _newer_attempt(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> tuple[int, int] | None:
         """(attempt, start step) of a restart another replica opened since this one last wrote
@@ -95,6 +113,7 @@ class MetricsIngest:
     def _ingest(self, conn: sqlite3.Connection, run_id: str, batch: MetricBatch, digest: str) -> IngestResult:
         now = self._clock()
         st = self._ensure_run(conn, run_id, now)
+        self._claim_names(run_id, st, batch)
         # Encoded once: stored, and handed on with the result (a replica that does not own the
         # run sends these bytes to the owner).
         payload = encode_chunk(batch) if len(batch) else b""
@@ -295,7 +314,13 @@ class MetricsIngest:
             if attempt not in attempts:
                 attempts.update(conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id=?", (run_id,)))
             return attempts[attempt]
-        st = RunState.from_dict(run_id, orjson.loads(snap.state)) if snap else RunState(run_id)
+        st = RunState(run_id)
+        if snap is not None:
+            try:
+                st = RunState.from_dict(run_id, orjson.loads(snap.state))
+            except Exception as exc:   # a form this release cannot read: the chunks tell it all
+                snapshots.replaying_past("ingest", run_id, exc)
+                snap = None
         for chunk in snapshots.chunks_after(conn, run_id, snap.watermark if snap else 0, fields={INCARNATION}):
             if chunk.attempt < st.attempt:
                 continue   # records of an earlier attempt delivered late: its state is gone
@@ -310,7 +335,18 @@ class MetricsIngest:
                 " GROUP BY attempt", (run_id,)):
             st.attempt_progress[attempt] = [last_step, n_records]
             st.last_push = max(st.last_push or 0.0, last_push)
+        st.metric_names = _stored_names(conn, run_id, st.metric_names, snap.watermark if snap else 0)
         self._runs[run_id] = st
+
+
+def _stored_names(conn: sqlite3.Connection, run_id: str, known: set[str] | None, watermark: int) -> set[str]:
+    """The run's field names: the snapshot's and those of the chunks after it (all of its chunks
+    when the snapshot has none: an earlier release's, read once at its first start)."""
+    after = watermark if known is not None else 0
+    names = set(known or ())
+    for (fields,) in conn.execute("SELECT DISTINCT fields FROM chunks WHERE run_id=? AND id>?", (run_id, after)):
+        names.update(f for f in fields.split(",") if f)
+    return names
 
 
 def _earlier_attempt(batch: MetricBatch, older: dict[str, int]) -> int | None:

@@ -31,6 +31,7 @@ from psycopg_pool import ConnectionPool
 from healthsvc.store.batch import MetricBatch
 from healthsvc.store import migrations
 from healthsvc.store.base import StoreBase
+from healthsvc.store.quotas import Quotas
 from healthsvc.store.dialect import Catalog, Statement, pg_ddl, pg_plain, pg_statement, split_script
 from healthsvc.store.ingest import CHUNK_COLUMNS, CHUNK_PLACES, Appended, chunk_row
 from healthsvc.store.open import is_postgres_uri
@@ -368,8 +369,9 @@ class PostgresStore(StoreBase):
     shared_database = True
 
     def __init__(self, uri: str, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
-                 clock: Callable[[], float] = time.time, pool_size: int = 8) -> None:
-        super().__init__(snapshot_every_s=snapshot_every_s, dedupe_window_s=dedupe_window_s, clock=clock)
+                 clock: Callable[[], float] = time.time, pool_size: int = 8, quotas: Quotas = Quotas()) -> None:
+        super().__init__(snapshot_every_s=snapshot_every_s, dedupe_window_s=dedupe_window_s, clock=clock,
+                         quotas=quotas)
         if not is_postgres_uri(uri):
             raise ValueError(f"not a PostgreSQL URI: {uri!r}")
         self.uri = uri

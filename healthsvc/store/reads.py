@@ -32,6 +32,15 @@ class StoreReads:
         st = self._runs.get(run_id)
         return None if st is None else st.snapshot()
 
+    def newest_time(self) -> float:
+        """The newest service-clock time the store holds of the runs' activity (pushes,
+        heartbeats, run changes), unix seconds; 0 for an empty store. Read at start, so a service
+        clock that came back behind it can start from it (``healthsvc.clock``)."""
+        pushes = max((st.last_push or 0.0 for st in self._runs.values()), default=0.0)
+        (beats, runs) = self.read_conn().execute(
+            "SELECT (SELECT max(ts) FROM heartbeats), (SELECT max(updated_at) FROM runs)").fetchone()
+        return max(pushes, beats or 0.0, runs or 0.0)
+
     def run_exists(self, run_id: str) -> bool:
         return self.read_conn().execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is not None
 

@@ -82,6 +82,16 @@ class RunState:
     finished_ranks: set[int] = field(default_factory=set)  # ranks that said finish in this attempt
     attempt_progress: dict[int, list[int]] = field(default_factory=dict)  # attempt -> [last step, records]
     last_push: float | None = None    # service clock of the last accepted batch
+    # Distinct field names the run's chunks hold (metrics and string fields), for the quota on
+    # them; None in a snapshot of an earlier release (the store reads them from the chunks).
+    metric_names: set[str] | None = field(default_factory=set)
+
+    def new_names(self, batch: MetricBatch) -> list[str]:
+        """The batch's field names the run has not had yet (a set comparison on the usual push)."""
+        known = self.metric_names
+        if known and batch.values.keys() <= known and (not batch.labels or batch.labels.keys() <= known):
+            return []
+        return sorted(n for n in (*batch.values, *batch.labels) if not known or n not in known)
 
     def record_push(self, step_max: int, n_records: int, now: float, attempt: int | None = None) -> None:
         prog = self.attempt_progress.setdefault(self.attempt if attempt is None else attempt, [step_max, 0])
@@ -410,13 +420,15 @@ class RunState:
                 "finished_ranks": sorted(self.finished_ranks),
                 "ranks": self.ids[seen].tolist(), "last_step": self.last_step[seen].tolist(),
                 "host_code": self.host_code[seen].tolist(), "host_names": self.host_names,
-                "inc_code": self.inc_code[seen].tolist(), "inc_names": self.inc_names}
+                "inc_code": self.inc_code[seen].tolist(), "inc_names": self.inc_names,
+                "metric_names": sorted(self.metric_names or ())}
 
     @classmethod
     def from_dict(cls, run_id: str, d: dict) -> "RunState":
         st = cls(run_id=run_id, attempt=d["attempt"], start_step=d["start_step"],
                  finished=d.get("finished", False), host_names=list(d["host_names"]),
-                 finished_ranks=set(d.get("finished_ranks", ())), inc_names=list(d.get("inc_names", ())))
+                 finished_ranks=set(d.get("finished_ranks", ())), inc_names=list(d.get("inc_names", ())),
+                 metric_names=set(d["metric_names"]) if "metric_names" in d else None)
         ranks = np.asarray(d["ranks"], dtype=np.int64)
         if len(ranks):
             pos = st._grow(ranks)

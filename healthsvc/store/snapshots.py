@@ -5,12 +5,15 @@ Three owners keep per-run state in memory and rebuild it on start the same way: 
 and the dashboard's rollups (``"dashboard"``). Each writes, now and then, a snapshot of its state
 with a *watermark* (the id of the last stored chunk the state includes); on start it loads the
 snapshot and replays the chunks stored after the watermark, so nothing is lost and nothing is
-counted twice. A snapshot is an optimisation: without one the whole history is replayed.
+counted twice. A snapshot is an optimisation: without one the whole history is replayed, and
+one the owner cannot read (an earlier release's form) is replayed past the same way, never a
+reason not to start (:func:`replaying_past`).
 
 The table is ``run_state`` (``schema.py``); these are the only functions that touch it.
 """
 from __future__ import annotations
 
+import logging
 import sqlite3
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
@@ -19,6 +22,16 @@ from healthsvc.store.batch import MetricBatch
 from healthsvc.store.codec import decode_chunk
 
 SnapshotKind = Literal["ingest", "monitor", "dashboard"]
+
+log = logging.getLogger(__name__)
+
+
+def replaying_past(kind: SnapshotKind, run_id: str, exc: BaseException) -> None:
+    """Say (one WARNING line: nothing is lost, so no traceback) that a run's snapshot could not be
+    read and its history is replayed instead. Snapshots of earlier releases lack what newer
+    state has; the replay rebuilds it from the chunks."""
+    log.warning("%s snapshot of run %s unreadable (%s: %s, e.g. written by an earlier release); "
+                "replaying its history instead", kind, run_id, type(exc).__name__, str(exc)[:200])
 
 
 @dataclass(frozen=True)

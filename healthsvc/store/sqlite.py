@@ -18,6 +18,7 @@ from typing import Callable
 
 from healthsvc.store import migrations
 from healthsvc.store.base import StoreBase
+from healthsvc.store.quotas import Quotas
 from healthsvc.store.results import IngestResult, RunEvent
 
 __all__ = ["IngestResult", "RunEvent", "SQLiteStore", "sqlite_path_from_uri"]
@@ -36,8 +37,9 @@ def sqlite_path_from_uri(uri: str) -> str:
 
 class SQLiteStore(StoreBase):
     def __init__(self, uri: str, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
-                 clock: Callable[[], float] = time.time) -> None:
-        super().__init__(snapshot_every_s=snapshot_every_s, dedupe_window_s=dedupe_window_s, clock=clock)
+                 clock: Callable[[], float] = time.time, quotas: Quotas = Quotas()) -> None:
+        super().__init__(snapshot_every_s=snapshot_every_s, dedupe_window_s=dedupe_window_s, clock=clock,
+                         quotas=quotas)
         self.path = sqlite_path_from_uri(uri)
 
     def __repr__(self) -> str:

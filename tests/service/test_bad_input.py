@@ -43,6 +43,13 @@ def stored(http, run="bad"):
     (b'{"records": [{"step": 1, "rank": 0, "replica_group": 1.5}]}', 422, ["body", "records", 0, "replica_group"]),
     (b'{"records": [{"step": 1, "rank": 0, "replica_group": -1}]}', 422, ["body", "records", 0, "replica_group"]),
     (b'{"columns": {"step": [1], "rank": [0], "data_cursor": ["NaN"]}}', 422, ["body", "columns", "data_cursor", 0]),
+    # 2**53 + 1 would be stored as 2**53 (float64): refused, not rounded (issue 25)
+    (b'{"records": [{"step": 1, "rank": 0, "data_cursor": 9007199254740993}]}', 422,
+     ["body", "records", 0, "data_cursor"]),
+    (b'{"columns": {"step": [1, 1], "rank": [0, 1], "data_cursor": [3, 9007199254740993]}}', 422,
+     ["body", "columns", "data_cursor", 1]),
+    (b'{"records": [{"step": 1, "rank": 0, "replica_group": 18446744073709551615}]}', 422,
+     ["body", "records", 0, "replica_group"]),
     (b'{"records": [{"step": 1, "rank": 0}, {"step": 1, "rank": 0}]}', 422, ["body", "records", 1, "step"]),
     (b'{"columns": {"step": [1, 2], "rank": [0]}}', 422, ["body", "columns", "rank"]),
     (b'{"columns": {"step": [1], "rank": [0], "loss": 3}}', 422, ["body", "columns", "loss"]),
@@ -130,3 +137,15 @@ def test_fuzz_never_500_and_rejections_change_nothing(shared_http, body):
     if r.status_code != 202:
         assert r.json()["detail"][0]["msg"]
         assert stored(shared_http, "fuzz") == before
+
+
+def test_an_integer_field_is_exact_up_to_its_documented_maximum(shared_http):
+    """2**53 itself is accepted and read back exactly; one above it is a 422 naming the field."""
+    top = 2**53
+    body = {"records": [{"step": 1, "rank": 0, "data_cursor": top}]}
+    assert shared_http.post("/v1/runs/exact/metrics", json=body).status_code == 202
+    assert shared_http.get("/v1/runs/exact/metrics").json()["columns"]["data_cursor"] == [top]
+    r = shared_http.post("/v1/runs/exact/metrics", json={"records": [{"step": 2, "rank": 0, "data_cursor": top + 1}]})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "records", 0, "data_cursor"]
+    assert "2**53" in r.json()["detail"][0]["msg"]
