@@ -121,8 +121,10 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def documented_commands() -> list[str]:
-    """Every ``healthsvc ...`` command line the runbook and the alerting page show."""
+    """Every ``healthsvc ...`` command line the runbook and the alerting page show, and the
+    README's on-call ones."""
     lines = re.findall(r"`(healthsvc [^`]+)`", (DOCS / "runbook.md").read_text())
+    lines += re.findall(r"`(healthsvc (?:alerts|ack|silence|findings)\b[^`]*)`", (DOCS.parent / "README.md").read_text())
     block = re.search(r"### From the command line.*?```bash\n(.*?)```", (DOCS / "alerting.md").read_text(), re.S)
     lines += [line.split("  #")[0].strip() for line in block.group(1).splitlines()]
     return [line for line in lines if not line.endswith("--help")]
