@@ -23,7 +23,7 @@ from healthsvc import dashboard, economics, monitor, probes, rollback, run_metri
 from healthsvc.alerting import service as alerting_feature
 from healthsvc.alerting.service import AlertingService
 from healthsvc.auth.guard import Guard
-from healthsvc.auth.router import router as auth_router
+from healthsvc.auth.api import router as auth_router
 from healthsvc.auth.tokens import TokenStore
 from healthsvc.body_limit import BodyLimitMiddleware
 from healthsvc.clock import ServiceClock

@@ -7,10 +7,6 @@ import sys
 
 COMMANDS: dict[str, "tuple[str, callable, callable]"] = {}
 
-# Modules that register more subcommands with @command on import (a feature's CLI lives with it).
-CLI_MODULES: list[str] = ["healthsvc.run_cli", "healthsvc.alerts_cli", "healthsvc.silence_cli", "healthsvc.rollback.cli",
-                         "healthsvc.sync_cli", "healthsvc.supervise.cli"]
-
 SERVER_EXTRA_HINT = ("healthsvc serve needs the server dependencies, which a client-only install "
                      "leaves out: pip install 'healthsvc[server]'")
 
@@ -77,10 +73,11 @@ command("serve", "run the service")(serve)
 
 
 def _load_commands() -> None:
-    """Feature modules register their subcommands on import."""
-    import importlib
-    for name in CLI_MODULES:
-        importlib.import_module(name)
+    """Each feature's CLI registers its subcommands with ``@command`` on import (a feature's CLI
+    lives with it). Imported here, not at the top: they import this module for ``command``."""
+    from healthsvc import alerts_cli, run_cli, silence_cli, sync_cli  # noqa: F401
+    from healthsvc.rollback import cli as rollback_cli  # noqa: F401
+    from healthsvc.supervise import cli as supervise_cli  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

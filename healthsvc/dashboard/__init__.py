@@ -15,7 +15,7 @@ def install(app: FastAPI, ctx) -> None:
     from fastapi.staticfiles import StaticFiles
 
     from healthsvc.dashboard.hub import RollupHub
-    from healthsvc.dashboard.router import STATIC_DIR, api, pages
+    from healthsvc.dashboard.api import STATIC_DIR, api, pages
 
     hub = RollupHub(ctx.store, clock=ctx.clock, align_timeout_s=ctx.settings.align_timeout_s,
                     tick_interval_s=ctx.settings.tick_interval_s)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def install(app: FastAPI, ctx) -> None:
-    from healthsvc.probes.router import router
+    from healthsvc.probes.api import router
     from healthsvc.probes.service import auto_probe_listener
 
     app.include_router(router)

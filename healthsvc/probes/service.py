@@ -54,7 +54,7 @@ def request_probe(ctx, run_id: str, suspect: int | None, healthy: int | None, st
     if healthy == suspect:
         raise InvalidInput("healthy_rank must differ from suspect_rank", loc=("body", "healthy_rank"))
     if step is None:
-        step = max(0, st.max_step()) if st is not None else 0
+        step = max(0, st.max_step) if st is not None else 0
     probe_id = store.submit_probe(run_id, suspect, healthy, step, finding_id, reason,
                                   ctx.clock()).result()
     return get_probe(ctx, run_id, probe_id)

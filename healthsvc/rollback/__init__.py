@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # the client-only install runs ``healthsvc rollback`` without
 
 
 def install(app: FastAPI, ctx) -> None:
-    from healthsvc.rollback.router import router
+    from healthsvc.rollback.api import router
 
     app.include_router(router)
     ctx.summaries.add_contributor(lambda run_id: {"rollback": rollback_target(ctx, run_id)})

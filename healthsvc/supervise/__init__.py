@@ -15,6 +15,6 @@ if TYPE_CHECKING:  # the client-only install runs ``healthsvc supervise`` withou
 
 
 def install(app: FastAPI, ctx) -> None:
-    from healthsvc.supervise.router import router
+    from healthsvc.supervise.api import router
 
     app.include_router(router)
