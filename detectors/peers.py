@@ -6,8 +6,14 @@ differ). Comparing a rank with the cross-rank spread of one step does not work f
 IQR of 4 values is noise, of 2 it is nothing), and ignores offsets. This module compares each rank
 with its own history of deviating from its peers instead:
 
-- ``d[t, r] = y[t, r] - c[t]`` where ``y`` is the log value and ``c[t]`` the cross-rank median of
-  step ``t`` (of 2 ranks: their mean, so their deviations mirror each other);
+- ``d[t, r] = y[t, r] - c[t, r]`` where ``y`` is the log value and ``c[t, r]`` the median of step
+  ``t`` over the *other* centre ranks' offset-corrected values ``y - offset`` (leave-one-out: a
+  rank never pulls its own centre; of 2 ranks each one's centre is the other, so their
+  deviations mirror each other and a finding names the pair). The centre ranks are the
+  reference ranks but the current *suspects*: ranks whose ``z`` has averaged past
+  ``suspect_z`` (in either direction) over about ``suspicion_steps`` steps, until back below
+  half of it, never more than a minority of the ranks. So one corrupted rank, seen or
+  being learned, cannot move its healthy peers' centre and make them look low;
 - ``offset[r]``: the rank's normal offset, an exponentially weighted mean of ``d`` (gain
   ``offset_alpha`` per step; a plain running mean over the first ``warmup_steps`` values);
 - ``scale[r]``: an exponentially weighted mean of ``|d - offset|`` (gain ``scale_alpha`` per step)
@@ -20,7 +26,7 @@ Both statistics learn every value within ``learn_limit`` of the rank's own sds, 
 wild one (a corrupted replica, a garbage batch) is not learned at all, so a lasting fault is not
 absorbed into the rank's "normal". Missing or invalid cells neither count nor move anything.
 
-Cost: offset and scale are held fixed within a period of ``period_steps`` steps (by step number)
+Cost: offset, scale and the suspects are held fixed within a period of ``period_steps`` steps (by step number)
 and updated at its end from the period's sums (the EWMA gain of that many values), so a block is a
 few whole-array passes (float32) instead of a Python loop over its rows; after its warm-up a rank
 learns from every ``learn_stride``-th step only (by step number), plenty for memories of 50 to
@@ -34,7 +40,7 @@ split into blocks.
 >>> y[250, 2] += 0.7                                                       # one rank jumps 2x
 >>> z, rise = PeerDeviation().update(y.astype(np.float32), None, np.arange(300))
 >>> int(np.argmax(z[250])), round(float(z[250, 2]), 1), bool(np.abs(z[200]).max() < 4)
-(2, 22.3, True)
+(2, 14.5, True)
 """
 from __future__ import annotations
 
@@ -44,9 +50,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from detectors.frame import StepBlock
-from detectors.stats.cross_section import cross_section
+from detectors.stats.cross_section import peer_centres
 from detectors.stats.rank_table import RankTable
 from detectors.stats.trend import MEAN_ABS_TO_SD
+
+
+# What a finding about a two-rank job says: each rank's only peer is the other, so a deviation
+# of one is the opposite deviation of the other, and nothing tells which one moved.
+PAIR_NOTE = ("the two ranks disagree; with two ranks there is no majority to tell which one is "
+             "off, so both are named")
 
 
 class PeerView(NamedTuple):
@@ -68,8 +80,10 @@ class PeerDeviation:
 
     def __init__(self, offset_alpha: float = 0.001, scale_alpha: float = 0.02, warmup_steps: int = 50,
                  clip: float = 3.0, learn_limit: float = 6.0, min_scale: float = 0.01,
-                 period_steps: int = 16, learn_stride: int = 4) -> None:
+                 period_steps: int = 16, learn_stride: int = 4, suspect_z: float = 0.5,
+                 suspicion_steps: int = 50) -> None:
         self.offset_alpha, self.scale_alpha = offset_alpha, scale_alpha
+        self.suspect_z, self.suspicion_steps = suspect_z, suspicion_steps
         self.warmup_steps, self.clip, self.min_scale = warmup_steps, clip, min_scale
         self.learn_limit, self.period_steps = learn_limit, period_steps
         self.learn_stride = learn_stride
@@ -79,7 +93,8 @@ class PeerDeviation:
     def reset(self) -> None:
         """Forget everything learned (a new attempt); a shared tracker stays shared."""
         self.table = RankTable({"n": 0, "n_scale": 0, "offset": 0.0, "mean_abs": 0.0,
-                                "acc_e": 0.0, "acc_abs": 0.0, "acc_n": 0})
+                                "acc_e": 0.0, "acc_abs": 0.0, "acc_n": 0,
+                                "suspicion": 0.0, "suspect": False, "acc_z": 0.0, "acc_zn": 0})
         self._period: int | None = None      # period (step // period_steps) being accumulated
         self._stats_key: tuple | None = None
         self._stats: tuple[np.ndarray, ...] = ()
@@ -90,7 +105,8 @@ class PeerDeviation:
 
     def params(self) -> tuple:
         return (self.offset_alpha, self.scale_alpha, self.warmup_steps, self.clip, self.learn_limit,
-                self.min_scale, self.period_steps, self.learn_stride)
+                self.min_scale, self.period_steps, self.learn_stride, self.suspect_z,
+                self.suspicion_steps)
 
     def view(self, block: StepBlock, metric: str, ref: np.ndarray | None) -> PeerView:
         """The block's metric through this tracker, learning from it once: a second call with
@@ -99,11 +115,11 @@ class PeerDeviation:
             return self._last[1]
         x = block.values[metric]
         y, valid = self.log_values(x, block.present[metric], out=self._buffer("y", x.shape))
-        centre, count = self.centre(y, valid, ref)
+        centre, count = np.full(len(y), np.nan), np.zeros(len(y), dtype=np.int64)
         z_row_max = np.full(len(y), np.inf)
-        z, rise = self.update(y, valid, block.steps, block.ranks, ref, centre=(centre, count),
+        z, rise = self.update(y, valid, block.steps, block.ranks, ref,
                               out=(self._buffer("z", x.shape), self._buffer("rise", x.shape)),
-                              z_row_max=z_row_max)
+                              z_row_max=z_row_max, centre_out=(centre, count))
         out = PeerView(y, valid, centre, count, z, rise, z_row_max)
         for a in (centre, count, z_row_max):
             a.flags.writeable = False
@@ -113,14 +129,6 @@ class PeerDeviation:
     def __repr__(self) -> str:
         return (f"PeerDeviation(offset_alpha={self.offset_alpha}, scale_alpha={self.scale_alpha}, "
                 f"warmup_steps={self.warmup_steps}, ranks={len(self.table)})")
-
-    @staticmethod
-    def centre(y: np.ndarray, valid: np.ndarray | None, ref: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """``(median, count)`` per row over the valid reference cells (median NaN with none)."""
-        if valid is None:
-            valid = np.ones(y.shape, dtype=bool)
-        c, _, count = cross_section(y, valid, ref, 1, with_scale=False)
-        return c, count
 
     def _buffer(self, name: str, shape: tuple[int, int]) -> np.ndarray:
         """A float32 work array reused from block to block: a fresh megabyte per block costs a
@@ -146,60 +154,63 @@ class PeerDeviation:
 
     def update(self, y: np.ndarray, valid: np.ndarray | None, steps: np.ndarray,
                ranks: np.ndarray | None = None, ref: np.ndarray | None = None,
-               centre: tuple[np.ndarray, np.ndarray] | None = None,
                out: tuple[np.ndarray, np.ndarray] | None = None,
-               z_row_max: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+               z_row_max: np.ndarray | None = None,
+               centre_out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(z, rise)`` (rows x ranks, float32) for log values ``y`` at ``steps`` (``valid``
         None: every cell valid), learning from them: ``rise`` is the deviation beyond the rank's
         usual offset (log units), ``z`` that in its own sds. NaN where not judged: invalid cells,
-        rows with fewer than 2 valid ranks (or the caller's centre is NaN), and a rank's first
-        ``warmup_steps`` values. ``z_row_max``, if given, receives per row an upper bound of
-        the largest judged z (it stays as given for rows not judged at all)."""
+        rows with fewer than 2 valid centre ranks, and a rank's first ``warmup_steps`` values.
+        ``z_row_max``, if given, receives per row an upper bound of the largest judged z (it
+        stays as given for rows not judged at all); ``centre_out``, if given, receives per row
+        the median of the centre ranks and their count."""
         n, r = y.shape
         ranks = np.arange(r) if ranks is None else ranks
-        c, count = self.centre(y, valid, ref) if centre is None else centre
-        row_ok = np.isfinite(c) & (count >= 2)               # one rank has no peers
         pos = self.table.positions(ranks)
-        if not row_ok.any():
-            nan = np.full((n, r), np.nan, dtype=np.float32)
-            return nan, nan.copy()
-        ok = None
-        if valid is not None or not row_ok.all():
-            ok = (np.ones((n, r), dtype=bool) if valid is None else valid) & row_ok[:, None]
         periods = np.asarray(steps, dtype=np.int64) // self.period_steps
         cuts = np.flatnonzero(periods[1:] != periods[:-1]) + 1
         z, rise = out if out is not None else (np.empty((n, r), dtype=np.float32),
                                                np.empty((n, r), dtype=np.float32))
-        c32 = c.astype(np.float32)
         with np.errstate(invalid="ignore", over="ignore"):
             for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
                 self._enter_period(int(periods[a]))
-                hi = self._segment(y[a:b], c32[a:b], None if ok is None else ok[a:b], steps[a:b],
-                                   pos, ref, z[a:b], rise[a:b])
+                hi, med, count = self._segment(y[a:b], None if valid is None else valid[a:b],
+                                               steps[a:b], pos, ref, z[a:b], rise[a:b])
                 if z_row_max is not None:
                     z_row_max[a:b] = hi
+                if centre_out is not None:
+                    centre_out[0][a:b], centre_out[1][a:b] = med, count
         return z, rise
 
-    def _segment(self, y: np.ndarray, c: np.ndarray, ok: np.ndarray | None, steps: np.ndarray,
+    def _segment(self, y: np.ndarray, valid: np.ndarray | None, steps: np.ndarray,
                  pos: np.ndarray, ref: np.ndarray | None, z: np.ndarray, rise: np.ndarray
-                 ) -> np.ndarray:
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows of one period: judge with the period's fixed statistics, accumulate the sums.
-        ``ok=None``: every cell valid (the usual case, with fewer passes). Returns per row an
-        upper bound of the largest judged z (-inf for a row with none)."""
+        ``valid=None``: every cell valid (the usual case, with fewer passes). Returns per row an
+        upper bound of the largest judged z (-inf for a row with none), the median of the
+        centre ranks and their count."""
         t = self.table
-        warm, off32, inv32, lim32 = self._period_statistics()
+        n, r = y.shape
+        warm, off32, inv32, lim32, suspect = self._period_statistics()
         if len(pos) == len(t) and bool((pos[1:] > pos[:-1]).all()):   # every known rank, in order
             pos = slice(None)             # views instead of gathers and scatters below
         else:
-            warm, off32, inv32, lim32 = warm[pos], off32[pos], inv32[pos], lim32[pos]
+            warm, off32, inv32, lim32, suspect = warm[pos], off32[pos], inv32[pos], lim32[pos], suspect[pos]
         all_warm = bool(warm.all())
-        np.subtract(y, c[:, None], out=rise)
-        rise -= off32
+        # The centre ranks: the reference ranks but the current suspects, so one corrupted rank
+        # cannot move its healthy peers' centre; each of them is judged against the others.
+        cols = np.arange(r) if ref is None else np.asarray(ref)
+        if suspect.any():
+            cols = cols[~suspect[cols]]
+        med, count = self._deviation(y, valid, cols, off32, rise)
+        ok = valid
+        row_ok = np.isfinite(med) & (count >= 2)               # one rank has no peers
+        if not row_ok.all():
+            ok = (np.ones((n, r), dtype=bool) if ok is None else ok) & row_ok[:, None]
         np.multiply(rise, inv32, out=z)
-        # A wild rank (a corrupted replica) drags the median of a small job towards it, so its
-        # healthy peers would look off in the other direction: where a row has wild cells, the
-        # centre is taken again without them (with 2 ranks: the other rank's value).
-        # Two reductions find the rows with a wild cell (NaN, not judged, never counts).
+        # A wild rank (a corrupted replica not yet a suspect) would still move the centre of its
+        # peers in a small job: where a row has wild cells, the centre is taken again without
+        # them. Two reductions find the rows with a wild cell (NaN, not judged, never counts).
         with np.errstate(invalid="ignore"):
             if ok is None and all_warm:   # no NaN possible: plain reductions
                 hi, lo = z.max(axis=1), z.min(axis=1)
@@ -209,16 +220,21 @@ class PeerDeviation:
                 lo = np.nanmin(z_hi, axis=1, initial=np.inf)
             hot_rows = np.flatnonzero((hi > self.learn_limit) | (lo < -self.learn_limit))
         if len(hot_rows):
-            wild = np.abs(z[hot_rows]) > self.learn_limit
+            # Wild by the median of all ranks, which one wild rank cannot move (the median of the
+            # others can, in a job of three: it is the mean of two).
+            z_all = (y[hot_rows] - off32 - med.astype(np.float32)[hot_rows, None]) * inv32
+            wild = np.abs(z_all) > self.learn_limit
             if ok is not None:
                 wild &= ok[hot_rows]
             if not all_warm:
                 wild &= warm[None, :]
             keep = ~wild if ok is None else ok[hot_rows] & ~wild
-            c2, _, n2 = cross_section(y[hot_rows], keep, ref, 1, with_scale=False)
-            c2 = np.where(n2 >= 1, c2, c[hot_rows]).astype(np.float32)
-            rise[hot_rows] = y[hot_rows] - c2[:, None] - off32
-            z[hot_rows] = rise[hot_rows] * inv32
+            rise_h = np.empty((len(hot_rows), r), dtype=np.float32)
+            _, n2 = self._deviation(y[hot_rows], keep, cols, off32, rise_h, keep_only=True)
+            redo = n2 >= 2
+            hot_rows, rise_h = hot_rows[redo], rise_h[redo]
+            rise[hot_rows] = rise_h
+            z[hot_rows] = rise_h * inv32
             hi[hot_rows] = np.nanmax(z[hot_rows], axis=1, initial=-np.inf)
         e = rise
         # Learning: every step while a rank warms up; afterwards every learn_stride-th step,
@@ -246,13 +262,59 @@ class PeerDeviation:
             t["acc_e"][pos], t["acc_abs"][pos] = acc_e, acc_abs
             t["acc_n"][pos] += np.count_nonzero(learn, axis=0)
         # Not judged: invalid cells, and ranks still warming up.
+        judged = None
         if ok is not None or not all_warm:
             judged = np.broadcast_to(warm[None, :], z.shape) if ok is None else ok & warm[None, :]
             z[~judged] = np.nan
             rise[~judged] = np.nan
+        # Only the reference ranks can be centre ranks, so only they need a suspicion.
+        ref_cols = np.arange(r) if ref is None else np.asarray(ref)
+        at = ref_cols if isinstance(pos, slice) else pos[ref_cols]
+        self._accumulate_suspicion(z[:, ref_cols], None if judged is None else judged[:, ref_cols], at)
         # The maxima took unwarm cells in (as 0, or as themselves in recentred rows): a bound
         # from above of the judged cells' maxima, which is all a reader may rely on.
-        return hi
+        return hi, med, count
+
+    @staticmethod
+    def _deviation(y: np.ndarray, valid: np.ndarray | None, cols: np.ndarray, off32: np.ndarray,
+                   rise: np.ndarray, keep_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Fill ``rise`` with each cell's value beyond its rank's usual offset minus its centre:
+        for a centre rank the median of the other centre ranks', for any other rank the median
+        of all of theirs. The centre is of offset-corrected values, so a rank's usual place
+        (learned, or a lasting fault being learned) does not move its peers' centre either.
+        ``keep_only``: ``valid`` marks the cells that make the centre, and the others (wild
+        cells) are judged against it too. Returns the per-row median and count."""
+        np.subtract(y, off32, out=rise)
+        cols = _as_slice(cols)
+        med, loo, count = peer_centres(rise, valid, cols)
+        med32 = med.astype(np.float32)[:, None]
+        if keep_only:
+            loo = np.where(valid[:, cols], loo, med32)
+        # Every cell minus the median, then the centre ranks' cells moved to their own centre:
+        # one contiguous pass and one gather of the (at most max_reference_ranks) centre columns.
+        rise -= med32
+        if loo.shape[1]:
+            rise[:, cols] += med32 - loo
+        return med, count
+
+    def _accumulate_suspicion(self, z: np.ndarray, judged: np.ndarray | None,
+                              pos: np.ndarray | slice) -> None:
+        """Add the judged z of the rows (clipped at ``learn_limit``; ``judged=None``: every cell)
+        to the period's suspicion sums. Rounded to 1/1024 of an sd, so the sums are of small
+        integers, exact in float32 and in any order: any split of the input sums alike."""
+        zq = self._buffer("zq", z.shape)
+        lim = self.learn_limit * 1024.0
+        np.multiply(z, 1024.0, out=zq)
+        np.rint(zq, out=zq)
+        np.minimum(zq, lim, out=zq)
+        np.maximum(zq, -lim, out=zq)
+        t = self.table
+        if judged is not None:
+            zq[~judged] = 0.0
+            t["acc_zn"][pos] += np.count_nonzero(judged, axis=0)
+        else:
+            t["acc_zn"][pos] += len(z)
+        t["acc_z"][pos] += zq.sum(axis=0) / 1024.0
 
     def _period_statistics(self) -> tuple[np.ndarray, ...]:
         """Per known rank, fixed for the period: warm, and the float32 offset, 1/sd and learning
@@ -263,7 +325,8 @@ class PeerDeviation:
             warm = t["n"] >= self.warmup_steps
             sd = np.maximum(t["mean_abs"] * MEAN_ABS_TO_SD, self.min_scale)
             self._stats = (warm, t["offset"].astype(np.float32), (1.0 / sd).astype(np.float32),
-                           np.where(warm, self.clip * sd, np.inf).astype(np.float32))
+                           np.where(warm, self.clip * sd, np.inf).astype(np.float32),
+                           t["suspect"].copy())
             self._stats_key = key
         return self._stats
 
@@ -272,6 +335,7 @@ class PeerDeviation:
         if self._period == period:
             return
         self._period = period
+        self._update_suspects()
         t = self.table
         k = t["acc_n"]
         if not len(k) or k.max() == 0:
@@ -317,6 +381,34 @@ class PeerDeviation:
         t["acc_e"], t["acc_abs"] = np.zeros_like(t["acc_e"]), np.zeros_like(t["acc_abs"])
         t["acc_n"] = np.zeros_like(t["acc_n"])
 
+    def _update_suspects(self) -> None:
+        """Fold the closed period's mean z into each rank's suspicion (an exponentially weighted
+        mean with a memory of ``suspicion_steps`` steps) and name the suspects of the next
+        period: past ``suspect_z`` in either direction, until back below half of it; never more
+        than a minority of the known ranks (the most extreme first), since with no majority
+        left there is no centre to judge by (a pair of ranks has no suspect)."""
+        t = self.table
+        n = t["acc_zn"]
+        if not len(n) or n.max() == 0:
+            return
+        g = 1.0 - (1.0 - 1.0 / self.suspicion_steps) ** self.period_steps
+        # Ranks with no judged value this period keep their suspicion (their sums are 0).
+        step = g * (t["acc_z"] / np.maximum(n, 1) - t["suspicion"])
+        step[n == 0] = 0.0
+        t["suspicion"] += step
+        t["acc_z"].fill(0.0)
+        n.fill(0)
+        size = np.abs(t["suspicion"])
+        suspect = size > np.where(t["suspect"], self.suspect_z / 2, self.suspect_z)
+        cap = (len(t) - 1) // 2
+        if suspect.sum() > cap:
+            order = np.argsort(-np.where(suspect, size, -1.0), kind="stable")
+            suspect = np.zeros_like(suspect)
+            suspect[order[:cap]] = True
+        if (suspect != t["suspect"]).any():
+            t["suspect"] = suspect
+            self._stats_key = None
+
     def state_dict(self) -> dict[str, Any]:
         return {"period": self._period, **self.table.state_dict()}
 
@@ -325,3 +417,14 @@ class PeerDeviation:
         self._stats_key = None
         self._period = state.get("period")
         self.table.load_state_dict({k: v for k, v in state.items() if k != "period"})
+
+
+def _as_slice(cols: np.ndarray) -> np.ndarray | slice:
+    """Columns in a regular stride (the reference ranks of a block in rank order, the usual case)
+    as a slice: a view of them instead of a gather and a scatter."""
+    if len(cols) >= 2:
+        step = int(cols[1] - cols[0])
+        if step > 0 and bool((np.diff(cols) == step).all()):
+            return slice(int(cols[0]), int(cols[-1]) + 1, step)
+    return cols
+

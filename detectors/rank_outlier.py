@@ -6,13 +6,15 @@ norm should sit, on average, where its peers' do; and the global gradient norm a
 all-reduce should be the very same number on every rank.
 
 **Distribution metrics** (``metrics``, default ``local_grad_norm`` and ``loss``): each step, each
-rank's value in log space is compared with that step's cross-rank median (estimated on at most
-``max_reference_ranks`` ranks chosen by id) and judged by the rank's own history of deviating from
-its peers (:class:`~detectors.peers.PeerDeviation`: its usual offset and spread, learned over
+rank's value in log space is compared with the median of its peers (the other reference ranks,
+at most ``max_reference_ranks`` chosen by id, but the current suspects, so one corrupted rank
+cannot make its healthy peers look low) and judged by the rank's own history of deviating from
+them (:class:`~detectors.peers.PeerDeviation`: its usual offset and spread, learned over
 ``warmup_steps`` values and then slowly): a z in the rank's own sds, so normal offsets are not
 outliers and any world size from 2 up needs no tuning. It is clipped to ``±z_clip`` so one wild
-step counts as a few sds, not a thousand. With two ranks the deviations mirror each other; the
-rank above its usual place is the suspect. A per-rank exponentially weighted mean of that z
+step counts as a few sds, not a thousand. With two ranks the deviations mirror each other and
+no majority tells which one moved: both ranks are named in one finding whose evidence says so
+(``pair``, ``note``, ``direction`` "apart"). A per-rank exponentially weighted mean of that z
 (gain ``1 / window_steps``) is the evidence: under the null it stays within about
 ``sqrt(1 / (2 window_steps))`` sds of zero (0.07 for 100 steps); a rank whose mean passes
 ``z_warning`` in either direction fires ``warning``, past ``z_critical`` ``critical``; it resolves
@@ -47,7 +49,7 @@ from detectors.base import BlockDetector, Detector
 from detectors.finding import Finding
 from detectors.kinds import Kind
 from detectors.frame import StepBlock
-from detectors.peers import PeerDeviation
+from detectors.peers import PAIR_NOTE, PeerDeviation
 from detectors.stats.cross_section import ReferenceRanks, cross_section
 from detectors.stats.machines import ewma_rows, hysteresis, last_step_where, run_length
 from detectors.stats.rank_table import RankTable
@@ -200,9 +202,9 @@ class RankOutlierDetector(Detector, BlockDetector):
         table["mean"][pos] = means[-1]
         size = np.abs(means)
         if block.n_ranks == 2:
-            # Two ranks mirror each other: the one above its usual place is the suspect (a
-            # corrupted replica's loss and gradient norm go up).
-            size = np.where(means > 0, size, 0.0)
+            # Two ranks mirror each other (each one's centre is the other): a disagreement is of
+            # the pair, and both are named together, never one of them on a guess.
+            size = np.broadcast_to(size.max(axis=1, keepdims=True), size.shape).copy()
         return self._judge(block, metric, pos, size, means, np.arange(block.n_ranks), judged_mask,
                            self.z_warning, self.z_critical, centre=centre, signed=True)
 
@@ -298,7 +300,8 @@ class RankOutlierDetector(Detector, BlockDetector):
                 if mask.any():
                     out.append(self._finding(step, metric, sev, ids[mask], means[i][mask],
                                              s[i][mask], quiet[i][mask], warn, crit, signed,
-                                             float(centre[i]), bool(long[i][mask].any())))
+                                             float(centre[i]), bool(long[i][mask].any()),
+                                             pair=signed and block.n_ranks == 2))
             if falling[i].any():
                 out.append(Finding(kind=self.kind, step=step, metric=metric, severity="info",
                                    status="resolved", ranks=tuple(sorted(int(r) for r in ids[falling[i]])),
@@ -307,7 +310,7 @@ class RankOutlierDetector(Detector, BlockDetector):
 
     def _finding(self, step: int, metric: str, severity: str, ids: np.ndarray, mean: np.ndarray,
                  size: np.ndarray, quiet: np.ndarray, warn: float, crit: float, signed: bool,
-                 centre: float, persistent: bool) -> Finding:
+                 centre: float, persistent: bool, pair: bool = False) -> Finding:
         ranks = tuple(sorted(int(r) for r in ids))
         top = int(np.argmax(size))
         onset = int(quiet.min()) + 1 if quiet.min() > _NEVER else None
@@ -318,6 +321,8 @@ class RankOutlierDetector(Detector, BlockDetector):
                 "direction": "high" if mean[top] > 0 else "low",
                 "peer_median": math.exp(centre) if math.isfinite(centre) else None,
             }
+            if pair:
+                evidence.update(direction="apart", pair=True, note=PAIR_NOTE)
         else:
             score = float(np.clip(size[top], 0.0, 1.0))
             evidence = {"disagreeing_share": {int(r): float(v) for r, v in zip(ids[:32], mean[:32])},

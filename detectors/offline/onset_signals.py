@@ -39,22 +39,38 @@ def history_signals(steps, loss, grad_norm, per_rank, anchor, params,
     return out
 
 
+# Steps the learning rate must hold a level for it to count as the schedule's: a blow-up (the LR
+# x8 for 20 steps) is an excursion above the schedule, not the end of its warm-up.
+SCHEDULE_HOLD_STEPS = 64
+
+
 def warmup_end_from_lr(steps: np.ndarray, lr: np.ndarray) -> int | None:
-    """The first step at which the learning rate reaches 99 % of its peak, if it rose to it.
+    """The first step from which the learning rate holds 99 % of its peak, if it rose to it.
+
+    The peak is the highest level the LR holds for ``SCHEDULE_HOLD_STEPS`` samples (fewer in a
+    short history: an eighth of it), so a short LR blow-up after the warm-up is not taken for
+    its end (which would hide the blow-up's own change point from the estimate).
 
     >>> warmup_end_from_lr(np.arange(10), np.array([1, 2, 3, 4, 5, 5, 5, 4, 3, 2.0]))
     4
+    >>> lr = np.r_[np.linspace(0.1, 1, 100), np.ones(300)]
+    >>> lr[250:270] *= 8                                   # a blow-up after the warm-up
+    >>> warmup_end_from_lr(np.arange(400), lr)              # not 250
+    98
     """
     lr = np.asarray(lr, float)
     ok = np.isfinite(lr)
     if ok.sum() < 2:
         return None
-    peak = lr[ok].max()
-    at = int(np.argmax(ok & (lr >= 0.99 * peak)))
-    first = int(np.argmax(ok))
-    if at <= first or lr[first] >= 0.99 * peak:
+    st, x = np.asarray(steps)[ok], lr[ok]
+    hold = max(1, min(SCHEDULE_HOLD_STEPS, len(x) // 8))
+    # held[i]: the level the LR holds over samples i .. i + hold - 1.
+    held = np.lib.stride_tricks.sliding_window_view(x, hold).min(axis=1) if hold > 1 else x
+    peak = held.max()
+    at = int(np.argmax(held >= 0.99 * peak))
+    if at == 0 or x[0] >= 0.99 * peak:
         return None
-    return int(steps[at])
+    return int(st[at])
 
 
 def non_finite_signal(steps, loss, grad_norm, per_rank, known_step) -> SignalEstimate | None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from detectors.finding import Finding
 from detectors.frame import StepBlock
+from detectors.peers import PAIR_NOTE
 from detectors.stats.machines import hysteresis, run_length
 from detectors.stats.scales import excess_score
 
@@ -83,21 +84,26 @@ class RankJudging:
 
         out: list[Finding] = []
         ranks = block.ranks[cols]
+        # Of two ranks, one rising over the other is the other falling: the findings name both.
+        pair = tuple(sorted(int(r) for r in block.ranks)) if block.n_ranks == 2 else None
         for i in np.flatnonzero((rising | falling | confirm | escalating).any(axis=1)):
             step = int(block.steps[i])
             if rising[i].any() and not at_spike[i]:
                 for sev, mask in (("warning", rising[i] & large[i]), ("info", rising[i] & ~large[i])):
                     if mask.any():
                         out.append(self._rank_finding(ranks, mask, z[i], rise[i], sev, step,
-                                                      "large" if sev == "warning" else "transient"))
+                                                      "large" if sev == "warning" else "transient",
+                                                      pair=pair))
             if confirm[i].any():
                 out.append(self._rank_finding(ranks, confirm[i], z[i], rise[i], "warning",
-                                              step - self.confirm_steps, "lasting", at=step))
+                                              step - self.confirm_steps, "lasting", at=step,
+                                              pair=pair))
             if escalating[i].any():
                 out.append(self._rank_finding(ranks, escalating[i], z[i], rise[i], "critical",
-                                              step - self.escalate_steps, "not recovering", at=step))
+                                              step - self.escalate_steps, "not recovering", at=step,
+                                              pair=pair))
             if falling[i].any():
-                gone = tuple(sorted(int(r) for r in ranks[falling[i]]))
+                gone = pair or tuple(sorted(int(r) for r in ranks[falling[i]]))
                 out.append(Finding(kind=self.kind, step=step, ranks=gone, severity="info",
                                    score=0.0, metric=self.rank_metric, status="resolved",
                                    evidence={"scope": "ranks", "reason": "recovered"}))
@@ -105,8 +111,8 @@ class RankJudging:
 
     def _rank_finding(self, ids: np.ndarray, cols: np.ndarray, row_z: np.ndarray,
                       row_rise: np.ndarray, severity: str, onset: int, reason: str,
-                      at: int | None = None) -> Finding:
-        ranks = tuple(sorted(int(r) for r in ids[cols]))
+                      at: int | None = None, pair: tuple[int, ...] | None = None) -> Finding:
+        ranks = pair or tuple(sorted(int(r) for r in ids[cols]))
         z = float(np.max(row_z[cols]))
         evidence: dict[str, Any] = {
             "scope": "ranks", "rank_z": z, "ratio_to_usual": math.exp(float(np.max(row_rise[cols]))),
@@ -116,6 +122,8 @@ class RankJudging:
             evidence.update(escalated=True, steps_without_recovery=self.escalate_steps)
         if self.leading_signal:
             evidence["leading_signal"] = True
+        if pair:
+            evidence.update(pair=True, rose=[int(r) for r in ids[cols]], note=PAIR_NOTE)
         return Finding(kind=self.kind, step=onset if at is None else at, ranks=ranks, severity=severity,
                        score=float(excess_score(z, self.rank_z_threshold, 2 * self.rank_z_threshold)),
                        metric=self.rank_metric, onset_step=onset, evidence=evidence)
@@ -130,11 +138,8 @@ class _RankView:
         v = det._peers.view(block, det.rank_metric, ref)
         self.centre = v.centre
         self.z, self.rise, self.z_row_max = v.z, v.rise, v.z_row_max
+        # (Each rank's centre leaves it out: of two ranks, a rank's rise is over its one peer.)
         few = v.count < det.min_ranks
-        pair = v.count == 2
-        if few.any() or pair.any():
+        if few.any():
             self.z, self.rise = self.z.copy(), self.rise.copy()
             self.z[few], self.rise[few] = np.nan, np.nan
-            # Of two ranks the centre is their mean: a rank's rise over its one peer is twice its
-            # deviation from the centre (what "2x its peers" means for the size rules).
-            self.rise[pair & ~few] *= 2.0

@@ -88,3 +88,57 @@ def _row_quantiles(x: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
     srt = np.sort(x, axis=1)
     a = srt[:, lo]
     return a + frac * (srt[:, hi] - a)
+
+
+def peer_centres(y: np.ndarray, valid: np.ndarray | None, cols: np.ndarray | slice
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row the median of the valid cells of ``y[:, cols]`` (the *centre ranks*) and, for each
+    of those columns, the median of the others (leave-one-out), so a rank never pulls its own
+    centre: ``(median (n,), loo (n, len(cols)), count (n,))``.
+
+    ``valid=None``: every cell is valid. A row with no valid centre cell has a NaN median; a
+    centre cell with no other valid centre cell in its row has a NaN leave-one-out median. Both
+    come from one row sort: removing one value from ``k`` sorted values moves the median to one
+    of its two neighbours (``k`` even) or to the mean of a neighbour pair (``k`` odd).
+
+    >>> y = np.array([[1.0, 2.0, 3.0, 10.0]])
+    >>> med, loo, k = peer_centres(y, None, np.arange(4))
+    >>> float(med[0]), loo[0].tolist(), int(k[0])
+    (2.5, [3.0, 3.0, 2.0, 2.0], 4)
+    """
+    ys = y[:, cols]
+    n, m = ys.shape
+    if m == 0:
+        return np.full(n, np.nan), np.full((n, 0), np.nan), np.zeros(n, dtype=np.int64)
+    if valid is None or valid[:, cols].all():
+        # The usual case: every row holds m values, so the neighbours are fixed columns.
+        srt, k = np.sort(ys, axis=1), np.full(n, m, dtype=np.int64)
+        if m == 1:
+            return srt[:, 0].astype(np.float64), np.full((n, 1), np.nan), k
+        h = m // 2
+        if m % 2 == 0:
+            below, mid = srt[:, h - 1:h], srt[:, h:h + 1]
+            return ((below + mid) / 2)[:, 0].astype(np.float64), np.where(ys <= below, mid, below), k
+        below, mid, above = srt[:, h - 1:h], srt[:, h:h + 1], srt[:, h + 1:h + 2]
+        loo = np.where(ys < mid, (mid + above) / 2, (below + mid) / 2)
+        loo[ys == mid] = ((below + above) / 2)[np.nonzero(ys == mid)[0], 0]
+        return mid[:, 0].astype(np.float64), loo, k
+    vs = valid[:, cols]
+    srt, k = np.sort(np.where(vs, ys, np.nan), axis=1), vs.sum(axis=1)   # NaN sorts last
+    rows = np.arange(n)
+
+    def at(j: np.ndarray) -> np.ndarray:
+        return srt[rows, np.clip(j, 0, m - 1)][:, None]
+
+    h = k // 2
+    odd = (k % 2 == 1)[:, None]
+    below, mid, above = at(h - 1), at(h), at(h + 1)          # odd k: the middle and its neighbours
+    med = np.where(odd[:, 0], mid[:, 0], (below[:, 0] + mid[:, 0]) / 2)   # even k: below, mid
+    med[k == 0] = np.nan
+    with np.errstate(invalid="ignore"):
+        loo_even = np.where(ys <= below, mid, below)
+        loo_odd = np.where(ys < mid, (mid + above) / 2, np.where(ys > mid, (below + mid) / 2,
+                                                                 (below + above) / 2))
+    loo = np.where(odd, loo_odd, loo_even)
+    loo[k <= 1] = np.nan
+    return med.astype(np.float64), loo, k

@@ -59,5 +59,8 @@ class RankTable:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ids = np.asarray(state["ids"], dtype=np.int64)
         for k, default in self.defaults.items():
-            self.arrays[k] = array_from_json(state[k], np.asarray(default).dtype)
+            dtype = np.asarray(default).dtype
+            # A field added since the state was saved starts at its default for every rank.
+            self.arrays[k] = (array_from_json(state[k], dtype) if k in state
+                              else np.full(len(self.ids), default, dtype=dtype))
         self._cache_key, self._cache_pos = None, None

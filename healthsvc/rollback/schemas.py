@@ -235,7 +235,17 @@ class RollbackOut(BaseModel):
     onset: Onset | None = Field(..., description="The first corrupted update, estimated from the "
                                                  "history and the findings; null when no corruption "
                                                  "finding fired in the current attempt.")
-    reason: str = Field(..., description="One paragraph for people: why this checkpoint.")
+    reason: str = Field(..., description="One paragraph for people: why this checkpoint (ending "
+                                         "with `proof_note` when there is one).")
+    fingerprints: bool = Field(False, description=(
+        "True when the run sent replica fingerprints (`param_digest`, the client's "
+        "`fingerprint()`): a corrupted replica is then caught by proof, however small."))
+    proof: ReplicaProofOut | None = Field(None, description=(
+        "The replicas' digests dating the incident exactly (as `evidence.proof`); null when no "
+        "replica mismatch dates it, and always null for a run without fingerprints."))
+    proof_note: str | None = Field(None, description=(
+        "Without fingerprints: a sentence saying that silent corruption of a replica cannot be "
+        "excluded and how to turn fingerprints on; null when the run sent them."))
     conservative: bool = Field(..., description="True when the onset interval made the decision pass "
                                                 "over checkpoints that are probably clean "
                                                 "(`evidence.bisect_candidates`).")

@@ -32,6 +32,7 @@ from detectors.offline.rollback import (Checkpoint, Restart, RollbackDecision,
                                         decide_rollback, episodes, evidence_episodes, onset_window)
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.history import load_history
+from healthsvc.rollback.proof import proof_note, sent_fingerprints
 from healthsvc.store.bisections import CheckpointVerdict, NoBisection
 
 HISTORY_FIELDS = ("loss", "grad_norm", "local_grad_norm", "lr")
@@ -44,6 +45,7 @@ class RollbackAnswer:
     checkpoint_ids: dict[int, int]       # step -> stored checkpoint id
     superseded: list[int]
     history_steps: int
+    fingerprints: bool = False           # the run sent replica fingerprints (param_digest)
 
     def to_dict(self, run_id: str) -> dict[str, Any]:
         d = self.decision.to_dict()
@@ -51,11 +53,15 @@ class RollbackAnswer:
         if ckpt is not None:
             ckpt["id"] = self.checkpoint_ids.get(ckpt["step"])
         onset = d["onset"]
+        note = proof_note(self.fingerprints)
         return {
             "run_id": run_id,
             "checkpoint": ckpt,
             "onset": onset,
-            "reason": d["reason"],
+            "reason": d["reason"] if note is None else f"{d['reason']} {note}",
+            "fingerprints": self.fingerprints,
+            "proof": d["evidence"].get("proof"),
+            "proof_note": note,
             "conservative": d["conservative"],
             "skip_data_range": d["skip_data_range"],
             "proven_clean": d["evidence"].get("proven_clean", False),
@@ -193,7 +199,8 @@ def decide(ctx, run_id: str) -> RollbackAnswer:
                                        else sf.finding.step, sf.id))
     findings = [{"id": sf.id, "attempt": sf.attempt, **sf.finding.to_dict()} for sf in rested_on]
     return RollbackAnswer(decision, findings, ids, superseded,
-                          0 if block is None else block.n_steps)
+                          0 if block is None else block.n_steps,
+                          fingerprints=sent_fingerprints(ctx.store, run_id))
 
 
 # ----------------------------------------------------------------------------- bisection

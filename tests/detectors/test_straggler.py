@@ -211,3 +211,30 @@ def test_one_step_without_ts_does_not_bypass_the_wait():
     fired = StragglerDetector().update(block)[0].step
     block.present["ts"][block.steps == fired] = False     # the firing step's records carry no ts
     assert [(f.step, f.severity) for f in StragglerDetector().update(block)][0] == (fired, "info")
+
+
+# ------------------------------------------- job-wide jitter cancels in the ratio to the median
+def _job_jitter(block, seed, factor=2.0):
+    """Every rank's times multiplied by one log-normal factor per step (a loaded machine slowing
+    the whole job: sd of log ``log(factor)``, so steps 2x slower or faster are common)."""
+    job = np.exp(np.random.default_rng(100 + seed).normal(0.0, np.log(factor), (block.n_steps, 1)))
+    for f in ("step_time", "compute_time", "comm_time", "data_time"):
+        block.values[f] = block.values[f] * job
+    return block
+
+
+@pytest.mark.parametrize("seed, step", [(0, 704), (1, 704), (2, 703), (3, 707), (4, 704)])
+def test_a_mild_straggler_is_named_within_50_steps_through_2x_job_wide_jitter(seed, step):
+    # Each rank is judged by its ratio to the step's peer median, so the job-wide factor cancels:
+    # rank 2, 1.2x slower from step 700 among 4, is named within a few steps.
+    block = _job_jitter(simulate_run(n_steps=1_500, n_ranks=4, seed=seed,
+                                     faults=[Straggler(step=700, rank=2, factor=1.2)]).block, seed)
+    found = _firing(_run_all(StragglerDetector(), block, size=16))
+    assert [(f.step, f.ranks, f.severity) for f in found] == [(step, (2,), "warning")]
+
+
+@pytest.mark.parametrize("n_ranks", [4, 8])
+def test_no_rank_is_named_in_a_clean_run_under_2x_job_wide_jitter(n_ranks):
+    for seed in range(8):
+        block = _job_jitter(simulate_run(n_steps=1_500, n_ranks=n_ranks, seed=seed).block, seed)
+        assert _firing(_run_all(StragglerDetector(), block, size=16)) == [], seed

@@ -175,3 +175,36 @@ def test_a_restored_checkpoint_a_probe_found_bad_is_not_recommended():
     d = decide_rollback(_restart_history(), [spike(1201, "critical")], cps,
                         restarts=[Restart(first_step=1201)])
     assert chosen(d) == 1100 and d.evidence["resumed_from"] is None
+
+
+# ------------------------------------------------------------------------ an LR blow-up
+
+def _lr_blowup(seed: int, start: int = 900, factor: float = 8.0, length: int = 20) -> StepBlock:
+    """4 ranks; the learning rate x``factor`` for the ``length`` updates from ``start``: the loss
+    climbs from the next step on (half of its rise at once, all of it within a few steps, +16 %)
+    and comes back over a few hundred steps once the rate is back. The gradient norm shows
+    nothing (clipped, as in a bigger model); only the loss and the reported ``lr`` do."""
+    from simulation import simulate_run
+    block = simulate_run(n_steps=1_800, n_ranks=4, seed=seed, metrics=METRICS).block
+    k = np.clip(block.steps - start, 0, length)
+    rise = 0.15 * (1 - 0.5 ** k) * np.exp(-np.maximum(0, block.steps - start - length) / 400.0)
+    block.values["loss"] *= np.exp(rise)[:, None]
+    block.values["lr"][(block.steps >= start) & (block.steps < start + length)] *= factor
+    return block
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_an_lr_blow_up_resumes_from_the_newest_checkpoint_before_the_rise(seed):
+    # The rate's excursion above its schedule is no warm-up: taken for the warm-up's end (the
+    # LR's peak), it hid the history before it, the estimate fell back on the divergence
+    # warning (~915) and the answer was 905, which holds the first corrupted updates.
+    from healthsvc.monitor.suite import build_suite
+    from simulation import iter_blocks
+    block = _lr_blowup(seed)
+    suite = build_suite({})
+    found = [f for b in iter_blocks(block, 16) for d in suite.aligned.values() for f in d.update(b)]
+    assert [(f.kind, f.severity) for f in found if f.status == "firing" and f.severity != "info"][0] == (
+        "divergence", "warning")
+    d = decide_rollback(block, found, ckpts(*range(5, 1_800, 25)))
+    assert chosen(d) == 880 and 900 <= d.onset.low <= 901
+    assert "loss_trend" in d.onset.signals_used

@@ -244,3 +244,39 @@ def test_the_answer_reads_only_the_history_near_the_evidence(shared_http):
     assert answer["checkpoint"]["step"] == 5_500
     read = answer["evidence"]["history_steps"]
     assert 0 < read <= 5_800 + 64 - (5_800 - 32 - 4 * 512 - 64) + 1 < 6_000
+
+
+def test_an_answer_without_fingerprints_says_it_rests_on_no_proof(shared_http):
+    push_run(shared_http, "rb-no-digest")
+    settle(shared_http)
+    answer = shared_http.get("/v1/runs/rb-no-digest/rollback").json()
+    assert answer["checkpoint"]["step"] == 800
+    assert answer["fingerprints"] is False and answer["proof"] is None
+    note = answer["proof_note"]
+    assert "silent corruption of a replica" in note and "cannot be excluded" in note
+    assert "fingerprint(model)" in note and answer["reason"].endswith(note)
+
+
+def test_an_answer_with_fingerprints_carries_the_proof(shared_http):
+    # A clean run whose records carry, every 20 steps, each rank's parameter digest: rank 1's
+    # differs from step 700 on.
+    block = simulate_run(n_steps=900, n_ranks=N_RANKS, seed=0, metrics=("loss", "grad_norm")).block
+    records = []
+    for i, s in enumerate(block.steps.tolist()):
+        for r in range(N_RANKS):
+            rec = {"step": s, "rank": r, "loss": float(block.values["loss"][i, r]),
+                   "grad_norm": float(block.values["grad_norm"][i, r])}
+            if s % 20 == 0:
+                rec["param_digest"] = "flipped" if (r == 1 and s >= 700) else f"d{s}"
+            records.append(rec)
+    for start in range(0, len(records), 1_200):
+        r = shared_http.post("/v1/runs/rb-digest/metrics", json={"records": records[start:start + 1_200]})
+        assert r.status_code == 202, r.text
+    for c in range(100, 900, 100):
+        shared_http.post("/v1/runs/rb-digest/checkpoints", json={"step": c, "uri": f"mem://rb-digest/{c}"})
+    settle(shared_http)
+    answer = shared_http.get("/v1/runs/rb-digest/rollback").json()
+    assert answer["fingerprints"] is True and answer["proof_note"] is None
+    assert answer["proof"] == {"last_agreeing_step": 680, "first_disagreeing_step": 700, "ranks": [1]}
+    assert answer["checkpoint"]["step"] == 600 and answer["proven_clean"] is True
+    assert "no replica fingerprints" not in answer["reason"]
