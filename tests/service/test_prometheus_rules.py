@@ -32,6 +32,16 @@ def test_promtool_checks_the_rules_and_their_unit_tests_pass():
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
+def test_the_commands_docs_metrics_gives_pass():
+    doc = (RULES.parents[1] / "docs" / "metrics.md").read_text()
+    block = re.search(r"```sh\n(.*?promtool test rules.*?)```", doc, re.S).group(1)
+    assert shutil.which("promtool"), "promtool is not installed; ./dev test installs it"
+    ran = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=RULES.parents[1], capture_output=True,
+                         text=True, timeout=120)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.count("SUCCESS") == 2, ran.stdout
+
+
 def test_the_rollback_case_fails_a_steps_rate_over_the_gauge(tmp_path):
     # The unit test catches the bug it was written for: the same recording rule over the
     # last-step gauge (what the dashboard drew before) fails it with the 1.95 of the issue.
