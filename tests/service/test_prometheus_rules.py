@@ -46,7 +46,7 @@ def test_the_rollback_case_fails_a_steps_rate_over_the_gauge(tmp_path):
     # The unit test catches the bug it was written for: the same recording rule over the
     # last-step gauge (what the dashboard drew before) fails it with the 1.95 of the issue.
     rules = (RULES / "healthsvc-rules.yml").read_text()
-    bad = rules.replace("expr: rate(healthsvc_run_steps_total[5m])", "expr: rate(healthsvc_run_last_step[5m])")
+    bad = rules.replace("rate(healthsvc_run_steps_total[5m])", "rate(healthsvc_run_last_step[5m])")
     assert bad != rules
     (tmp_path / "healthsvc-rules.yml").write_text(bad)
     shutil.copy(RULES / "healthsvc-rules.test.yml", tmp_path)
