@@ -29,15 +29,17 @@ FOLD_AT_RECORDS = 1 << 16                        # pending records that trigger 
 
 @dataclass
 class _RankTable:
-    """Newest value per rank of one run, per field, and each rank's host (sorted rank ids)."""
+    """Newest value per rank of one run, per field, and each rank's host (sorted rank ids).
+    Newest by (attempt, step), not by arrival: a spool uploaded late must not overwrite."""
     ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     values: dict[str, np.ndarray] = field(default_factory=dict)   # field -> newest value (NaN: none)
+    at: dict[str, np.ndarray] = field(default_factory=dict)       # field -> its (attempt, step) key, -1 none
     host_code: np.ndarray = field(default_factory=lambda: np.full(0, -1, np.int32))
     host_names: list[str] = field(default_factory=list)
     host_codes: dict[str, int] = field(default_factory=dict)
 
-    def fold(self, batch: Any) -> None:
-        steps, ranks = np.asarray(batch.steps), np.asarray(batch.ranks, np.int64)
+    def fold(self, attempt: int, batch: Any) -> None:
+        steps, ranks = np.asarray(batch.steps, np.int64), np.asarray(batch.ranks, np.int64)
         order = np.lexsort((steps, ranks))           # by rank, then step: the last per rank is newest
         last = order[np.r_[ranks[order][1:] != ranks[order][:-1], True]] if len(order) else order
         pos = self._grow(ranks[last])
@@ -45,9 +47,11 @@ class _RankTable:
             if f not in batch.values:
                 continue
             v, p = batch.values[f][last], batch.present[f][last]
-            ok = p & np.isfinite(v)
             col = self.values.setdefault(f, np.full(len(self.ids), np.nan))
-            col[pos[ok]] = v[ok]
+            at = self.at.setdefault(f, np.full(len(self.ids), -1, np.int64))
+            key = (np.int64(attempt) << 40) + steps[last]
+            ok = p & np.isfinite(v) & (key >= at[pos])
+            col[pos[ok]], at[pos[ok]] = v[ok], key[ok]
         if batch.host_index is not None:
             codes = np.array([self._host(h) for h in batch.host_names] + [-1], np.int32)  # distinct hosts only
             hi = batch.host_index[last]
@@ -64,9 +68,9 @@ class _RankTable:
         if len(merged) != len(self.ids):
             where = np.searchsorted(merged, self.ids)
             for f, col in self.values.items():
-                new = np.full(len(merged), np.nan)
-                new[where] = col
-                self.values[f] = new
+                new, at = np.full(len(merged), np.nan), np.full(len(merged), -1, np.int64)
+                new[where], at[where] = col, self.at[f]
+                self.values[f], self.at[f] = new, at
             code = np.full(len(merged), -1, np.int32)
             code[where] = self.host_code
             self.ids, self.host_code = merged, code
@@ -105,7 +109,7 @@ class RankTimes:
     def on_store_results(self, results: list[Any]) -> None:
         for r, batch in new_batches(results):
             with self._lock:
-                self._pending.setdefault(r.run_id, []).append(batch)
+                self._pending.setdefault(r.run_id, []).append((r.attempt, batch))
                 held = self._held[r.run_id] = self._held.get(r.run_id, 0) + len(batch)
                 if held > FOLD_AT_RECORDS:
                     self._fold(r.run_id)
@@ -113,8 +117,8 @@ class RankTimes:
     def _fold(self, run_id: str) -> _RankTable:
         """The run's table with its pending batches folded in, oldest first (the lock held)."""
         table = self._tables.setdefault(run_id, _RankTable())
-        for batch in self._pending.pop(run_id, []):
-            table.fold(batch)
+        for attempt, batch in self._pending.pop(run_id, []):
+            table.fold(attempt, batch)
         self._held[run_id] = 0
         return table
 
