@@ -1,15 +1,21 @@
-"""Prometheus metrics of the service itself, in a registry owned by one app (no globals)."""
+"""Prometheus metrics of the service itself, in a registry owned by one app (no globals).
+
+The registry also carries prometheus_client's process and platform collectors (``process_*``:
+CPU seconds, resident memory, open file descriptors, start time; ``python_info``), which the
+default global registry would have had: the usual node and process dashboards work on it."""
 from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
 
 
 class ServiceMetrics:
     def __init__(self, store_size: Callable[[], float]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         self.ingest_requests = Counter("healthsvc_ingest_requests", "Metrics ingest requests by outcome.",
                                        ["outcome"], registry=r)
         self.ingest_records = Counter("healthsvc_ingest_records", "Per-rank step records accepted.", registry=r)

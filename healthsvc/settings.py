@@ -50,6 +50,8 @@ class Settings(BaseSettings):
                                                                   "while its last push is this recent, seconds.")
     metrics_max_runs: int = Field(100, ge=0, description="At most this many runs (the most recently pushed) have "
                                                          "per-run series on /metrics (bounded cardinality).")
+    metrics_top_ranks: int = Field(8, ge=0, le=256, description="Per-rank series on /metrics for at most this many "
+                                   "ranks per run: those named by active findings, then the slowest.")
     # Alerting (healthsvc.alerting; docs/alerting.md).
     alert_webhooks: list[dict] = Field(
         default_factory=list,

@@ -17,7 +17,7 @@ from healthsvc.store.batch import MetricBatch
 from healthsvc.run_metrics import StepTimes
 from healthsvc.store.results import IngestResult
 
-from tests.harness import InProcessService
+from tests.harness import InProcessService, ServedService
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,10 +83,46 @@ def test_the_grafana_dashboard_uses_the_series_the_service_exports(server, http)
               for v in dashboard["templating"]["list"] if v["type"] == "query"]
     used = {m for e in exprs for m in re.findall(r"\bhealthsvc_[a-z_]+", e)}
     push(http, "g", range(3))
-    exported = set(scrape(http))
+    fams = scrape(http)
+    exported = set(fams) | {s.name for samples in fams.values() for s in samples}   # a counter's _total too
     assert used and used <= exported, used - exported
     assert {"healthsvc_run_health", "healthsvc_run_active_findings", "healthsvc_run_step_time_median_seconds",
             "healthsvc_run_last_step"} <= used
+
+
+def families_by_type(c: httpx.Client) -> dict[str, str]:
+    """Metric family name -> type ("counter", "gauge", ...) as the service exposes them."""
+    return {fam.name: fam.type for fam in text_string_to_metric_families(c.get("/metrics").text)}
+
+
+def test_the_dashboard_rates_counters_only_and_links_every_panel_to_the_run_page(tmp_path):
+    # rate() over a gauge that goes down (the last step at a rollback) reads the drop as a counter
+    # reset: every rate/irate/increase the dashboard draws must be over a counter.
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    rated = {m for e in exprs for m in re.findall(r"\b(?:rate|irate|increase)\((healthsvc_[a-z_]+)", e)}
+    assert "healthsvc_run_steps_total" in rated
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    base = variables["service_url"]["query"]
+    with ServedService(tmp_path) as svc:
+        c = svc.http
+        push(c, "run-1", range(3))
+        svc.drain()
+        types = families_by_type(c)
+        assert all(types.get(name.removesuffix("_total")) == "counter" for name in rated), \
+            {name: types.get(name.removesuffix("_total")) for name in rated}
+        for panel in dashboard["panels"]:
+            links = panel["fieldConfig"]["defaults"].get("links", [])
+            assert links, f"panel {panel['title']!r} has no data link"
+            # Grafana's interpolation, for one run: the link must open the run's dashboard page.
+            url = links[0]["url"]
+            for ref in ("${__field.labels.run}", "${__data.fields.run}"):
+                url = url.replace(ref, "run-1")
+            url = url.replace("${service_url}", svc.url)
+            assert url == f"{svc.url}/runs/run-1", (panel["title"], links[0]["url"])
+            page = httpx.get(url, timeout=30)
+            assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert base.startswith("http")
 
 
 def test_the_step_time_median_is_over_the_newest_finite_values_whatever_the_pushes():

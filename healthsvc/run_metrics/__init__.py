@@ -5,11 +5,19 @@ default an hour; at most ``metrics_max_runs``, the most recently pushed, default
 number of series stays bounded however many runs the store keeps:
 
     healthsvc_run_health{run}                          0 ok, 1 warning, 2 critical (worst active finding)
-    healthsvc_run_last_step{run}                       highest step of the current attempt
+    healthsvc_run_last_step{run}                       highest step of the current attempt (a gauge:
+                                                       it goes down at a rollback)
+    healthsvc_run_steps_total{run}                     steps trained, a counter (``steps.py``): the
+                                                       one to ``rate()``
     healthsvc_run_last_push_timestamp_seconds{run}     last accepted push, unix seconds
     healthsvc_run_step_time_median_seconds{run}        median step_time over the last values pushed
                                                        (``STEP_TIME_WINDOW`` per run, all ranks)
     healthsvc_run_active_findings{run,kind,severity}   firing findings, by kind and severity
+    healthsvc_run_rank_time_ratio{run,rank,host,field} newest timing over the median of all ranks'
+    healthsvc_run_rank_time_seconds{run,rank,host,field} the rank's newest timing
+    healthsvc_run_rank_active_findings{run,rank,host}  active findings naming the rank
+                                                       (the three: at most ``metrics_top_ranks``
+                                                       ranks per run, ``ranks.py``)
     healthsvc_runs_exported                            how many runs the series above cover
 
 A finished run, or one silent for longer than the window, drops out at the next scrape.
@@ -17,67 +25,28 @@ A finished run, or one silent for longer than the window, drops out at the next 
 """
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from typing import Any
 
-import numpy as np
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-STEP_TIME_WINDOW = 512  # step_time values kept per run for the median (all ranks, newest last)
+from healthsvc.run_metrics.ranks import RankTimes, named_ranks
+from healthsvc.run_metrics.step_times import STEP_TIME_WINDOW, StepTimes
+from healthsvc.run_metrics.steps import StepsTrained
+
+__all__ = ["RankTimes", "RunSeriesCollector", "StepTimes", "StepsTrained", "install"]
+
 HEALTH_VALUE = {"ok": 0, "warning": 1, "critical": 2}
-
-
-class StepTimes:
-    """The newest ``STEP_TIME_WINDOW`` finite ``step_time`` values of each run (writer thread in,
-    scrape thread out). A push only hands its column over (the writer thread does that for every
-    push); the values are filtered and cut to the window when a scrape asks, or when a run holds
-    four windows' worth."""
-
-    def __init__(self, window: int = STEP_TIME_WINDOW) -> None:
-        self.window = window
-        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}   # (values, present), oldest first
-        self._held: dict[str, int] = {}      # records in a run's parts
-        self._lock = threading.Lock()
-
-    def on_store_results(self, results: list[Any]) -> None:
-        for r in results:
-            batch = getattr(r, "batch", None)
-            if batch is None or getattr(r, "duplicate", False) or "step_time" not in batch.values:
-                continue
-            with self._lock:
-                self._parts.setdefault(r.run_id, []).append((batch.values["step_time"], batch.present["step_time"]))
-                held = self._held[r.run_id] = self._held.get(r.run_id, 0) + len(batch)
-                if held > 4 * self.window:
-                    self._compact(r.run_id)
-
-    def _compact(self, run_id: str) -> np.ndarray:
-        """The run's window as one array (the lock held)."""
-        v = np.concatenate([values[present] for values, present in self._parts[run_id]])
-        v = v[np.isfinite(v)][-self.window:]
-        self._parts[run_id], self._held[run_id] = [(v, np.ones(len(v), bool))], len(v)
-        return v
-
-    def median(self, run_id: str) -> float | None:
-        with self._lock:
-            if run_id not in self._parts:
-                return None
-            v = self._compact(run_id)
-        return float(np.median(v)) if v.size else None
-
-    def keep_only(self, run_ids: set[str]) -> None:
-        """Forget runs that are no longer exported (bounded memory)."""
-        with self._lock:
-            for run_id in set(self._parts) - run_ids:
-                del self._parts[run_id], self._held[run_id]
 
 
 class RunSeriesCollector:
     """Prometheus collector: reads the store and the findings at scrape time."""
 
-    def __init__(self, ctx: Any, step_times: StepTimes) -> None:
+    def __init__(self, ctx: Any, step_times: StepTimes, steps: StepsTrained, rank_times: RankTimes) -> None:
         self.ctx = ctx
         self.step_times = step_times
+        self.steps = steps
+        self.rank_times = rank_times
 
     def active_runs(self, now: float) -> list[tuple[str, Any]]:
         """(run_id, run state) of the runs exported now, most recently pushed first."""
@@ -105,6 +74,18 @@ class RunSeriesCollector:
                                       "(all ranks), seconds.", labels=["run"])
         findings = GaugeMetricFamily("healthsvc_run_active_findings", "Firing findings of an active run, by "
                                      "kind and severity.", labels=["run", "kind", "severity"])
+        steps = CounterMetricFamily("healthsvc_run_steps", "Steps trained by the run, counted again when "
+                                    "trained again after a rollback or restart (monotonic, unlike "
+                                    "healthsvc_run_last_step): rate() it for steps per second.", labels=["run"])
+        rank_labels = ["run", "rank", "host", "field"]
+        ratio = GaugeMetricFamily("healthsvc_run_rank_time_ratio", "A top rank's newest timing (field) over the "
+                                  "median of all its run's ranks' newest; at most HEALTHSVC_METRICS_TOP_RANKS "
+                                  "ranks per run: those named by active findings, then the slowest.",
+                                  labels=rank_labels)
+        seconds = GaugeMetricFamily("healthsvc_run_rank_time_seconds", "A top rank's newest timing (field), "
+                                    "seconds.", labels=rank_labels)
+        rank_findings = GaugeMetricFamily("healthsvc_run_rank_active_findings", "Active findings naming a top "
+                                          "rank.", labels=["run", "rank", "host"])
         exported = GaugeMetricFamily("healthsvc_runs_exported", "Active runs with per-run series (bounded by "
                                      "HEALTHSVC_METRICS_MAX_RUNS).")
         runs = self.active_runs(now)
@@ -116,18 +97,31 @@ class RunSeriesCollector:
             if st.max_step >= 0:
                 last_step.add_metric([run_id], st.max_step)
             last_push.add_metric([run_id], st.last_push)
+            total = self.steps.total(run_id)
+            if total is not None:
+                steps.add_metric([run_id], total)
+            for line in self.rank_times.top(run_id, self.ctx.settings.metrics_top_ranks, named_ranks(active)):
+                labels = [run_id, str(line.rank), line.host or ""]
+                if line.ratio is not None:
+                    ratio.add_metric(labels + [line.field], line.ratio)
+                if line.value is not None:
+                    seconds.add_metric(labels + [line.field], line.value)
+                rank_findings.add_metric(labels, line.findings)
             median = self.step_times.median(run_id)
             if median is not None:
                 step_time.add_metric([run_id], median)
             for (kind, severity), n in sorted(Counter((sf.finding.kind, sf.finding.severity) for sf in active).items()):
                 findings.add_metric([run_id, kind, severity], n)
         exported.add_metric([], len(runs))
-        self.step_times.keep_only({run_id for run_id, _ in runs})
-        yield from (health, last_step, last_push, step_time, findings, exported)
+        kept = {run_id for run_id, _ in runs}
+        for part in (self.step_times, self.steps, self.rank_times):
+            part.keep_only(kept)
+        yield from (health, last_step, steps, last_push, step_time, findings, ratio, seconds, rank_findings, exported)
 
 
 def install(app: Any, ctx: Any) -> None:
     """The feature hook (called by ``healthsvc.app.create_app``)."""
-    step_times = StepTimes()
-    ctx.store.subscribe(step_times.on_store_results)
-    ctx.metrics.registry.register(RunSeriesCollector(ctx, step_times))
+    parts = StepTimes(), StepsTrained(), RankTimes()
+    for part in parts:
+        ctx.store.subscribe(part.on_store_results)
+    ctx.metrics.registry.register(RunSeriesCollector(ctx, *parts))

@@ -1,0 +1,174 @@
+"""A bounded top-k of per-rank series: the ranks worth a line in Grafana, at most k per run.
+
+A run has up to 16,384 ranks; a series per rank would be 16,384 series per run per field. So only
+``metrics_top_ranks`` ranks per run (default 8) are exported: first the ranks named by the run's
+active findings (the on-call engineer's suspects, worst severity first), then the slowest ranks
+by the ratio of their newest timing to the median of all ranks' newest: ``compute_time`` when
+the run reports it (in synchronous training every rank waits at the collective, so ``step_time``
+is nearly equal on all ranks and ``compute_time`` shows the straggler), else ``step_time``.
+A ratio of 2.0 is "twice as slow as its peers", whatever the job's own speed.
+
+Pushes only hand their columns over (the writer thread does that for every push); the newest
+value of each rank is folded in when a scrape asks, or when a run holds many pending records.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from itertools import zip_longest
+from typing import Any, Iterable
+
+import numpy as np
+
+from detectors.finding import SEVERITY_ORDER
+from healthsvc.run_metrics.feed import new_batches
+
+TIMING_FIELDS = ("compute_time", "step_time")   # the first one a run reports is the one ranked
+FOLD_AT_RECORDS = 1 << 16                        # pending records that trigger a fold at push time
+
+
+@dataclass
+class _RankTable:
+    """Newest value per rank of one run, per field, and each rank's host (sorted rank ids).
+    Newest by (attempt, step), not by arrival: a spool uploaded late must not overwrite."""
+    ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    values: dict[str, np.ndarray] = field(default_factory=dict)   # field -> newest value (NaN: none)
+    at: dict[str, np.ndarray] = field(default_factory=dict)       # field -> its (attempt, step) key, -1 none
+    host_code: np.ndarray = field(default_factory=lambda: np.full(0, -1, np.int32))
+    host_names: list[str] = field(default_factory=list)
+    host_codes: dict[str, int] = field(default_factory=dict)
+
+    def fold(self, attempt: int, batch: Any) -> None:
+        steps, ranks = np.asarray(batch.steps, np.int64), np.asarray(batch.ranks, np.int64)
+        order = np.lexsort((steps, ranks))           # by rank, then step: the last per rank is newest
+        last = order[np.r_[ranks[order][1:] != ranks[order][:-1], True]] if len(order) else order
+        pos = self._grow(ranks[last])
+        for f in TIMING_FIELDS:
+            if f not in batch.values:
+                continue
+            v, p = batch.values[f][last], batch.present[f][last]
+            col = self.values.setdefault(f, np.full(len(self.ids), np.nan))
+            at = self.at.setdefault(f, np.full(len(self.ids), -1, np.int64))
+            key = (np.int64(attempt) << 40) + steps[last]
+            ok = p & np.isfinite(v) & (key >= at[pos])
+            col[pos[ok]], at[pos[ok]] = v[ok], key[ok]
+        if batch.host_index is not None:
+            codes = np.array([self._host(h) for h in batch.host_names] + [-1], np.int32)  # distinct hosts only
+            hi = batch.host_index[last]
+            self.host_code[pos[hi >= 0]] = codes[hi[hi >= 0]]
+
+    def _host(self, name: str) -> int:
+        if name not in self.host_codes:
+            self.host_codes[name] = len(self.host_names)
+            self.host_names.append(name)
+        return self.host_codes[name]
+
+    def _grow(self, ranks: np.ndarray) -> np.ndarray:
+        merged = np.union1d(self.ids, ranks)
+        if len(merged) != len(self.ids):
+            where = np.searchsorted(merged, self.ids)
+            for f, col in self.values.items():
+                new, at = np.full(len(merged), np.nan), np.full(len(merged), -1, np.int64)
+                new[where], at[where] = col, self.at[f]
+                self.values[f], self.at[f] = new, at
+            code = np.full(len(merged), -1, np.int32)
+            code[where] = self.host_code
+            self.ids, self.host_code = merged, code
+        return np.searchsorted(self.ids, ranks)
+
+    def host(self, rank: int) -> str | None:
+        i = int(np.searchsorted(self.ids, rank))
+        if i < len(self.ids) and self.ids[i] == rank and self.host_code[i] >= 0:
+            return self.host_names[self.host_code[i]]
+        return None
+
+
+@dataclass(frozen=True)
+class RankLine:
+    """One exported rank: why it is there, its timing against its peers, its host."""
+    rank: int
+    host: str | None
+    field: str | None          # the timing field ranked; None when the run reports none
+    value: float | None        # the rank's newest value of ``field``, seconds
+    ratio: float | None        # value / median of all ranks' newest values
+    findings: int              # active findings that name the rank
+
+
+class RankTimes:
+    """The newest timing of every rank of each run (writer thread in, scrape thread out)."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, _RankTable] = {}
+        self._pending: dict[str, list[Any]] = {}
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RankTimes(runs={len(self._tables)})"
+
+    def on_store_results(self, results: list[Any]) -> None:
+        for r, batch in new_batches(results):
+            with self._lock:
+                self._pending.setdefault(r.run_id, []).append((r.attempt, batch))
+                held = self._held[r.run_id] = self._held.get(r.run_id, 0) + len(batch)
+                if held > FOLD_AT_RECORDS:
+                    self._fold(r.run_id)
+
+    def _fold(self, run_id: str) -> _RankTable:
+        """The run's table with its pending batches folded in, oldest first (the lock held)."""
+        table = self._tables.setdefault(run_id, _RankTable())
+        for attempt, batch in self._pending.pop(run_id, []):
+            table.fold(attempt, batch)
+        self._held[run_id] = 0
+        return table
+
+    def top(self, run_id: str, k: int, named: Iterable[tuple[int, str | None]] = ()) -> list[RankLine]:
+        """At most ``k`` ranks: those in ``named`` first ((rank, host) of active findings, most
+        important first, repeats counted), then the slowest by ratio to the median."""
+        counts: dict[int, int] = {}
+        named_hosts: dict[int, str | None] = {}
+        for rank, host in named:
+            counts[int(rank)] = counts.get(int(rank), 0) + 1
+            named_hosts.setdefault(int(rank), host)
+        with self._lock:
+            table = self._fold(run_id)
+            f = next((f for f in TIMING_FIELDS if f in table.values and np.isfinite(table.values[f]).any()), None)
+            chosen = list(counts)[:k]
+            ratio = np.zeros(0)
+            if f is not None:
+                col = table.values[f]
+                median = float(np.median(col[np.isfinite(col)]))
+                ratio = col / median if median > 0 else np.full(len(col), np.nan)
+                ranked = np.where(np.isfinite(ratio), ratio, -np.inf)
+                want = min(k, len(ranked))
+                cand = np.argpartition(-ranked, want - 1)[:want] if want else np.zeros(0, np.int64)
+                cand = cand[np.argsort(-ranked[cand], kind="stable")]
+                for i in cand:
+                    if len(chosen) >= k:
+                        break
+                    if np.isfinite(ranked[i]) and int(table.ids[i]) not in counts:
+                        chosen.append(int(table.ids[i]))
+            out = []
+            for rank in chosen:
+                i = int(np.searchsorted(table.ids, rank))
+                known = i < len(table.ids) and table.ids[i] == rank and f is not None
+                value = float(table.values[f][i]) if known else None
+                out.append(RankLine(rank, table.host(rank) or named_hosts.get(rank), f,
+                                    value if value is not None and np.isfinite(value) else None,
+                                    float(ratio[i]) if known and np.isfinite(ratio[i]) else None,
+                                    counts.get(rank, 0)))
+            return out
+
+    def keep_only(self, run_ids: set[str]) -> None:
+        """Forget runs that are no longer exported (bounded memory)."""
+        with self._lock:
+            for run_id in (set(self._tables) | set(self._pending)) - run_ids:
+                self._tables.pop(run_id, None)
+                self._pending.pop(run_id, None)
+                self._held.pop(run_id, None)
+
+
+def named_ranks(active: list[Any]) -> list[tuple[int, str | None]]:
+    """(rank, host) blamed by active stored findings, the worst severity first."""
+    ordered = sorted(active, key=lambda sf: -SEVERITY_ORDER[sf.finding.severity])
+    return [(int(r), h) for sf in ordered for r, h in zip_longest(sf.finding.ranks, sf.hosts[:len(sf.finding.ranks)])]

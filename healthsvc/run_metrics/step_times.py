@@ -1,0 +1,55 @@
+"""The run's median step time for ``healthsvc_run_step_time_median_seconds``: a window of the
+newest finite ``step_time`` values, all ranks together."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from healthsvc.run_metrics.feed import new_batches
+
+STEP_TIME_WINDOW = 512  # step_time values kept per run for the median (all ranks, newest last)
+
+
+class StepTimes:
+    """The newest ``STEP_TIME_WINDOW`` finite ``step_time`` values of each run (writer thread in,
+    scrape thread out). A push only hands its column over (the writer thread does that for every
+    push); the values are filtered and cut to the window when a scrape asks, or when a run holds
+    four windows' worth."""
+
+    def __init__(self, window: int = STEP_TIME_WINDOW) -> None:
+        self.window = window
+        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}   # (values, present), oldest first
+        self._held: dict[str, int] = {}      # records in a run's parts
+        self._lock = threading.Lock()
+
+    def on_store_results(self, results: list[Any]) -> None:
+        for r, batch in new_batches(results):
+            if "step_time" not in batch.values:
+                continue
+            with self._lock:
+                self._parts.setdefault(r.run_id, []).append((batch.values["step_time"], batch.present["step_time"]))
+                held = self._held[r.run_id] = self._held.get(r.run_id, 0) + len(batch)
+                if held > 4 * self.window:
+                    self._compact(r.run_id)
+
+    def _compact(self, run_id: str) -> np.ndarray:
+        """The run's window as one array (the lock held)."""
+        v = np.concatenate([values[present] for values, present in self._parts[run_id]])
+        v = v[np.isfinite(v)][-self.window:]
+        self._parts[run_id], self._held[run_id] = [(v, np.ones(len(v), bool))], len(v)
+        return v
+
+    def median(self, run_id: str) -> float | None:
+        with self._lock:
+            if run_id not in self._parts:
+                return None
+            v = self._compact(run_id)
+        return float(np.median(v)) if v.size else None
+
+    def keep_only(self, run_ids: set[str]) -> None:
+        """Forget runs that are no longer exported (bounded memory)."""
+        with self._lock:
+            for run_id in set(self._parts) - run_ids:
+                del self._parts[run_id], self._held[run_id]

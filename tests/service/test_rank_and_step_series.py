@@ -1,0 +1,90 @@
+"""Properties of the per-run parts behind /metrics, fed as the writer thread feeds them: the steps
+counter never goes down and counts each attempt's steps, and the per-rank top-k is at most k, the
+named ranks first, the rest the slowest, whatever the order and split of the pushes."""
+from __future__ import annotations
+
+import numpy as np
+
+from healthsvc.run_metrics import RankTimes, StepsTrained
+from healthsvc.store.batch import MetricBatch
+from healthsvc.store.results import IngestResult
+
+
+def result(run: str, steps, ranks, attempt: int, new_attempt: bool = False, duplicate: bool = False,
+           **fields) -> IngestResult:
+    steps, ranks = np.asarray(steps, np.int64), np.asarray(ranks, np.int64)
+    values = {f: np.asarray(v, float) for f, v in fields.items()}
+    present = {f: np.ones(len(steps), bool) for f in fields}
+    return IngestResult(run, len(steps), duplicate, attempt, new_attempt, None, 0.0,
+                        MetricBatch(steps, ranks, values, present))
+
+
+def test_the_steps_counter_counts_each_attempts_steps_and_never_goes_down():
+    rng = np.random.default_rng(3)
+    counter, expected, last = StepsTrained(), 0, 0
+    attempt, step = 0, 0
+    for _ in range(300):
+        if attempt == 0 or rng.random() < 0.05:          # a restart or rollback to an earlier step
+            attempt, step = attempt + 1, int(rng.integers(0, step + 1))
+            n = int(rng.integers(1, 20))
+            counter.on_store_results([result("r", range(step, step + n), [0] * n, attempt, new_attempt=True)])
+            expected, step = expected + n, step + n
+        elif rng.random() < 0.1:                          # re-sent or late: nothing new
+            old = int(rng.integers(0, step))
+            counter.on_store_results([result("r", [old], [1], attempt, duplicate=rng.random() < 0.5)])
+        else:
+            n = int(rng.integers(1, 20))
+            counter.on_store_results([result("r", range(step, step + n), [0] * n, attempt)])
+            expected, step = expected + n, step + n
+        total = counter.total("r")
+        assert total == expected and total >= last
+        last = total
+    counter.keep_only(set())
+    assert counter.total("r") is None
+
+
+def test_a_counter_that_missed_the_start_of_an_attempt_only_sets_its_baseline():
+    counter = StepsTrained()   # a restarted service: attempt 3 was opened before it
+    counter.on_store_results([result("r", range(500, 510), [0] * 10, 3)])
+    assert counter.total("r") == 0
+    counter.on_store_results([result("r", range(510, 515), [0] * 5, 3)])
+    assert counter.total("r") == 5
+
+
+def test_the_top_ranks_are_named_first_then_the_slowest_whatever_the_push_order():
+    rng = np.random.default_rng(11)
+    world, k = 1000, 5
+    times = rng.uniform(0.9, 1.1, world)
+    times[[17, 400, 999, 3]] = [4.0, 3.0, 2.0, 1.5]
+    steps = np.repeat(np.arange(4), world)
+    ranks = np.tile(np.arange(world), 4)
+    value = np.tile(times, 4)
+    value[:world] = 9.0            # step 0: an old value every rank overwrote since
+    for split in (1, 3, 17):
+        perm = rng.permutation(len(steps))
+        rt = RankTimes()
+        for part in np.array_split(perm, split):
+            rt.on_store_results([result("r", steps[part], ranks[part], 1, compute_time=value[part])])
+        top = rt.top("r", k, named=[(250, "h1"), (250, "h1"), (17, None)])
+        assert [line.rank for line in top] == [250, 17, 400, 999, 3]
+        assert [line.findings for line in top] == [2, 1, 0, 0, 0]
+        assert top[0].host == "h1" and top[2].field == "compute_time"
+        median = float(np.median(times))
+        assert abs(top[2].ratio - 3.0 / median) < 1e-12 and top[2].value == 3.0
+        assert len(rt.top("r", 0)) == 0 and len(rt.top("r", 2, named=[(r, None) for r in range(9)])) == 2
+
+
+def test_step_time_is_ranked_when_no_compute_time_is_reported():
+    rt = RankTimes()
+    rt.on_store_results([result("r", [0, 0, 0], [0, 1, 2], 1, step_time=[1.0, 1.0, 2.0])])
+    top = rt.top("r", 1)
+    assert [(line.rank, line.field, line.ratio) for line in top] == [(2, "step_time", 2.0)]
+    assert rt.top("unknown", 3) == []
+
+
+def test_after_a_rollback_the_new_attempts_timings_replace_the_old_and_a_late_spool_does_not():
+    rt = RankTimes()
+    rt.on_store_results([result("r", [90, 90], [0, 1], 1, compute_time=[5.0, 1.0])])   # rank 0 slow
+    rt.on_store_results([result("r", [40, 40], [0, 1], 2, compute_time=[1.0, 3.0])])   # rolled back
+    rt.on_store_results([result("r", [95], [0], 1, compute_time=[7.0])])               # spooled late
+    assert [(line.rank, line.value) for line in rt.top("r", 1)] == [(1, 3.0)]
