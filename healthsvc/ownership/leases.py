@@ -37,57 +37,11 @@ from typing import Any, Callable
 
 from healthsvc.ownership import remote_chunks
 from healthsvc.ownership import RemoteMessage
-from healthsvc.store.fencing import DB_NOW, Fence
+from healthsvc.store import lease_table
+from healthsvc.store.fencing import Fence
 
 log = logging.getLogger(__name__)
 
-# The table is the store's (migration 2 of ``migrations``: run_id, owner, token, expires_at in unix
-# seconds). Every time below is the database's clock (one clock for every replica); ttl_s is a
-# parameter. _NOW is that clock in the table's unit.
-_NOW = DB_NOW
-
-_CLAIM = f"""
-INSERT INTO leases AS l (run_id, owner, token, expires_at)
-VALUES (%(run)s, %(me)s, 1, {_NOW} + %(ttl)s)
-ON CONFLICT (run_id) DO UPDATE
-    SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at
-    WHERE l.expires_at < {_NOW}
-RETURNING token
-"""
-_HOLDER = f"SELECT owner, expires_at - {_NOW} FROM leases WHERE run_id = %s"
-_RENEW = f"""
-UPDATE leases l SET expires_at = {_NOW} + %(ttl)s
-FROM unnest(%(runs)s::text[], %(tokens)s::bigint[]) AS h(run_id, token)
-WHERE l.run_id = h.run_id AND l.token = h.token AND l.owner = %(me)s
-RETURNING l.run_id
-"""
-# Other replicas sweep at the same time: SKIP LOCKED spreads a dead owner's runs over them.
-_SWEEP = f"""
-UPDATE leases l SET owner = %(me)s, token = l.token + 1, expires_at = {_NOW} + %(ttl)s
-WHERE l.run_id IN (SELECT run_id FROM leases WHERE expires_at < {_NOW}
-                   ORDER BY expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING l.run_id, l.token
-"""
-# A run can exist with no lease at all: the replica that stored its first push died before its
-# monitor claimed it (the claim follows the commit). Nobody would sweep it, and a job that then
-# hangs would never be watched; so each sweep first gives such running runs an expired lease row,
-# which the sweep then takes like any other.
-_ADOPT_ORPHANS = """
-INSERT INTO leases (run_id, owner, token, expires_at)
-SELECT r.run_id, '', 0, 0 FROM runs r
-WHERE r.status = 'running' AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.run_id = r.run_id)
-ON CONFLICT (run_id) DO NOTHING
-"""
-# A restarted replica (the same id: host and port) takes its previous life's leases back at once.
-_RECLAIM = f"""
-UPDATE leases SET token = token + 1, expires_at = {_NOW} + %(ttl)s WHERE owner = %(me)s
-RETURNING run_id, token
-"""
-_RELEASE = f"""
-UPDATE leases l SET expires_at = {_NOW} - 0.001
-FROM unnest(%(runs)s::text[], %(tokens)s::bigint[]) AS h(run_id, token)
-WHERE l.run_id = h.run_id AND l.token = h.token AND l.owner = %(me)s
-"""
 # How long the first announcement waits for others to go with it: a few milliseconds of the
 # 100 ms in which the owner must hear of a push.
 NOTIFY_GATHER_S = 0.005
@@ -148,7 +102,7 @@ class PgLeases:
         sent = time.monotonic()
         with self._lock:
             self._conn = self._connect()
-            mine = self._conn.execute(_RECLAIM, {"me": self.replica_id, "ttl": self.ttl_s}).fetchall()
+            mine = self._conn.execute(lease_table.RECLAIM, {"me": self.replica_id, "ttl": self.ttl_s}).fetchall()
             for run_id, token in mine:
                 self._held[run_id] = (int(token), sent + self.ttl_s - self._margin_s)
         for run_id, _ in mine:
@@ -170,7 +124,7 @@ class PgLeases:
             held, self._held = self._held, {}
             try:
                 if held and self._conn is not None:
-                    self._conn.execute(_RELEASE, {"runs": list(held), "tokens": [t for t, _ in held.values()],
+                    self._conn.execute(lease_table.RELEASE, {"runs": list(held), "tokens": [t for t, _ in held.values()],
                                                   "me": self.replica_id})
             except Exception:
                 log.exception("leases: release failed; they expire within %.0f s", self.ttl_s)
@@ -199,13 +153,13 @@ class PgLeases:
             return False
         sent = time.monotonic()
         with self._lock:
-            row = self._execute(_CLAIM, {"run": run_id, "me": self.replica_id, "ttl": self.ttl_s})
+            row = self._execute(lease_table.CLAIM, {"run": run_id, "me": self.replica_id, "ttl": self.ttl_s})
             if row is not None:
                 self._held[run_id] = (int(row[0]), sent + self.ttl_s - self._margin_s)
                 self._others.pop(run_id, None)
                 log.info("leases: %s owns run %s (token %d)", self.replica_id, run_id, row[0])
                 return True
-            holder = self._execute(_HOLDER, (run_id,))
+            holder = self._execute(lease_table.HOLDER, (run_id,))
         if holder is not None:
             owner, remaining = holder
             self._others[run_id] = (owner, time.monotonic() + max(0.0, remaining))
@@ -215,7 +169,7 @@ class PgLeases:
         """Hand ``message`` to the run's owner, whoever holds the lease now (none: nobody to tell,
         the next owner reads the store)."""
         with self._lock:
-            holder = self._execute(_HOLDER, (run_id,))
+            holder = self._execute(lease_table.HOLDER, (run_id,))
         if holder is not None and holder[1] > 0 and holder[0] != self.replica_id:
             self._outbox.put((holder[0], run_id, message))
 
@@ -255,14 +209,14 @@ class PgLeases:
             if held:
                 if self._conn is None or self._conn.closed:
                     self._conn = self._connect()
-                rows = self._conn.execute(_RENEW, {"runs": list(held), "tokens": [t for t, _ in held.values()],
+                rows = self._conn.execute(lease_table.RENEW, {"runs": list(held), "tokens": [t for t, _ in held.values()],
                                                    "ttl": self.ttl_s, "me": self.replica_id}).fetchall()
                 kept = {r for (r,) in rows}
             gained = []
             if not self._stopping.is_set():
-                self._conn.execute(_ADOPT_ORPHANS)
+                self._conn.execute(lease_table.ADOPT_ORPHANS)
                 gained = self._conn.execute(
-                    _SWEEP, {"me": self.replica_id, "ttl": self.ttl_s, "limit": self.sweep_limit}).fetchall()
+                    lease_table.SWEEP, {"me": self.replica_id, "ttl": self.ttl_s, "limit": self.sweep_limit}).fetchall()
             until = sent + self.ttl_s - self._margin_s
             lapsed = {r for r in kept if held[r][1] <= sent}   # ran out here, but nobody took it
             for run_id in held.keys() - kept:
@@ -286,7 +240,7 @@ class PgLeases:
             try:
                 conn = self._connect()
                 try:
-                    conn.execute(f"LISTEN {channel(self.replica_id)}")
+                    conn.execute(lease_table.listen(channel(self.replica_id)))
                     self.listening.set()
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=0.5):
@@ -344,7 +298,7 @@ class PgLeases:
                     conn = self._connect()
                 for owner, items in by_owner.items():
                     for payload in _payloads(items):
-                        conn.execute("SELECT pg_notify(%s, %s)", (channel(owner), payload))
+                        conn.execute(lease_table.NOTIFY, (channel(owner), payload))
                         self.notifications_sent += 1
             except Exception:  # the owner's tick pulls the chunks anyway; events are retried never
                 log.exception("leases: notification failed")
