@@ -43,7 +43,7 @@ from healthsvc.settings import Settings
 from healthsvc.store.interface import Store
 from healthsvc.store.outbox import Outbox
 from healthsvc.store.errors import STORE_ERRORS
-from healthsvc.store.open import open_store
+from healthsvc.store.open import open_store, redact
 from healthsvc.store.quotas import QuotaExceeded, Quotas
 
 log = logging.getLogger("healthsvc")
@@ -217,7 +217,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def _store_error(request: Request, exc: Exception) -> JSONResponse:
         err = store_error(exc)
-        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
+        log.error("store error on %s %s: %s", request.method, request.url.path, redact(str(exc)))
         return JSONResponse({"detail": err.detail()}, status_code=err.status_code)
 
     for error_class in STORE_ERRORS:   # sqlite3's, and psycopg's when installed

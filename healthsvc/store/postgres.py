@@ -34,7 +34,7 @@ from healthsvc.store.base import StoreBase
 from healthsvc.store.quotas import Quotas
 from healthsvc.store.dialect import Catalog, Statement, pg_ddl, pg_plain, pg_statement, split_script
 from healthsvc.store.ingest import CHUNK_COLUMNS, CHUNK_PLACES, Appended, chunk_row
-from healthsvc.store.open import is_postgres_uri
+from healthsvc.store.open import is_postgres_uri, redact
 from healthsvc.store.runstate import RunState
 
 log = logging.getLogger(__name__)
@@ -56,15 +56,6 @@ def _configure(conn: psycopg.Connection) -> None:
     conn.adapters.register_loader("numeric", _NumericAsNumber)
     # Chunks travel as binary parameters, not hex text: half the bytes on the wire, no escaping.
     conn.adapters.register_dumper(bytes, BytesBinaryDumper)
-
-
-def redact(uri: str) -> str:
-    """The URI without its password (for logs and ``store.path``).
-
-    >>> redact("postgresql://hs:secret@db:5432/healthsvc")
-    'postgresql://hs:***@db:5432/healthsvc'
-    """
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", uri)
 
 
 class PgCursor:
