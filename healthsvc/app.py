@@ -30,6 +30,7 @@ from healthsvc.clock import ServiceClock
 from healthsvc.errors import HealthsvcError, quota_error, store_error
 from healthsvc.findings import FindingsService
 from healthsvc.findings import api as findings_api
+from healthsvc.head import HeadAsGet
 from healthsvc.health import RunHealth
 from healthsvc.ingest import api as ingest_api
 from healthsvc.ingest.fast_path import IngestFastPath
@@ -134,6 +135,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     app.state.tokens = tokens
     app.state.ready = False
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(HeadAsGet)
     _install_error_handlers(app)
     app.include_router(ingest_api.router)
     app.include_router(runs_api.router)
