@@ -23,6 +23,7 @@ from healthsvc import dashboard, economics, monitor, probes, rollback, run_metri
 from healthsvc.alerting import service as alerting_feature
 from healthsvc.alerting.service import AlertingService
 from healthsvc.auth.guard import Guard
+from healthsvc.auth.hosts import HostPolicy, is_loopback
 from healthsvc.auth.router import router as auth_router
 from healthsvc.auth.tokens import TokenStore
 from healthsvc.body_limit import BodyLimitMiddleware
@@ -180,21 +181,8 @@ def create_asgi(settings: Settings | None = None, *, clock: Callable[[], float] 
     settings = app.state.settings
     inner = IngestFastPath(app, app.state.ctx) if settings.ingest_fast_path else app
     # The guard (Host, Content-Type, tokens, audit) is outermost: the fast path is behind it too.
-    hosts = frozenset(h.strip().lower() for h in settings.allowed_hosts.split(",") if h.strip())
-    return Guard(inner, app.state.tokens, allowed_hosts=hosts)
-
-
-LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-    if host in LOOPBACK_HOSTS:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    hosts = HostPolicy.for_listener(settings.host, extra=settings.allowed_hosts, external_url=settings.external_url)
+    return Guard(inner, app.state.tokens, hosts=hosts)
 
 
 def _check_exposure(settings: Settings, tokens: TokenStore) -> None:
@@ -202,7 +190,7 @@ def _check_exposure(settings: Settings, tokens: TokenStore) -> None:
     unless the operator insists (--insecure)."""
     if tokens.enabled:
         return
-    if not _is_loopback(settings.host) and not settings.insecure:
+    if not is_loopback(settings.host) and not settings.insecure:
         raise RuntimeError(
             f"refusing to listen on {settings.host} with no token configured: anyone who can reach it could "
             "silence alerts, change configs and delete webhooks. Set HEALTHSVC_ADMIN_TOKEN (then create tokens "
