@@ -98,7 +98,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
                          findings=findings, health=RunHealth(findings, alerting.alert_states),
                          alerting=alerting, ownership=ownership, clock=clock)
 
-    tokens = TokenStore(store, clock, admin_token=settings.admin_token)
+    tokens = TokenStore(store, clock, admin_token=settings.admin_token, exposed=not is_loopback(settings.host))
     metrics.registry.register(LeasesCollector(ownership))
 
     @asynccontextmanager

@@ -371,6 +371,7 @@ class PostgresStore(StoreBase):
         self.catalog = Catalog()
         self._pool: ConnectionPool | None = None
         self._reader: PooledReader | None = None
+        self._token_watch: Any = None
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.path!r})"
@@ -404,7 +405,16 @@ class PostgresStore(StoreBase):
                                     kwargs={"autocommit": True}, configure=_configure, name="healthsvc-read")
         self._reader = PooledReader(self._pool, self.catalog)
 
+    def watch_tokens(self, on_change: Callable[[], None]) -> None:
+        """Other replicas create and revoke tokens too: ``on_change`` runs when one does
+        (:class:`~healthsvc.store.token_watch.TokenWatch`), until the store closes."""
+        from healthsvc.store.token_watch import TokenWatch
+        self._token_watch = TokenWatch(lambda: psycopg.connect(self.uri, autocommit=True), on_change).start()
+
     def _close_readers(self) -> None:
+        if self._token_watch is not None:
+            self._token_watch.stop()
+            self._token_watch = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None
