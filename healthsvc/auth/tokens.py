@@ -12,9 +12,9 @@ revoked on one replica holds on every replica within milliseconds (a second at m
 Auth is *enabled* once there is a bootstrap token or any live token in the store; until then the
 service is open (see ``healthsvc.auth.guard`` and docs/security.md). A service listening beyond
 loopback (``exposed``) never becomes open again: the last live admin token cannot be revoked
-there (:data:`LAST_ADMIN`; create another admin token first), since without one the service
-would serve anyone, and the start-up check that refuses an open non-loopback listener runs
-only at start-up.
+there (:data:`LAST_ADMIN`; create another admin token first). Revoking the last token of all
+would open it to anyone who can reach it (the check that refuses an open non-loopback listener
+runs only at start-up), and revoking the last admin would leave nobody to manage the rest.
 """
 from __future__ import annotations
 
