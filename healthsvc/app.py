@@ -24,12 +24,14 @@ from healthsvc.alerting import service as alerting_feature
 from healthsvc.alerting.service import AlertingService
 from healthsvc.auth.guard import Guard
 from healthsvc.auth.api import router as auth_router
+from healthsvc.auth.hosts import HostPolicy, is_loopback
 from healthsvc.auth.tokens import TokenStore
 from healthsvc.body_limit import BodyLimitMiddleware
 from healthsvc.clock import ServiceClock
 from healthsvc.errors import HealthsvcError, quota_error, store_error
 from healthsvc.findings import FindingsService
 from healthsvc.findings import api as findings_api
+from healthsvc.head import HeadAsGet
 from healthsvc.health import RunHealth
 from healthsvc.ingest import api as ingest_api
 from healthsvc.ingest.fast_path import IngestFastPath
@@ -43,7 +45,7 @@ from healthsvc.settings import Settings
 from healthsvc.store.interface import Store
 from healthsvc.store.outbox import Outbox
 from healthsvc.store.errors import STORE_ERRORS
-from healthsvc.store.open import open_store
+from healthsvc.store.open import open_store, redact
 from healthsvc.store.quotas import QuotaExceeded, Quotas
 
 log = logging.getLogger("healthsvc")
@@ -96,7 +98,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
                          findings=findings, health=RunHealth(findings, alerting.alert_states),
                          alerting=alerting, ownership=ownership, clock=clock)
 
-    tokens = TokenStore(store, clock, admin_token=settings.admin_token)
+    tokens = TokenStore(store, clock, admin_token=settings.admin_token, exposed=not is_loopback(settings.host))
     metrics.registry.register(LeasesCollector(ownership))
 
     @asynccontextmanager
@@ -134,6 +136,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     app.state.tokens = tokens
     app.state.ready = False
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(HeadAsGet)
     _install_error_handlers(app)
     app.include_router(ingest_api.router)
     app.include_router(runs_api.router)
@@ -178,21 +181,8 @@ def create_asgi(settings: Settings | None = None, *, clock: Callable[[], float] 
     settings = app.state.settings
     inner = IngestFastPath(app, app.state.ctx) if settings.ingest_fast_path else app
     # The guard (Host, Content-Type, tokens, audit) is outermost: the fast path is behind it too.
-    hosts = frozenset(h.strip().lower() for h in settings.allowed_hosts.split(",") if h.strip())
-    return Guard(inner, app.state.tokens, allowed_hosts=hosts)
-
-
-LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-    if host in LOOPBACK_HOSTS:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    hosts = HostPolicy.for_listener(settings.host, extra=settings.allowed_hosts, external_url=settings.external_url)
+    return Guard(inner, app.state.tokens, hosts=hosts)
 
 
 def _check_exposure(settings: Settings, tokens: TokenStore) -> None:
@@ -200,7 +190,7 @@ def _check_exposure(settings: Settings, tokens: TokenStore) -> None:
     unless the operator insists (--insecure)."""
     if tokens.enabled:
         return
-    if not _is_loopback(settings.host) and not settings.insecure:
+    if not is_loopback(settings.host) and not settings.insecure:
         raise RuntimeError(
             f"refusing to listen on {settings.host} with no token configured: anyone who can reach it could "
             "silence alerts, change configs and delete webhooks. Set HEALTHSVC_ADMIN_TOKEN (then create tokens "
@@ -217,7 +207,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def _store_error(request: Request, exc: Exception) -> JSONResponse:
         err = store_error(exc)
-        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
+        log.error("store error on %s %s: %s", request.method, request.url.path, redact(str(exc)))
         return JSONResponse({"detail": err.detail()}, status_code=err.status_code)
 
     for error_class in STORE_ERRORS:   # sqlite3's, and psycopg's when installed

@@ -48,20 +48,19 @@ def serve(args: argparse.Namespace) -> int:
     # (not a traceback from inside the server's startup).
     from healthsvc.store.errors import STORE_ERRORS
     from healthsvc.store.migrations import SchemaTooNew
-    from healthsvc.store.open import open_store
-    where = settings.db
+    from healthsvc.store.open import open_store, redact
+    where = redact(settings.db)   # every line below shows the store without its password
     try:
         store = open_store(settings.db)
-        where = store.path   # (a PostgreSQL URI without its password)
         store.check_schema()
     except SchemaTooNew as exc:
         print(f"healthsvc: {exc}", file=sys.stderr)
         return 2
     except (*STORE_ERRORS, ValueError, RuntimeError) as exc:
-        print(f"healthsvc: cannot open the store {where}: {exc}".rstrip(), file=sys.stderr)
+        print(f"healthsvc: cannot open the store {where}: {redact(str(exc))}".rstrip(), file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    print(f"healthsvc: serving on http://{settings.host}:{settings.port} (store {settings.db}); "
+    print(f"healthsvc: serving on http://{settings.host}:{settings.port} (store {where}); "
           f"API docs at /docs", file=sys.stderr, flush=True)
     uvicorn.run(create_asgi(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
                 access_log=settings.access_log, timeout_graceful_shutdown=5)

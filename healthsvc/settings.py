@@ -20,7 +20,9 @@ class Settings(BaseSettings):
     admin_token: str = Field("", description="Bootstrap admin token (HEALTHSVC_ADMIN_TOKEN): with it, or once a token "
                                              "exists, every request needs a Bearer token. Never stored.")
     insecure: bool = Field(False, description="Allow listening on a non-loopback address with no token configured (open to anyone).")
-    allowed_hosts: str = Field("", description="Comma-separated Host header names served (empty: any), e.g. healthsvc.internal,localhost.")
+    allowed_hosts: str = Field("", description="Comma-separated Host header names served besides the loopback names, the listen "
+                                               "address and external_url's host (on 0.0.0.0 also any IP address and this "
+                                               "machine's names), e.g. healthsvc.internal; * serves any (docs/security.md).")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on (0 = any free port).")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024,
                                 description="Largest accepted request body, before and after gzip, bytes.")

@@ -4,7 +4,10 @@ Anyone who can add a subscription could otherwise make the service POST to
 ``http://169.254.169.254/`` (cloud metadata), to ``127.0.0.1`` (the service's own admin ports),
 or into a private network. By default a webhook URL is refused when its host resolves to a
 loopback, link-local (metadata included), private, shared (100.64/10), multicast, reserved or
-unspecified (``0.0.0.0``) address, or is a known metadata host name. ``allowed_networks``
+unspecified (``0.0.0.0``) address, or is a known metadata host name. An IPv6 address that carries
+an IPv4 one (IPv4-mapped ``::ffff:a.b.c.d``, 6to4 ``2002:AABB:CCDD::/48``, NAT64 ``64:ff9b::/96``,
+Teredo's client) is judged by the IPv4 address it reaches too: ``http://[2002:a9fe:a9fe::]/``
+is the metadata address by another name. ``allowed_networks``
 (``HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS``, comma-separated CIDRs such as ``10.0.0.0/8,127.0.0.0/8``)
 opens what an operator needs.
 
@@ -31,16 +34,43 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 METADATA_HOSTS = frozenset({"metadata", "metadata.google.internal", "metadata.goog", "instance-data",
                             "instance-data.ec2.internal"})
 _SHARED = ipaddress.ip_network("100.64.0.0/10")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")   # RFC 6052's well-known prefix: the last 32 bits are the IPv4 address
 
 
 def _resolve(host: str, port: int) -> list[str]:
     return sorted({info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)})
 
 
+def embedded_ipv4(addr: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries and reaches (mapped, 6to4, NAT64, Teredo), else None.
+
+    >>> embedded_ipv4(ipaddress.ip_address("2002:a9fe:a9fe::"))
+    IPv4Address('169.254.169.254')
+    >>> embedded_ipv4(ipaddress.ip_address("64:ff9b::7f00:1"))
+    IPv4Address('127.0.0.1')
+    """
+    if not isinstance(addr, ipaddress.IPv6Address):
+        return None
+    if addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    if addr.sixtofour is not None:
+        return addr.sixtofour
+    if addr in _NAT64:
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    if addr.teredo is not None:
+        return addr.teredo[1]
+    return None
+
+
 def classify(addr: IPAddress) -> str | None:
-    """Why an address is internal ("loopback", "link-local", ...), or None when it is public."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
+    """Why an address is internal ("loopback", "link-local", ...), or None when it is public.
+    An address carrying an IPv4 one is internal if that one is (a NAT64 address is otherwise
+    judged by it alone: its prefix is only the translator's)."""
+    inner = embedded_ipv4(addr)
+    if inner is not None:
+        why = classify(inner)
+        if why is not None or addr in _NAT64 or addr.ipv4_mapped is not None:
+            return why
     for name, hit in (("unspecified", addr.is_unspecified), ("loopback", addr.is_loopback),
                       ("link-local", addr.is_link_local), ("multicast", addr.is_multicast),
                       ("shared (carrier-grade NAT)", isinstance(addr, ipaddress.IPv4Address) and addr in _SHARED),
@@ -84,7 +114,9 @@ class AddressPolicy:
         for text in addresses:
             addr = ipaddress.ip_address(text.split("%", 1)[0])
             why = classify(addr)
-            if why and not any(addr in net for net in self.allowed if net.version == addr.version):
-                return (f"{url} resolves to {addr}, a {why} address; webhooks to it are refused "
+            reached = [a for a in (addr, embedded_ipv4(addr)) if a is not None]
+            if why and not any(a in net for a in reached for net in self.allowed if net.version == a.version):
+                via = f" (which reaches {reached[1]})" if len(reached) > 1 else ""
+                return (f"{url} resolves to {addr}{via}, a {why} address; webhooks to it are refused "
                         "(HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS opens a network)")
         return None

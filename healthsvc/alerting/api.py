@@ -259,7 +259,9 @@ def delete_webhook(sub_id: SubscriptionId, request: Request) -> dict[str, Any]:
 
 @router.get("/webhooks/{sub_id}/deliveries", summary="Delivery status: counts and recent deliveries",
             response_model=out.DeliveryList,
-            response_description="Counts per state and the newest deliveries (an unknown id has none).")
+            response_description="Counts per state and the newest deliveries (a deleted subscription's too).",
+            responses=_errors({404: "No subscription with this id, and none ever had a delivery.",
+                               409: _NOT_STARTED}))
 def list_deliveries(
     sub_id: SubscriptionId, request: Request,
     state: Annotated[DeliveryState | None, Query(description="Only this state; dead = the dead letters.")] = None,
@@ -267,7 +269,13 @@ def list_deliveries(
                                 description="At most this many deliveries (the newest), count.")] = 100,
 ) -> dict[str, Any]:
     outbox = _service(request).outbox
-    return {"subscription_id": sub_id, "counts": outbox.state_counts(sub_id),
+    counts = outbox.state_counts(sub_id)
+    # A deleted subscription keeps its delivery history (the cancelled ones say what it missed);
+    # an id that never had a subscription is a typo, and an empty answer would hide it.
+    if not any(counts.values()) and not any(s.id == sub_id for s in _manager(request).subscriptions()):
+        raise NotFound(f"no webhook subscription {sub_id!r}", loc=("path", "sub_id"),
+                       hint="GET /v1/webhooks lists the subscriptions")
+    return {"subscription_id": sub_id, "counts": counts,
             "deliveries": [d.to_dict() for d in outbox.deliveries(sub_id, state, limit)]}
 
 

@@ -7,7 +7,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from healthsvc.errors import InvalidInput, NotFound
+from healthsvc.auth.tokens import LAST_ADMIN, NOT_LIVE
+from healthsvc.errors import Conflict, InvalidInput, NotFound
+from healthsvc.schemas import ErrorBody
 
 router = APIRouter(prefix="/v1", tags=["access"])
 
@@ -73,11 +75,22 @@ def list_tokens(request: Request) -> list[dict]:
     return [t.to_dict() for t in _tokens(request).list()]
 
 
-@router.delete("/tokens/{token_id}", response_model=TokenOut, summary="Revoke a token (at once)")
+@router.delete("/tokens/{token_id}", response_model=TokenOut, summary="Revoke a token (at once, on every replica)",
+               responses={404: {"model": ErrorBody, "description": "No live token with this id."},
+                          409: {"model": ErrorBody, "description": "The last admin token of a service listening "
+                                                                   "beyond loopback: create another admin token first."}})
 def revoke_token(request: Request, token_id: Annotated[str, Path(max_length=64, description="The token's id.")]) -> dict:
     tokens = _tokens(request)
-    if not tokens.revoke(token_id):
+    outcome = tokens.revoke(token_id)
+    if outcome == NOT_LIVE:
         raise NotFound(f"no live token {token_id!r}", loc=("path", "token_id"))
+    if outcome == LAST_ADMIN:
+        host = request.app.state.settings.host
+        raise Conflict(f"token {token_id!r} is the last admin token, and this service listens on {host} (beyond "
+                       "loopback): revoking it would open the service to anyone who can reach it",
+                       loc=("path", "token_id"),
+                       hint='create another admin token first (POST /v1/tokens with "scopes": ["admin"]), '
+                            "then revoke this one; or set HEALTHSVC_ADMIN_TOKEN")
     return next(t.to_dict() for t in tokens.list() if t.id == token_id)
 
 

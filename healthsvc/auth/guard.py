@@ -2,9 +2,14 @@
 
 In order, for every HTTP request:
 
-1. ``Host`` must be in the allow-list when one is set (``HEALTHSVC_ALLOWED_HOSTS``), else 400;
-2. a request body must be ``application/json`` (``Content-Encoding: gzip`` allowed), else 415:
-   a web page can POST ``text/plain`` to a service on localhost without any preflight;
+1. ``Host`` must name the service (``healthsvc.auth.hosts``: the loopback names, the listen
+   address, ``HEALTHSVC_ALLOWED_HOSTS``), else 400: a DNS-rebinding page says its own name;
+2. a ``POST``, ``PUT`` or ``PATCH``, with a body or without, and a ``DELETE`` with a body must
+   say ``Content-Type: application/json`` (``Content-Encoding: gzip`` allowed), else 415: a web
+   page can send a form or ``text/plain`` POST to a service on localhost without any preflight,
+   and an empty one (``POST .../finish``) changes state as well as a full one. (A page cannot
+   send ``PUT``, ``PATCH`` or ``DELETE`` across origins without a preflight, which the service
+   never grants; a body-less ``DELETE`` is therefore served as it is.)
 3. the scope the route needs (``healthsvc.auth.scopes``) must be granted by the Bearer token:
    401 without a (valid) token, 403 with one lacking the scope, each naming the scope;
 4. admin changes are written to the audit log with who, what, when and the answer's status.
@@ -21,13 +26,16 @@ import logging
 
 import orjson
 
+from healthsvc.auth.hosts import HostPolicy
 from healthsvc.auth.scopes import grants, required_scope
 from healthsvc.auth.tokens import TokenStore
 from healthsvc.body_limit import answer_after_draining
 
 log = logging.getLogger(__name__)
 
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Methods whose request must declare JSON even without a body (a cross-site form can send POST;
+# PUT and PATCH always carry one here); DELETE must when it has a body.
+_JSON_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 def _error(loc: list, msg: str, type_: str, hint: str | None = None) -> bytes:
@@ -38,11 +46,10 @@ def _error(loc: list, msg: str, type_: str, hint: str | None = None) -> bytes:
 
 
 class Guard:
-    def __init__(self, app, tokens: TokenStore, *, allowed_hosts: frozenset[str] = frozenset(),
-                 drain_limit: int = 1 << 30) -> None:
+    def __init__(self, app, tokens: TokenStore, *, hosts: HostPolicy, drain_limit: int = 1 << 30) -> None:
         self.app = app
         self.tokens = tokens
-        self.allowed_hosts = allowed_hosts
+        self.hosts = hosts
         self.drain_limit = drain_limit
 
     async def __call__(self, scope, receive, send):
@@ -66,16 +73,16 @@ class Guard:
         async def reject(status: int, body: bytes, extra: list | None = None) -> None:
             await answer_after_draining(receive, send, status, body, extra or [], self.drain_limit)
 
-        if self.allowed_hosts:
-            hostname = (host or "").rsplit(":", 1)[0] if not (host or "").startswith("[") else (host or "").split("]")[0] + "]"
-            if hostname.lower() not in self.allowed_hosts:
-                return await reject(400, _error(["header", "host"], f"host {host!r} is not served here", "host_not_allowed",
-                                                "set HEALTHSVC_ALLOWED_HOSTS to the names clients use"))
-        if method in _BODY_METHODS and has_body:
+        if not self.hosts.allows(host):
+            return await reject(400, _error(["header", "host"], f"host {host!r} is not served here", "host_not_allowed",
+                                            "add the name clients use to HEALTHSVC_ALLOWED_HOSTS (comma-separated)"))
+        if method in _JSON_METHODS or (method == "DELETE" and has_body):
             media = (content_type or "").split(";", 1)[0].strip().lower()
             if media != "application/json":
+                got = f"got {content_type!r}" if content_type else "got none"
                 return await reject(415, _error(["header", "content-type"],
-                                                f"request bodies must be application/json, got {content_type!r}",
+                                                f"{method} requests must say Content-Type: application/json, even "
+                                                f"without a body ({got}): a web page can send any other",
                                                 "unsupported_media_type", "send Content-Type: application/json "
                                                 "(Content-Encoding: gzip is accepted)"))
         needed, run_id = required_scope(method, path)

@@ -5,8 +5,16 @@ random and long, so a fast hash is enough (a slow password hash buys nothing aga
 entropy, and would cost every push). The bootstrap admin token (``HEALTHSVC_ADMIN_TOKEN``) is
 never stored; it is compared by hash in memory like the others.
 
+The cache is the database's: replicas over one PostgreSQL database hear each other's creations
+and revocations (``store.watch_tokens``, ``LISTEN``/``NOTIFY``) and reload, so a token made or
+revoked on one replica holds on every replica within milliseconds (a second at most).
+
 Auth is *enabled* once there is a bootstrap token or any live token in the store; until then the
-service is open (see ``healthsvc.auth.guard`` and the README's Security section).
+service is open (see ``healthsvc.auth.guard`` and docs/security.md). A service listening beyond
+loopback (``exposed``) never becomes open again: the last live admin token cannot be revoked
+there (:data:`LAST_ADMIN`; create another admin token first). Revoking the last token of all
+would open it to anyone who can reach it (the check that refuses an open non-loopback listener
+runs only at start-up), and revoking the last admin would leave nobody to manage the rest.
 """
 from __future__ import annotations
 
@@ -46,20 +54,39 @@ class Token:
 BOOTSTRAP = Token(id="bootstrap", name="HEALTHSVC_ADMIN_TOKEN", scopes=frozenset({"admin"}))
 
 
+# What :meth:`TokenStore.revoke` answers.
+REVOKED, NOT_LIVE, LAST_ADMIN = "revoked", "not_live", "last_admin"
+
+
 class TokenStore:
-    def __init__(self, store, clock: Callable[[], float], admin_token: str = "") -> None:
+    def __init__(self, store, clock: Callable[[], float], admin_token: str = "", *, exposed: bool = False) -> None:
+        """``exposed``: the service listens beyond loopback (the last admin token is kept)."""
         self.store = store
         self.clock = clock
+        self.exposed = exposed
         self._bootstrap_hash = hash_token(admin_token) if admin_token else None
         self._by_hash: dict[str, Token] = {}
         self._lock = threading.Lock()
+        self._writes = 0          # this process's changes to the cache (a reload racing one reads again)
 
     def load(self) -> None:
-        """Read live tokens into memory (after the store opens)."""
-        rows = self.store.live_tokens()
-        with self._lock:
-            self._by_hash = {r.hash: Token(r.id, r.name, frozenset(r.scopes), r.run_prefix, r.created_at, r.created_by)
-                             for r in rows}
+        """Read live tokens into memory (after the store opens), and again whenever another
+        replica changes them."""
+        self._reload()
+        self.store.watch_tokens(self._reload)
+
+    def _reload(self) -> None:
+        for _ in range(3):
+            seen = self._writes
+            rows = self.store.live_tokens()
+            fresh = {r.hash: Token(r.id, r.name, frozenset(r.scopes), r.run_prefix, r.created_at, r.created_by)
+                     for r in rows}
+            with self._lock:
+                # A create or revoke of this process landed while we read: what we read may
+                # predate it, so read again (else its own notification reloads once more).
+                if self._writes == seen:
+                    self._by_hash = fresh
+                    return
 
     @property
     def enabled(self) -> bool:
@@ -82,14 +109,20 @@ class TokenStore:
                                          created_by)).result(timeout=60)
         with self._lock:
             self._by_hash = {**self._by_hash, h: tok}
+            self._writes += 1
         return secret, tok
 
-    def revoke(self, token_id: str) -> bool:
-        now = self.clock()
-        changed = self.store.submit_token_revocation(token_id, now).result(timeout=60)
-        with self._lock:
-            self._by_hash = {h: t for h, t in self._by_hash.items() if t.id != token_id}
-        return bool(changed)
+    def revoke(self, token_id: str) -> str:
+        """:data:`REVOKED`, :data:`NOT_LIVE` (no live token of that id), or :data:`LAST_ADMIN`
+        (kept: it is the last admin token of an exposed service with no bootstrap token)."""
+        keep_an_admin = self.exposed and self._bootstrap_hash is None
+        outcome = self.store.submit_token_revocation(token_id, self.clock(),
+                                                     keep_an_admin=keep_an_admin).result(timeout=60)
+        if outcome == REVOKED:
+            with self._lock:
+                self._by_hash = {h: t for h, t in self._by_hash.items() if t.id != token_id}
+                self._writes += 1
+        return outcome
 
     def list(self) -> list[Token]:
         return [Token(r.id, r.name, frozenset(r.scopes), r.run_prefix, r.created_at, r.created_by, r.revoked_at)

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from healthsvc.deps import MetricsDep, StoreDep
+from healthsvc.store.open import redact
 
 router = APIRouter(tags=["ops"])
 
@@ -31,7 +32,7 @@ def readyz(request: Request, store: StoreDep) -> Response:
         store.ping()
         ready = getattr(request.app.state, "ready", False)
     except Exception as exc:  # noqa: BLE001 - readiness reports any failure
-        return JSONResponse({"status": "not ready", "reason": str(exc)}, status_code=503)
+        return JSONResponse({"status": "not ready", "reason": redact(str(exc))}, status_code=503)
     if not ready:
         return JSONResponse({"status": "not ready", "reason": "starting or stopping"}, status_code=503)
     if store.writes_failing:

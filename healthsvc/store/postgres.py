@@ -34,7 +34,7 @@ from healthsvc.store.base import StoreBase
 from healthsvc.store.quotas import Quotas
 from healthsvc.store.dialect import Catalog, Statement, pg_ddl, pg_plain, pg_statement, split_script
 from healthsvc.store.ingest import CHUNK_COLUMNS, CHUNK_PLACES, Appended, chunk_row
-from healthsvc.store.open import is_postgres_uri
+from healthsvc.store.open import is_postgres_uri, redact
 from healthsvc.store.runstate import RunState
 
 log = logging.getLogger(__name__)
@@ -56,15 +56,6 @@ def _configure(conn: psycopg.Connection) -> None:
     conn.adapters.register_loader("numeric", _NumericAsNumber)
     # Chunks travel as binary parameters, not hex text: half the bytes on the wire, no escaping.
     conn.adapters.register_dumper(bytes, BytesBinaryDumper)
-
-
-def redact(uri: str) -> str:
-    """The URI without its password (for logs and ``store.path``).
-
-    >>> redact("postgresql://hs:secret@db:5432/healthsvc")
-    'postgresql://hs:***@db:5432/healthsvc'
-    """
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", uri)
 
 
 class PgCursor:
@@ -380,6 +371,7 @@ class PostgresStore(StoreBase):
         self.catalog = Catalog()
         self._pool: ConnectionPool | None = None
         self._reader: PooledReader | None = None
+        self._token_watch: Any = None
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.path!r})"
@@ -413,7 +405,16 @@ class PostgresStore(StoreBase):
                                     kwargs={"autocommit": True}, configure=_configure, name="healthsvc-read")
         self._reader = PooledReader(self._pool, self.catalog)
 
+    def watch_tokens(self, on_change: Callable[[], None]) -> None:
+        """Other replicas create and revoke tokens too: ``on_change`` runs when one does
+        (:class:`~healthsvc.store.token_watch.TokenWatch`), until the store closes."""
+        from healthsvc.store.token_watch import TokenWatch
+        self._token_watch = TokenWatch(lambda: psycopg.connect(self.uri, autocommit=True), on_change).start()
+
     def _close_readers(self) -> None:
+        if self._token_watch is not None:
+            self._token_watch.stop()
+            self._token_watch = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None

@@ -2,14 +2,24 @@
 
 Rows in, rows out: what a token *is* (scopes, the bootstrap token, hashing) is
 :mod:`healthsvc.auth.tokens`'s.
+
+Replicas share the table: a creation or revocation sends ``NOTIFY`` on :data:`CHANNEL` in its
+own transaction (PostgreSQL delivers it at the commit), and every replica's watcher
+(:mod:`healthsvc.store.token_watch`) reloads the live tokens when it hears one. A revocation that
+must keep an admin takes :data:`REVOCATION_LOCK` first, so two replicas revoking the last two
+admin tokens at once cannot both succeed.
 """
 from __future__ import annotations
 
 import sqlite3
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import orjson
+
+CHANNEL = "hs_tokens"                 # NOTIFY channel of token changes (per database)
+REVOCATION_LOCK = 0x68735f746f6b      # pg_advisory_xact_lock key: "hs_tok"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS api_tokens (
@@ -55,8 +65,27 @@ class AuditEntry:
     status: int
 
 
+def _shared(conn: Any) -> bool:
+    """Whether the connection is PostgreSQL's (other processes share the table)."""
+    return getattr(conn, "dialect", "sqlite") == "postgresql"
+
+
+def _announce(conn: Any) -> None:
+    if _shared(conn):
+        conn.execute(f"SELECT pg_notify('{CHANNEL}', '')")
+
+
+def _has_admin(scopes: str) -> bool:
+    return "admin" in orjson.loads(scopes)
+
+
 class TokensTable:
-    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: API tokens and the audit log."""
+    """Mixin of :class:`~healthsvc.store.base.StoreBase`: API tokens and the audit log."""
+
+    def watch_tokens(self, on_change: Callable[[], None]) -> None:
+        """Call ``on_change()`` whenever another process may have changed the tokens. One
+        process holds a SQLite file, and its own changes go through it: nothing to watch.
+        (PostgreSQL's store overrides this.)"""
 
     def live_tokens(self) -> list[TokenRow]:
         rows = self.read_conn().execute(  # type: ignore[attr-defined]  # SQLiteStore's
@@ -74,12 +103,26 @@ class TokensTable:
             conn.execute("INSERT INTO api_tokens (id, name, hash, scopes, run_prefix, created_at, created_by)"
                          " VALUES (?, ?, ?, ?, ?, ?, ?)", (row.id, row.name, row.hash, orjson.dumps(sorted(row.scopes)).decode(),
                                                            row.run_prefix, row.created_at, row.created_by))
+            _announce(conn)
         return self.write(job)  # type: ignore[attr-defined]
 
-    def submit_token_revocation(self, token_id: str, now: float) -> Future:
-        """Resolves to whether a live token was revoked."""
-        return self.write(lambda conn: conn.execute(  # type: ignore[attr-defined]
-            "UPDATE api_tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL", (now, token_id)).rowcount > 0)
+    def submit_token_revocation(self, token_id: str, now: float, *, keep_an_admin: bool = False) -> Future:
+        """Resolves to ``"revoked"``, ``"not_live"`` (no live token of that id) or, with
+        ``keep_an_admin``, ``"last_admin"`` when it is the only live admin token (then kept)."""
+        def job(conn: Any) -> str:
+            if keep_an_admin:
+                if _shared(conn):
+                    conn.execute("SELECT pg_advisory_xact_lock(?)", (REVOCATION_LOCK,))
+                admins = [i for i, scopes in conn.execute(
+                    "SELECT id, scopes FROM api_tokens WHERE revoked_at IS NULL") if _has_admin(scopes)]
+                if admins == [token_id]:
+                    return "last_admin"
+            if conn.execute("UPDATE api_tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL",
+                            (now, token_id)).rowcount == 0:
+                return "not_live"
+            _announce(conn)
+            return "revoked"
+        return self.write(job)  # type: ignore[attr-defined]
 
     def submit_audit(self, at: float, actor: str, method: str, path: str, status: int) -> Future:
         return self.write(lambda conn: conn.execute(  # type: ignore[attr-defined]

@@ -18,9 +18,20 @@ from tests.harness import InProcessService
     "http://127.0.0.1:9000/hook", "http://localhost/hook", "http://[::1]/hook", "http://0.0.0.0/hook",
     "http://10.1.2.3/hook", "http://192.168.0.1/hook", "http://172.16.0.1/hook", "http://100.64.0.1/hook",
     "http://[fd00:ec2::254]/", "http://[::ffff:127.0.0.1]/hook",
+    # IPv6 forms of internal IPv4 addresses (issue 25): 6to4, NAT64, Teredo's client, IPv4-compatible.
+    "http://[2002:a9fe:a9fe::]/", "http://[2002:7f00:1::1]/hook", "http://[64:ff9b::a9fe:a9fe]/",
+    "http://[64:ff9b::10.0.0.1]/", "http://[2001:0:4136:e378:8000:63bf:5601:5601]/", "http://[::169.254.169.254]/",
 ])
 def test_internal_addresses_are_refused_by_default(url):
     assert AddressPolicy().refusal(url) is not None
+
+
+def test_ipv6_forms_of_public_ipv4_addresses_pass_and_allowed_networks_open_their_ipv6_forms():
+    assert AddressPolicy().refusal("http://[2002:808:808::]/hook") is None       # 6to4 of 8.8.8.8
+    assert AddressPolicy().refusal("http://[64:ff9b::8.8.8.8]/hook") is None     # NAT64 of 8.8.8.8
+    why = AddressPolicy().refusal("http://[2002:a9fe:a9fe::]/")
+    assert "which reaches 169.254.169.254" in why and "link-local" in why
+    assert AddressPolicy.parse("127.0.0.0/8").refusal("http://[64:ff9b::127.0.0.1]/hook") is None
 
 
 def test_allowed_networks_open_exactly_what_they_name():
