@@ -52,7 +52,7 @@ def smoke(script: str) -> subprocess.CompletedProcess:
 def smoke_runs(request):
     """script -> its smoke run, started for every selected test of this module at once."""
     selected = [item.callspec.params["script"] for item in request.session.items
-                if item.module is request.module and hasattr(item, "callspec")]
+                if getattr(item, "module", None) is request.module and hasattr(item, "callspec")]
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield {s: pool.submit(smoke, s) for s in selected}
 
