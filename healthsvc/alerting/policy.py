@@ -36,6 +36,7 @@ from healthsvc.alerting.model import Alert
 from healthsvc.alerting.silences import (DEFAULT_MAX_SILENCES, MAX_PATTERN_CHARS, Matcher, MatchOp,  # noqa: F401
                                          Silence, compile_pattern, silenced)
 
+
 class NotifyReason(str, enum.Enum):
     """Why a group is (or is not) notified; mirrors Alertmanager's ``NotifyReason``."""
 

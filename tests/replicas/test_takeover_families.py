@@ -64,6 +64,13 @@ def start_runs(reps: list[ServerProcess], prefix: str, n_steps: int, config: dic
     raise AssertionError("no replica held both runs in 5 pairs")
 
 
+def kill_and_redirect(owner: ServerProcess, survivor: ServerProcess, runs: dict[str, "Job"]) -> None:
+    """SIGKILL the runs' owner; every push from now on goes to ``survivor``."""
+    owner.kill()
+    for job in runs.values():
+        job.http.base_url = survivor.url
+
+
 def stored_once(rep: ServerProcess, job: "Job") -> bool:
     cols = httpx.get(f"{rep.url}/v1/runs/{job.run_id}/metrics", params={"fields": "loss"}).json()["columns"]
     stored = list(zip(cols["rank"], cols["step"]))
@@ -135,9 +142,7 @@ def test_values_a_nan_before_and_after_the_takeover_is_found_and_paged_once(pair
     owner, survivors, runs = start_runs(reps, "tv", 20)
     survivor = survivors[0]      # takes every push after the kill; any survivor may take the runs over
 
-    owner.kill()
-    for job in runs.values():
-        job.http.base_url = survivor.url
+    kill_and_redirect(owner, survivor, runs)
     nan_before = runs["before"].steps(5, nan_rank=1)   # the dead replica still holds the lease
     wait_until(lambda: all(owns(survivors, j.run_id) for j in runs.values()), 3 * TTL_S, "a survivor owning both runs")
     took_over_at = time.monotonic()
@@ -173,9 +178,7 @@ def test_timing_a_straggler_before_and_after_the_takeover_is_found_and_paged_onc
     owner, survivors, runs = start_runs(reps, "tt", 60)
     survivor = survivors[0]      # takes every push after the kill; any survivor may take the runs over
 
-    owner.kill()
-    for job in runs.values():
-        job.http.base_url = survivor.url
+    kill_and_redirect(owner, survivor, runs)
     # Rank 2 twice as slow from step 60: named (info) at 63, critical once it lasted 30 s of
     # trainer time, at 93 (the same trace on one server finds the same).
     runs["before"].steps(40, slow_rank=2)
@@ -221,9 +224,7 @@ def test_absence_a_rank_hanging_before_and_after_the_takeover_is_found_and_paged
     survivor = survivors[0]      # takes every push after the kill; any survivor may take the runs over
 
     stop = threading.Event()
-    owner.kill()
-    for job in runs.values():
-        job.http.base_url = survivor.url
+    kill_and_redirect(owner, survivor, runs)
     # Rank 3 of ta-before is silent from the kill on; rank 3 of ta-after once the survivor owns it.
     silent_before = time.time()
     others = [Steady(runs["before"], stop)]

@@ -73,6 +73,7 @@ def test_a_token_made_or_revoked_on_one_replica_holds_on_the_other_within_a_seco
 @pytest.mark.parametrize("replicas", ["exposed"], indirect=True)
 def test_two_replicas_revoking_the_last_two_admin_tokens_at_once_keep_one(replicas):
     a, b = (rep.url for rep in replicas)
+    keeper: dict = {}   # the admin token that survived the last round (none before the first)
     for round_ in range(3):
         first = httpx.post(a + "/v1/tokens", json={"name": f"one-{round_}", "scopes": ["admin"]},
                            headers=_bearer(keeper["token"]) if round_ else {}, timeout=10).json()
