@@ -26,8 +26,8 @@ both, and every consumer reads them from there.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from detectors.base import AbsenceDetector, BlockDetector, Detector
 from detectors.divergence import DivergenceDetector
@@ -48,11 +48,14 @@ ROLES: tuple[Role, ...] = ("arrival", "aligned", "absence")
 
 @dataclass(frozen=True)
 class Registered:
-    """One detector of the registry: its name (a finding kind), class and role."""
+    """One detector of the registry: its name (a finding kind), class and role, and one set of
+    non-default parameters (``alt_params``) the conformance checks run it with besides its
+    defaults (:mod:`detectors.checks`), so a promise that holds only at the defaults fails."""
 
     name: str
     cls: type[Detector]
     role: Role
+    alt_params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def protocol(self) -> type:
@@ -88,16 +91,16 @@ def unregister(name: str) -> None:
 
 
 for _entry in (
-    Registered("non_finite", NonFiniteDetector, "arrival"),
-    Registered("loss_spike", LossSpikeDetector, "aligned"),
-    Registered("grad_spike", GradSpikeDetector, "aligned"),
-    Registered("straggler", StragglerDetector, "aligned"),
-    Registered("slowdown", SlowdownDetector, "aligned"),
-    Registered("hang", HangDetector, "absence"),
-    Registered("rank_outlier", RankOutlierDetector, "aligned"),
-    Registered("divergence", DivergenceDetector, "aligned"),
-    Registered("replica_mismatch", ReplicaMismatchDetector, "aligned"),
-    Registered("resume_mismatch", ResumeMismatchDetector, "aligned"),
+    Registered("non_finite", NonFiniteDetector, "arrival", {"global_fraction": 0.25}),
+    Registered("loss_spike", LossSpikeDetector, "aligned", {"z_threshold": 4.0, "confirm_steps": 3}),
+    Registered("grad_spike", GradSpikeDetector, "aligned", {"z_threshold": 4.0, "confirm_steps": 3}),
+    Registered("straggler", StragglerDetector, "aligned", {"cusum_h": 10.0, "min_duration_s": 5.0}),
+    Registered("slowdown", SlowdownDetector, "aligned", {"cusum_h": 10.0, "warmup_steps": 30}),
+    Registered("hang", HangDetector, "absence", {"timeout_floor_s": 5.0, "collective_wait_s": 3.0}),
+    Registered("rank_outlier", RankOutlierDetector, "aligned", {"window_steps": 50, "z_warning": 0.8}),
+    Registered("divergence", DivergenceDetector, "aligned", {"alpha": 0.05, "warmup_steps": 150}),
+    Registered("replica_mismatch", ReplicaMismatchDetector, "aligned", {"group_metric": "shard_group"}),
+    Registered("resume_mismatch", ResumeMismatchDetector, "aligned", {"check_steps": 5, "rtol": 1e-3}),
 ):
     register(_entry)
 

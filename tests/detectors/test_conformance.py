@@ -1,8 +1,10 @@
 """The conformance suite: every detector of :mod:`detectors.registry` keeps the protocol's promises.
 
 Generated from the registry, so a detector registered there runs all of it without a line here.
-Each runs on its registry defaults (what the service builds), on one trace where it fires *and*
-resolves, so "the same findings" compares something.
+The block detectors' checks are a library, :mod:`detectors.checks` (``check_block_detector``,
+after river's ``check_estimator``), run here for every entry with its defaults (what the service
+builds) and with the non-default set its entry declares (``alt_params``), on one trace where it
+fires *and* resolves, so "the same findings" compares something. Hypothesis adds random cuts.
 
 Block detectors (:class:`~detectors.base.BlockDetector`), on one seeded trace that carries every
 value and timing fault at once (5 % of cells missing, the trainer's clock ``ts`` on every rank):
@@ -45,7 +47,9 @@ from hypothesis import strategies as st
 
 from detectors.base import AbsenceDetector, BlockDetector
 from detectors.frame import StepBlock
+from detectors.checks import BLOCK_CHECKS, input_unchanged, state_round_trip
 from detectors.registry import REGISTRY
+from detectors.replica import ReplicaMismatchDetector
 from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite, Straggler,
                         iter_blocks, simulate_run, split_at)
 
@@ -146,14 +150,6 @@ def whole(trace) -> dict[str, list]:
 
 
 @pytest.mark.parametrize("name", BLOCK)
-def test_every_kind_a_detector_reports_is_declared_on_its_entry(name, whole):
-    declared = {k.name for k in REGISTRY[name].kinds}
-    assert {f.kind for f in whole[name]} <= declared, f"{name} reports kinds it does not declare"
-    for k in REGISTRY[name].kinds:   # a Kind has no defaults: every field was written down
-        assert all(getattr(k, f) is not None or f in ("corruption", "incident", "restarts_at") for f in k.__dataclass_fields__)
-
-
-@pytest.mark.parametrize("name", BLOCK)
 def test_the_trace_makes_every_block_detector_fire_and_resolve(name, whole):
     statuses = {f.status for f in whole[name]}
     assert "firing" in statuses, f"{name} never fires on the conformance trace: add its fault to FAULTS"
@@ -163,71 +159,63 @@ def test_the_trace_makes_every_block_detector_fire_and_resolve(name, whole):
         assert "resolved" in statuses, f"{name} never resolves on the conformance trace"
 
 
+PARAM_SETS = ["defaults", "alt_params"]
+
+
+def make_detector(name: str, params: str):
+    """A factory of fresh detectors: the registry's defaults, or its entry's non-default set."""
+    kwargs = REGISTRY[name].alt_params if params == "alt_params" else {}
+    return lambda: REGISTRY[name].cls(**kwargs)
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_entry_declares_a_non_default_parameter_set(name):
+    alt = REGISTRY[name].alt_params
+    assert alt, f"{name}: declare alt_params on its registry entry"
+    defaults = fresh(name).params()
+    assert any(defaults[k] != v for k, v in alt.items()), f"{name}: alt_params are its defaults"
+
+
+@pytest.mark.parametrize("check", list(BLOCK_CHECKS))
+@pytest.mark.parametrize("params", PARAM_SETS)
+@pytest.mark.parametrize("name", BLOCK)
+def test_the_conformance_checks(name, params, check, trace):
+    BLOCK_CHECKS[check](make_detector(name, params), trace)
+
+
+@pytest.mark.parametrize("name", BLOCK)
+def test_every_kind_a_detector_declares_has_every_field_written_down(name):
+    for k in REGISTRY[name].kinds:   # a Kind has no defaults; only these may be None
+        assert all(getattr(k, f) is not None or f in ("corruption", "incident", "restarts_at")
+                   for f in k.__dataclass_fields__), k.name
+
+
+def test_the_checks_catch_a_detector_that_forgets_state_on_restore(trace):
+    # The mutation the round-trip cuts must catch: a replica check that forgets the ranks it
+    # named (its _odd) when restored mid-episode.
+    class Forgetful(ReplicaMismatchDetector):
+        def load_state_dict(self, state):
+            super().load_state_dict(state)
+            self._odd = {}
+    with pytest.raises(AssertionError, match="restored at step"):
+        state_round_trip(Forgetful, trace)
+
+
+def test_the_checks_catch_a_detector_that_writes_into_its_input(trace):
+    class Scribbler(REGISTRY["loss_spike"].cls):
+        def update(self, block):
+            if "loss" in block.values:
+                block.values["loss"][:1] = 0.0
+            return super().update(block)
+    with pytest.raises(AssertionError, match="wrote into loss"):
+        input_unchanged(Scribbler, trace)
+
+
 @pytest.mark.parametrize("name", BLOCK)
 @FEW
 @given(cuts=st.lists(st.integers(1, N_STEPS - 1), min_size=1, max_size=40))
 def test_split_anywhere(name, cuts, trace, whole):
     assert feed(fresh(name), split_at(trace, cuts)) == whole[name]
-
-
-@pytest.mark.parametrize("name", BLOCK)
-def test_one_step_blocks_around_the_faults(name, trace, whole):
-    head = trace.slice_steps(0, 1_050)        # the straggler, both loss spikes, the grad spike
-    assert feed(fresh(name), iter_blocks(head, 1)) == [f for f in whole[name] if f.step < 1_050]
-
-
-def _relabel(block: StepBlock, mapping: np.ndarray) -> StepBlock:
-    """Rank ``r`` becomes ``mapping[r]``; columns stay sorted by id, as a block's must."""
-    ids = mapping[block.ranks]
-    order = np.argsort(ids)
-    return StepBlock(steps=block.steps, ranks=ids[order],
-                     values={m: v[:, order] for m, v in block.values.items()},
-                     present={m: p[:, order] for m, p in block.present.items()})
-
-
-@pytest.mark.parametrize("name", BLOCK)
-@pytest.mark.parametrize("seed", [0])
-def test_permuted_ranks_map_through_the_permutation(name, seed, trace, whole):
-    mapping = 100 + np.random.default_rng(seed).permutation(N_RANKS)
-    got = feed(fresh(name), iter_blocks(_relabel(trace, mapping), 64))
-    want = [replace(f, ranks=tuple(sorted(int(mapping[r]) for r in f.ranks))) for f in whole[name]]
-    assert same(got, want)
-
-
-@pytest.mark.parametrize("name", BLOCK)
-@pytest.mark.parametrize("value", [1e-3, 1.0, 1e3])
-def test_constant_healthy_series_never_fire(name, value):
-    n, r = 1_500, 16
-    metrics = ("loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time",
-               "data_time", "lr")
-    block = StepBlock.from_dense(np.arange(n), np.arange(r), **{m: np.full((n, r), value) for m in metrics})
-    _with_trainer_clock(block)
-    assert feed(fresh(name), iter_blocks(block, 50)) == []
-
-
-@pytest.mark.parametrize("name", BLOCK)
-def test_missing_is_not_nan(name, trace, whole):
-    # Whatever fills a cell that was not reported (NaN filler, garbage, infinities) is ignored.
-    rng = np.random.default_rng(5)
-    junk = [np.nan, np.inf, -np.inf, 0.0, -3.0, 1e9]
-    garbage = StepBlock(steps=trace.steps, ranks=trace.ranks, values={
-        m: np.where(trace.present[m], v, rng.choice(junk, size=v.shape)) for m, v in trace.values.items()},
-        present={m: p.copy() for m, p in trace.present.items()})
-    assert feed(fresh(name), iter_blocks(garbage, 64)) == whole[name]
-    nothing = StepBlock(steps=trace.steps, ranks=trace.ranks, values=garbage.values,
-                        present={m: np.zeros_like(p) for m, p in trace.present.items()})
-    assert feed(fresh(name), iter_blocks(nothing, 64)) == []
-
-
-@pytest.mark.parametrize("name", BLOCK)
-def test_a_field_left_out_is_a_field_present_nowhere(name, trace):
-    for metric in ("ts", "compute_time", "local_grad_norm"):
-        absent = {m: p if m != metric else np.zeros_like(p) for m, p in trace.present.items()}
-        masked = StepBlock(steps=trace.steps, ranks=trace.ranks, values=dict(trace.values), present=absent)
-        left_out = StepBlock(steps=trace.steps, ranks=trace.ranks,
-                             values={m: v for m, v in trace.values.items() if m != metric},
-                             present={m: p for m, p in trace.present.items() if m != metric})
-        assert fresh(name).update(masked) == fresh(name).update(left_out), metric
 
 
 def _snapshot(det) -> dict[str, Any]:
@@ -246,54 +234,6 @@ def test_state_round_trip(name, cut, trace, whole):
     assert head + feed(restored, iter_blocks(trace.slice_steps(cut, N_STEPS), 97)) == whole[name]
 
 
-def _cuts_inside_episodes(findings: list, limit: int = 12) -> list[int]:
-    """Cuts that land inside the detector's own episodes: a step after each firing finding, and
-    halfway to the resolution that closes it, so state a detector only holds mid-episode (a
-    streak, a pending confirmation, the ranks out of the majority) must survive the snapshot."""
-    cuts: set[int] = set()
-    firing = [f for f in findings if f.status == "firing"]
-    for f in firing:
-        cuts.add(f.step + 1)
-        end = next((g.step for g in findings if g.status == "resolved" and g.kind == f.kind
-                    and g.metric == f.metric and g.step > f.step), None)
-        if end is not None and end - f.step > 2:
-            cuts.add((f.step + end) // 2)
-    ordered = sorted(c for c in cuts if 0 < c < N_STEPS)
-    if len(ordered) > limit:   # evenly over the trace's episodes, first and last kept
-        ordered = [ordered[round(i * (len(ordered) - 1) / (limit - 1))] for i in range(limit)]
-    return ordered
-
-
-@pytest.mark.parametrize("name", BLOCK)
-def test_state_round_trip_inside_every_episode(name, trace, whole):
-    cuts = _cuts_inside_episodes(whole[name])
-    assert cuts, f"{name}: no episode on the conformance trace to cut inside"
-    for cut in cuts:
-        first = fresh(name)
-        head = feed(first, iter_blocks(trace.slice_steps(0, cut), 97))
-        restored = fresh(name)
-        restored.load_state_dict(_snapshot(first))
-        tail = feed(restored, iter_blocks(trace.slice_steps(cut, N_STEPS), 97))
-        assert head + tail == whole[name], f"{name}: restored at step {cut} finds otherwise"
-
-
-@pytest.mark.parametrize("name", BLOCK)
-def test_update_leaves_its_input_block_unchanged(name, trace):
-    # One block is handed to every aligned detector in turn: one that writes into it changes what
-    # the others see.
-    block = StepBlock(steps=trace.steps.copy(), ranks=trace.ranks.copy(),
-                      values={m: v.copy() for m, v in trace.values.items()},
-                      present={m: p.copy() for m, p in trace.present.items()})
-    for part in iter_blocks(block, 211):
-        fresh(name).update(part)
-    fresh(name).update(block)
-    assert np.array_equal(block.steps, trace.steps) and np.array_equal(block.ranks, trace.ranks)
-    assert block.values.keys() == trace.values.keys() and block.present.keys() == trace.present.keys()
-    for m in trace.values:
-        assert np.array_equal(block.values[m], trace.values[m], equal_nan=True), f"{name} wrote into {m}"
-        assert np.array_equal(block.present[m], trace.present[m]), f"{name} wrote into present[{m}]"
-
-
 def _own_params(cls) -> list[str]:
     return [p.name for p in inspect.signature(cls.__init__).parameters.values()
             if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
@@ -307,16 +247,6 @@ def test_repr_names_the_class_and_every_hyper_parameter(name):
     for param in _own_params(type(det)):
         assert f"{param}=" in text, f"{name}: {param} missing from repr"
     assert repr(det.clone()) == text
-
-
-@pytest.mark.parametrize("name", BLOCK)
-def test_a_clone_is_fresh_and_shares_nothing(name, trace, whole):
-    used = fresh(name)
-    used.update(trace.slice_steps(0, 1_300))
-    before = json.dumps(used.state_dict(), allow_nan=True)
-    twin = used.clone()
-    assert twin is not used and twin.update(trace) == whole[name]
-    assert json.dumps(used.state_dict(), allow_nan=True) == before
 
 
 # --------------------------------------------------------------------------- absence detectors
