@@ -29,12 +29,15 @@ from __future__ import annotations
 import copy
 import inspect
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Iterable, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from detectors.finding import Finding
 from detectors.kinds import Kind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from detectors.peers import PeerDeviation
 from detectors.frame import StepBlock
 
 D = TypeVar("D", bound="Detector")
@@ -56,6 +59,12 @@ class Detector(ABC):
 
     def reset(self) -> None:
         self._reset()
+
+    def new_attempt(self) -> None:
+        """The run restarted from a checkpoint (a new attempt). By default a detector starts again
+        from the resumed step; one that judges the resume itself (``resume_mismatch``) keeps what
+        the abandoned attempt reported."""
+        self.reset()
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]: ...
@@ -91,8 +100,18 @@ class BlockDetector(Protocol):
         """The new findings the next block causes (blocks arrive in step order)."""
 
     def reset(self) -> None: ...
+    def new_attempt(self) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def peer_deviations(self) -> "dict[str, PeerDeviation]":
+        """The per-rank trackers by metric that the suite may share between detectors watching
+        the same metric the same way (:func:`healthsvc.monitor.suite.share_peer_deviations`);
+        none by default."""
+        return {}
+
+    def use_peer_deviation(self, metric: str, tracker: "PeerDeviation") -> None:
+        """Watch ``metric`` through ``tracker`` (shared with another detector) from now on."""
 
 
 @runtime_checkable
@@ -130,5 +149,6 @@ class AbsenceDetector(Protocol):
         """Move every remembered time forward (time the caller was not watching is no silence)."""
 
     def reset(self) -> None: ...
+    def new_attempt(self) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...

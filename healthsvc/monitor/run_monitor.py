@@ -88,10 +88,9 @@ class RunMonitor:
         for block in self.aligner.flush_all():
             out += self._aligned(block)
         for det in self.suite.all().values():
-            # A detector that judges the resume itself (resume_mismatch) keeps what the abandoned
-            # attempt reported; every other detector starts again from the resumed step.
-            new_attempt = getattr(det, "new_attempt", None)
-            new_attempt() if new_attempt is not None else det.reset()
+            # Each detector says what a restart means to it (Detector.new_attempt): most start
+            # again; resume_mismatch keeps what the abandoned attempt reported.
+            det.new_attempt()
         self.aligner.reset()
         self.attempt = attempt
         return out

@@ -65,7 +65,7 @@ def share_peer_deviations(detectors: list[BlockDetector]) -> None:
     per-rank work is paid once. A tracker set up differently stays private."""
     groups: dict[tuple, list[BlockDetector]] = {}
     for det in detectors:
-        for metric, tracker in getattr(det, "peer_deviations", dict)().items():
+        for metric, tracker in det.peer_deviations().items():
             groups.setdefault((metric, tracker.params()), []).append(det)
     for (metric, _), users in groups.items():
         if len(users) > 1:

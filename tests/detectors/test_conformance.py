@@ -37,7 +37,9 @@ import doctest
 import importlib
 import inspect
 import json
+import re
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +56,7 @@ from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite
                         iter_blocks, simulate_run, split_at)
 
 BLOCK = [name for name, entry in REGISTRY.items() if entry.role != "absence"]
+SERVICE_SOURCES = sorted((Path(__file__).resolve().parents[2] / "healthsvc").rglob("*.py"))
 ABSENCE = [name for name, entry in REGISTRY.items() if entry.role == "absence"]
 FEW = settings(max_examples=4, deadline=None, derandomize=True)
 
@@ -80,6 +83,18 @@ def test_the_registry_says_the_protocol_and_the_class_keeps_it(name):
     other = BlockDetector if entry.protocol is AbsenceDetector else AbsenceDetector
     assert not isinstance(det, other), f"{name} has both shapes: pick one"
     assert det.kind == name
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_hook_a_detector_offers_is_declared_on_its_protocol(name):
+    # The service calls a detector only through its protocol: a method of the class alone that
+    # the service calls would be reached by getattr, and a detector lacking it silently skipped.
+    entry = REGISTRY[name]
+    declared = {n for n in dir(entry.protocol) if not n.startswith("_")} | {"params", "clone"}
+    offered = {n for n, _ in inspect.getmembers(entry.cls, callable) if not n.startswith("_")}
+    called = [n for n in sorted(offered - declared)
+              if any(re.search(rf"[.\"']{n}\b", p.read_text()) for p in SERVICE_SOURCES)]
+    assert not called, f"{name}: the service calls {called}, not declared on {entry.protocol.__name__}"
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
