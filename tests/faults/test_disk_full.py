@@ -1,36 +1,23 @@
 """The disk under the SQLite store fills up: pushes are refused with 507 (never a 500, never
 stored in part), ``/readyz`` says 503, everything acknowledged before stays readable, and once
 space returns pushes work again and the whole history, NaNs included, reads back exactly, also
-after a restart. The disk is a real 4 MiB tmpfs (we run as root in CI; skipped elsewhere).
+after a restart. The disk is a real 3 MiB tmpfs (we run as root in CI; skipped elsewhere).
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 
 import httpx
 import pytest
 
 from tests.server_process import ServerProcess
+from tests.service.test_clear_failures import small_disk  # noqa: F401 (the 3 MiB tmpfs fixture)
 
 pytestmark = pytest.mark.e2e
 
 RANKS = 64
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def step_columns(step: int) -> dict:
