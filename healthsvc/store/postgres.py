@@ -364,6 +364,15 @@ def load_catalog(conn: psycopg.Connection) -> Catalog:
     return Catalog({t: (tuple(c), tuple(p), k) for t, (c, p, k) in tables.items()})
 
 
+# How long a read waits for a pooled connection, and a new connection for the server, seconds.
+# Without a bound a read while the database is down waits the pool's 30 s and a connection to a
+# host that does not answer forever: the client's request hangs instead of getting its 503.
+READ_WAIT_S = 5.0
+CONNECT_TIMEOUT_S = 5
+# /readyz answers within a probe's usual timeout, whether the database is up or not.
+PING_WAIT_S = 1.0
+
+
 class PostgresStore(StoreBase):
     shared_database = True
 
@@ -383,7 +392,7 @@ class PostgresStore(StoreBase):
         return f"PostgresStore({self.path!r})"
 
     def _connect(self) -> psycopg.Connection:
-        conn = psycopg.connect(self.uri, autocommit=True)
+        conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         _configure(conn)
         return conn
 
@@ -407,8 +416,9 @@ class PostgresStore(StoreBase):
 
     def open(self) -> None:
         super().open()
-        self._pool = ConnectionPool(self.uri, min_size=1, max_size=self.pool_size, open=True,
-                                    kwargs={"autocommit": True}, configure=_configure, name="healthsvc-read")
+        self._pool = ConnectionPool(self.uri, min_size=1, max_size=self.pool_size, open=True, timeout=READ_WAIT_S,
+                                    kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+                                    configure=_configure, name="healthsvc-read")
         self._reader = PooledReader(self._pool, self.catalog)
 
     def _close_readers(self) -> None:
@@ -416,6 +426,12 @@ class PostgresStore(StoreBase):
             self._pool.close()
             self._pool = None
             self._reader = None
+
+    def ping(self) -> None:
+        if self._pool is None:
+            return super().ping()
+        with self._pool.connection(timeout=PING_WAIT_S) as conn:
+            conn.execute("SELECT 1").fetchone()
 
     def read_conn(self) -> PooledReader:
         if self._reader is None:
