@@ -19,7 +19,9 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 import time
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from decimal import Decimal
 from typing import Any, Callable, Iterator, Sequence
 
@@ -369,7 +371,9 @@ def load_catalog(conn: psycopg.Connection) -> Catalog:
 # host that does not answer forever: the client's request hangs instead of getting its 503.
 READ_WAIT_S = 5.0
 CONNECT_TIMEOUT_S = 5
-# /readyz answers within a probe's usual timeout, whether the database is up or not.
+# /readyz answers within a probe's usual timeout, whether the database is up, down or cut off
+# (a network that stops answering leaves a statement waiting for minutes: the ping runs in a
+# thread of its own and is given up on, one at a time).
 PING_WAIT_S = 1.0
 
 
@@ -387,6 +391,8 @@ class PostgresStore(StoreBase):
         self.catalog = Catalog()
         self._pool: ConnectionPool | None = None
         self._reader: PooledReader | None = None
+        self._ping: Future | None = None
+        self._ping_sent = 0.0
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.path!r})"
@@ -430,8 +436,23 @@ class PostgresStore(StoreBase):
     def ping(self) -> None:
         if self._pool is None:
             return super().ping()
-        with self._pool.connection(timeout=PING_WAIT_S) as conn:
-            conn.execute("SELECT 1").fetchone()
+        if self._ping is None or self._ping.done():   # the one before may still hang: no second
+            self._ping, self._ping_sent = Future(), time.monotonic()
+            # A daemon thread, not an executor's: a hung ping must not hold up the process's exit.
+            threading.Thread(target=self._ping_once, args=(self._ping,), daemon=True, name="healthsvc-ping").start()
+        try:
+            self._ping.result(timeout=max(0.0, self._ping_sent + PING_WAIT_S - time.monotonic()))
+        except FutureTimeout:
+            raise psycopg.OperationalError(f"the database has not answered for {time.monotonic() - self._ping_sent:.1f} s") from None
+
+    def _ping_once(self, done: Future) -> None:
+        try:
+            with self._pool.connection(timeout=PING_WAIT_S) as conn:
+                conn.execute("SELECT 1").fetchone()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting ping
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
 
     def read_conn(self) -> PooledReader:
         if self._reader is None:
