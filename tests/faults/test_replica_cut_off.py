@@ -2,7 +2,8 @@
 (nothing forwarded, nothing closed), replica B connected directly, leases of ``TTL_S``.
 
 A owns the run when the network freezes. A must stop acting on its lease before it expires in
-the database (its /readyz lists no lease for the run before B's lists one: fencing), B takes the
+the database (its /readyz lists no lease for the run before B's lists one: fencing) while its own
+pushes are answered 503 (not left hanging), B takes the
 run over and finds a NaN pushed to it during the cut, and once the network thaws (A's queued
 writes reach the database) A writes nothing over B's work: B keeps the run, the NaN is one
 finding and one page, and every acknowledged record is stored once.
@@ -16,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from healthsvc.ingest.committed import WRITE_WAIT_S
 from tests.alerting.receiver import Receiver
 from tests.barriers import wait_until
 from tests.faults.proxy import FreezableProxy
@@ -105,17 +107,24 @@ def test_a_replica_cut_off_lets_its_leases_go_and_writes_nothing_over_the_new_ow
     else:
         raise AssertionError("replica A never owned a run")
 
-    proxy.freeze()
-    frozen_at = time.monotonic()
-    job.http.base_url = b.url          # the balancer sends the pushes to the replica that answers
-    nan_step = job.steps(5, nan_rank=1)
     # Fencing: A lets the lease go (its own clock) before B can take it (the database's).
     with Watch(a, job.run_id) as watch_a, Watch(b, job.run_id) as watch_b:
+        wait_until(watch_a.last_held, 5, "A seen owning the run")
+        proxy.freeze()
+        frozen_at = time.monotonic()
+        job.http.base_url = b.url          # the balancer sends the pushes to the replica that answers
+        nan_step = job.steps(5, nan_rank=1)
+        # A's own writes wait on a database that does not answer: a 503 in bounded time, not a hang.
+        for path, body in (("metrics", {"records": [{"step": 0, "rank": 0, "loss": 1.0}]}),
+                           ("heartbeats", {"rank": 0, "step": 0})):
+            sent = time.monotonic()
+            r = httpx.post(f"{a.url}/v1/runs/side/{path}", json=body, timeout=WRITE_WAIT_S + 5)
+            assert r.status_code == 503 and "not committed" in r.text, (path, r.status_code, r.text)
+            assert time.monotonic() - sent <= WRITE_WAIT_S + 1, path
         b_took = wait_until(watch_b.first_held, 3 * TTL_S + 5, "B owning the run")
         a_last = watch_a.last_held()
-    assert a_last is not None and a_last < b_took, \
-        f"A said it held the lease {a_last - b_took:.2f} s after B said it did"
-    assert a_last - frozen_at <= TTL_S
+    assert a_last < b_took, f"A said it held the lease {a_last - b_took:.2f} s after B said it did"
+    assert a_last - frozen_at <= TTL_S, "A acted on the lease for longer than its ttl without renewing it"
     wait_until(lambda: nan_steps(b, job.run_id) == [nan_step], TTL_S + 3, "the NaN found by B")
     wait_until(lambda: pages(receiver, job.run_id, "non_finite"), 5, "the NaN paged")
 
