@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from tests.server_process import ServerProcess
-from tests.service.test_clear_failures import small_disk  # noqa: F401 (the 3 MiB tmpfs fixture)
 
 pytestmark = pytest.mark.e2e
 
