@@ -12,8 +12,9 @@ made fresh, so a receiver's replay window holds for late retries):
 - any other answer (other 4xx, 3xx): ``failed`` with the error, no retry: the request is wrong and
   resending it will not fix it.
 
-The worker is a thread with a small pool of sender threads (one slow receiver does not hold up
-the others); :meth:`DeliveryWorker.wake` makes it look at the outbox at once (new rows), and
+The worker is a thread with a small pool of sender threads and at most one attempt in flight
+per subscription, so a receiver that hangs holds one sender, never the ones other subscriptions'
+pages need (and a receiver gets its pages in order); :meth:`DeliveryWorker.wake` makes it look at the outbox at once (new rows), and
 :meth:`DeliveryWorker.stop` ends it cleanly, letting in-flight attempts finish.
 
 Example::
@@ -143,7 +144,7 @@ class DeliveryWorker:
                                     headers={"user-agent": USER_AGENT})
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._inflight: set[str] = set()
+        self._inflight: dict[str, str] = {}      # webhook id -> its subscription, attempt in flight
         self._inflight_lock = threading.Lock()
         # Held from a claim to its rows being in flight: between the two a claimed row is
         # neither due nor in flight, and drain() would take the worker for idle.
@@ -212,24 +213,44 @@ class DeliveryWorker:
         return sent
 
     def _loop(self) -> None:
-        assert self._pool is not None
         while not self._stopping.is_set():
             self._wake.clear()
-            free = self.concurrency - self.inflight
-            if free > 0:
+            try:
+                wait_s = self._claim_and_send()
+            except Exception:  # the store is down (a database restart): deliveries wait, the worker stays
+                log.exception("webhook delivery could not read the outbox; trying again in %.1f s",
+                              self.poll_interval_s)
+                wait_s = self.poll_interval_s
+            self._wake.wait(wait_s)
+
+    def _claim_and_send(self) -> float:
+        """Claim what is due and hand it to the senders; returns how long to wait before looking again."""
+        assert self._pool is not None
+        free = self.concurrency - self.inflight
+        if free > 0:
+            with self._inflight_lock:
+                busy, busy_subs = set(self._inflight), set(self._inflight.values())
+            now = self._clock()
+            # Claimed, not just read: on a shared PostgreSQL database another replica's
+            # worker is never handed the same row (a read first: no write per idle poll).
+            # One row at a time, each of a subscription with none in flight yet.
+            due: list[Delivery] = []
+            with self._claim_lock:
+                while len(due) < free and self.outbox.due(now, limit=1, exclude=busy, skip_subscriptions=busy_subs):
+                    got = self.outbox.claim(now, limit=1, hold_s=self.claim_hold_s, exclude=busy,
+                                            skip_subscriptions=busy_subs)
+                    if not got:
+                        break
+                    due += got
+                    busy_subs.add(got[0].subscription_id)
                 with self._inflight_lock:
-                    busy = set(self._inflight)
-                now = self._clock()
-                # Claimed, not just read: on a shared PostgreSQL database another replica's
-                # worker is never handed the same row (a read first: no write per idle poll).
-                with self._claim_lock:
-                    due = self.outbox.claim(now, limit=free, hold_s=self.claim_hold_s, exclude=busy) \
-                        if self.outbox.due(now, limit=1, exclude=busy) else []
-                    with self._inflight_lock:
-                        self._inflight.update(d.webhook_id for d in due)
-                for d in due:
-                    self._pool.submit(self._attempt_and_release, d)
-            self._wake.wait(self._sleep_s())
+                    self._inflight.update((d.webhook_id, d.subscription_id) for d in due)
+            for d in due:
+                self._pool.submit(self._attempt_and_release, d)
+            if not due and self.inflight:
+                # What is due waits for its subscription's attempt in flight, whose end wakes us.
+                return self.poll_interval_s
+        return self._sleep_s()
 
     def _sleep_s(self) -> float:
         if self.inflight >= self.concurrency:
@@ -246,7 +267,7 @@ class DeliveryWorker:
             log.exception("webhook attempt %s crashed", d.webhook_id)
         finally:
             with self._inflight_lock:
-                self._inflight.discard(d.webhook_id)
+                self._inflight.pop(d.webhook_id, None)
             self._wake.set()
 
     def _attempt(self, d: Delivery) -> AttemptResult:

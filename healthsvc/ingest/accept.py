@@ -2,13 +2,13 @@
 (which documents it) and the ASGI fast path (which serves it)."""
 from __future__ import annotations
 
-import asyncio
 import time
 
-from healthsvc.errors import HealthsvcError, quota_error, store_error
+from healthsvc.errors import HealthsvcError, StoreUnavailable, quota_error, store_error
 from healthsvc.store.errors import STORE_ERRORS
 from healthsvc.store.quotas import QuotaExceeded
 from healthsvc.ingest.parse import decode_body, parse_metrics
+from healthsvc.ingest.committed import committed
 
 
 async def accept_metrics(ctx, run_id: str, raw: bytes, content_encoding: str | None) -> dict:
@@ -22,13 +22,16 @@ async def accept_metrics(ctx, run_id: str, raw: bytes, content_encoding: str | N
         metrics.ingest_requests.labels("rejected").inc()
         raise
     try:
-        result = await asyncio.wrap_future(ctx.store.submit_metrics(run_id, batch, digest))
+        result = await committed(ctx.store.submit_metrics(run_id, batch, digest))
     except STORE_ERRORS as exc:  # nothing was stored: a 503/507 the client retries
         metrics.ingest_requests.labels("failed").inc()
         raise store_error(exc) from None
     except QuotaExceeded as exc:  # nothing was stored either
         metrics.ingest_requests.labels("rejected").inc()
         raise quota_error(exc) from None
+    except StoreUnavailable:     # the store does not answer: a 503 too
+        metrics.ingest_requests.labels("failed").inc()
+        raise
     if result.duplicate:
         metrics.ingest_duplicates.inc()
         metrics.ingest_requests.labels("duplicate").inc()

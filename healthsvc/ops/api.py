@@ -32,17 +32,22 @@ def readyz(request: Request, store: StoreDep) -> Response:
         store.ping()
         ready = getattr(request.app.state, "ready", False)
     except Exception as exc:  # noqa: BLE001 - readiness reports any failure
-        return JSONResponse({"status": "not ready", "reason": redact(str(exc))}, status_code=503)
+        return JSONResponse({"status": "not ready", "reason": redact(str(exc)), **_leases(request)}, status_code=503)
+    leases = _leases(request)
     if not ready:
-        return JSONResponse({"status": "not ready", "reason": "starting or stopping"}, status_code=503)
+        return JSONResponse({"status": "not ready", "reason": "starting or stopping", **leases}, status_code=503)
     if store.writes_failing:
         return JSONResponse({"status": "not ready", "reason": "store writes are failing (disk full or I/O error); "
-                                                              "ready again after the next successful write"},
+                                                              "ready again after the next successful write", **leases},
                             status_code=503)
+    return JSONResponse({"status": "ready", **leases})
+
+
+def _leases(request: Request) -> dict:
+    """A replica's id and the runs it acts on now (after the ping, which may wait), said even when
+    not ready: one cut off from the database shows it has let its leases go."""
     ownership = request.app.state.ctx.ownership
-    if not ownership.takes_over:  # a single server owns every run: nothing more to say
-        return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "ready", "replica": ownership.replica_id, "leases": ownership.held()})
+    return {"replica": ownership.replica_id, "leases": ownership.held()} if ownership.takes_over else {}
 
 
 @router.get("/metrics", summary="Prometheus exposition of the service itself",

@@ -1,7 +1,6 @@
 """Runs, their history, checkpoints and events, for people, notebooks and restart scripts."""
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query
@@ -15,6 +14,7 @@ from healthsvc.errors import InvalidInput, NotFound
 from healthsvc.monitor.suite import build_suite
 from healthsvc.history import iter_history_batches, load_history
 from healthsvc.schemas import Checkpoint, CheckpointStatusIn, Event, Heartbeat, Ok, RunConfig, RunSummary
+from healthsvc.ingest.committed import committed
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
@@ -31,7 +31,7 @@ async def put_run(run_id: RunId, config: RunConfig, store: StoreDep, summaries: 
     # A bad detector parameter is a 422 now, not a monitor failing on every push later: types and
     # ranges first, then a probe block through each detector (healthsvc.detector_config).
     probe_suite(build_suite(config.model_dump()))
-    await asyncio.wrap_future(store.submit_run_config(run_id, config.model_dump()))
+    await committed(store.submit_run_config(run_id, config.model_dump()))
     return summaries.summary(run_id)
 
 
@@ -115,7 +115,7 @@ def list_checkpoints(run_id: RunId, store: StoreDep) -> list[dict]:
               summary="Mark a checkpoint verified, bad or deleted")
 async def patch_checkpoint(run_id: RunId, body: CheckpointStatusIn, store: StoreDep,
                            checkpoint_id: Annotated[int, Path(ge=0, le=INT64_MAX, description="The checkpoint's id (from GET .../checkpoints).")]) -> dict:
-    changed = await asyncio.wrap_future(store.submit_checkpoint_status(run_id, checkpoint_id, body.status, body.note))
+    changed = await committed(store.submit_checkpoint_status(run_id, checkpoint_id, body.status, body.note))
     if not changed:
         raise NotFound(f"run {run_id!r} has no checkpoint {checkpoint_id}", loc=("path", "checkpoint_id"))
     return {"ok": True}

@@ -244,34 +244,38 @@ class Outbox:
                 (webhook_id, subscription_id, url, secret, content_type, body, group_key, reason, now, now)))
         return webhook_id
 
-    def due(self, now: float, limit: int = 32, exclude: Iterable[str] = ()) -> list[Delivery]:
+    def due(self, now: float, limit: int = 32, exclude: Iterable[str] = (),
+            skip_subscriptions: Iterable[str] = ()) -> list[Delivery]:
         """Pending deliveries whose next attempt is due and that no worker holds a claim on,
-        oldest first."""
-        exclude = set(exclude)
+        oldest first (none of ``exclude``, a set of webhook ids, nor of ``skip_subscriptions``)."""
+        exclude, skip = set(exclude), sorted(set(skip_subscriptions))
         rows = self._read(
             f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox WHERE state = 'pending'"
             " AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until <= ?)"
-            " ORDER BY next_attempt_at, seq LIMIT ?", (now, now, limit + len(exclude)))
+            f"{_not_in('subscription_id', skip)} ORDER BY next_attempt_at, seq LIMIT ?",
+            (now, now, *skip, limit + len(exclude)))
         out = [_delivery(r) for r in rows]
         return [d for d in out if d.webhook_id not in exclude][:limit]
 
-    def claim(self, now: float, limit: int = 32, hold_s: float = 60.0, exclude: Iterable[str] = ()) -> list[Delivery]:
+    def claim(self, now: float, limit: int = 32, hold_s: float = 60.0, exclude: Iterable[str] = (),
+              skip_subscriptions: Iterable[str] = ()) -> list[Delivery]:
         """Claim up to ``limit`` due deliveries for ``hold_s`` seconds, oldest first: no other
         worker (of this process or another replica on the same PostgreSQL database) is handed
         them until the claim's attempt is recorded (:meth:`record_attempt` releases it) or the
         claim runs out (its worker died). On PostgreSQL concurrent claimers skip each other's
-        rows (``FOR UPDATE SKIP LOCKED``); SQLite's single writer serialises them."""
-        exclude = sorted(set(exclude))
+        rows (``FOR UPDATE SKIP LOCKED``); SQLite's single writer serialises them. Neither
+        ``exclude`` (webhook ids) nor rows of ``skip_subscriptions`` are claimed."""
+        exclude, skip = sorted(set(exclude)), sorted(set(skip_subscriptions))
         holds = now + hold_s
 
         def job(conn: Any) -> list[tuple]:
             lock = " FOR UPDATE SKIP LOCKED" if getattr(conn, "dialect", "sqlite") == "postgresql" else ""
-            skip = f" AND webhook_id NOT IN ({', '.join('?' * len(exclude))})" if exclude else ""
             return conn.execute(
                 f"UPDATE alert_outbox SET claimed_until = ? WHERE seq IN (SELECT seq FROM alert_outbox"
                 f" WHERE state = 'pending' AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until <= ?)"
-                f"{skip} ORDER BY next_attempt_at, seq LIMIT ?{lock}) RETURNING {', '.join(_COLUMNS)}",
-                (holds, now, now, *exclude, limit)).fetchall()
+                f"{_not_in('webhook_id', exclude)}{_not_in('subscription_id', skip)}"
+                f" ORDER BY next_attempt_at, seq LIMIT ?{lock}) RETURNING {', '.join(_COLUMNS)}",
+                (holds, now, now, *exclude, *skip, limit)).fetchall()
         rows = self._write(job)
         return sorted((_delivery(r) for r in rows), key=lambda d: (d.next_attempt_at, d.seq))
 
@@ -377,3 +381,8 @@ def _delivery(row: tuple) -> Delivery:
     d = dict(zip(_COLUMNS, row))
     d["body"] = bytes(d["body"])
     return Delivery(**d)
+
+
+def _not_in(column: str, values: list[str]) -> str:
+    """An ``AND column NOT IN (?, ...)`` clause for ``values`` (nothing when there are none)."""
+    return f" AND {column} NOT IN ({', '.join('?' * len(values))})" if values else ""

@@ -19,7 +19,9 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 import time
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from decimal import Decimal
 from typing import Any, Callable, Iterator, Sequence
 
@@ -356,6 +358,17 @@ def load_catalog(conn: psycopg.Connection) -> Catalog:
     return Catalog({t: (tuple(c), tuple(p), k) for t, (c, p, k) in tables.items()})
 
 
+# How long a read waits for a pooled connection, and a new connection for the server, seconds.
+# Without a bound a read while the database is down waits the pool's 30 s and a connection to a
+# host that does not answer forever: the client's request hangs instead of getting its 503.
+READ_WAIT_S = 5.0
+CONNECT_TIMEOUT_S = 5
+# /readyz answers within a probe's usual timeout, whether the database is up, down or cut off
+# (a network that stops answering leaves a statement waiting for minutes: the ping runs in a
+# thread of its own and is given up on, one at a time).
+PING_WAIT_S = 1.0
+
+
 class PostgresStore(StoreBase):
     shared_database = True
 
@@ -372,12 +385,14 @@ class PostgresStore(StoreBase):
         self._pool: ConnectionPool | None = None
         self._reader: PooledReader | None = None
         self._token_watch: Any = None
+        self._ping: Future | None = None
+        self._ping_sent = 0.0
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.path!r})"
 
     def _connect(self) -> psycopg.Connection:
-        conn = psycopg.connect(self.uri, autocommit=True)
+        conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         _configure(conn)
         return conn
 
@@ -401,8 +416,9 @@ class PostgresStore(StoreBase):
 
     def open(self) -> None:
         super().open()
-        self._pool = ConnectionPool(self.uri, min_size=1, max_size=self.pool_size, open=True,
-                                    kwargs={"autocommit": True}, configure=_configure, name="healthsvc-read")
+        self._pool = ConnectionPool(self.uri, min_size=1, max_size=self.pool_size, open=True, timeout=READ_WAIT_S,
+                                    kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+                                    configure=_configure, name="healthsvc-read")
         self._reader = PooledReader(self._pool, self.catalog)
 
     def watch_tokens(self, on_change: Callable[[], None]) -> None:
@@ -419,6 +435,27 @@ class PostgresStore(StoreBase):
             self._pool.close()
             self._pool = None
             self._reader = None
+
+    def ping(self) -> None:
+        if self._pool is None:
+            return super().ping()
+        if self._ping is None or self._ping.done():   # the one before may still hang: no second
+            self._ping, self._ping_sent = Future(), time.monotonic()
+            # A daemon thread, not an executor's: a hung ping must not hold up the process's exit.
+            threading.Thread(target=self._ping_once, args=(self._ping,), daemon=True, name="healthsvc-ping").start()
+        try:
+            self._ping.result(timeout=max(0.0, self._ping_sent + PING_WAIT_S - time.monotonic()))
+        except FutureTimeout:
+            raise psycopg.OperationalError(f"the database has not answered for {time.monotonic() - self._ping_sent:.1f} s") from None
+
+    def _ping_once(self, done: Future) -> None:
+        try:
+            with self._pool.connection(timeout=PING_WAIT_S) as conn:
+                conn.execute("SELECT 1").fetchone()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting ping
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
 
     def read_conn(self) -> PooledReader:
         if self._reader is None:
