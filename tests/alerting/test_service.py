@@ -202,7 +202,9 @@ def test_a_failed_alert_stage_keeps_the_findings_for_the_next_job(tmp_path, db_u
         monkeypatch.setattr(type(manager), "process", broken_once)
         (first,) = ctx.findings.record("r1", 1, [hang(rank=3)], HOSTS).result().findings
         assert [sf.id for sf in ctx.findings.query("r1")] == [first.id]   # the finding is kept
-        assert manager.alerts(run="r1") == [] and ctx.alerting.outbox.deliveries() == []
+        assert calls and len(rx.delivered()) == 0
+        # (No assertion that no alert exists yet: on a shared database the alerting thread's
+        # tick catches up stored findings too, and may already have, on a loaded machine.)
         ctx.findings.record("r1", 1, [hang(rank=9)], HOSTS).result()      # the next job catches up
         assert sorted(a.ranks for a in manager.alerts(run="r1")) == [(3,), (9,)]
         svc.drain()
