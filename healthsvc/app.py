@@ -9,10 +9,8 @@ contributors and store listeners. Start hooks run in installation order, stop ho
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +26,7 @@ from healthsvc.auth.hosts import HostPolicy, is_loopback
 from healthsvc.auth.tokens import TokenStore
 from healthsvc.body_limit import BodyLimitMiddleware
 from healthsvc.clock import ServiceClock
+from healthsvc.context import Hook, ServiceContext
 from healthsvc.errors import HealthsvcError, quota_error, store_error
 from healthsvc.findings import FindingsService
 from healthsvc.findings import api as findings_api
@@ -35,38 +34,19 @@ from healthsvc.head import HeadAsGet
 from healthsvc.health import RunHealth
 from healthsvc.ingest import api as ingest_api
 from healthsvc.ingest.fast_path import IngestFastPath
-from healthsvc.ownership import LeasesCollector, RunOwnership, SoleOwner, ownership_for
+from healthsvc.ownership import LeasesCollector, ownership_for
 from healthsvc.observability import ServiceMetrics
 from healthsvc.ops import api as ops_api
 from healthsvc.runs import api as runs_api
 from healthsvc.runs import RunSummaries
 from healthsvc.schemas import ErrorBody, ErrorItem, MetricsColumnar, MetricsRows
 from healthsvc.settings import Settings
-from healthsvc.store.interface import Store
 from healthsvc.store.outbox import Outbox
 from healthsvc.store.errors import STORE_ERRORS
 from healthsvc.store.open import open_store, redact
 from healthsvc.store.quotas import QuotaExceeded, Quotas
 
 log = logging.getLogger("healthsvc")
-
-Hook = Callable[[], Any | Awaitable[Any]]
-
-@dataclass
-class ServiceContext:
-    """What a feature gets to build on."""
-    settings: Settings
-    store: Store
-    metrics: ServiceMetrics
-    summaries: RunSummaries
-    findings: FindingsService
-    health: RunHealth               # what is firing (findings and their alerts' state)
-    alerting: AlertingService
-    ownership: RunOwnership = field(default_factory=SoleOwner)
-    clock: Callable[[], float] = time.time
-    on_startup: list[Hook] = field(default_factory=list)   # run after the store opens, in order
-    on_shutdown: list[Hook] = field(default_factory=list)  # run before the store closes, in reverse
-
 
 async def _call(hook: Hook) -> None:
     result = hook()

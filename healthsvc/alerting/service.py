@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -37,6 +37,10 @@ from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import DEFAULT_TIMINGS, PolicyConfig, Timing
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.messages import Annotate, Drain, RolledBack, RunOwned, Stop
+
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
+
 
 AlertingInput = Annotate | RolledBack | RunOwned | Drain | Stop
 
@@ -339,7 +343,7 @@ class _AlertingCollector:
         yield from (alerts, notes, findings, attempts, deliveries)
 
 
-def install(app: Any, ctx: Any) -> None:
+def install(app: Any, ctx: ServiceContext) -> None:
     """The feature: its router, listeners, start/stop hooks and collector (``ctx.alerting`` is
     built by the app factory)."""
     from healthsvc.alerting.api import router

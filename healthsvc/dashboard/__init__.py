@@ -8,10 +8,15 @@ page of a 16,384-rank x 10,000-step run costs the same to open as that of an 8-r
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import FastAPI
 
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
 
-def install(app: FastAPI, ctx) -> None:
+
+def install(app: FastAPI, ctx: ServiceContext) -> None:
     from fastapi.staticfiles import StaticFiles
 
     from healthsvc.dashboard.hub import RollupHub

@@ -6,16 +6,22 @@ the store. The maths is in :mod:`detectors.offline.economics` (pure).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 
 from fastapi import FastAPI
+
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
+
 
 log = logging.getLogger(__name__)
 
 SUMMARY_TIMELINE_ENTRIES = 50  # the run summary shows the newest entries; /timeline has them all
 
 
-def install(app: FastAPI, ctx) -> None:
+def install(app: FastAPI, ctx: ServiceContext) -> None:
     from healthsvc.economics.service import AttemptStatsCache, load_run_facts
     from healthsvc.economics.api import router, timeline_dict
 

@@ -10,6 +10,8 @@ it does not recognise (a bad run id, another method), goes on to FastAPI.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 
 import orjson
@@ -19,12 +21,16 @@ from healthsvc.deps import RUN_ID_PATTERN
 from healthsvc.errors import HealthsvcError
 from healthsvc.ingest.accept import accept_metrics
 
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
+
+
 _PATH = re.compile(r"^/v1/runs/(" + RUN_ID_PATTERN.strip("^$") + r")/metrics$")
 _JSON = [(b"content-type", b"application/json")]
 
 
 class IngestFastPath:
-    def __init__(self, app, ctx) -> None:
+    def __init__(self, app, ctx: ServiceContext) -> None:
         self.app = app
         self.ctx = ctx
 

@@ -4,10 +4,15 @@ Installs the monitor hub (see ``hub.py``), validates detector parameters of ``PU
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import FastAPI
 
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
 
-def install(app: FastAPI, ctx) -> None:
+
+def install(app: FastAPI, ctx: ServiceContext) -> None:
     from healthsvc.monitor.hub import MonitorHub
 
     settings = ctx.settings

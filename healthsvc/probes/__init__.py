@@ -12,11 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
+
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
 
-def install(app: FastAPI, ctx) -> None:
+def install(app: FastAPI, ctx: ServiceContext) -> None:
     from healthsvc.probes.api import router
     from healthsvc.probes.service import auto_probe_listener
 

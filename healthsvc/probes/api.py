@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TYPE_CHECKING
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
@@ -19,6 +19,10 @@ from healthsvc.limits import INT64_MAX
 from healthsvc.probes import service
 from healthsvc.probes.schemas import Probe, ProbeIn, ProbeReportIn
 
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
+
+
 router = APIRouter(prefix="/v1/runs", tags=["probes"])
 ProbeId = Annotated[int, Path(ge=0, le=INT64_MAX, description="The probe's id.")]
 
@@ -27,7 +31,7 @@ def _ctx(request: Request):
     return request.app.state.ctx
 
 
-def _require_run(ctx, run_id: str) -> None:
+def _require_run(ctx: ServiceContext, run_id: str) -> None:
     if not ctx.store.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
 

@@ -8,7 +8,7 @@ gradient norm). Once both ranks reported,
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from detectors import kinds as kind_table
 from detectors.offline.replay import judge_replay
@@ -16,16 +16,18 @@ from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.limits import INT64_MAX
 from healthsvc.store.probes import NoProbe, ProbeRow
 
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
 
 
-def _finding(ctx, run_id: str, finding_id: int):
+def _finding(ctx: ServiceContext, run_id: str, finding_id: int):
     for sf in ctx.findings.query(run_id, limit=1_000_000):
         if sf.id == finding_id:
             return sf.finding
     raise NotFound(f"run {run_id!r} has no finding {finding_id}", loc=("body", "finding_id"))
 
 
-def request_probe(ctx, run_id: str, suspect: int | None, healthy: int | None, step: int | None,
+def request_probe(ctx: ServiceContext, run_id: str, suspect: int | None, healthy: int | None, step: int | None,
                   finding_id: int | None, reason: str | None) -> dict[str, Any]:
     """Store a probe request (validated against the run) and return it."""
     store = ctx.store
@@ -62,7 +64,7 @@ def request_probe(ctx, run_id: str, suspect: int | None, healthy: int | None, st
 
 
 
-def auto_probe_listener(ctx):
+def auto_probe_listener(ctx: ServiceContext):
     """A findings listener (writer thread, after commit) that asks for a probe of the first rank a
     new warning or critical finding of a kind a probe can check (``Kind.probe``) blames, unless that rank already has
     one pending. It only queues a write: it never waits on the writer it runs on."""
@@ -83,7 +85,7 @@ def auto_probe_listener(ctx):
     return on_findings
 
 
-def _row_to_probe(ctx, row: ProbeRow) -> dict[str, Any]:
+def _row_to_probe(ctx: ServiceContext, row: ProbeRow) -> dict[str, Any]:
     pid, run_id, suspect, healthy, step = row.id, row.run_id, row.suspect_rank, row.healthy_rank, row.step
     finding_id, reason, created_at, verdict = row.finding_id, row.reason, row.created_at, row.verdict
     got = {int(k): v for k, v in row.reports.items()}
@@ -109,25 +111,25 @@ def _row_to_probe(ctx, row: ProbeRow) -> dict[str, Any]:
     return out
 
 
-def get_probe(ctx, run_id: str, probe_id: int) -> dict[str, Any]:
+def get_probe(ctx: ServiceContext, run_id: str, probe_id: int) -> dict[str, Any]:
     row = ctx.store.probe(run_id, probe_id)
     if row is None:
         raise NotFound(f"run {run_id!r} has no probe {probe_id}", loc=("path", "probe_id"))
     return _row_to_probe(ctx, row)
 
 
-def list_probes(ctx, run_id: str) -> list[dict[str, Any]]:
+def list_probes(ctx: ServiceContext, run_id: str) -> list[dict[str, Any]]:
     return [_row_to_probe(ctx, r) for r in ctx.store.probes(run_id)]
 
 
-def next_probe(ctx, run_id: str, after: int, upto_step: int | None = None) -> dict[str, Any] | None:
+def next_probe(ctx: ServiceContext, run_id: str, after: int, upto_step: int | None = None) -> dict[str, Any] | None:
     """The oldest pending probe with an id above ``after`` (what the trainer has not taken yet)
     and, with ``upto_step``, a step the trainer has reached."""
     row = ctx.store.next_probe(run_id, after, INT64_MAX if upto_step is None else upto_step)
     return None if row is None else _row_to_probe(ctx, row)
 
 
-def report(ctx, run_id: str, probe_id: int, rank: int, grad_norm: float) -> dict[str, Any]:
+def report(ctx: ServiceContext, run_id: str, probe_id: int, rank: int, grad_norm: float) -> dict[str, Any]:
     """Store one rank's measurement; with both in, the verdict."""
 
     def decide(row: ProbeRow) -> tuple[dict[str, Any], str | None] | None:

@@ -9,25 +9,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
+
+
 if TYPE_CHECKING:  # the client-only install runs ``healthsvc rollback`` without FastAPI
     from fastapi import FastAPI
 
 
-def install(app: FastAPI, ctx) -> None:
+def install(app: FastAPI, ctx: ServiceContext) -> None:
     from healthsvc.rollback.api import router
 
     app.include_router(router)
     ctx.summaries.add_contributor(lambda run_id: {"rollback": rollback_target(ctx, run_id)})
 
 
-def rollback_target(ctx, run_id: str) -> dict | None:
+def rollback_target(ctx: ServiceContext, run_id: str) -> dict | None:
     """The checkpoint to resume from, as ``{"id", "step", "uri"}``, or None (no checkpoint)."""
     from healthsvc.rollback.service import decide
 
     return decide(ctx, run_id).to_dict(run_id)["checkpoint"]
 
 
-def incident_onset(ctx, run_id: str) -> int | None:
+def incident_onset(ctx: ServiceContext, run_id: str) -> int | None:
     """The earliest step the first corrupted update may be (``onset.low`` of the rollback answer),
     or None without an estimate: what a rollback resolves latched alerts by."""
     from healthsvc.rollback.service import decide

@@ -20,7 +20,7 @@ policy (what counts as evidence, the restart rule, the margin) is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +34,10 @@ from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.history import load_history
 from healthsvc.rollback.proof import proof_note, sent_fingerprints
 from healthsvc.store.bisections import CheckpointVerdict, NoBisection
+
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
+
 
 HISTORY_FIELDS = ("loss", "grad_norm", "local_grad_norm", "lr")
 MAX_CELLS = 50_000_000  # steps x ranks pivoted for the estimate (~1.2 GB of float64 + masks, worst)
@@ -71,7 +75,7 @@ class RollbackAnswer:
         }
 
 
-def incident_findings(ctx, run_id: str) -> tuple[list, int | None]:
+def incident_findings(ctx: ServiceContext, run_id: str) -> tuple[list, int | None]:
     """Corruption-kind findings (firing and resolved) of the newest attempt, and that attempt."""
     attempts = ctx.store.attempts(run_id)
     current = attempts[-1]["attempt"] if attempts else None
@@ -175,7 +179,7 @@ def load_bisection(store, run_id: str) -> Bisection | None:
     return None if state is None else Bisection.from_dict(state)
 
 
-def decide(ctx, run_id: str) -> RollbackAnswer:
+def decide(ctx: ServiceContext, run_id: str) -> RollbackAnswer:
     """The rollback answer for a run."""
     if not ctx.store.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
@@ -236,7 +240,7 @@ def bisection_status(b: Bisection, ids: dict[int, int], uris: dict[int, str]) ->
     }
 
 
-def start_bisection(ctx, run_id: str, steps: list[int] | None, known_good: int | None,
+def start_bisection(ctx: ServiceContext, run_id: str, steps: list[int] | None, known_good: int | None,
                     known_bad: int | None):
     """Start (or replace) the run's bisection; returns it, the checkpoint ids and uris by step."""
     answer = decide(ctx, run_id) if steps is None else None
@@ -260,7 +264,7 @@ def start_bisection(ctx, run_id: str, steps: list[int] | None, known_good: int |
     return b, ids, {c.step: c.uri for c in ckpts}
 
 
-def report_probe(ctx, run_id: str, step: int, good: bool, value: float | None, ids: dict[int, int]) -> Bisection:
+def report_probe(ctx: ServiceContext, run_id: str, step: int, good: bool, value: float | None, ids: dict[int, int]) -> Bisection:
     """Apply one probe report atomically and mark the checkpoint verified/bad."""
     def update(state: dict[str, Any]) -> tuple[dict[str, Any], CheckpointVerdict | None]:
         b = Bisection.from_dict(state)

@@ -26,13 +26,17 @@ A finished run, or one silent for longer than the window, drops out at the next 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from healthsvc.run_metrics.ranks import RankTimes, named_ranks
 from healthsvc.run_metrics.step_times import STEP_TIME_WINDOW, StepTimes
 from healthsvc.run_metrics.steps import StepsTrained
+
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
+
 
 __all__ = ["RankTimes", "RunSeriesCollector", "StepTimes", "StepsTrained", "install"]
 
@@ -42,7 +46,7 @@ HEALTH_VALUE = {"ok": 0, "warning": 1, "critical": 2}
 class RunSeriesCollector:
     """Prometheus collector: reads the store and the findings at scrape time."""
 
-    def __init__(self, ctx: Any, step_times: StepTimes, steps: StepsTrained, rank_times: RankTimes) -> None:
+    def __init__(self, ctx: ServiceContext, step_times: StepTimes, steps: StepsTrained, rank_times: RankTimes) -> None:
         self.ctx = ctx
         self.step_times = step_times
         self.steps = steps
@@ -58,7 +62,7 @@ class RunSeriesCollector:
                 continue
             if now - st.last_push <= s.metrics_run_window_s:
                 out.append((row["run_id"], st))
-        out.sort(key=lambda item: item[1].last_push, reverse=True)
+        out.sort(key=lambda item: item[1].last_push or 0.0, reverse=True)   # None filtered above
         return out[:s.metrics_max_runs]
 
     def collect(self):
@@ -119,7 +123,7 @@ class RunSeriesCollector:
         yield from (health, last_step, steps, last_push, step_time, findings, ratio, seconds, rank_findings, exported)
 
 
-def install(app: Any, ctx: Any) -> None:
+def install(app: Any, ctx: ServiceContext) -> None:
     """The feature hook (called by ``healthsvc.app.create_app``)."""
     parts = StepTimes(), StepsTrained(), RankTimes()
     for part in parts:

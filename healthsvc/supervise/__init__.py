@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
+
+
 if TYPE_CHECKING:  # the client-only install runs ``healthsvc supervise`` without FastAPI
     from fastapi import FastAPI
 
 
-def install(app: FastAPI, ctx) -> None:
+def install(app: FastAPI, ctx: ServiceContext) -> None:
     from healthsvc.supervise.api import router
 
     app.include_router(router)

@@ -11,7 +11,7 @@ knows, decided by :func:`healthsvc.supervise.policy.decide_action`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from detectors.kinds import corruption_kinds
 from healthsvc.errors import NotFound
@@ -26,6 +26,10 @@ from healthsvc.supervise.policy import (
     decide_action,
 )
 from healthsvc.supervise.schemas import SuperviseConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from healthsvc.context import ServiceContext
+
 
 DECIDED_BY = "healthsvc supervise"
 
@@ -57,7 +61,7 @@ def _world_size(store, run_id: str, config: dict, events: list[dict]) -> int | N
     return st.ranks_seen if st is not None and st.ranks_seen else None
 
 
-def situation(ctx, run_id: str, exited: int | None) -> tuple[Situation, SuperviseConfig]:
+def situation(ctx: ServiceContext, run_id: str, exited: int | None) -> tuple[Situation, SuperviseConfig]:
     """The inputs of the decision and the run's policy."""
     store = ctx.store
     row = store.get_run_row(run_id)
@@ -88,7 +92,7 @@ def situation(ctx, run_id: str, exited: int | None) -> tuple[Situation, Supervis
     return s, SuperviseConfig.model_validate(config.get("supervise") or {})
 
 
-def decide(ctx, run_id: str, exited: int | None = None) -> dict[str, Any]:
+def decide(ctx: ServiceContext, run_id: str, exited: int | None = None) -> dict[str, Any]:
     """The answer of ``GET /v1/runs/{run_id}/action`` (``ActionOut``)."""
     s, config = situation(ctx, run_id, exited)
     return to_dict(run_id, decide_action(s, config.policy()), config, s.attempt)
