@@ -300,9 +300,10 @@ class DeliveryWorker:
     def _record(self, d: Delivery, r: AttemptResult) -> None:
         now = self._clock()
         if r.delivered:
-            self.outbox.record_attempt(d.webhook_id, now, state="delivered", status=r.status, error=None)
-            # The receiver is back: what waits for it in backoff goes now, not minutes later.
-            if self.outbox.pull_forward(d.subscription_id, now):
+            # The receiver is back: what waits for it in backoff goes now, not minutes later
+            # (made due in the same writer job that records this delivery).
+            if self.outbox.record_attempt(d.webhook_id, now, state="delivered", status=r.status, error=None,
+                                          pull_forward=d.subscription_id):
                 self._wake.set()
             return
         if not r.retryable:

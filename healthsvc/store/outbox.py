@@ -286,15 +286,22 @@ class Outbox:
 
     def record_attempt(
         self, webhook_id: str, now: float, *, state: DeliveryState, status: int | None,
-        error: str | None, next_attempt_at: float | None = None,
-    ) -> None:
-        """Write the outcome of one attempt (``state="pending"`` with ``next_attempt_at`` = retry)."""
-        self._write(lambda conn: conn.execute(
+        error: str | None, next_attempt_at: float | None = None, pull_forward: str | None = None,
+    ) -> int:
+        """Write the outcome of one attempt (``state="pending"`` with ``next_attempt_at`` = retry).
+
+        ``pull_forward``: a subscription whose receiver just answered 2xx; its other pending
+        deliveries are made due now in the same job (one pass through the writer, not two).
+        Returns how many were pulled forward."""
+        def job(conn: Any) -> int:
+            conn.execute(
                 "UPDATE alert_outbox SET state = ?, attempts = attempts + 1, last_attempt_at = ?, claimed_until = NULL,"
                 " last_status = ?, last_error = ?, next_attempt_at = COALESCE(?, next_attempt_at),"
                 " delivered_at = CASE WHEN ? = 'delivered' THEN ? ELSE delivered_at END"
                 " WHERE webhook_id = ?",
-                (state, now, status, error, next_attempt_at, state, now, webhook_id)))
+                (state, now, status, error, next_attempt_at, state, now, webhook_id))
+            return 0 if pull_forward is None else self._pull_forward(conn, pull_forward, now)
+        return self._write(job)
 
     def get(self, webhook_id: str) -> Delivery | None:
         rows = self._read(f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox WHERE webhook_id = ?", (webhook_id,))
@@ -333,9 +340,13 @@ class Outbox:
 
     def pull_forward(self, subscription_id: str, now: float) -> int:
         """Make a subscription's pending deliveries due now (its receiver just answered 2xx)."""
-        return self._write(lambda conn: conn.execute(
+        return self._write(lambda conn: self._pull_forward(conn, subscription_id, now))
+
+    @staticmethod
+    def _pull_forward(conn: Any, subscription_id: str, now: float) -> int:
+        return conn.execute(
             "UPDATE alert_outbox SET next_attempt_at = ? WHERE subscription_id = ? AND state = 'pending'"
-            " AND next_attempt_at > ?", (now, subscription_id, now)).rowcount)
+            " AND next_attempt_at > ?", (now, subscription_id, now)).rowcount
 
     def cancel_pending(self, subscription_id: str, now: float) -> int:
         """Stop delivering to a deleted subscription; returns how many were cancelled."""
