@@ -6,20 +6,16 @@ epoch's data again instead of skipping the batches already trained on. Every ran
 ``clients.hf.attach``."""
 from __future__ import annotations
 
-import argparse
-
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from clients.hf import attach
+from tests.integrations.torchrun import job_parser
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--url", required=True)
-    p.add_argument("--run-id", required=True)
+    p = job_parser()
     p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=6)
     p.add_argument("--resume", default=None)
     p.add_argument("--ignore-data-skip", action="store_true")
     args = p.parse_args()

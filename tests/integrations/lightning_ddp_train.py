@@ -4,13 +4,12 @@ every 2 steps; ``--resume PATH`` resumes from that checkpoint (Lightning's ``ckp
 ``DataLoader``, so a resume mid-epoch starts the epoch's data again). Every rank reports through ``clients.lightning.HealthCallback``."""
 from __future__ import annotations
 
-import argparse
-
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from clients.lightning import HealthCallback
+from tests.integrations.torchrun import job_parser
 
 
 class Tiny(L.LightningModule):
@@ -31,11 +30,8 @@ class Tiny(L.LightningModule):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--url", required=True)
-    p.add_argument("--run-id", required=True)
+    p = job_parser()
     p.add_argument("--ckpt-dir", required=True)
-    p.add_argument("--steps", type=int, default=6)
     p.add_argument("--nan-step", type=int, default=3)
     p.add_argument("--nan-rank", type=int, default=1, help="-1: no NaN")
     p.add_argument("--resume", default=None, help="checkpoint to resume from")
