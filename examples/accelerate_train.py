@@ -1,7 +1,9 @@
 """healthsvc in a training loop written with Hugging Face ``accelerate``: no integration needed.
 
     torchrun --nproc_per_node 2 examples/accelerate_train.py --url http://127.0.0.1:8080 --run-id acc-1
-    # or: accelerate launch --num_processes 2 --cpu examples/accelerate_train.py --url ... --run-id ...
+    # or: accelerate launch --multi_gpu --num_processes 2 examples/accelerate_train.py --url ... --run-id ...
+    # (--multi_gpu is accelerate's torchrun launcher; this script asks for the CPU, so gloo. With
+    # --cpu, accelerate launch starts one process only.)
     # resume: ... --resume accelerate-ckpt/step3
 
 ``accelerate`` runs the same script on every process; each one reports its own values (not through

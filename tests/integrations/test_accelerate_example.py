@@ -1,4 +1,5 @@
-"""examples/accelerate_train.py, run as its docstring says (torchrun, 2 processes, gloo, CPU),
+"""examples/accelerate_train.py, run as its docstring says (torchrun or accelerate launch, 2
+processes, gloo, CPU),
 against a real server: every process reports every field (its own loss and pre-all-reduce gradient
 norm, the global norm, lr, the data position, step times, fingerprints), the main process registers
 the checkpoints with their durations, and a resume that starts the epoch's data again is caught."""
@@ -17,11 +18,16 @@ EXAMPLE = ROOT / "examples" / "accelerate_train.py"
 STEPS = 12   # 256 samples, 16 a batch, 2 processes: an epoch is 8 steps, so this resumes across one
 
 
-def test_the_accelerate_example_reports_every_field_from_every_process(shared_server, shared_http, tmp_path):
-    assert "torchrun --nproc_per_node 2 examples/accelerate_train.py --url" in EXAMPLE.read_text()
-    _train(shared_server.url, "acc-1", tmp_path)
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate launch"])
+def test_the_accelerate_example_reports_every_field_from_every_process(shared_server, shared_http, tmp_path,
+                                                                        launcher):
+    assert {"torchrun": "torchrun --nproc_per_node 2 examples/accelerate_train.py --url",
+            "accelerate launch": "accelerate launch --multi_gpu --num_processes 2 examples/accelerate_train.py --url",
+            }[launcher] in EXAMPLE.read_text()
+    run_id = "acc-" + launcher.replace(" ", "-")
+    _train(shared_server.url, run_id, tmp_path, launcher=launcher)
 
-    cols = shared_http.get("/v1/runs/acc-1/metrics").json()["columns"]
+    cols = shared_http.get(f"/v1/runs/{run_id}/metrics").json()["columns"]
     by = {(s, r): i for i, (s, r) in enumerate(zip(cols["step"], cols["rank"]))}
     assert sorted(by) == [(s, r) for s in range(STEPS) for r in (0, 1)]
 
@@ -40,7 +46,7 @@ def test_the_accelerate_example_reports_every_field_from_every_process(shared_se
             assert val("compute_time", s, r) > 0
     assert [s for s in range(STEPS) if val("param_digest", s, 0) is not None] == [3, 7, 11]
     assert all(val("param_digest", s, 0) == val("param_digest", s, 1) for s in (3, 7, 11))
-    ckpts = shared_http.get("/v1/runs/acc-1/checkpoints").json()
+    ckpts = shared_http.get(f"/v1/runs/{run_id}/checkpoints").json()
     assert [c["step"] for c in ckpts] == [3, 7, 11]
     assert all(c["duration_s"] > 0 and Path(c["uri"]).is_dir() for c in ckpts)
 
@@ -62,6 +68,6 @@ def test_a_resume_that_does_not_skip_the_trained_batches_raises_resume_mismatch(
         ("data_cursor", 4, 80, 16)]
 
 
-def _train(url, run_id, tmp_path, *extra):
+def _train(url, run_id, tmp_path, *extra, launcher="torchrun"):
     torchrun(EXAMPLE, "--url", url, "--run-id", run_id, "--steps", str(STEPS), "--ckpt-dir",
-             str(tmp_path / "ckpt"), *extra, cwd=tmp_path)
+             str(tmp_path / "ckpt"), *extra, cwd=tmp_path, launcher=launcher)
