@@ -3,7 +3,8 @@
 Lightning's loggers run on rank 0 and see ``self.log(..., sync_dist=True)`` averages; a NaN or a
 straggler on rank 5 is invisible there. This callback runs on every rank and pushes that rank's
 record (``loss`` of its own micro-batch, ``local_grad_norm`` of its own gradients before the
-all-reduce, the global ``grad_norm`` the optimizer sees before clipping, ``lr``, ``step_time``,
+all-reduce, the global ``grad_norm`` the optimizer sees before clipping, ``lr`` (the one the update used, read
+before the scheduler steps), ``step_time``,
 ``data_time``, ``compute_time``, and ``data_cursor``: the samples its loader has yielded since the
 run began) through ``clients.Run``, and registers every checkpoint
 ``ModelCheckpoint`` (or anything else) saves through ``trainer.save_checkpoint``.
@@ -152,6 +153,7 @@ def _build_callback_class() -> type:
             self._losses: list[Any] = []
             self._grad_norm: Any = None
             self._local_grad_norm: Any = None
+            self._lr: float | None = None
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             if self.run is None:
@@ -207,7 +209,9 @@ def _build_callback_class() -> type:
                 self.run.set_phase("compute", step=trainer.global_step)
 
         def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-            # Called after the gradients are accumulated (and all-reduced) and before clipping.
+            # Called after the gradients are accumulated (and all-reduced) and before clipping;
+            # also before the scheduler steps (before on_train_batch_end): the lr this update uses.
+            self._lr = optimizer.param_groups[0]["lr"]
             if self.log_grad_norm:
                 self._grad_norm = grad_total_norm(pl_module.parameters())
                 if self._local is not None:
@@ -236,8 +240,8 @@ def _build_callback_class() -> type:
                     record["grad_norm"] = self._grad_norm
                 if self._local_grad_norm is not None:
                     record["local_grad_norm"] = self._local_grad_norm
-                if trainer.optimizers:
-                    record["lr"] = trainer.optimizers[0].param_groups[0]["lr"]
+                if self._lr is not None:
+                    record["lr"] = self._lr
                 cursor = _data_cursor(trainer, self._epoch_batches, self._batch_size)
                 if cursor is not None:
                     record["data_cursor"] = cursor

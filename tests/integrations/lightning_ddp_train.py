@@ -26,7 +26,10 @@ class Tiny(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
+        # Stepped every step (before on_train_batch_end): the lr sent must be the one the update used.
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - 0.05 * s)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ def test_local_grad_norm_names_the_nan_rank_and_checkpoints_carry_durations(shar
     # rank's sampler has yielded (s + 1) * 4 samples.
     for (step, rank), i in by.items():
         assert cols["data_cursor"][i] == (step + 1) * 4
-        assert cols["lr"][i] == pytest.approx(0.05)
+        assert cols["lr"][i] == pytest.approx(0.05 * (1 - 0.05 * step))
         assert cols["step_time"][i] >= cols["compute_time"][i] > 0 and cols["data_time"][i] >= 0
 
     def val(field, step, rank):
