@@ -25,6 +25,9 @@ Example (a model, or any iterable of tensors, or a state dict)::
 
     digest = param_digest(model)                       # '3f9c0e12a4b7d655'
     digest = param_digest(model, optimizer=opt)        # parameters and optimizer state
+
+A model sharded with FSDP2 (``fully_shard``: ``DTensor`` parameters) is digested as this rank's
+shards; ranks that hold the same shard (``replica_group``) must agree.
 """
 from __future__ import annotations
 
@@ -62,9 +65,9 @@ def param_digest(model_or_params: Any, optimizer: Any = None) -> str:
     """
     import torch
 
-    tensors = [t.detach() for t in _tensors(model_or_params)]
+    tensors = [_local(t) for t in _tensors(model_or_params)]
     if optimizer is not None:
-        tensors += [t.detach() for t in _optimizer_tensors(optimizer)]
+        tensors += [_local(t) for t in _optimizer_tensors(optimizer)]
     h = hashlib.blake2b(digest_size=8)
     for t in tensors:   # the layout is part of the state: shapes and dtypes, on the host, free
         h.update(f"{t.dtype}{tuple(t.shape)};".encode())
@@ -104,6 +107,13 @@ def _tensors(obj: Any) -> Iterable[Any]:
     if isinstance(obj, dict):
         return (v for _, v in sorted(obj.items()) if hasattr(v, "dtype"))
     return (t for t in obj if hasattr(t, "dtype"))
+
+
+def _local(t: Any) -> Any:
+    """The part of ``t`` this rank holds: a sharded ``DTensor`` (FSDP2's parameters and their
+    optimizer state) is digested as its local shard, with no collective; others as they are."""
+    to_local = getattr(t, "to_local", None)
+    return (to_local() if callable(to_local) else t).detach()
 
 
 def _optimizer_tensors(optimizer: Any) -> Iterable[Any]:

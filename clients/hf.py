@@ -17,7 +17,14 @@ service looks for. So ``attach(trainer, ...)`` does two small things besides add
 
 The callback (``HealthCallback``) then logs, at ``on_step_end``, with ``step = state.global_step``
 (1 after the first update, the number in the Trainer's ``checkpoint-N`` directories, so a
-checkpoint at step N holds the state after the update of step N): ``loss``, ``grad_norm``, ``lr``,
+checkpoint at step N holds the state after the update of step N): ``loss``, ``grad_norm``,
+``local_grad_norm`` (this rank's norm before the all-reduce, from a DDP communication hook,
+``clients.grad_hooks.LocalGradNorm``, registered on ``trainer.model_wrapped`` at train begin; in a
+one-process run it equals ``grad_norm``), ``lr`` (the one the update used, read at
+``on_optimizer_step``, before the scheduler steps), ``data_cursor`` (the samples this rank has
+drawn: ``state.epoch`` times the loader's batches per epoch times ``per_device_train_batch_size``;
+``state.epoch`` follows the epoch's data, the batches skipped on a resume included, so a resume
+with ``ignore_data_skip`` makes it go back and the service raises ``resume_mismatch``),
 ``step_time``, ``data_time`` (previous step end to this step's begin) and ``compute_time`` (time in
 ``training_step``: forward and backward, including the all-reduce DDP overlaps with backward). On
 rank 0, ``on_save`` registers ``{output_dir}/checkpoint-{N}`` with ``duration_s`` (the wall time
@@ -32,9 +39,7 @@ sends the digest of this rank's parameters after the update (``param_digest``; w
 ``fingerprint_optimizer=True`` the optimizer's state too).
 
 ``accelerate``: a loop written with ``accelerate.Accelerator`` needs no integration; see
-``examples/accelerate_train.py`` (``clients.init`` with the accelerator's process index and count,
-``accelerator.clip_grad_norm_`` for ``grad_norm``, ``clients.grad_hooks.LocalGradNorm`` for
-``local_grad_norm``).
+``examples/accelerate_train.py`` and docs/client.md.
 
 Usage::
 
@@ -71,6 +76,7 @@ def attach(trainer: Any, url: str | None = None, run_id: str | None = None, *, r
     one per rank with ``rank=args.process_index`` and ``world_size=args.world_size``.
     """
     callback = __getattr__("HealthCallback")(url, run_id, run=run, **run_options)
+    callback._trainer = trainer  # for the DDP-wrapped model (``model_wrapped``) at train begin
     original_step = trainer.training_step
 
     def training_step(*args: Any, **kwargs: Any) -> Any:
@@ -112,11 +118,30 @@ def _dir_bytes(path: str) -> int | None:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
+def _data_cursor(args: Any, state: Any, train_dataloader: Any) -> int | None:
+    """Samples this rank has drawn from its data loader, from the Trainer's own data position.
+
+    ``state.epoch`` is ``epoch + (b + 1) / steps_in_epoch`` where ``b`` is the index of the
+    micro-batch in the epoch's data (the batches the Trainer skipped to resume mid-epoch included;
+    with ``ignore_data_skip`` the epoch's data starts again at 0, and so does ``b``), so
+    ``state.epoch * len(train_dataloader)`` is the micro-batches drawn, times the per-device batch
+    size. None when the loader has no length (an iterable dataset: the Trainer cannot tell).
+    """
+    try:
+        batches_per_epoch = len(train_dataloader)
+    except TypeError:
+        return None
+    if state.epoch is None or not batches_per_epoch:
+        return None
+    return round(state.epoch * batches_per_epoch) * args.per_device_train_batch_size
+
+
 def _build_callback_class() -> type:
     from transformers import TrainerCallback
 
     from clients.client import Run
     from clients.digest import FINGERPRINT_EVERY
+    from clients.grad_hooks import LocalGradNorm
 
     class HealthCallback(TrainerCallback):
         """Per-rank step records for a ``Trainer`` instrumented by ``attach`` (which feeds it the
@@ -134,11 +159,15 @@ def _build_callback_class() -> type:
             self._owns_run = run is None
             self._micro_losses: list[Any] = []
             self._grad_norm: Any = None
+            self._lr: float | None = None
             self._compute_s = 0.0
             self._step_begin_s: float | None = None
             self._last_end_s: float | None = None
             self._data_s = 0.0
             self._save_s: float | None = None  # set by attach's _save_checkpoint wrapper
+            self._trainer: Any = None           # set by attach
+            self._local: LocalGradNorm | None = None
+            self._single_process = False
 
         def __repr__(self) -> str:
             return f"HealthCallback(run={self.run!r})"
@@ -147,6 +176,10 @@ def _build_callback_class() -> type:
             if self.run is None:
                 self.run = Run(self.url, self.run_id or "", args.process_index,
                                world_size=args.world_size, **self._run_options)
+            # The Trainer has prepared (DDP-wrapped) the model by now.
+            self._single_process = args.world_size == 1
+            if self._trainer is not None and not self._single_process and self._local is None:
+                self._local = LocalGradNorm.attach(self._trainer.model_wrapped)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             now = time.perf_counter()
@@ -154,6 +187,12 @@ def _build_callback_class() -> type:
             self._step_begin_s = now
             if self.run is not None:
                 self.run.set_phase("compute", step=state.global_step + 1)
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            # The lr this update used: by on_step_end the scheduler has already moved to the next.
+            optimizer = kwargs.get("optimizer")
+            if optimizer is not None:
+                self._lr = optimizer.param_groups[0]["lr"]
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             now = time.perf_counter()
@@ -165,9 +204,16 @@ def _build_callback_class() -> type:
                 record["loss"] = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
             if self._grad_norm is not None:
                 record["grad_norm"] = self._grad_norm
+            local = self._local.take() if self._local is not None else (
+                self._grad_norm if self._single_process else None)
+            if local is not None:
+                record["local_grad_norm"] = local
+            cursor = _data_cursor(args, state, kwargs.get("train_dataloader"))
+            if cursor is not None:
+                record["data_cursor"] = cursor
             optimizer = kwargs.get("optimizer")
-            if optimizer is not None:
-                record["lr"] = optimizer.param_groups[0]["lr"]
+            if self._lr is not None:
+                record["lr"] = self._lr
             begin = self._step_begin_s if self._step_begin_s is not None else now
             record.update(step_time=(now - begin) + self._data_s, data_time=self._data_s,
                           compute_time=self._compute_s)
@@ -183,6 +229,7 @@ def _build_callback_class() -> type:
                 self.run.set_phase("data")
             self._micro_losses = []
             self._grad_norm = None
+            self._lr = None
             self._compute_s = 0.0
             self._last_end_s = now
 

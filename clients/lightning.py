@@ -3,8 +3,10 @@
 Lightning's loggers run on rank 0 and see ``self.log(..., sync_dist=True)`` averages; a NaN or a
 straggler on rank 5 is invisible there. This callback runs on every rank and pushes that rank's
 record (``loss`` of its own micro-batch, ``local_grad_norm`` of its own gradients before the
-all-reduce, the global ``grad_norm`` the optimizer sees before clipping, ``lr``, ``step_time``,
-``data_time``, ``compute_time``) through ``clients.Run``, and registers every checkpoint
+all-reduce, the global ``grad_norm`` the optimizer sees before clipping, ``lr`` (the one the update used, read
+before the scheduler steps), ``step_time``,
+``data_time``, ``compute_time``, and ``data_cursor``: the samples its loader has yielded since the
+run began) through ``clients.Run``, and registers every checkpoint
 ``ModelCheckpoint`` (or anything else) saves through ``trainer.save_checkpoint``.
 
 Usage::
@@ -22,6 +24,12 @@ loop when you need ``comm_time``.
 each gradient bucket's norm before DDP all-reduces it, so the rank a NaN came from is named. It is
 left out when the strategy already registered a hook of its own (DDP allows one). In a
 one-process run it equals ``grad_norm`` (there is no all-reduce).
+
+``data_cursor``: counted from the batches the loader yields (epochs before this one times the
+batches of an epoch, plus this epoch's batches, times the first batch's size), not from Lightning's
+counters, which a resume restores whatever the loader does: a plain ``DataLoader`` resumed mid-epoch
+starts the epoch's samples again, the cursor goes back and the service raises ``resume_mismatch``.
+A stateful loader (``state_dict``/``load_state_dict``, restored by Lightning) continues.
 
 Checkpoints: the callback wraps ``trainer.save_checkpoint``, which ``ModelCheckpoint`` calls, and
 rank 0 registers each file with ``step = trainer.global_step - 1`` (the state after that step's
@@ -71,6 +79,40 @@ def grad_total_norm(parameters: Any) -> Any:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
+def _batch_size(batch: Any) -> int | None:
+    """Samples in a batch, found as ``self.log`` finds them (the first tensor's first dimension)."""
+    try:
+        from lightning.pytorch.utilities.data import extract_batch_size
+    except ImportError:
+        from pytorch_lightning.utilities.data import extract_batch_size
+    try:
+        return extract_batch_size(batch)
+    except Exception:  # noqa: BLE001 - a batch of no tensor: no data_cursor, training goes on
+        return None
+
+
+def _data_cursor(trainer: Any, epoch_batches: int, batch_size: int | None) -> int | None:
+    """Samples this rank's loader has yielded since the start of the run (after this step).
+
+    Counted from the data, not from the loop's counters: after a resume mid-epoch, Lightning
+    restores its own batch counters, but a plain ``DataLoader`` starts its epoch again from the
+    first sample (Lightning warns "your dataloader is not resumable") and so does this count,
+    which is what lets the service raise ``resume_mismatch``. A loader with ``state_dict`` /
+    ``load_state_dict`` (a stateful loader Lightning restores) continues where it was; then the
+    loop's count of this epoch's batches is the loader's position. None with no length per epoch
+    (an iterable dataset) or no tensor in the batch.
+    """
+    batches_per_epoch = trainer.num_training_batches
+    if batch_size is None or not isinstance(batches_per_epoch, int):
+        return None
+    loaders = trainer.train_dataloader
+    loaders = list(loaders.values()) if isinstance(loaders, dict) else (
+        list(loaders) if isinstance(loaders, (list, tuple)) else [loaders])
+    if all(hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict") for loader in loaders):
+        epoch_batches = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+    return (trainer.current_epoch * batches_per_epoch + epoch_batches) * batch_size
+
+
 def _build_callback_class() -> type:
     Callback = _lightning_callback_base()
     from clients.client import Run
@@ -98,6 +140,8 @@ def _build_callback_class() -> type:
             self._last_end_s: float | None = None
             self._local: LocalGradNorm | None = None
             self._single_process = False
+            self._epoch_batches = 0   # batches the loader yielded this epoch, in this process
+            self._batch_size: int | None = None
             self._reset_step()
 
         def __repr__(self) -> str:
@@ -109,6 +153,7 @@ def _build_callback_class() -> type:
             self._losses: list[Any] = []
             self._grad_norm: Any = None
             self._local_grad_norm: Any = None
+            self._lr: float | None = None
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             if self.run is None:
@@ -147,8 +192,14 @@ def _build_callback_class() -> type:
             self.run.checkpoint(trainer.global_step - 1, os.path.abspath(path) if "://" not in path else path,
                                 duration_s=duration_s, bytes=size)
 
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            self._epoch_batches = 0  # a new iterator over the loader: its sampler starts again
+
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             now = time.perf_counter()
+            self._epoch_batches += 1
+            if self._batch_size is None:
+                self._batch_size = _batch_size(batch)
             if self._step_start_s is None:
                 self._step_start_s = now if self._last_end_s is None else self._last_end_s
                 self._global_step_at_start = trainer.global_step
@@ -158,7 +209,9 @@ def _build_callback_class() -> type:
                 self.run.set_phase("compute", step=trainer.global_step)
 
         def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-            # Called after the gradients are accumulated (and all-reduced) and before clipping.
+            # Called after the gradients are accumulated (and all-reduced) and before clipping;
+            # also before the scheduler steps (before on_train_batch_end): the lr this update uses.
+            self._lr = optimizer.param_groups[0]["lr"]
             if self.log_grad_norm:
                 self._grad_norm = grad_total_norm(pl_module.parameters())
                 if self._local is not None:
@@ -187,8 +240,11 @@ def _build_callback_class() -> type:
                     record["grad_norm"] = self._grad_norm
                 if self._local_grad_norm is not None:
                     record["local_grad_norm"] = self._local_grad_norm
-                if trainer.optimizers:
-                    record["lr"] = trainer.optimizers[0].param_groups[0]["lr"]
+                if self._lr is not None:
+                    record["lr"] = self._lr
+                cursor = _data_cursor(trainer, self._epoch_batches, self._batch_size)
+                if cursor is not None:
+                    record["data_cursor"] = cursor
                 step_time = now - (self._step_start_s or now)
                 record.update(step_time=step_time, data_time=self._data_s,
                               compute_time=max(0.0, step_time - self._data_s))
