@@ -102,3 +102,16 @@ def test_a_replica_bit_flip_restarts_from_the_proven_checkpoint_without_the_blam
     assert (started["world_size"], started["resumed_from_step"]) == (3, 19)
     [change] = [e for e in entries if e["kind"] == "world_size_change"]
     assert (change["old_world_size"], change["new_world_size"], change["step"]) == (4, 3, 19)
+    # The restart on the timeline: who decided, from which checkpoint, without which host, the
+    # sizes, and the finding that caused it.
+    [restarted] = [e for e in entries if e["kind"] == "event" and e["event_kind"] == "rollback"]
+    assert restarted["decision"] == {
+        "decided_by": "healthsvc supervise", "reason_code": "finding", "from_attempt": 1,
+        "checkpoint_step": 19, "checkpoint_uri": data["uri"], "exclude_hosts": ["node2"],
+        "old_world_size": 4, "new_world_size": 3, "causes": [{"kind": "replica_mismatch", "step": 24}]}
+    # The goodput counts the work the rollback threw away: every step of attempt 1 after the
+    # checkpoint, all of them from the onset the proof gives (20) on, so lost to corruption
+    # (not counted again as recomputed).
+    [ended] = [e for e in entries if e["kind"] == "attempt_ended" and e["attempt"] == 1]
+    goodput = shared_http.get(f"/v1/runs/{run_id}/goodput").json()
+    assert (goodput["recomputed_steps"], goodput["corrupted_steps"]) == (0, ended["step"] - 19), goodput
