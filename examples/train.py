@@ -29,6 +29,9 @@ It reads top to bottom like nanoGPT's train.py: config, model, data, the loop, c
     # resume from a checkpoint with the data sampler restarted from the beginning of the stream,
     # and/or the learning-rate schedule restarted (faults can be combined with commas)
     python examples/train.py ... --resume ckpt.pt --lr-schedule cosine --fault resume_sampler_reset,resume_scheduler_reset
+    # four "hosts" on one machine; --exclude leaves node2 out (3 ranks): what healthsvc supervise
+    # passes after the fingerprints blame node2 (docs/supervise.md)
+    python examples/train.py ... --hosts node0,node1,node2,node3 --exclude node2 --resume ckpt.pt
     # answer the service's replay probes (POST /v1/runs/{run}/probes), polled every 10 steps
     python examples/train.py ... --probe-every 10
 
@@ -95,6 +98,11 @@ class Config:
     block_size: int = 32
     # training
     world_size: int = 4
+    # hosts, one per rank (comma-separated; empty: this machine's name), so one machine can play a
+    # cluster; --exclude leaves some out: their ranks are not started and the world size shrinks.
+    # A fault's --fault-rank then names a host (its place in --hosts): the fault follows the machine.
+    hosts: str = ""
+    exclude: str = ""
     steps: int = 300
     batch_size: int = 8
     lr: float = 3e-3
@@ -127,6 +135,15 @@ class Config:
     # internal: set by the launcher on an elastic restart
     restart_reason: str | None = None
     port: int = 0
+
+
+def placement(cfg: Config) -> list[tuple[int, str | None]]:
+    """(slot, host) of each rank: rank r runs on the r-th host --exclude left in. The slot (the
+    host's place in --hosts) is what a fault's --fault-rank names."""
+    if not cfg.hosts:
+        return [(r, None) for r in range(cfg.world_size)]
+    out = set(filter(None, cfg.exclude.split(",")))
+    return [(i, h) for i, h in enumerate(cfg.hosts.split(",")) if h not in out]
 
 
 # ---- model: GPT in miniature -------------------------------------------------------------------
@@ -307,8 +324,9 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size,
                             init_method=f"tcp://127.0.0.1:{cfg.port}",
                             timeout=datetime.timedelta(seconds=max(120.0, 3 * cfg.hang_s)))
+    slot, host = placement(cfg)[rank] if cfg.hosts else (rank, None)
     if cfg.url:
-        run = clients.init(cfg.url, cfg.run_id, rank, world_size=world_size,
+        run = clients.init(cfg.url, cfg.run_id, rank, world_size=world_size, host=host,
                            heartbeat_interval_s=cfg.heartbeat_s)
     elif cfg.spool:
         run = clients.init(run_id=cfg.run_id, rank=rank, world_size=world_size, mode="offline",
@@ -321,7 +339,7 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
     model = CharGPT(cfg, vocab_size)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     sched = lr_schedule(cfg, opt)
-    faults = Faults(cfg, rank)
+    faults = Faults(cfg, slot)
 
     # Where to start: a given checkpoint, the service's rollback target, or the newest local one
     # after an elastic restart. Rank 0 decides and tells the others.
@@ -356,7 +374,8 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
                 run.event("rollback", step=state["step"], uri=resume[0])
             if cfg.restart_reason is not None:
                 run.event("restart", step=state["step"], reason=cfg.restart_reason)
-            if state["world_size"] != world_size:
+            # A launcher that left hosts out (--exclude: healthsvc supervise) records the change.
+            if state["world_size"] != world_size and not cfg.exclude:
                 run.event("world_size_change", step=start_step, old=state["world_size"], new=world_size)
 
     try:
@@ -530,16 +549,22 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.hang_where not in ("inside", "outside"):
         parser.error("--hang-where must be inside or outside")
 
+    if cfg.exclude and not cfg.hosts:
+        parser.error("--exclude needs --hosts (the hosts it leaves out are named there)")
+    world_size = len(placement(cfg))
+    if world_size == 0:
+        parser.error("--exclude leaves no host of --hosts")
+
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         cfg.port = int(os.environ.get("MASTER_PORT", "29500"))
         train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), cfg)
         return 0
 
-    codes = launch(cfg, cfg.world_size)
+    codes = launch(cfg, world_size)
     if "leave" in cfg.fault.split(",") and any(codes):
         # Elastic restart: the survivors start again without the rank that left, from the newest
         # checkpoint, and the fault does not recur.
-        survivors = cfg.world_size - 1
+        survivors = world_size - 1
         print(f"exit codes {codes}: restarting with {survivors} ranks", flush=True)
         # Not from the rollback target again: that was this launch's starting point, not a new
         # rollback (asking again would post a second, spurious rollback event).

@@ -117,6 +117,25 @@ class IncidentTimelineEntry(BaseModel):
     summary: str = Field(..., description="One line for people.")
 
 
+class CauseOut(BaseModel):
+    kind: str = Field(..., description="The finding's kind.")
+    step: int = Field(..., description="The finding's step, steps.")
+
+
+class DecisionOut(BaseModel):
+    """A supervised restart: who decided it, from which checkpoint, and what it changed."""
+    decided_by: str = Field(..., description="Who decided: \"healthsvc supervise\" for the supervisor.")
+    reason_code: str | None = Field(..., description="The action answer's reason: finding, crash, ...")
+    from_attempt: int | None = Field(..., description="The attempt that was stopped; the restart "
+                                                      "opens the next one.")
+    checkpoint_step: int | None = Field(..., description="The checkpoint resumed from, steps.")
+    checkpoint_uri: str | None = Field(..., description="The checkpoint's URI, as the trainer reported it.")
+    exclude_hosts: list[str] = Field(..., description="The hosts left out (after their health checks).")
+    old_world_size: int | None = Field(..., description="Ranks before the restart.")
+    new_world_size: int | None = Field(..., description="Ranks after it (fewer when hosts are left out).")
+    causes: list[CauseOut] = Field(..., description="The findings that caused it.")
+
+
 class EventTimelineEntry(BaseModel):
     """Another event the trainer sent (restart, rollback, config_change, note)."""
     kind: Literal["event"] = Field(..., description="Entry kind.")
@@ -127,6 +146,8 @@ class EventTimelineEntry(BaseModel):
     event_kind: str = Field(..., description="The trainer's event kind: restart, rollback, "
                                              "config_change or note.")
     reason: str | None = Field(..., description="The event's `data.reason`, when it sent one.")
+    decision: DecisionOut | None = Field(None, description="A supervised restart's record "
+                                                          "(docs/supervise.md), else null.")
 
 
 TimelineEntry = Annotated[

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from detectors import kinds as kind_table
 from detectors.finding import Finding
-from detectors.offline.economics.records import Attempt, CheckpointWrite, Corruption, Incident, RunEvent
+from detectors.offline.economics.records import (Attempt, CheckpointWrite, Corruption, Decision, Incident,
+                                                  RunEvent)
 
 _DECODE_FIELDS = {"step_time", "world_size"}
 
@@ -135,9 +137,33 @@ def _events(store, run_id: str) -> list[tuple[RunEvent, dict]]:
         event = RunEvent(kind=e["kind"], at_s=e["ts"], step=e["step"],
                          reason=d.get("reason") if isinstance(d.get("reason"), str) else None,
                          old_world_size=int(old) if isinstance(old, (int, float)) else None,
-                         new_world_size=int(new) if isinstance(new, (int, float)) else None)
+                         new_world_size=int(new) if isinstance(new, (int, float)) else None,
+                         decision=_decision(d))
         out.append((event, d))
     return out
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _decision(d: dict) -> Decision | None:
+    """The record a supervisor sent with its restart (``data.decided_by``); the event's data is
+    the sender's, so each field is taken only when it has the type the supervisor writes."""
+    if not isinstance(d.get("decided_by"), str):
+        return None
+    sizes = d.get("world_size") if isinstance(d.get("world_size"), dict) else {}
+    hosts = d.get("exclude_hosts") if isinstance(d.get("exclude_hosts"), list) else []
+    causes = [c for c in d.get("causes") or () if isinstance(c, list) and len(c) == 2
+              and isinstance(c[0], str) and _int(c[1]) is not None] if isinstance(d.get("causes"), list) else []
+    return Decision(decided_by=d["decided_by"],
+                    reason_code=d["reason_code"] if isinstance(d.get("reason_code"), str) else None,
+                    from_attempt=_int(d.get("from_attempt")),
+                    checkpoint_step=_int(d.get("resume_from_checkpoint_step")),
+                    checkpoint_uri=d["uri"] if isinstance(d.get("uri"), str) else None,
+                    exclude_hosts=tuple(h for h in hosts if isinstance(h, str)),
+                    old_world_size=_int(sizes.get("old")), new_world_size=_int(sizes.get("new")),
+                    causes=tuple((c[0], c[1]) for c in causes))
 
 
 def _step_reached(attempts: list[Attempt], at_s: float) -> int | None:

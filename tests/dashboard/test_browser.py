@@ -153,6 +153,34 @@ def test_restart_and_world_size_change_are_marked(driver, dash_server, http):
     assert browser.console_errors(driver) == []
 
 
+def test_a_supervised_restart_says_who_decided_why_and_which_hosts_are_out(driver, dash_server, http):
+    # Attempt 1 on 8 ranks to step 199; healthsvc supervise restarts it from the checkpoint at 150
+    # without node-5 (the event it posts, docs/supervise.md); attempt 2 runs on 7 ranks.
+    run_id = "supervised-run"
+    trace = replay.make_trace(250)
+    replay.push_steps(http, run_id, trace, 0, 200)
+    reason = "Restart from step 150 (clean by proof) without node-5 because replica_mismatch (critical) at step 180."
+    http.post(f"/v1/runs/{run_id}/events", json={"kind": "rollback", "step": 150, "data": {
+        "decided_by": "healthsvc supervise", "reason": reason, "reason_code": "finding",
+        "resume_from_checkpoint_step": 150, "uri": "file:///ckpt/150.pt", "causes": [["replica_mismatch", 180]],
+        "finding_ids": [], "exclude_hosts": ["node-5"], "world_size": {"old": 8, "new": 7},
+        "from_attempt": 1}}).raise_for_status()
+    cols = {"step": [s for s in range(150, 250) for _ in range(7)], "rank": list(range(7)) * 100,
+            "loss": trace.values["loss"][150:250, :7].reshape(-1).tolist(),
+            "compute_time": trace.values["compute_time"][150:250, :7].reshape(-1).tolist()}
+    http.post(f"/v1/runs/{run_id}/metrics", json={"columns": cols}).raise_for_status()
+    browser.poll(lambda: http.get(f"/v1/runs/{run_id}").json()["attempt"] == 2, what="attempt 2")
+    open_page(driver, dash_server, f"/runs/{run_id}")
+    browser.wait_for(driver, "window.dashboard.slowLoaded && window.dashboard.charts.loss.last === 249", what="attempt 2 drawn")
+    said = f" — healthsvc supervise: {reason} Hosts left out: node-5. World size 8 → 7."
+    title = browser.wait_for(driver, "(document.querySelector('.marker[data-kind=restart]') || {}).title",
+                             what="the restart marker")
+    assert title == f"attempt 2 resumed at step 150{said}"
+    item = driver.execute_script("return document.querySelector('#attempts li[data-attempt=\"2\"]').textContent")
+    assert item == f"#2 from step 150{said}"
+    assert browser.console_errors(driver) == []
+
+
 def test_alert_link_opens_the_run_at_the_finding(driver, dash_server, http, artifacts):
     # The link an alert body carries (Alertmanager's generatorURL; Slack's "open"), opened.
     alert = next(a for a in http.get("/v1/alerts", params={"run": RUN}).json()["alerts"]

@@ -103,6 +103,11 @@ def test_a_hung_rank_restarts_without_its_host_unless_it_passes_the_health_check
     events = supervised_events(shared_http, run_id)
     assert [e["data"]["exclude_hosts"] for e in events] == [["node-b"] if left_out else []]
     assert events[0]["data"]["causes"][0][0] == "hang"
+    # The restarted job started within 10 s of the hang's detection: the hang's detection time
+    # plus 10 s after it began (both clocks are this machine's: the server runs in real time).
+    hangs = [f for f in shared_http.get(f"/v1/runs/{run_id}/findings", params={"kind": "hang"}).json()
+             if f["id"] in events[0]["data"]["finding_ids"]]
+    assert hangs and starts[1]["at"] - min(f["created_at"] for f in hangs) < 10.0
     changes = [e["data"] for e in shared_http.get(f"/v1/runs/{run_id}/events").json()
                if e["kind"] == "world_size_change"]
     assert [(c["old"], c["new"]) for c in changes] == ([(2, 1)] if left_out else [])

@@ -1,8 +1,14 @@
 """``healthsvc supervise`` over the real example trainer (examples/train.py: 4 gloo ranks on the
-CPU) against a real server: a NaN restarts it from the rollback answer's checkpoint; the trainer's
-fault is in its data (``--fault nan --fault-step 30`` fires again in the resumed run), so the same
-NaN comes back at the same step after the resume from the same checkpoint, and the supervisor
-stops rather than loop."""
+CPU) against a real server.
+
+- A NaN restarts it from the rollback answer's checkpoint; the trainer's fault is in its data
+  (``--fault nan --fault-step 30`` fires again in the resumed run), so the same NaN comes back at
+  the same step after the resume from the same checkpoint, and the supervisor stops rather than
+  loop.
+- A bit flipped in one replica's weights, fingerprints on: the four ranks play four hosts
+  (``--hosts``); the restart is from the checkpoint the fingerprints prove clean, without the
+  blamed host (``--exclude {exclude_hosts}``: the trainer starts 3 ranks, and the fault, which
+  follows its host, is gone), recorded as one elastic change 4 -> 3, and the run finishes."""
 from __future__ import annotations
 
 import os
@@ -21,20 +27,29 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train.py"
 
 
+HOSTS = "node0,node1,node2,node3"
+
+
+def supervise_trainer(url: str, run_id: str, tmp_path: Path, *train_args: str,
+                      timeout_s: float = 180.0) -> subprocess.CompletedProcess:
+    """``healthsvc supervise`` over the example trainer, resuming from ``{checkpoint}``."""
+    train = [sys.executable, str(TRAIN), "--url", url, "--run-id", run_id, "--log-every", "0",
+             "--heartbeat-s", "0.5", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "10",
+             "--resume", "{checkpoint}", *train_args]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("HEALTHSVC_URL", None)
+    return subprocess.run([sys.executable, "-m", "healthsvc", "supervise", "--run-id", run_id, "--url",
+                           url, "--poll-s", "0.3", "--grace-s", "10", "--", *train],
+                          capture_output=True, text=True, timeout=timeout_s, env=env, cwd=tmp_path,
+                          check=False)
+
+
 def test_the_example_trainer_is_restarted_after_a_nan_and_stopped_when_it_comes_back(
         shared_server, shared_http, tmp_path):
     run_id = "sup-trainer"
-    url = shared_server.url
     assert shared_http.put(f"/v1/runs/{run_id}", json={"world_size": 4}).status_code == 200
-    train = [sys.executable, str(TRAIN), "--url", url, "--run-id", run_id, "--log-every", "0",
-             "--heartbeat-s", "0.5", "--ckpt-dir", str(tmp_path / "ckpt"), "--steps", "300",
-             "--ckpt-every", "10", "--fault", "nan", "--fault-rank", "2",
-             "--fault-step", "30", "--resume", "{checkpoint}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "healthsvc", "supervise", "--run-id", run_id, "--url",
-                          url, "--poll-s", "0.3", "--grace-s", "10", "--", *train],
-                         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path,
-                         check=False)
+    out = supervise_trainer(shared_server.url, run_id, tmp_path, "--steps", "300", "--fault", "nan",
+                            "--fault-rank", "2", "--fault-step", "30")
     assert out.returncode == 3, out.stderr[-4000:]
     [event] = supervised_events(shared_http, run_id)
     assert event["kind"] == "rollback" and event["step"] < 30
@@ -50,3 +65,53 @@ def test_the_example_trainer_is_restarted_after_a_nan_and_stopped_when_it_comes_
     assert {(f["attempt"], f["step"]) for f in again if f["ranks"] == [2]} == {(1, 30), (2, 30)}
     run = shared_http.get(f"/v1/runs/{run_id}").json()
     assert run["attempt"] == 2 and run["status"] == "running"     # stopped, not finished
+
+
+def test_a_replica_bit_flip_restarts_from_the_proven_checkpoint_without_the_blamed_host(
+        shared_server, shared_http, tmp_path):
+    run_id = "sup-bitflip"
+    assert shared_http.put(f"/v1/runs/{run_id}", json={"world_size": 4}).status_code == 200
+    # The flip lands after the update of step 23; the fingerprint of step 24 sees it, the one of
+    # step 19 (a checkpoint step) is the last where the replicas agree.
+    out = supervise_trainer(shared_server.url, run_id, tmp_path, "--steps", "200",
+                            "--fingerprint-every", "5", "--fault", "weight_bitflip",
+                            "--fault-rank", "2", "--fault-step", "23", "--hosts", HOSTS,
+                            "--exclude", "{exclude_hosts}")
+    assert out.returncode == 0, out.stderr[-4000:]
+    [event] = supervised_events(shared_http, run_id)
+    data = event["data"]
+    assert (event["kind"], event["step"], event["attempt"]) == ("rollback", 19, 1)
+    assert data["causes"][0] == ["replica_mismatch", 24]
+    assert data["exclude_hosts"] == ["node2"] and data["world_size"] == {"old": 4, "new": 3}
+    assert data["uri"].endswith("ckpt_000019.pt")
+    # One elastic change, 4 -> 3, at the checkpoint: the supervisor's (the trainer, told which
+    # hosts are out, does not record it a second time).
+    changes = [e for e in shared_http.get(f"/v1/runs/{run_id}/events").json()
+               if e["kind"] == "world_size_change"]
+    assert [(c["step"], c["data"]["old"], c["data"]["new"]) for c in changes] == [(19, 4, 3)]
+    [restart] = [line for line in progress(out) if "restart 1/3" in line]
+    assert "(finding): Restart from step 19" in restart and "World size 4 -> 3." in restart
+    shared_http.drain()
+    run = shared_http.get(f"/v1/runs/{run_id}").json()
+    assert (run["status"], run["attempt"], run["last_step"]) == ("finished", 2, 199), run
+    # Attempt 2 ran on three hosts, node2 not among them, and its replicas agreed throughout.
+    second = [f for f in shared_http.get(f"/v1/runs/{run_id}/findings").json() if f["attempt"] == 2]
+    assert [f for f in second if f["kind"] == "replica_mismatch"] == [], second
+    entries = shared_http.get(f"/v1/runs/{run_id}/timeline").json()["entries"]
+    [started] = [e for e in entries if e["kind"] == "attempt_started" and e["attempt"] == 2]
+    assert (started["world_size"], started["resumed_from_step"]) == (3, 19)
+    [change] = [e for e in entries if e["kind"] == "world_size_change"]
+    assert (change["old_world_size"], change["new_world_size"], change["step"]) == (4, 3, 19)
+    # The restart on the timeline: who decided, from which checkpoint, without which host, the
+    # sizes, and the finding that caused it.
+    [restarted] = [e for e in entries if e["kind"] == "event" and e["event_kind"] == "rollback"]
+    assert restarted["decision"] == {
+        "decided_by": "healthsvc supervise", "reason_code": "finding", "from_attempt": 1,
+        "checkpoint_step": 19, "checkpoint_uri": data["uri"], "exclude_hosts": ["node2"],
+        "old_world_size": 4, "new_world_size": 3, "causes": [{"kind": "replica_mismatch", "step": 24}]}
+    # The goodput counts the work the rollback threw away: every step of attempt 1 after the
+    # checkpoint, all of them from the onset the proof gives (20) on, so lost to corruption
+    # (not counted again as recomputed).
+    [ended] = [e for e in entries if e["kind"] == "attempt_ended" and e["attempt"] == 1]
+    goodput = shared_http.get(f"/v1/runs/{run_id}/goodput").json()
+    assert (goodput["recomputed_steps"], goodput["corrupted_steps"]) == (0, ended["step"] - 19), goodput

@@ -130,6 +130,29 @@ class Corruption:
 
 
 @dataclass(frozen=True)
+class Decision:
+    """Who decided a restart and what it changed: the record ``healthsvc supervise`` posts with
+    its ``rollback``/``restart`` event (docs/supervise.md), so the timeline can say it."""
+
+    decided_by: str
+    reason_code: str | None = None
+    from_attempt: int | None = None
+    checkpoint_step: int | None = None
+    checkpoint_uri: str | None = None
+    exclude_hosts: tuple[str, ...] = ()
+    old_world_size: int | None = None
+    new_world_size: int | None = None
+    causes: tuple[tuple[str, int], ...] = ()     # (finding kind, step) of what caused it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"decided_by": self.decided_by, "reason_code": self.reason_code,
+                "from_attempt": self.from_attempt, "checkpoint_step": self.checkpoint_step,
+                "checkpoint_uri": self.checkpoint_uri, "exclude_hosts": list(self.exclude_hosts),
+                "old_world_size": self.old_world_size, "new_world_size": self.new_world_size,
+                "causes": [{"kind": k, "step": s} for k, s in self.causes]}
+
+
+@dataclass(frozen=True)
 class RunEvent:
     """An event the trainer sent (``POST /v1/runs/{run}/events``), see ``clients.wire.EVENT_KINDS``.
 
@@ -142,7 +165,9 @@ class RunEvent:
     reason: str | None = None
     old_world_size: int | None = None
     new_world_size: int | None = None
+    decision: Decision | None = None    # a supervised restart's record, else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "at_s": self.at_s, "step": self.step, "reason": self.reason,
-                "old_world_size": self.old_world_size, "new_world_size": self.new_world_size}
+                "old_world_size": self.old_world_size, "new_world_size": self.new_world_size,
+                "decision": self.decision.to_dict() if self.decision else None}

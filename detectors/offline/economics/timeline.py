@@ -155,7 +155,8 @@ class EventEntry:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "at_s": self.at_s, "step": self.step, "attempt": self.attempt,
-                "event_kind": self.event.kind, "reason": self.event.reason}
+                "event_kind": self.event.kind, "reason": self.event.reason,
+                "decision": self.event.decision.to_dict() if self.event.decision else None}
 
 
 TimelineEntry = Union[AttemptStarted, AttemptEnded, WorldSizeChange, CheckpointEntry,

@@ -247,6 +247,18 @@ async function loadSeries() {
   }
 }
 
+// Why attempt n was started, when a supervisor decided it (the timeline's decision record):
+// who, the reason, the hosts left out and the sizes; empty for a restart nobody explained.
+function decisionText(attempt) {
+  const e = (run.timeline ? run.timeline.entries : []).filter((x) => x.kind === "event" && x.decision
+    && x.decision.from_attempt === attempt - 1).pop();
+  if (!e) return "";
+  const d = e.decision;
+  const hosts = d.exclude_hosts.length ? ` Hosts left out: ${d.exclude_hosts.join(", ")}.` : "";
+  const sizes = d.old_world_size !== d.new_world_size ? ` World size ${d.old_world_size} → ${d.new_world_size}.` : "";
+  return ` — ${d.decided_by}: ${e.reason || d.reason_code}${hosts}${sizes}`;
+}
+
 // Every mark on the curves, from findings, checkpoints, restarts, world-size changes, the onset.
 function markList() {
   const marks = [];
@@ -256,7 +268,7 @@ function markList() {
   }
   for (const c of run.checkpoints) marks.push({ kind: "checkpoint", cls: "checkpoint", step: c.step, label: `checkpoint ${c.step}` });
   for (const a of (run.detail ? run.detail.attempts : []).slice(1)) {
-    marks.push({ kind: "restart", cls: "restart", step: a.start_step, label: `attempt ${a.attempt} resumed at step ${a.start_step}` });
+    marks.push({ kind: "restart", cls: "restart", step: a.start_step, label: `attempt ${a.attempt} resumed at step ${a.start_step}${decisionText(a.attempt)}` });
   }
   for (const e of (run.timeline ? run.timeline.entries : [])) {
     if (e.kind === "world_size_change" && e.step != null) marks.push({ kind: "world_size", cls: "world_size", step: e.step, label: `world size ${e.old_world_size ?? "?"} → ${e.new_world_size ?? "?"}` });
@@ -484,7 +496,7 @@ function drawEconomics(advice, retention, goodput) {
 function drawCheckpoints() {
   const d = run.detail;
   $("#checkpoints").innerHTML = `<h2>Checkpoints and restarts</h2>
-    <div class="dim">attempts: ${(d.attempts || []).map((a) => `#${a.attempt} from step ${a.start_step}`).join(", ") || "none"}</div>
+    <div class="dim">attempts:</div><ul id="attempts">${(d.attempts || []).map((a) => `<li data-attempt="${a.attempt}">#${a.attempt} from step ${a.start_step}${esc(decisionText(a.attempt))}</li>`).join("") || "<li>none</li>"}</ul>
     <table><thead><tr><th>step</th><th>status</th><th>attempt</th><th>duration</th><th>uri</th></tr></thead><tbody>
     ${run.checkpoints.map((c) => `<tr><td>${c.step}</td><td>${esc(c.status)}</td><td>${c.attempt}</td><td>${fmt(c.duration_s, 2)} s</td><td class="dim">${esc(c.uri)}</td></tr>`).join("")}</tbody></table>`;
 }
@@ -515,6 +527,7 @@ async function loadSlow() {
     Object.assign(slow, { advice, retention, goodput });
     run.timeline = timeline;
     drawEconomics(advice, retention, goodput);
+    drawCheckpoints();   // the attempts list says why each was started, from the timeline
   }
   drawAlerts(alerts);
   redrawMarkers();
