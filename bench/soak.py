@@ -222,7 +222,6 @@ class FlappingReceiver:
         if self.current:
             self.current.__exit__(None, None, None)
             self.current = None
-            self.flaps += 1
 
     def delivered(self) -> list:
         return [r for life in self.lives for r in life.delivered()]
@@ -268,6 +267,7 @@ def chaos(servers: list[ServerProcess], receiver: FlappingReceiver, args, stop: 
             next_kill = now + args.kill_every
         if now >= next_flap:
             receiver.down()
+            receiver.flaps += 1       # (not the final shutdown)
             log.append(f"{now:7.1f} s: receiver down")
             stop.wait(args.flap_down)
             receiver.up()
