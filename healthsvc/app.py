@@ -61,7 +61,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     clock = clock or ServiceClock()
     store = open_store(settings.db, snapshot_every_s=settings.snapshot_every_s,
                         dedupe_window_s=settings.dedupe_window_s, clock=clock,
-                        quotas=Quotas(max_runs=settings.max_runs, max_metric_names=settings.max_metric_names))
+                        quotas=Quotas(max_runs=settings.max_runs, max_runs_per_token=settings.max_runs_per_token,
+                                      max_metric_names=settings.max_metric_names))
     metrics = ServiceMetrics(store.size_bytes)
     findings = FindingsService(store, clock)
     ownership = ownership_for(settings, store)   # which runs this replica watches (replicas)

@@ -81,7 +81,7 @@ def quota_error(exc: Any) -> HealthsvcError:
     (:class:`healthsvc.store.quotas.QuotaExceeded`): 429 for one run too many (the request was
     right; the service is full), 422 for a push with too many metric names (naming its body)."""
     hint = f"raise HEALTHSVC_{exc.setting.upper()} if this is expected (now {exc.limit})"
-    if exc.setting == "max_runs":
+    if exc.setting in ("max_runs", "max_runs_per_token"):
         return TooManyRequests(str(exc), loc=("path", "run_id"), hint=hint + "; or push to an existing run")
     return InvalidInput(str(exc), loc=("body",), hint=hint + "; or send such values as fewer metrics")
 

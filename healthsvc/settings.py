@@ -30,6 +30,9 @@ class Settings(BaseSettings):
                            description="Largest world size a run may have; rank ids are below it (memory per run grows with the ranks actually seen).")
     max_runs: int = Field(10_000, ge=1, le=10_000_000, description="Most runs the service holds (each keeps about 100 KB "
                                                                   "of state in memory); a write that would make one more is a 429.")
+    max_runs_per_token: int = Field(1_000, ge=0, le=10_000_000, description="Most runs one token's requests may create "
+                                    "(0 = no cap); a write that would make one more is a 429 naming the token. Admin "
+                                    "tokens and an open service (no token) are held by max_runs only.")
     max_metric_names: int = Field(1024, ge=1, le=1_000_000, description="Most distinct metric names (fields) one run may have; "
                                                                        "a push that would take a run beyond is a 422.")
     dedupe_window_s: float = Field(3600.0, gt=0, description="How long a re-sent batch is recognised as a duplicate, seconds.")

@@ -12,7 +12,9 @@ In order, for every HTTP request:
    never grants; a body-less ``DELETE`` is therefore served as it is.)
 3. the scope the route needs (``healthsvc.auth.scopes``) must be granted by the Bearer token:
    401 without a (valid) token, 403 with one lacking the scope, each naming the scope;
-4. admin changes are written to the audit log with who, what, when and the answer's status.
+4. admin changes are written to the audit log with who, what, when and the answer's status;
+5. a non-admin token is made the creator of the runs the request creates
+   (``healthsvc.store.quotas.creator``), so ``max_runs_per_token`` holds it.
 
 Until any token exists (no ``HEALTHSVC_ADMIN_TOKEN``, none created) the service is open: step 3 is
 skipped, except that the first token created must carry ``admin`` (else nobody could administer
@@ -30,6 +32,7 @@ from healthsvc.auth.hosts import HostPolicy
 from healthsvc.auth.scopes import grants, required_scope
 from healthsvc.auth.tokens import TokenStore
 from healthsvc.body_limit import answer_after_draining
+from healthsvc.store.quotas import Creator, creator
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,9 @@ class Guard:
                                                 f"token {token.name!r} may push only to runs starting with "
                                                 f"{token.run_prefix!r}", "forbidden"))
         scope.setdefault("state", {})["token"] = token
+        # The runs this request creates count against its token (not an admin's: operators and
+        # replays are held by max_runs only); the store reads it with the write it queues.
+        creator.set(Creator(token.id, token.name) if token is not None and "admin" not in token.scopes else None)
         if needed != "admin" or method in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
         status = 500

@@ -22,7 +22,7 @@ from healthsvc.store.batch import MetricBatch
 from healthsvc.store import snapshots
 from healthsvc.store.codec import encode_chunk
 from healthsvc.store.errors import STORE_ERRORS
-from healthsvc.store.quotas import Quotas, TooManyMetricNames, TooManyRuns
+from healthsvc.store.quotas import Quotas, TooManyMetricNames, TooManyRuns, TooManyRunsOfToken, creator
 from healthsvc.store.results import IngestResult
 from healthsvc.store.runstate import INCARNATION, RunState, RunView
 
@@ -72,8 +72,10 @@ class MetricsIngest:
             if len(self._runs) >= self.quotas.max_runs and not conn.execute(
                     "SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone():
                 raise TooManyRuns(run_id, self.quotas.max_runs)   # before anything is written
-            cur = conn.execute("INSERT OR IGNORE INTO runs (run_id, created_at, updated_at) VALUES (?, ?, ?)",
-                               (run_id, now, now))
+            who = creator.get()
+            self._check_token_runs(conn, run_id, who)
+            cur = conn.execute("INSERT OR IGNORE INTO runs (run_id, created_at, updated_at, created_by) VALUES (?, ?, ?, ?)",
+                               (run_id, now, now, who.token_id if who else None))
             st = self._runs[run_id] = RunState(run_id)
             if cur.rowcount == 0:
                 # The run exists, but this store has no state of it: another replica wrote it
@@ -82,6 +84,17 @@ class MetricsIngest:
                 self._load_run_state(conn, run_id, status)
                 st = self._runs[run_id]
         return st
+
+    def _check_token_runs(self, conn: sqlite3.Connection, run_id: str, who) -> None:
+        """Raise before anything is written when ``who`` has made its quota of runs and ``run_id``
+        would be one more. Counted in the database (one indexed count, on a run's creation only):
+        every replica and every restart sees the runs a token made anywhere."""
+        limit = self.quotas.max_runs_per_token
+        if who is None or limit <= 0:
+            return
+        (made,) = conn.execute("SELECT count(*) FROM runs WHERE created_by=?", (who.token_id,)).fetchone()
+        if made >= limit and not conn.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone():
+            raise TooManyRunsOfToken(run_id, who, limit)
 
     def _claim_names(self, run_id: str, st: RunState, batch: MetricBatch) -> None:
         """Count the batch's new field names against the run's quota (raises before anything is
@@ -289,14 +302,19 @@ class MetricsIngest:
         """A write that may create the run: if it fails, the run's row is rolled back with it,
         so the in-memory state must forget a run this job created (no phantom run that takes
         pushes but answers 404)."""
+        who = creator.get()   # the request's, read here: the job runs on the writer thread
+
         def job(conn: sqlite3.Connection) -> Any:
             existed = run_id in self._runs
+            mark = creator.set(who)
             try:
                 return fn(conn)
             except BaseException:
                 if not existed:
                     self._runs.pop(run_id, None)
                 raise
+            finally:
+                creator.reset(mark)
         return self.write(job)
 
     def _load_run_states(self, conn: sqlite3.Connection) -> None:

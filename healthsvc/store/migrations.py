@@ -22,6 +22,9 @@ database at once take turns (an advisory lock), and a step is never applied twic
 - **Version 6** adds ``incarnations``: which process (the client's ``incarnation``) sent each
   rank's records in each attempt, so a restart is told by the trainer rather than by step numbers
   (``healthsvc.store.runstate``), on every replica and after a reload.
+- **Version 7** adds ``runs.created_by``: the id of the token whose request created the run (NULL
+  in open mode, for admin tokens and for runs made before it), so ``max_runs_per_token`` counts a
+  token's runs on every replica and across restarts.
 
 A database newer than the code (a downgrade) is refused: :class:`SchemaTooNew`, whose message
 says what to do; the server does not start on it.
@@ -117,6 +120,9 @@ STEPS: tuple[Migration, ...] = (
             attempt     INTEGER NOT NULL,
             PRIMARY KEY (run_id, rank, incarnation)
         ) WITHOUT ROWID;"""),
+    Migration(7, "who created each run: the token's id, for the cap on runs per token", """
+        ALTER TABLE runs ADD COLUMN created_by TEXT;
+        CREATE INDEX runs_created_by ON runs (created_by);"""),
 )
 LATEST = STEPS[-1].version
 

@@ -1,0 +1,477 @@
+"""Soak: a simulated job for N minutes against replicas on PostgreSQL, with faults on a schedule,
+replicas killed and restarted and the webhook receiver flapping; then the invariants.
+
+The job is ``--ranks`` ranks pushing through a per-host relay (8 ranks a host: one columnar push
+per host and step, as ``bench/scale.py`` does) through nginx to ``--replicas`` replicas (real
+``healthsvc serve`` processes, one fresh PostgreSQL database). The job runs as a sequence of
+episodes, each a run of its own (``soak-0``, ``soak-1``, ... : a job restarted from scratch) of
+``--episode-steps`` steps built by :func:`simulation.simulate_run`, with one fault two thirds of
+the way in, in turn: a NaN (rank r's loss and local gradient norm), a loss spike (every rank, x3
+for ten steps), a straggler (rank r computes 2x slower from then on) and a hang (rank r stops
+pushing until the episode ends). An episode ends with ``finish`` (silence after it is normal).
+
+Meanwhile: every ``--kill-every`` seconds one replica other than the first is SIGKILLed and
+started again ``--down`` seconds later on its port (so the first replica lives the whole run and
+its memory is a clean series); every ``--flap-every`` seconds the receiver is down for
+``--flap-down`` seconds (the outbox retries; pages must arrive once it is back).
+
+At the end (after the outbox has nothing pending), what must hold:
+
+- every fault found once: one firing finding of the injected kind at or after the fault's step
+  per episode (others are reported as "other findings");
+- every page delivered at least once, with a stable id: every outbox row's webhook-id reached the
+  receiver with a 2xx, every fault whose finding is a warning or worse was paged (info findings
+  are recorded, never paged), and one notification body never arrived
+  under two ids (a receiver deduplicating on webhook-id sees each page once);
+- memory flat after warm-up: the RSS (from /proc) of every server process that lived through the
+  last two thirds of the run (after at least its first minute) grew less than 5 % over them;
+- 0 acknowledged records lost: every (run, step, rank) acknowledged with a 202 is read back.
+
+    .venv/bin/python bench/soak.py [--minutes 30] [--ranks 1024] [--replicas 3] [--smoke]
+
+Exit status 1 when an invariant does not hold. ``--smoke`` (the tests): a few seconds, 16 ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from simulation import LossSpike, NonFinite, Straggler, simulate_run  # noqa: E402
+from tests.alerting.receiver import Receiver  # noqa: E402
+from tests.pg import fresh_database  # noqa: E402
+from tests.replicas.balancer import Balancer  # noqa: E402
+from tests.server_process import ServerProcess, free_port  # noqa: E402
+
+FIELDS = ("loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time")
+FAULTS = ("non_finite", "loss_spike", "straggler", "hang")
+PER_HOST = 8
+HANG_S = 5.0
+PUSH_GIVE_UP_S = 60.0      # a push not acknowledged within this is counted as not acknowledged
+
+
+def wire(x: float) -> float | str:
+    """JSON has no NaN: the wire contract's string forms for non-finite values."""
+    if math.isfinite(x):
+        return x
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+@dataclass
+class Episode:
+    index: int
+    run_id: str
+    kind: str
+    step: int        # the fault's first step
+    rank: int
+    block: object    # simulation StepBlock
+    hosts: list[np.ndarray]
+
+    def body(self, local_step: int, ranks: np.ndarray) -> bytes | None:
+        if self.kind == "hang" and local_step >= self.step:
+            ranks = ranks[ranks != self.rank]
+            if not len(ranks):
+                return None
+        cols: dict[str, list] = {"step": [local_step] * len(ranks), "rank": ranks.tolist()}
+        for f in FIELDS:
+            cols[f] = [wire(float(v)) for v in self.block.values[f][local_step, ranks]]
+        cols["host"] = [f"node{r // PER_HOST:04d}" for r in ranks.tolist()]
+        cols["incarnation"] = [f"{self.run_id}-p{r}" for r in ranks.tolist()]
+        return orjson.dumps({"columns": cols})
+
+
+def make_episode(k: int, ranks: int, steps: int) -> Episode:
+    kind = FAULTS[k % len(FAULTS)]
+    rng = np.random.default_rng(1000 + k)
+    step, rank = (2 * steps) // 3, int(rng.integers(ranks))
+    fault = {"non_finite": NonFinite(step=step, rank=rank, in_loss=True),
+             # Lasting (longer than the detector's 5 confirming steps): a warning, which pages; a
+             # spike that recovers at once is an info finding, recorded and never paged.
+             "loss_spike": LossSpike(step=step, factor=3.0, duration=10),
+             "straggler": Straggler(step=step, rank=rank, factor=2.0)}.get(kind)
+    sim = simulate_run(n_steps=steps, n_ranks=ranks, seed=k, faults=[fault] if fault else [], warmup_steps=10)
+    hosts = [np.arange(i, min(i + PER_HOST, ranks)) for i in range(0, ranks, PER_HOST)]
+    return Episode(k, f"soak-{k}", kind, step, rank, sim.block, hosts)
+
+
+@dataclass
+class Ledger:
+    """What the job had acknowledged: run -> set of (step, rank); counts of pushes."""
+    acked: dict[str, set] = field(default_factory=lambda: defaultdict(set))
+    pushes: int = 0
+    retries: int = 0
+    given_up: int = 0
+    latencies: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Job:
+    """The simulated job: ``workers`` threads share the hosts; a global step clock at
+    ``step_rate``; episodes follow one another, each created (PUT) before its first push and
+    finished when every worker has pushed its last step."""
+
+    def __init__(self, url: str, ranks: int, steps: int, step_rate: float, workers: int, ledger: Ledger) -> None:
+        self.url, self.ranks, self.steps, self.step_rate, self.workers = url, ranks, steps, step_rate, workers
+        self.ledger = ledger
+        self.episodes: dict[int, Episode] = {}
+        self.left: dict[int, int] = {}        # episode -> workers yet to push its last step
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def episode(self, k: int, http: httpx.Client) -> Episode:
+        with self.lock:
+            if k not in self.episodes:
+                ep = make_episode(k, self.ranks, self.steps)
+                config = {"world_size": self.ranks,
+                          "detectors": {"hang": {"timeout_floor_s": HANG_S, "startup_timeout_s": 30.0}}}
+                self._until_ok(http, "PUT", f"/v1/runs/{ep.run_id}", orjson.dumps(config))
+                self.episodes[k], self.left[k] = ep, self.workers
+            return self.episodes[k]
+
+    def _until_ok(self, http: httpx.Client, method: str, path: str, content: bytes) -> bool:
+        """Send until a 2xx (the same body every time: a re-sent push is recognised), or give up."""
+        deadline = time.monotonic() + PUSH_GIVE_UP_S
+        first = True
+        while time.monotonic() < deadline:
+            if not first:
+                self.ledger.retries += 1
+                time.sleep(0.2)
+            first = False
+            try:
+                if 200 <= http.request(method, path, content=content).status_code < 300:
+                    return True
+            except httpx.HTTPError:
+                pass
+        return False
+
+    def worker(self, w: int, start: float, total_steps: int) -> None:
+        with httpx.Client(base_url=self.url, timeout=30, headers={"content-type": "application/json"}) as http:
+            for g in range(total_steps):
+                if self.stop.is_set():
+                    break
+                pause = start + g / self.step_rate - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+                ep = self.episode(g // self.steps, http)
+                local = g % self.steps
+                for ranks in ep.hosts[w::self.workers]:
+                    body = ep.body(local, ranks)
+                    if body is None:
+                        continue
+                    t0 = time.perf_counter()
+                    ok = self._until_ok(http, "POST", f"/v1/runs/{ep.run_id}/metrics", body)
+                    with self.ledger.lock:
+                        self.ledger.pushes += 1
+                        if ok:
+                            self.ledger.latencies.append(time.perf_counter() - t0)
+                            sent = ranks[ranks != ep.rank] if ep.kind == "hang" and local >= ep.step else ranks
+                            self.ledger.acked[ep.run_id].update((local, int(r)) for r in sent)
+                        else:
+                            self.ledger.given_up += 1
+                if local == self.steps - 1:
+                    with self.lock:
+                        self.left[ep.index] -= 1
+                        last = self.left[ep.index] == 0
+                    if last:
+                        self._until_ok(http, "POST", f"/v1/runs/{ep.run_id}/finish", b"{}")
+
+    def run(self, seconds: float) -> int:
+        total = max(self.steps, int(seconds * self.step_rate) // self.steps * self.steps)  # whole episodes
+        start = time.perf_counter()
+        threads = [threading.Thread(target=self.worker, args=(w, start, total), daemon=True) for w in range(self.workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return total // self.steps
+
+
+class FlappingReceiver:
+    """The webhook receiver on a fixed port, taken down and brought back on cue; every request
+    any of its lives saw is kept."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+        self.lives: list[Receiver] = []
+        self.current: Receiver | None = None
+        self.flaps = 0
+
+    def up(self) -> None:
+        self.current = Receiver(port=self.port).__enter__()
+        self.lives.append(self.current)
+
+    def down(self) -> None:
+        if self.current:
+            self.current.__exit__(None, None, None)
+            self.current = None
+
+    def delivered(self) -> list:
+        return [r for life in self.lives for r in life.delivered()]
+
+
+class RssSampler:
+    """RSS of the server processes, from /proc/<pid>/status, every ``every`` seconds: pid ->
+    [(t, bytes)]."""
+
+    def __init__(self, servers: list[ServerProcess], every: float) -> None:
+        self.servers, self.every = servers, every
+        self.samples: dict[int, list[tuple[float, int]]] = defaultdict(list)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            now = time.monotonic()
+            for s in self.servers:
+                pid = s.pid
+                try:
+                    with open(f"/proc/{pid}/status") as f:
+                        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+                except (OSError, StopIteration, TypeError):
+                    continue
+                self.samples[pid].append((now, kb * 1024))
+
+
+def chaos(servers: list[ServerProcess], receiver: FlappingReceiver, args, stop: threading.Event, log: list[str]) -> None:
+    """Replica kills and receiver flaps on their own clocks until ``stop``."""
+    t0 = time.monotonic()
+    next_kill, next_flap, victim = args.kill_every, args.flap_every, 0
+    while not stop.wait(0.2):
+        now = time.monotonic() - t0
+        if len(servers) > 1 and now >= next_kill:
+            s = servers[1 + victim % (len(servers) - 1)]
+            victim += 1
+            s.kill()
+            log.append(f"{now:7.1f} s: replica {servers.index(s)} SIGKILLed")
+            if not stop.wait(args.down):
+                s.start()
+                log.append(f"{time.monotonic() - t0:7.1f} s: replica {servers.index(s)} started again")
+            next_kill = now + args.kill_every
+        if now >= next_flap:
+            receiver.down()
+            receiver.flaps += 1       # (not the final shutdown)
+            log.append(f"{now:7.1f} s: receiver down")
+            stop.wait(args.flap_down)
+            receiver.up()
+            log.append(f"{time.monotonic() - t0:7.1f} s: receiver up")
+            next_flap = now + args.flap_every
+
+
+def outbox(dsn: str) -> list[tuple[str, str]]:
+    import psycopg
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT webhook_id, state FROM alert_outbox").fetchall()
+
+
+def settle(dsn: str, receiver: FlappingReceiver, timeout_s: float) -> bool:
+    """Wait (bounded) until the outbox has nothing pending and every row reached the receiver."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = outbox(dsn)
+        got = {r.headers.get("webhook-id") for r in receiver.delivered()}
+        if rows and all(state != "pending" for _, state in rows) and {w for w, _ in rows} <= got:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def rss_growth(samples: list[tuple[float, int]], window: tuple[float, float], slack: float) -> float | None:
+    """RSS growth over ``window`` (monotonic seconds): the median of the last tenth of the samples
+    in it over the median of the first tenth, minus one; None when the process did not live
+    through the whole window."""
+    lo, hi = window
+    inside = [b for t, b in samples if lo <= t <= hi]
+    if not samples or samples[0][0] > lo + slack or samples[-1][0] < hi - slack or len(inside) < 4:
+        return None
+    n = max(1, len(inside) // 10)
+    return float(np.median(inside[-n:]) / np.median(inside[:n]) - 1.0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--replicas", type=int, default=3, help="3: nginx's shipped config names three")
+    ap.add_argument("--step-rate", type=float, default=0.0,
+                    help="steps per second (0: 128 host pushes a second, at most 4 steps a second)")
+    ap.add_argument("--episode-steps", type=int, default=90,
+                    help="steps of a run (the fault at two thirds: after the detectors' 50-step warm-up)")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--kill-every", type=float, default=90.0, help="seconds between replica kills")
+    ap.add_argument("--down", type=float, default=10.0, help="seconds a killed replica stays down")
+    ap.add_argument("--flap-every", type=float, default=75.0, help="seconds between receiver outages")
+    ap.add_argument("--flap-down", type=float, default=15.0, help="seconds the receiver stays down")
+    ap.add_argument("--smoke", action="store_true", help="a few seconds, 16 ranks: proves it runs (tests)")
+    args = ap.parse_args()
+    if args.smoke:
+        args.minutes, args.ranks, args.step_rate, args.episode_steps, args.workers = 0.2, 16, 8.0, 24, 2
+        args.kill_every, args.down, args.flap_every, args.flap_down = 4.0, 1.0, 3.0, 1.0
+    if args.step_rate <= 0:
+        args.step_rate = min(4.0, 128 * PER_HOST / args.ranks)
+    seconds = args.minutes * 60
+
+    ledger, events = Ledger(), []
+    receiver = FlappingReceiver()
+    receiver.up()
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="hs-soak-") as tmp:
+        dsn = stack.enter_context(fresh_database())
+        env = {"HEALTHSVC_LEASE_TTL_S": "2", "HEALTHSVC_SNAPSHOT_EVERY_S": "1",
+               "HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8", "HEALTHSVC_ALERT_RETRY_CAP_S": "5",
+               # Every group sent within a second of its first finding and of each change: a loss spike
+               # (a warning) resolves within seconds, before the default group wait would send it.
+               "HEALTHSVC_ALERT_TIMINGS": json.dumps({s: {"group_wait_s": 1.0, "group_interval_s": 1.0}
+                                                      for s in ("info", "warning", "critical")}),
+               "HEALTHSVC_ALERT_WEBHOOKS": json.dumps([{"id": "soak", "url": receiver.url, "format": "json"}])}
+        servers = [ServerProcess(dsn, env=env, log_path=Path(tmp) / f"replica{i}.log") for i in range(args.replicas)]
+        for s in servers:
+            s.start()              # one at a time: the first migrates the fresh database
+            stack.callback(s.stop)
+        ports = [s.port for s in servers]
+        lb = Balancer(Path(tmp) / "nginx", free_port(), (ports * 3)[:3]).start()
+        stack.callback(lb.stop)
+        stack.callback(receiver.down)
+
+        rss = RssSampler(servers, every=max(0.5, seconds / 300))
+        rss.thread.start()
+        stop = threading.Event()
+        chaos_thread = threading.Thread(target=chaos, args=(servers, receiver, args, stop, events), daemon=True)
+        job = Job(lb.url, args.ranks, args.episode_steps, args.step_rate, args.workers, ledger)
+        t_start = time.monotonic()
+        chaos_thread.start()
+        n_episodes = job.run(seconds)
+        t_end = time.monotonic()
+        stop.set()
+        chaos_thread.join(60)
+        rss.stop.set()
+        rss.thread.join(10)
+        if receiver.current is None:
+            receiver.up()
+        for s in servers:          # every replica up for the read-back and the outbox to drain
+            if s.proc.poll() is not None:
+                s.start()
+        settled = settle(dsn, receiver, timeout_s=60 if not args.smoke else 30)
+
+        http = stack.enter_context(httpx.Client(base_url=lb.url, timeout=120))
+        findings, lost, acked_total = {}, 0, 0
+        for k, ep in sorted(job.episodes.items()):
+            findings[k] = http.get(f"/v1/runs/{ep.run_id}/findings", params={"limit": 100_000}).json()
+            cols = http.get(f"/v1/runs/{ep.run_id}/metrics", params={"fields": "loss"}).json()["columns"]
+            have = set(zip(cols["step"], cols["rank"]))
+            lost += len(ledger.acked[ep.run_id] - have)
+            acked_total += len(ledger.acked[ep.run_id])
+        rows = outbox(dsn)
+
+    # --- invariants
+    delivered = receiver.delivered()
+    by_id = {r.headers.get("webhook-id") for r in delivered}
+    ids_by_body: dict[str, set] = defaultdict(set)
+    paged: set[tuple[str, str]] = set()
+    for r in delivered:
+        ids_by_body[hashlib.sha256(r.body).hexdigest()].add(r.headers.get("webhook-id"))
+        doc = json.loads(r.body)
+        for a in doc.get("alerts", []):
+            if a.get("status") == "firing":
+                paged.add((doc.get("run"), a.get("kind")))
+    undelivered = [w for w, _ in rows if w not in by_id]
+    two_ids = sum(len(ids) > 1 for ids in ids_by_body.values())
+
+    per_kind: dict[str, Counter] = defaultdict(Counter)
+    others: Counter = Counter()
+    misses: list[str] = []
+    other_list: list[str] = []
+    for k, ep in sorted(job.episodes.items()):
+        firing = [f for f in findings[k] if f["status"] == "firing"]
+        # Found: a finding of the fault's kind at or after its step. Once: no finding stored twice
+        # (the same kind, step, metric and ranks: what a replica taking the run over would repeat);
+        # a NaN shows on several metrics, each its own finding.
+        hits = [f for f in firing if f["kind"] == ep.kind and f["step"] >= ep.step - 1]
+        keys = Counter((f["kind"], f["step"], f.get("metric"), tuple(f["ranks"])) for f in firing)
+        twice = sum(n > 1 for n in keys.values())
+        c = per_kind[ep.kind]
+        c["injected"] += 1
+        c["findings"] += len(hits)
+        c["missed" if not hits else ("found twice" if twice else "found once")] += 1
+        # Pages: findings of warning or worse (info is recorded, never paged).
+        pages = any(f["severity"] in ("warning", "critical") for f in hits)
+        c["paged"] += (ep.run_id, ep.kind) in paged
+        c["to page"] += pages
+        if not hits or twice or (pages and (ep.run_id, ep.kind) not in paged):
+            misses.append(f"{ep.run_id} {ep.kind}@{ep.step} rank {ep.rank}: {len(hits)} findings, {twice} twice "
+                          f"{[(f['kind'], f['step'], f['ranks']) for f in firing]}, paged {(ep.run_id, ep.kind) in paged}")
+        for f in firing:
+            if f not in hits:
+                others[f["kind"]] += 1
+                other_list.append(f"{ep.run_id} {f['kind']}@{f['step']} ranks {f['ranks']} ({ep.kind} episode)")
+
+    # Warm-up: the first third, and at least the first minute of a short run (its first third
+    # is over before the first episode has run every code path: caches still filling).
+    warm = t_start + max((t_end - t_start) / 3, min(60.0, (t_end - t_start) / 2))
+    growth = {pid: rss_growth(samples, (warm, t_end), 2 * rss.every) for pid, samples in rss.samples.items()}
+    lived = {pid: g for pid, g in growth.items() if g is not None}
+
+    lat = np.array(ledger.latencies) if ledger.latencies else np.array([np.nan])
+    print(f"soak: {args.minutes:g} min, {args.ranks:,} ranks ({args.ranks // PER_HOST:,} hosts, one push per host and step) "
+          f"at {args.step_rate:g} steps/s, {n_episodes} episodes of {args.episode_steps} steps, "
+          f"{args.replicas} replicas on PostgreSQL behind nginx\n")
+    print("| fault | injected | found once | found twice | missed | to page | paged | findings of the kind |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|")
+    for kind in FAULTS:
+        c = per_kind[kind]
+        print(f"| {kind} | {c['injected']} | {c['found once']} | {c['found twice']} | {c['missed']} | {c['to page']} | {c['paged']} "
+              f"| {c['findings']} |")
+    print("\n| other findings (not injected) | count |\n|---|---:|")
+    for kind, n in sorted(others.items()) or [("none", 0)]:
+        print(f"| {kind} | {n} |")
+    print("\n| delivery | figure |\n|---|---:|")
+    print(f"| outbox rows | {len(rows)} |\n| rows not delivered | {len(undelivered)} |"
+          f"\n| deliveries received (2xx) | {len(delivered)} |\n| bodies seen under two ids | {two_ids} |"
+          f"\n| receiver outages | {receiver.flaps} |\n| outbox settled | {int(settled)} |")
+    print("\n| records | figure |\n|---|---:|")
+    print(f"| pushes | {ledger.pushes:,} |\n| retried sends | {ledger.retries:,} |\n| given up | {ledger.given_up:,} |"
+          f"\n| records acknowledged | {acked_total:,} |\n| acknowledged records lost | {lost:,} |"
+          f"\n| push p50 ms | {1e3 * float(np.nanpercentile(lat, 50)):.1f} |\n| push p99 ms | {1e3 * float(np.nanpercentile(lat, 99)):.1f} |")
+    print("\n| server process (pid) | RSS at warm-up MiB | RSS at end MiB | growth % over the last two thirds |\n|---|---:|---:|---:|")
+    for pid, samples in sorted(rss.samples.items()):
+        inside = [b for t, b in samples if t >= warm]
+        g = growth[pid]
+        if inside:
+            print(f"| pid {pid}{'' if g is not None else ' (restarted within the window)'} | {inside[0] / 2**20:.1f} "
+                  f"| {inside[-1] / 2**20:.1f} | {'' if g is None else f'{100 * g:.2f}'} |")
+    print("\nother findings:", "; ".join(other_list) or "none")
+    print("events:", "; ".join(e.strip() for e in events) or "none")
+
+    failures = []
+    if misses:
+        failures.append("faults not found exactly once or not paged: " + " | ".join(misses))
+    if undelivered or two_ids or not settled:
+        failures.append(f"pages: {len(undelivered)} not delivered, {two_ids} bodies under two ids, settled {settled}")
+    if lost or ledger.given_up:
+        failures.append(f"records: {lost} acknowledged lost, {ledger.given_up} pushes given up")
+    if not args.smoke and (not lived or any(g >= 0.05 for g in lived.values())):
+        failures.append(f"memory: growth {lived}")
+    for f in failures:
+        print("FAILED:", f)
+    print("all invariants hold" if not failures else f"{len(failures)} invariant(s) broken")
+    return 1 if failures and not args.smoke else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
