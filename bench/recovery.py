@@ -21,7 +21,7 @@ Figures, per row:
 - corrupted steps: steps trained on corrupted state, in the stopped attempt and after the restart.
 
     PYTHONPATH=. python bench/recovery.py            # 4 ranks, 200 steps (about 30 s)
-    PYTHONPATH=. python bench/recovery.py --smoke    # 3 ranks, 30 steps
+    PYTHONPATH=. python bench/recovery.py --smoke    # 3 ranks, 400 steps
 """
 from __future__ import annotations
 
@@ -96,10 +96,10 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--fault-step", type=int, default=23)
-    ap.add_argument("--smoke", action="store_true", help="3 ranks (the fewest whose majority names the flipped replica), 30 steps: proves it runs (tests)")
+    ap.add_argument("--smoke", action="store_true", help="3 ranks (the fewest whose majority names the flipped replica), 400 steps (the job must outlast the restart decision, also on a loaded machine): proves it runs (tests)")
     args = ap.parse_args()
     if args.smoke:
-        args.ranks, args.steps, args.fault_step = 3, 30, 13
+        args.ranks, args.steps, args.fault_step = 3, 400, 13   # the job must outlast the restart decision
     run_id = "recovery"
     with tempfile.TemporaryDirectory() as tmp, ServerProcess(os.path.join(tmp, "svc.db")) as srv, \
             httpx.Client(base_url=srv.url, timeout=30) as http:
