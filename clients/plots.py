@@ -258,9 +258,32 @@ def plot_bisection(state: dict[str, Any], checkpoints: "pd.DataFrame", *, ax: "A
 
 # ---- economics -------------------------------------------------------------------------------------
 
+def supervised_label(event_kind: str, decision: dict[str, Any]) -> str:
+    """What a supervised restart's marker says: who decided, why, from which checkpoint, which
+    hosts were left out and how the world changed (the timeline entry's ``decision``).
+
+    >>> print(supervised_label("rollback", {"decided_by": "healthsvc supervise", "reason_code": "finding",
+    ...       "checkpoint_step": 19, "exclude_hosts": ["node2"], "old_world_size": 4, "new_world_size": 3,
+    ...       "causes": [{"kind": "replica_mismatch", "step": 24}]}))
+    rollback by healthsvc supervise (finding: replica_mismatch)
+    from step 19, without node2, 4->3 ranks
+    """
+    causes = ", ".join(str(c.get("kind")) for c in decision.get("causes") or [])
+    head = f"{event_kind} by {decision.get('decided_by')} ({decision.get('reason_code')}"
+    head += f": {causes})" if causes else ")"
+    tail = f"from step {decision.get('checkpoint_step')}"
+    if decision.get("exclude_hosts"):
+        tail += ", without " + ", ".join(decision["exclude_hosts"])
+    old, new = decision.get("old_world_size"), decision.get("new_world_size")
+    if old is not None and new is not None and old != new:
+        tail += f", {old}->{new} ranks"
+    return head + "\n" + tail
+
+
 def plot_timeline(timeline: "pd.DataFrame", *, ax: "Axes | None" = None) -> "Axes":
     """The run in wall time: one bar per attempt (labelled with its world size), checkpoint writes
-    as ticks, findings and events as markers, world-size changes annotated."""
+    as ticks, findings and events as markers (a supervised restart says who decided, why, from
+    which checkpoint and without which hosts), world-size changes annotated."""
     import numpy as np
     ax = ax or _plt().gca()
     t0 = float(np.nanmin(timeline["at_s"].to_numpy(dtype=float)))
@@ -281,8 +304,12 @@ def plot_timeline(timeline: "pd.DataFrame", *, ax: "Axes | None" = None) -> "Axe
         ax.scatter(part["t"], [-0.45] * len(part), marker="o", s=25, color=kind_colour(kind), label=kind)
     ev = rel[rel["kind"] == "event"]
     for row in ev.itertuples():
-        ax.annotate(row.event_kind, (row.t, 0.3), xytext=(0, 18), textcoords="offset points", fontsize=7,
-                    ha="center", arrowprops={"arrowstyle": "-", "lw": 0.5})
+        decision = getattr(row, "decision", None)
+        text, gid = str(row.event_kind), None
+        if isinstance(decision, dict):   # decided by a supervisor: say who, why, from where
+            text, gid = supervised_label(text, decision), f"supervised-restart:{decision.get('checkpoint_step')}"
+        ax.annotate(text, (row.t, 0.3), xytext=(0, 18), textcoords="offset points", fontsize=7, ha="center",
+                    arrowprops={"arrowstyle": "-", "lw": 0.5}, gid=gid)
     for row in rel[rel["kind"] == "world_size_change"].itertuples():
         text = f"world size {row.old_world_size}->{row.new_world_size}"
         if getattr(row, "new_effective_batch_size", None) is not None and row.new_effective_batch_size == row.new_effective_batch_size:
@@ -378,7 +405,7 @@ def gids(fig_or_ax) -> list[str]:
 
 
 __all__: Sequence[str] = [
-    "kind_colour", "per_step", "plot_metric", "mark_findings", "mark_checkpoints", "mark_attempts",
+    "kind_colour", "supervised_label", "per_step", "plot_metric", "mark_findings", "mark_checkpoints", "mark_attempts",
     "rank_heatmap", "run_overview", "findings_table", "plot_incident", "plot_bisection", "plot_timeline",
     "plot_goodput", "plot_intervals", "plot_retention", "economics_overview", "gids",
 ]

@@ -145,3 +145,22 @@ def test_economics_overview_draws_the_service_answers(economics):
     assert widths["goodput:productive_s"] == pytest.approx(goodput["productive_s"])
     assert widths["goodput:recompute_s"] == pytest.approx(goodput["recompute_s"]) and goodput["recompute_s"] > 0
     plt.close(fig)
+
+
+def test_the_timeline_says_who_restarted_the_run_why_and_without_which_hosts():
+    decision = {"decided_by": "healthsvc supervise", "reason_code": "finding", "from_attempt": 1,
+                "checkpoint_step": 19, "checkpoint_uri": "file:///ckpt/19", "exclude_hosts": ["node2"],
+                "old_world_size": 4, "new_world_size": 3, "causes": [{"kind": "replica_mismatch", "step": 24}]}
+    timeline = pd.DataFrame([
+        {"kind": "attempt_started", "at_s": 100.0, "step": 0, "attempt": 1, "world_size": 4},
+        {"kind": "event", "at_s": 130.0, "step": 19, "attempt": 1, "event_kind": "rollback", "decision": decision},
+        {"kind": "event", "at_s": 131.0, "step": 20, "attempt": 1, "event_kind": "note", "decision": None},
+        {"kind": "attempt_ended", "at_s": 131.0, "step": 25, "attempt": 1},
+        {"kind": "attempt_started", "at_s": 135.0, "step": 20, "attempt": 2, "world_size": 3},
+    ])
+    ax = plots.plot_timeline(timeline)
+    texts = {a.get_text(): a.get_gid() for a in ax.texts}
+    label = ("rollback by healthsvc supervise (finding: replica_mismatch)\n"
+             "from step 19, without node2, 4->3 ranks")
+    assert texts[label] == "supervised-restart:19" and texts["note"] is None
+    plt.close(ax.figure)
