@@ -8,6 +8,8 @@ It reads top to bottom like nanoGPT's train.py: config, model, data, the loop, c
 
     # one rank's loss turns NaN at step 120
     python examples/train.py ... --fault nan --fault-rank 2 --fault-step 120
+    # ... once, as a hardware error would: a resumed run (--resume) trains clean
+    python examples/train.py ... --fault nan --fault-rank 2 --fault-step 120 --fault-transient
     # the loss spikes at step 150 (on every rank with --fault-rank -1)
     python examples/train.py ... --fault loss_spike --fault-rank -1 --fault-step 150
     # rank 1 straggles from step 50 on: 1.3x (mild) or 3x (strong) its compute time
@@ -124,6 +126,9 @@ class Config:
     fault: str = "none"
     fault_rank: int = 0
     fault_step: int = 100
+    # the fault strikes the first attempt only: a resumed run trains clean, as after a transient
+    # hardware error (without it a fault is in the data, and comes back at its step)
+    fault_transient: bool = False
     slow_factor: float = 1.3
     spike_factor: float = 4.0
     hang_s: float = 20.0
@@ -223,6 +228,8 @@ class Faults:
 
     def hits(self, kind: str, step: int, persistent: bool = False) -> bool:
         c = self.cfg
+        if c.fault_transient and (c.resume or c.resume_from_rollback):
+            return False
         on_rank = c.fault_rank in (-1, self.rank)
         at_step = step >= c.fault_step if persistent else step == c.fault_step
         return self.active(kind) and on_rank and at_step

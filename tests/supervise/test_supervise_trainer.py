@@ -4,7 +4,8 @@ CPU) against a real server.
 - A NaN restarts it from the rollback answer's checkpoint; the trainer's fault is in its data
   (``--fault nan --fault-step 30`` fires again in the resumed run), so the same NaN comes back at
   the same step after the resume from the same checkpoint, and the supervisor stops rather than
-  loop.
+  loop. A transient NaN (``--fault-transient``: the first attempt only, as a hardware error)
+  restarts it once, and the resumed run finishes healthy.
 - A bit flipped in one replica's weights, fingerprints on: the four ranks play four hosts
   (``--hosts``); the restart is from the checkpoint the fingerprints prove clean, without the
   blamed host (``--exclude {exclude_hosts}``: the trainer starts 3 ranks, and the fault, which
@@ -65,6 +66,31 @@ def test_the_example_trainer_is_restarted_after_a_nan_and_stopped_when_it_comes_
     assert {(f["attempt"], f["step"]) for f in again if f["ranks"] == [2]} == {(1, 30), (2, 30)}
     run = shared_http.get(f"/v1/runs/{run_id}").json()
     assert run["attempt"] == 2 and run["status"] == "running"     # stopped, not finished
+
+
+def test_a_transient_nan_restarts_from_the_newest_clean_checkpoint_and_the_run_finishes_healthy(
+        shared_server, shared_http, tmp_path):
+    run_id = "sup-transient"
+    assert shared_http.put(f"/v1/runs/{run_id}", json={"world_size": 4}).status_code == 200
+    out = supervise_trainer(shared_server.url, run_id, tmp_path, "--steps", "150", "--fault", "nan",
+                            "--fault-rank", "2", "--fault-step", "30", "--fault-transient")
+    assert out.returncode == 0, out.stderr[-4000:]
+    [event] = supervised_events(shared_http, run_id)
+    assert (event["kind"], event["attempt"]) == ("rollback", 1) and event["step"] < 30
+    assert event["data"]["causes"][0] == ["non_finite", 30]
+    found = [f for f in shared_http.get(f"/v1/runs/{run_id}/findings", params={"kind": "non_finite"}).json()
+             if f["status"] == "firing"]
+    assert {f["attempt"] for f in found} == {1}          # attempt 2 trained clean
+    shared_http.drain()
+    run = shared_http.get(f"/v1/runs/{run_id}").json()
+    assert (run["status"], run["attempt"], run["last_step"]) == ("finished", 2, 149), run
+    entries = shared_http.get(f"/v1/runs/{run_id}/timeline").json()["entries"]
+    [started] = [e for e in entries if e["kind"] == "attempt_started" and e["attempt"] == 2]
+    assert started["resumed_from_step"] == event["step"]
+    [restarted] = [e for e in entries if e["kind"] == "event" and e["event_kind"] == "rollback"]
+    assert {(c["kind"], c["step"]) for c in restarted["decision"]["causes"]} == {("non_finite", 30)}
+    # Within 10 s of the finding: the restart's event is posted after the job was stopped.
+    assert restarted["at_s"] - found[0]["created_at"] <= 10.0
 
 
 def test_a_replica_bit_flip_restarts_from_the_proven_checkpoint_without_the_blamed_host(
