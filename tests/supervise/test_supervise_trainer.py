@@ -5,7 +5,9 @@ CPU) against a real server.
   (``--fault nan --fault-step 30`` fires again in the resumed run), so the same NaN comes back at
   the same step after the resume from the same checkpoint, and the supervisor stops rather than
   loop. A transient NaN (``--fault-transient``: the first attempt only, as a hardware error)
-  restarts it once, and the resumed run finishes healthy.
+  restarts it once, and the resumed run finishes healthy; with its sampler restarting on the
+  resume too, the resume_mismatch stops the supervisor.
+- With the service unreachable for the whole run, the trainer runs to its end untouched.
 - A bit flipped in one replica's weights, fingerprints on: the four ranks play four hosts
   (``--hosts``); the restart is from the checkpoint the fingerprints prove clean, without the
   blamed host (``--exclude {exclude_hosts}``: the trainer starts 3 ranks, and the fault, which
@@ -91,6 +93,36 @@ def test_a_transient_nan_restarts_from_the_newest_clean_checkpoint_and_the_run_f
     assert {(c["kind"], c["step"]) for c in restarted["decision"]["causes"]} == {("non_finite", 30)}
     # Within 10 s of the finding: the restart's event is posted after the job was stopped.
     assert restarted["at_s"] - found[0]["created_at"] <= 10.0
+
+
+def test_a_resume_that_restarts_the_data_is_a_resume_mismatch_and_the_supervisor_stops(
+        shared_server, shared_http, tmp_path):
+    # A transient NaN makes the first restart; the resumed trainer's sampler starts its stream
+    # again (its data position goes back to 0): the restore is what is wrong, so no loop.
+    run_id = "sup-resume-reset"
+    assert shared_http.put(f"/v1/runs/{run_id}", json={"world_size": 4}).status_code == 200
+    out = supervise_trainer(shared_server.url, run_id, tmp_path, "--steps", "150", "--fault",
+                            "nan,resume_sampler_reset", "--fault-rank", "2", "--fault-step", "30",
+                            "--fault-transient")
+    assert out.returncode == 3, out.stderr[-4000:]
+    [event] = supervised_events(shared_http, run_id)
+    assert event["kind"] == "rollback" and event["step"] < 30
+    [stopped] = [line for line in progress(out) if "supervise: stopped (" in line]
+    assert "stopped (resume_mismatch): A resume_mismatch at step" in stopped
+    shared_http.drain()
+    mismatch = shared_http.get(f"/v1/runs/{run_id}/findings", params={"kind": "resume_mismatch"}).json()
+    assert mismatch and {f["attempt"] for f in mismatch} == {2} and mismatch[0]["metric"] == "data_cursor"
+
+
+def test_the_service_down_for_the_whole_run_leaves_the_example_trainer_alone(tmp_path):
+    from tests.server_process import free_port
+    url = f"http://127.0.0.1:{free_port()}"                   # nothing listens there
+    out = supervise_trainer(url, "sup-down-trainer", tmp_path, "--steps", "60")
+    assert out.returncode == 0, out.stderr[-4000:]
+    lines = progress(out)
+    [down] = [line for line in lines if "cannot reach" in line]
+    assert "the job is left running" in down and lines[-1].endswith("(exit status 0)")
+    assert (tmp_path / "ckpt" / "ckpt_000059.pt").exists()    # it trained to its last step
 
 
 def test_a_replica_bit_flip_restarts_from_the_proven_checkpoint_without_the_blamed_host(
