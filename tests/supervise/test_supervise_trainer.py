@@ -114,6 +114,29 @@ def test_a_resume_that_restarts_the_data_is_a_resume_mismatch_and_the_supervisor
     assert mismatch and {f["attempt"] for f in mismatch} == {2} and mismatch[0]["metric"] == "data_cursor"
 
 
+def test_a_hung_rank_restarts_the_trainer_without_its_host_within_ten_seconds_of_the_finding(
+        shared_server, shared_http, tmp_path):
+    # Rank 3 (node3) hangs outside the collective at step 40; its peers wait inside it. Found by
+    # the default detectors, the job is restarted without node3 (4 -> 3 ranks) and finishes.
+    run_id = "sup-hang-trainer"
+    assert shared_http.put(f"/v1/runs/{run_id}", json={"world_size": 4}).status_code == 200
+    out = supervise_trainer(shared_server.url, run_id, tmp_path, "--steps", "100", "--fault", "hang",
+                            "--fault-rank", "3", "--fault-step", "40", "--hang-s", "300",
+                            "--hang-where", "outside", "--hosts", HOSTS, "--exclude", "{exclude_hosts}")
+    assert out.returncode == 0, out.stderr[-4000:]
+    [event] = supervised_events(shared_http, run_id)
+    assert event["data"]["exclude_hosts"] == ["node3"] and event["data"]["world_size"] == {"old": 4, "new": 3}
+    shared_http.drain()
+    hangs = [f for f in shared_http.get(f"/v1/runs/{run_id}/findings").json()
+             if f["kind"] in ("hang", "stall") and f["status"] == "firing" and f["attempt"] == 1]
+    assert any(3 in f["ranks"] for f in hangs), hangs   # (a stall, run-wide, may come first)
+    entries = shared_http.get(f"/v1/runs/{run_id}/timeline").json()["entries"]
+    [restarted] = [e for e in entries if e["kind"] == "event" and e["event_kind"] in ("rollback", "restart")]
+    assert restarted["at_s"] - min(f["created_at"] for f in hangs) <= 10.0
+    run = shared_http.get(f"/v1/runs/{run_id}").json()
+    assert (run["status"], run["attempt"], run["last_step"]) == ("finished", 2, 99), run
+
+
 def test_the_service_down_for_the_whole_run_leaves_the_example_trainer_alone(tmp_path):
     from tests.server_process import free_port
     url = f"http://127.0.0.1:{free_port()}"                   # nothing listens there
