@@ -23,13 +23,14 @@ value and timing fault at once (5 % of cells missing, the trainer's clock ``ts``
 - repr and clone: ``repr`` names the class and every hyper-parameter; a clone is fresh, shares
   nothing and behaves as a new detector.
 
-Absence detectors (:class:`~detectors.base.AbsenceDetector`) are driven by a scripted job on the
-caller's clock (8 ranks pushing every second; a rank falls silent and comes back; the whole job
-stops with one rank outside the collective; a checkpoint pause; an elastic shrink; the finish).
-Their equivalents: a push split into several arrivals at the same instant, extra ticks in
-between (the same findings, only found no later), permuted rank ids, a steady job that never
-fires, an unknown step that is no progress, a snapshot restored mid-script (with the downtime
-shifted away), a clock offset, and repr and clone.
+Absence detectors (:class:`~detectors.base.AbsenceDetector`): the library
+:mod:`detectors.absence_checks` (``check_absence_detector``), run for every entry with its
+defaults and its ``alt_params``, drives each with a scripted job on the caller's clock (8 ranks
+pushing every second; a rank falls silent and comes back; the whole job stops with one rank
+outside the collective; a checkpoint pause; an elastic shrink; the finish) and holds it to the
+same findings under split pushes, extra ticks, permuted rank ids, a snapshot restored mid-script
+(downtime shifted away) and a clock offset; a steady job never fires; an unknown step is no
+progress; repr and clone. Hypothesis adds random restore points and ticks.
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ import importlib
 import inspect
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from hypothesis import strategies as st
 
 from detectors.base import AbsenceDetector, BlockDetector
 from detectors.frame import StepBlock
+from detectors.absence_checks import ABSENCE_CHECKS, drive, flat, identity, job_script
 from detectors.checks import BLOCK_CHECKS, input_unchanged, state_round_trip
 from detectors.registry import REGISTRY
 from detectors.replica import ReplicaMismatchDetector
@@ -63,15 +64,6 @@ FEW = settings(max_examples=4, deadline=None, derandomize=True)
 
 def fresh(name: str):
     return REGISTRY[name].cls()
-
-
-def key(f) -> tuple:
-    """A finding's identity for order-free comparison (within one step the order follows ids)."""
-    return (f.step, f.kind, f.metric or "", f.status, f.ranks, f.severity, f.score, f.onset_step or -1)
-
-
-def same(a: list, b: list) -> bool:
-    return sorted(map(key, a)) == sorted(map(key, b))
 
 
 # ----------------------------------------------------------------------------- the protocols
@@ -265,202 +257,40 @@ def test_repr_names_the_class_and_every_hyper_parameter(name):
 
 
 # --------------------------------------------------------------------------- absence detectors
-# The scripted job: events on the caller's clock, in seconds.
-Event = tuple
-
-
-def _job_script() -> list[Event]:
-    """8 ranks push every second and send heartbeats; rank 3 falls silent at 40 s and comes back
-    at 160 s; at 260 s the job stops with rank 5 outside the collective (the others wait in it)
-    and resumes at 330 s; a checkpoint pauses every rank from 420 s to 520 s; the world shrinks
-    to 6 ranks at 560 s (ranks 6 and 7 leave); the run finishes at 700 s."""
-    events: list[Event] = []
-    step = 0
-    for t in range(0, 700):
-        now = float(t)
-        world = 8 if t < 560 else 6
-        if t == 560:
-            events.append(("set_world", tuple(range(6)), now))
-        stopped = 260 <= t < 330
-        paused = 420 <= t < 520
-        if not stopped and not paused:
-            step += 1
-            ranks = [r for r in range(world) if not (r == 3 and 40 <= t < 160)]
-            events.append(("observe", tuple(ranks), tuple([step] * len(ranks)), now))
-        for r in range(world):
-            if r == 3 and 40 <= t < 160:
-                continue
-            phase = ("checkpoint" if paused else "data" if (stopped and r == 5)
-                     else "collective" if stopped else "forward")
-            events.append(("heartbeat", r, step if not stopped or r != 5 else step - 1, phase, now + 0.5))
-        events.append(("tick", now + 0.9))
-    events.append(("finish", 700.0))
-    events += [("tick", 700.0 + 10 * k) for k in range(1, 60)]
-    return events
-
-
-SCRIPT = _job_script()
-
-
-def drive(det, events) -> list[list]:
-    """The findings of each event, in order."""
-    out = []
-    for ev in events:
-        kind = ev[0]
-        if kind == "observe":
-            out.append(det.observe(np.asarray(ev[1], dtype=np.int64), np.asarray(ev[2], dtype=np.int64), ev[3]))
-        elif kind == "heartbeat":
-            out.append(det.heartbeat(*ev[1:]))
-        elif kind == "set_world":
-            out.append(det.set_world(ev[1], ev[2]))
-        elif kind == "tick":
-            out.append(det.tick(ev[1]))
-        elif kind == "finish":
-            out.append(det.finish(ev[1]))
-        else:
-            raise ValueError(kind)
-    return out
-
-
-def flat(per_event: list[list]) -> list:
-    return [f for fs in per_event for f in fs]
-
-
-def identity(f) -> tuple:
-    return (f.kind, f.status, f.step, f.ranks)
+@pytest.mark.parametrize("check", list(ABSENCE_CHECKS))
+@pytest.mark.parametrize("params", PARAM_SETS)
+@pytest.mark.parametrize("name", ABSENCE)
+def test_the_absence_conformance_checks(name, params, check, script):
+    ABSENCE_CHECKS[check](make_detector(name, params), script)
 
 
 @pytest.fixture(scope="module")
-def scripted() -> dict[str, list[list]]:
-    return {name: drive(fresh(name), SCRIPT) for name in ABSENCE}
-
-
-@pytest.mark.parametrize("name", ABSENCE)
-def test_every_kind_an_absence_detector_reports_is_declared_on_its_entry(name, scripted):
-    assert {f.kind for f in flat(scripted[name])} <= {k.name for k in REGISTRY[name].kinds}
-
-
-@pytest.mark.parametrize("name", ABSENCE)
-def test_the_script_makes_every_absence_detector_fire_and_resolve(name, scripted):
-    found = flat(scripted[name])
-    assert {"firing", "resolved"} <= {f.status for f in found}, f"{name}: extend the job script"
-
-
-def _split_pushes(events, rng) -> list[Event]:
-    out = []
-    for ev in events:
-        if ev[0] == "observe" and len(ev[1]) > 1:
-            cut = sorted(rng.choice(np.arange(1, len(ev[1])), size=rng.integers(1, len(ev[1])), replace=False))
-            for lo, hi in zip([0, *cut], [*cut, len(ev[1])]):
-                out.append(("observe", ev[1][lo:hi], ev[2][lo:hi], ev[3]))
-        else:
-            out.append(ev)
-    return out
-
-
-@pytest.mark.parametrize("name", ABSENCE)
-@pytest.mark.parametrize("seed", [0, 1])
-def test_absence_split_a_push_into_arrivals_at_the_same_instant(name, seed, scripted):
-    # A push of many ranks, or the same records in several smaller arrivals at the same instant:
-    # only the grouping of the resolved findings can differ.
-    got = drive(fresh(name), _split_pushes(SCRIPT, np.random.default_rng(seed)))
-    assert same(flat(got), flat(scripted[name]))
+def script() -> list:
+    return job_script()
 
 
 @pytest.mark.parametrize("name", ABSENCE)
 @FEW
-@given(extra=st.lists(st.floats(0.0, 1_200.0), max_size=60))
-def test_absence_extra_ticks_find_the_same_and_no_later(name, extra, scripted):
-    ticks = sorted(extra)
-    events, i = [], 0
-    for ev in SCRIPT:
-        now = ev[-1] if ev[0] != "tick" else ev[1]
-        while i < len(ticks) and ticks[i] < now:
-            events.append(("tick", ticks[i]))
-            i += 1
-        events.append(ev)
-    got = flat(drive(fresh(name), events))
-    want = flat(scripted[name])
-    assert [identity(f) for f in got] == [identity(f) for f in want]
-
-
-@pytest.mark.parametrize("name", ABSENCE)
-def test_absence_permuted_rank_ids_map_through_the_permutation(name, scripted):
-    mapping = 100 + np.random.default_rng(3).permutation(8)
-
-    def move(ev):
-        if ev[0] == "observe":
-            return ("observe", tuple(int(mapping[r]) for r in ev[1]), ev[2], ev[3])
-        if ev[0] == "heartbeat":
-            return ("heartbeat", int(mapping[ev[1]]), *ev[2:])
-        if ev[0] == "set_world":
-            return ("set_world", tuple(int(mapping[r]) for r in ev[1]), ev[2])
-        return ev
-
-    got = drive(fresh(name), [move(ev) for ev in SCRIPT])
-    for g, w in zip(got, scripted[name]):
-        want = [replace(f, ranks=tuple(sorted(int(mapping[r]) for r in f.ranks))) for f in w]
-        assert same(g, want)
-
-
-@pytest.mark.parametrize("name", ABSENCE)
-def test_absence_a_steady_job_never_fires(name):
-    det, step = fresh(name), 0
-    events: list[Event] = []
-    for t in range(0, 2_000, 2):
-        step += 1
-        events.append(("observe", tuple(range(8)), tuple([step] * 8), float(t)))
-        events += [("heartbeat", r, step, "forward", t + 0.5) for r in range(8)]
-        events.append(("tick", t + 1.0))
-    assert flat(drive(det, events)) == []
-
-
-@pytest.mark.parametrize("name", ABSENCE)
-def test_absence_an_unknown_step_is_no_progress(name, scripted):
-    # A heartbeat that does not tell its step says "alive", never "moved": added to the script
-    # for the silent rank it changes nothing about which findings fire.
-    quiet = [("heartbeat", 3, -1, "forward", t + 0.7) for t in range(40, 160)]
-    events = sorted(SCRIPT + quiet, key=lambda ev: ev[-1] if ev[0] != "tick" else ev[1])
-    got = flat(drive(fresh(name), events))
-    assert {identity(f) for f in got if f.status == "firing"} == \
-        {identity(f) for f in flat(scripted[name]) if f.status == "firing"}
-
-
-@pytest.mark.parametrize("name", ABSENCE)
-@pytest.mark.parametrize("cut", [100, 2_000, 4_500, 6_000, 8_000])
-def test_absence_state_round_trip_with_downtime_shifted_away(name, cut, scripted):
+@given(cut=st.integers(1, 8_000), extra=st.lists(st.floats(0.0, 1_200.0), max_size=60))
+def test_absence_random_cuts_and_ticks(name, cut, extra, script):
+    # Hypothesis adds random restore points and ticks to the library's seeded ones.
+    whole = [identity(f) for f in flat(drive(fresh(name), script))]
     first = fresh(name)
-    head = drive(first, SCRIPT[:cut])
+    head = drive(first, script[:cut])
     restored = fresh(name)
     restored.load_state_dict(_snapshot(first))
-    # The service was down for 1,000 s: it shifts the detector's clock, then time goes on later.
-    restored.shift_clock(1_000.0)
-    tail = drive(restored, [_shifted(ev, 1_000.0) for ev in SCRIPT[cut:]])
-    assert [identity(f) for f in flat(head + tail)] == [identity(f) for f in flat(scripted[name])]
+    tail = drive(restored, script[cut:])
+    assert [identity(f) for f in flat(head + tail)] == whole
+    events = sorted([*script, *(("tick", t) for t in extra)], key=lambda ev: ev[1] if ev[0] in ("tick", "finish") else ev[-1])
+    assert [identity(f) for f in flat(drive(fresh(name), events))] == whole
 
 
-def _shifted(ev: Event, dt: float) -> Event:
-    if ev[0] == "observe":
-        return (*ev[:3], ev[3] + dt)
-    if ev[0] == "heartbeat":
-        return (*ev[:4], ev[4] + dt)
-    if ev[0] == "set_world":
-        return (ev[0], ev[1], ev[2] + dt)
-    return (ev[0], ev[1] + dt)
+def test_the_absence_checks_catch_a_detector_that_ignores_downtime(script):
+    # The mutation the round trip must catch: a restored detector that does not shift its clock
+    # past the service's downtime, so every rank looks silent for 1,000 s.
+    class Amnesiac(REGISTRY["hang"].cls):
+        def shift_clock(self, shift_s):
+            pass
+    with pytest.raises(AssertionError, match="restored at event"):
+        ABSENCE_CHECKS["state_round_trip"](Amnesiac, script)
 
-
-@pytest.mark.parametrize("name", ABSENCE)
-def test_absence_only_the_clock_difference_matters(name, scripted):
-    got = drive(fresh(name), [_shifted(ev, 12_345.0) for ev in SCRIPT])
-    for g, w in zip(got, scripted[name]):
-        assert [(identity(f), f.severity, f.score) for f in g] == [(identity(f), f.severity, f.score) for f in w]
-
-
-@pytest.mark.parametrize("name", ABSENCE)
-def test_absence_a_clone_is_fresh_and_shares_nothing(name, scripted):
-    used = fresh(name)
-    drive(used, SCRIPT[:3_000])
-    before = json.dumps(used.state_dict(), allow_nan=True)
-    twin = used.clone()
-    assert [identity(f) for f in flat(drive(twin, SCRIPT))] == [identity(f) for f in flat(scripted[name])]
-    assert json.dumps(used.state_dict(), allow_nan=True) == before
