@@ -26,7 +26,9 @@ import argparse
 import gzip
 import hashlib
 import json
+import math
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,6 +62,11 @@ SHAPES: dict[str, dict] = {
         "args": ["--fault", "lr_spike", "--fault-rank", "-1", "--lr-factor", "8", "--fault-steps", "20"],
         "onset": 500, "length": 20, "rank": None, "dirty": True,
         "detail": {"factor": 8.0, "length": 20}},
+    "spike_lr8_late_big_s11": {
+        "scenario": "spike", "variant": "lr", "seed": 11, "steps": 1000, "model": BIG,
+        "args": ["--fault", "lr_spike", "--fault-rank", "-1", "--lr-factor", "8", "--fault-steps", "20"],
+        "onset": 800, "length": 20, "rank": None, "dirty": True,
+        "detail": {"factor": 8.0, "length": 20, "note": "late in the cosine decay: a smaller rise"}},
     "sdc_slow_noise_s12_r2": {
         "scenario": "sdc_slow", "variant": "noise", "seed": 12, "steps": 1000, "model": BASE,
         "args": ["--fault", "grad_noise", "--fault-rank", "2", "--noise-frac", "0.25"],
@@ -159,6 +166,7 @@ def labels(name: str, shape: dict, records: list[dict], checkpoints: list[dict],
         "step_indexing": "1-based; a checkpoint at step k holds the state after the update of step k; "
                          "resume starts at k+1",
         "fault": fault, "checkpoints": ckpts,
+        "derived": derived(records, rank if shape.get("dirty") else None, onset),
         "outcome": {"first_step": records[0]["step"], "last_step": records[-1]["step"],
                     "n_records": len(records), "wall_s": round(wall_s, 1)},
         "config": {"trainer": "examples/train.py", "args": shape["model"] + shape["args"],
@@ -167,6 +175,28 @@ def labels(name: str, shape: dict, records: list[dict], checkpoints: list[dict],
                    "corpus_sha256": hashlib.sha256(text.read_bytes()).hexdigest()},
         "recorded_by": "examples/record_trace.py",
     }
+
+
+def derived(records: list[dict], rank: int | None, onset: int | None) -> dict | None:
+    """What the fault did to its rank's own loss against its peers (the median of the others):
+    the ratio at the onset's next three steps, and the geometric mean ratio before the onset and
+    from 50 steps after it to the end, with the per-step spread (log sd) of that ratio."""
+    if rank is None or onset is None:
+        return None
+    by: dict[int, dict[int, float]] = {}
+    for r in records:
+        by.setdefault(r["step"], {})[r["rank"]] = r["loss"]
+    rel = {s: math.log(v[rank] / statistics.median(x for k, x in v.items() if k != rank))
+           for s, v in by.items() if rank in v and len(v) > 1}
+
+    def summary(steps: list[int]) -> dict:
+        xs = [rel[s] for s in steps if s in rel]
+        return {"ratio": round(math.exp(statistics.fmean(xs)), 4), "log_sd": round(statistics.pstdev(xs), 4)}
+
+    last = max(rel)
+    return {"loss_ratio_to_peers_after_onset": [round(math.exp(rel[s]), 4) for s in range(onset, onset + 3) if s in rel],
+            "before": summary(list(range(max(1, onset - 300), onset))),
+            "from_onset_plus_50": summary(list(range(onset + 50, last + 1)))}
 
 
 def write_jsonl_gz(path: Path, rows: list[dict]) -> None:
