@@ -13,7 +13,12 @@ blow-up on it, gradient noise on a quarter of one rank's elements, a mild stragg
 job-wide jitter and a clean run under the same jitter, a replica's lasting offset after a weight
 bit flip, an MLP-bias bit flip without fingerprints). They are judged by the same ``score.py``
 functions and rules (gradient noise on one rank is an ``sdc_slow``: a fraction of one rank's
-gradient corrupted every step from the onset), with one addition where a shape needs one:
+gradient corrupted every step from the onset), with two additions where a shape needs one:
+
+- an LR blow-up (``spike``, variant ``lr``) whose rise builds over its 20 steps rather than in
+  one (late in a cosine schedule, +14 % over the 20 steps against 5.5 % per-step noise) is also
+  found by a ``divergence`` of warning or above within ``[onset, end + 2]`` (issue #26 accepts
+  it found as a drift; the rollback rule is unchanged: the newest clean checkpoint);
 
 - ``sdc_silent`` (a bit flip in one replica that moves the loss too little to see, no
   fingerprints) needs no finding, but none of warning or above before the onset, and the
@@ -101,7 +106,33 @@ def judge_ours(score, svc, d: Path) -> list[tuple[str, bool, str]]:
         return [(f"detect {d.name}", not early, f"{len(early)} findings of warning or above before the onset"),
                 (f"rollback {d.name}", says, f"HTTP {status}: fingerprints {answer.get('fingerprints')}, "
                  f"proof {answer.get('proof')}, proof_note {str(answer.get('proof_note'))[:60]!r}")]
-    return score.judge_trace(svc, d)
+    watched = _RunRecorder(svc.base)
+    out = score.judge_trace(watched, d)
+    if scen == "spike" and lab.get("variant") == "lr" and not out[0][1]:
+        end = lab["fault"]["end_step"]
+        rise = [f for f in map(score.fields, svc.findings(watched.run)) if f[0] == "divergence"
+                and f[3] in score.SERIOUS and f[1] is not None and onset <= f[1] <= end + 2]
+        if rise:
+            out[0] = (out[0][0], True, f"found as a divergence at {rise[0][1]} ({rise[0][3]}), "
+                                       f"within [{onset}, {end + 2}]")
+    return out
+
+
+class _RunRecorder:
+    """score.py's Service, remembering the run id judge_trace made up (to read its findings)."""
+
+    def __new__(cls, url: str):
+        score = sys.modules["quality_score"]
+
+        class Recorder(score.Service):
+            run: str | None = None
+
+            def must(self, method, path, obj=None):
+                if method == "PUT" and path.startswith("/v1/runs/"):
+                    self.run = path.removeprefix("/v1/runs/")
+                return super().must(method, path, obj)
+
+        return Recorder(url)
 
 
 def _curve_specs() -> list[dict]:
