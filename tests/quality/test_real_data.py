@@ -106,7 +106,7 @@ def judge_ours(score, svc, d: Path) -> list[tuple[str, bool, str]]:
         return [(f"detect {d.name}", not early, f"{len(early)} findings of warning or above before the onset"),
                 (f"rollback {d.name}", says, f"HTTP {status}: fingerprints {answer.get('fingerprints')}, "
                  f"proof {answer.get('proof')}, proof_note {str(answer.get('proof_note'))[:60]!r}")]
-    watched = _RunRecorder(svc.base)
+    watched = _remembering_run(score)(svc.base)
     out = score.judge_trace(watched, d)
     if scen == "spike" and lab.get("variant") == "lr" and not out[0][1]:
         end = lab["fault"]["end_step"]
@@ -118,21 +118,18 @@ def judge_ours(score, svc, d: Path) -> list[tuple[str, bool, str]]:
     return out
 
 
-class _RunRecorder:
+def _remembering_run(score):
     """score.py's Service, remembering the run id judge_trace made up (to read its findings)."""
 
-    def __new__(cls, url: str):
-        score = sys.modules["quality_score"]
+    class Service(score.Service):
+        run: str | None = None
 
-        class Recorder(score.Service):
-            run: str | None = None
+        def must(self, method, path, obj=None):
+            if method == "PUT" and path.startswith("/v1/runs/"):
+                self.run = path.removeprefix("/v1/runs/")
+            return super().must(method, path, obj)
 
-            def must(self, method, path, obj=None):
-                if method == "PUT" and path.startswith("/v1/runs/"):
-                    self.run = path.removeprefix("/v1/runs/")
-                return super().must(method, path, obj)
-
-        return Recorder(url)
+    return Service
 
 
 def _curve_specs() -> list[dict]:
