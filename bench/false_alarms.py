@@ -1,4 +1,5 @@
-"""False-alarm rates of the default detectors on the clean real data of ``../shared/quality``.
+"""False-alarm rates of the default detectors on the clean real data of ``../shared/quality`` and
+of our own recordings (``tests/quality/traces``).
 
 Feeds the clean traces (real 4- and 8-rank trainings on a shared 2-core machine: scheduling blips,
 per-rank offsets, jitter) and the public loss curves (Pythia, modded-nanogpt) straight into the
@@ -33,6 +34,7 @@ from detectors.frame import StepBlock  # noqa: E402
 from healthsvc.monitor.suite import build_suite  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "quality"
+OURS = Path(__file__).resolve().parents[1] / "tests" / "quality" / "traces"
 FIELDS = {"loss": "loss", "grad_norm": "grad_norm", "grad_norm_local": "local_grad_norm",
           "step_time": "step_time", "compute_time": "compute_time", "comm_time": "comm_time",
           "data_time": "data_time", "ts": "ts"}
@@ -70,11 +72,20 @@ def findings(records: list[dict], config: dict | None = None):
             yield from det.update(blk)
 
 
+def _records(d: Path) -> list[dict]:
+    """A trace's records: ``records.jsonl``, or gzipped as our own recordings keep them."""
+    packed = d / "records.jsonl.gz"
+    text = gzip.decompress(packed.read_bytes()).decode() if packed.exists() else (d / "records.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def clean_sources():
-    for d in sorted((CORPUS / "traces").iterdir()):
+    # The corpus's traces, then our own recordings (tests/quality/traces: examples/record_trace.py).
+    dirs = sorted((CORPUS / "traces").iterdir()) + sorted(p for p in OURS.iterdir() if (p / "labels.json").exists())
+    for d in dirs:
         labels = json.loads((d / "labels.json").read_text())
         onset = (labels.get("fault") or {}).get("onset_step")
-        recs = [json.loads(line) for line in (d / "records.jsonl").read_text().splitlines() if line.strip()]
+        recs = _records(d)
         if onset is not None:
             recs = [r for r in recs if r["step"] < onset]
         yield f"trace {d.name}", recs, len({r["step"] for r in recs})

@@ -42,6 +42,10 @@ class Kind:
     - ``corruption``: ``None`` when the kind says nothing about the weights; else it is rollback
       evidence, and its onset is searched for in the ``abrupt`` window (seen within a step or two:
       32 steps or twice the detection delay) or the ``drift`` one (256 steps or four times it).
+      ``drift`` is the widest a finding of the kind may need: an episode whose rise the history
+      shows began with a jump of the loss within a few steps of its onset (an LR blow-up seen
+      as a divergence) takes the abrupt window
+      (:func:`detectors.offline.onset_signals.rise_began_abruptly`).
     - ``heals``: whether an episode that recovered within the transient window may be dismissed
       as a transient (a proof or a slow drift never heals).
     - ``onset_guessed``: the detector's ``onset_step`` is a guess that may fall after the first

@@ -18,6 +18,12 @@ It reads top to bottom like nanoGPT's train.py: config, model, data, the loop, c
     python examples/train.py ... --fault hang --fault-rank 3 --fault-step 100 --hang-s 20 --hang-where outside
     # rank 2's gradients are corrupted (scaled and noised before the all-reduce) from step 140 on
     python examples/train.py ... --fault corrupt_grad --fault-rank 2 --fault-step 140
+    # ... or only noised: noise as large as the gradient on a quarter of its elements
+    python examples/train.py ... --fault grad_noise --fault-rank 2 --fault-step 140 --noise-frac 0.25
+    # the learning rate x8 for 20 steps from step 150 (every rank: it is the job's schedule)
+    python examples/train.py ... --fault lr_spike --fault-rank -1 --fault-step 150 --lr-factor 8 --fault-steps 20
+    # a loaded machine: every step's compute takes 1-2x longer on every rank at once
+    python examples/train.py ... --jitter 2
     # ... then restart from the checkpoint the service says is clean, without the fault
     python examples/train.py ... --resume-from-rollback
     # rank 3 dies at step 160; the job restarts elastically with 3 ranks from the last checkpoint
@@ -28,6 +34,10 @@ It reads top to bottom like nanoGPT's train.py: config, model, data, the loop, c
     # ... or in rank 1's optimizer state (AdamW's second moment); --fingerprint-optimizer makes
     # the fingerprint cover the optimizer state, so it is seen at the next fingerprint
     python examples/train.py ... --fault optim_bitflip --fault-rank 1 --fault-step 120 --fingerprint-optimizer
+    # ... or in an MLP output bias of rank 1's replica (--flip-bit 25: an exponent bit, x16)
+    python examples/train.py ... --fault bias_bitflip --fault-rank 1 --fault-step 120 --flip-bit 25 --flip-index 35
+    # a bigger model on a larger text, with a warm-up (any text file: here the project's docs)
+    python examples/train.py ... --n-layer 3 --n-embd 64 --text docs/quality.md --warmup-steps 100
     # resume from a checkpoint with the data sampler restarted from the beginning of the stream,
     # and/or the learning-rate schedule restarted (faults can be combined with commas)
     python examples/train.py ... --resume ckpt.pt --lr-schedule cosine --fault resume_sampler_reset,resume_scheduler_reset
@@ -71,8 +81,9 @@ from clients.digest import FINGERPRINT_EVERY, due  # noqa: E402
 from clients.probe import next_probe, report_probe  # noqa: E402
 from clients.timing import StepTimer  # noqa: E402
 
-FAULTS = ("none", "nan", "loss_spike", "straggler", "hang", "corrupt_grad", "leave", "weight_bitflip",
-          "optim_bitflip", "resume_sampler_reset", "resume_scheduler_reset")
+FAULTS = ("none", "nan", "loss_spike", "straggler", "hang", "corrupt_grad", "grad_noise", "lr_spike",
+          "leave", "weight_bitflip", "optim_bitflip", "bias_bitflip", "resume_sampler_reset",
+          "resume_scheduler_reset")
 
 # A small corpus that ships with the example: no download, the same on every machine.
 TEXT = """\
@@ -107,8 +118,10 @@ class Config:
     exclude: str = ""
     steps: int = 300
     batch_size: int = 8
+    text: str = ""                  # a text file to train on (empty: the paragraph below)
     lr: float = 3e-3
     lr_schedule: str = "constant"   # or "cosine": decays to lr / 10 over --steps
+    warmup_steps: int = 0           # the learning rate rises linearly from 0 over these steps
     max_grad_norm: float = 1.0
     seed: int = 1337
     log_every: int = 50
@@ -126,6 +139,7 @@ class Config:
     fault: str = "none"
     fault_rank: int = 0
     fault_step: int = 100
+    fault_steps: int = 1             # how many steps a windowed fault (lr_spike) lasts
     # the fault strikes the first attempt only: a resumed run trains clean, as after a transient
     # hardware error (without it a fault is in the data, and comes back at its step)
     fault_transient: bool = False
@@ -134,7 +148,12 @@ class Config:
     hang_s: float = 20.0
     hang_where: str = "outside"
     corrupt_scale: float = 8.0
+    noise_frac: float = 0.25         # grad_noise: the share of gradient elements noised
+    lr_factor: float = 8.0           # lr_spike: the learning rate's factor
     flip_bit: int = 22               # the top mantissa bit of a float32: the value moves by up to 2x
+    flip_index: int = 7              # which element of the tensor flips
+    # the machine: each step's compute takes 1 to --jitter times longer on every rank at once
+    jitter: float = 1.0
     # reporting: rank 0 gathers all ranks' records and sends them as one columnar batch per step
     aggregate: bool = False
     # internal: set by the launcher on an elastic restart
@@ -198,10 +217,11 @@ class CharGPT(nn.Module):
 
 # ---- data ------------------------------------------------------------------------------------------
 
-def encode_corpus() -> tuple[torch.Tensor, int]:
-    chars = sorted(set(TEXT))
+def encode_corpus(cfg: Config) -> tuple[torch.Tensor, int]:
+    text = Path(cfg.text).read_text(encoding="utf-8") if cfg.text else TEXT
+    chars = sorted(set(text))
     index = {c: i for i, c in enumerate(chars)}
-    return torch.tensor([index[c] for c in TEXT], dtype=torch.long), len(chars)
+    return torch.tensor([index[c] for c in text], dtype=torch.long), len(chars)
 
 
 def get_batch(data: torch.Tensor, cfg: Config, index: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,7 +251,7 @@ class Faults:
         if c.fault_transient and (c.resume or c.resume_from_rollback):
             return False
         on_rank = c.fault_rank in (-1, self.rank)
-        at_step = step >= c.fault_step if persistent else step == c.fault_step
+        at_step = step >= c.fault_step if persistent else c.fault_step <= step < c.fault_step + c.fault_steps
         return self.active(kind) and on_rank and at_step
 
     def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
@@ -240,6 +260,17 @@ class Faults:
         if self.hits("loss_spike", step):
             return loss * self.cfg.spike_factor
         return loss
+
+    def lr_factor(self, step: int) -> float:
+        return self.cfg.lr_factor if self.hits("lr_spike", step) else 1.0
+
+    def load(self, step: int, compute_s: float) -> None:
+        # A loaded machine, not a fault: the same factor on every rank at a step (seeded by the
+        # step), log-uniform in [1, jitter], so the job's step time jitters while no rank is slower
+        # than its peers.
+        if self.cfg.jitter > 1.0:
+            u = torch.rand(1, generator=torch.Generator().manual_seed(self.cfg.seed * 7_919 + step)).item()
+            time.sleep((self.cfg.jitter ** u - 1.0) * compute_s)
 
     def straggle(self, step: int, compute_s: float) -> None:
         if self.hits("straggler", step, persistent=True):
@@ -255,21 +286,29 @@ class Faults:
             g = torch.Generator().manual_seed(step)
             noise = torch.randn(flat_grad.shape, generator=g) * flat_grad.std()
             return flat_grad * self.cfg.corrupt_scale + noise * self.cfg.corrupt_scale
+        if self.hits("grad_noise", step, persistent=True):
+            # Noise as large as the gradient itself (its RMS) on a fixed share of its elements.
+            mask = torch.rand(flat_grad.shape, generator=torch.Generator().manual_seed(self.cfg.seed))
+            noise = torch.randn(flat_grad.shape, generator=torch.Generator().manual_seed(step))
+            rms = flat_grad.norm() / math.sqrt(flat_grad.numel())
+            return flat_grad + (mask < self.cfg.noise_frac) * noise * rms
         return flat_grad
 
     def leaves(self, step: int) -> bool:
         return self.hits("leave", step)
 
-    def flip_bits(self, step: int, params: list[torch.Tensor], opt: torch.optim.Optimizer) -> None:
+    def flip_bits(self, step: int, model: CharGPT, opt: torch.optim.Optimizer) -> None:
         # A flipped bit in this replica's memory after the update: no error, no NaN, and the
         # replicas are no longer identical (the all-reduce keeps their gradients equal, not them).
         # The output head's weights: every forward pass uses them (a flipped embedding row would
         # matter only to batches that hold its character).
-        head = params[-1]
+        head = model.head.weight
         if self.hits("weight_bitflip", step):
-            _flip(head.data, 7, self.cfg.flip_bit)
+            _flip(head.data, self.cfg.flip_index, self.cfg.flip_bit)
         if self.hits("optim_bitflip", step):
-            _flip(opt.state[head]["exp_avg_sq"], 7, self.cfg.flip_bit)
+            _flip(opt.state[head]["exp_avg_sq"], self.cfg.flip_index, self.cfg.flip_bit)
+        if self.hits("bias_bitflip", step):  # the first MLP's output bias: one residual channel shifts
+            _flip(model.blocks[0].mlp[2].bias.data, self.cfg.flip_index, self.cfg.flip_bit)
 
 
 def _flip(t: torch.Tensor, index: int, bit: int) -> None:
@@ -297,10 +336,12 @@ def gather_and_log(run: clients.Run, record: dict[str, float], step: int, rank: 
 # ---- checkpoints -----------------------------------------------------------------------------------
 
 def lr_schedule(cfg: Config, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
-    if cfg.lr_schedule == "cosine":  # from lr down to lr / 10 over the run
-        decay = lambda step: 0.1 + 0.45 * (1 + math.cos(math.pi * min(step, cfg.steps) / cfg.steps))  # noqa: E731
-        return torch.optim.lr_scheduler.LambdaLR(opt, decay)
-    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    def factor(step: int) -> float:
+        warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+        if cfg.lr_schedule == "cosine":  # from lr down to lr / 10 over the run
+            return warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(step, cfg.steps) / cfg.steps)))
+        return warm
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 def save_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer,
@@ -342,7 +383,7 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
         run = clients.init(run_id=cfg.run_id, rank=rank, world_size=world_size, mode="disabled")
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    data, vocab_size = encode_corpus()
+    data, vocab_size = encode_corpus(cfg)
     model = CharGPT(cfg, vocab_size)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     sched = lr_schedule(cfg, opt)
@@ -439,6 +480,7 @@ def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Mo
         with timer.compute():
             t0 = time.perf_counter()
             loss, flat = local_gradient(model, params, faults, x, y, step)
+            faults.load(step, time.perf_counter() - t0)
             faults.straggle(step, time.perf_counter() - t0)
             faults.hang(step, "outside")
             local_grad_norm = flat.norm().item()
@@ -454,7 +496,9 @@ def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Mo
 
         with timer.compute():
             grad_norm = flat.norm().item()
-            lr = opt.param_groups[0]["lr"]  # the rate of this step's update
+            lr = opt.param_groups[0]["lr"] * faults.lr_factor(step)  # the rate of this step's update
+            for group in opt.param_groups:  # the scheduler sets the next step's rate afresh
+                group["lr"] = lr
             if math.isfinite(grad_norm):
                 flat *= min(1.0, cfg.max_grad_norm / (grad_norm + 1e-6))  # clip
                 offset = 0
@@ -465,7 +509,7 @@ def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Mo
             else:
                 skipped += 1  # like a loss scaler: a non-finite step is not applied
             sched.step()
-            faults.flip_bits(step, params, opt)
+            faults.flip_bits(step, model, opt)
 
         record = {"loss": loss.item(), "grad_norm": grad_norm, "local_grad_norm": local_grad_norm,
                   "lr": lr, "tokens": x.numel(), "data_cursor": data_cursor, **timer.end_step()}

@@ -223,3 +223,56 @@ def row_median(values: np.ndarray, present: np.ndarray) -> np.ndarray:
     med = 0.5 * x[rows, lo] + 0.5 * x[rows, hi]
     med[count == 0] = np.nan
     return med
+
+
+# A rise "began abruptly" when, within this many steps after the last step at its best, the loss
+# stood at least ABRUPT_RISE_Z robust noise units above the steps before it for ABRUPT_RISE_RUN
+# steps in a row. A hard batch is one step; a slow drift stays within a few noise units of its
+# recent past for tens of steps (its smoothed level lags the raw loss by ~1/alpha steps of drift).
+ABRUPT_RISE_STEPS = 8
+ABRUPT_RISE_RUN = 3
+ABRUPT_RISE_Z = 3.0
+ABRUPT_RISE_BASE_STEPS = 64
+
+
+def rise_began_abruptly(block: StepBlock, best_step: int) -> int | None:
+    """The first step of a jump of the aggregate loss within ``ABRUPT_RISE_STEPS`` steps after
+    ``best_step`` (the last step a drift-kind finding saw at its best), or None when the rise
+    was gradual or the history cannot tell (no loss, too little of it before ``best_step``).
+
+    The aggregate is the median over the ranks of the log loss; the noise is the MAD of the
+    ``ABRUPT_RISE_BASE_STEPS`` steps up to ``best_step`` around their median. A jump is
+    ``ABRUPT_RISE_RUN`` consecutive steps at least ``ABRUPT_RISE_Z`` noise units above it, the
+    first of which lies in ``best_step + 1 .. best_step + ABRUPT_RISE_STEPS``.
+
+    >>> import numpy as np
+    >>> steps = np.arange(1, 401)
+    >>> loss = 2.0 * np.exp(np.random.default_rng(0).normal(0, 0.02, (400, 4)))
+    >>> loss[steps > 300] *= 1.5                                       # the LR blew up at 301
+    >>> block = StepBlock.from_dense(steps, np.arange(4), loss=loss)
+    >>> rise_began_abruptly(block, 299), rise_began_abruptly(block, 250)
+    (301, None)
+    >>> loss[steps > 300] /= 1.5; loss *= np.exp(np.maximum(0, steps - 300) * 2e-3)[:, None]  # a drift
+    >>> rise_began_abruptly(StepBlock.from_dense(steps, np.arange(4), loss=loss.copy()), 299) is None
+    True
+    """
+    if not block.has("loss"):
+        return None
+    at = int(np.searchsorted(block.steps, best_step, side="right"))
+    if at < ABRUPT_RISE_BASE_STEPS // 2:
+        return None
+    loss = row_median(block.values["loss"], block.present["loss"])
+    with np.errstate(all="ignore"):
+        y = np.log(np.where(loss > 0, loss, np.nan))
+    base = y[max(0, at - ABRUPT_RISE_BASE_STEPS):at]
+    base = base[np.isfinite(base)]
+    if base.size < ABRUPT_RISE_BASE_STEPS // 2:
+        return None
+    centre = float(np.median(base))
+    noise = max(float(np.median(np.abs(base - centre))) * 1.4826, 1e-6)
+    ahead = y[at:at + ABRUPT_RISE_STEPS + ABRUPT_RISE_RUN - 1]
+    high = np.isfinite(ahead) & (ahead - centre >= ABRUPT_RISE_Z * noise)
+    for i in range(min(ABRUPT_RISE_STEPS, high.size - ABRUPT_RISE_RUN + 1)):
+        if high[i:i + ABRUPT_RISE_RUN].all() and block.steps[at + i] - best_step <= ABRUPT_RISE_STEPS:
+            return int(block.steps[at + i])
+    return None

@@ -170,6 +170,14 @@ class EvidenceEpisode(BaseModel):
                                             "50 steps of its onset (a divergence, and anything in "
                                             "the first 5 steps after a restart, always counts).")
     why: str = Field(..., description="Why it counts or not, for people.")
+    window: Literal["abrupt", "drift"] = Field(..., description=(
+        "The onset window it took: its kind's corruption shape (abrupt: 32 steps or twice the "
+        "detection delay before its onset; drift: 256 steps or four times it), abrupt for a "
+        "drift kind whose rise began with a jump (`jump_step`)."))
+    jump_step: int | None = Field(..., description=(
+        "For a drift kind (divergence, rank_outlier): the step at which the run's loss jumped, "
+        "within 8 steps after the episode's onset, when the history shows such a jump; null "
+        "when the rise was gradual."))
 
 
 class ReplicaProofOut(BaseModel):

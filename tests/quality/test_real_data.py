@@ -7,13 +7,34 @@ public v1 HTTP contract and judges findings and rollback answers by the rules in
 cases are independent (each under a fresh run id), so they run concurrently against one server to
 keep CI short; the hang cases wait for real detection, the rest only for their replay.
 
+Beside the corpus, ``tests/quality/traces`` holds our own recordings of shapes the corpus lacks
+(``examples/record_trace.py``: a bigger model with another learning rate and warm-up, an LR x8
+blow-up on it, gradient noise on a quarter of one rank's elements, a mild straggler under 2x
+job-wide jitter and a clean run under the same jitter, a replica's lasting offset after a weight
+bit flip, an MLP-bias bit flip without fingerprints). They are judged by the same ``score.py``
+functions and rules (gradient noise on one rank is an ``sdc_slow``: a fraction of one rank's
+gradient corrupted every step from the onset), with two additions where a shape needs one:
+
+- an LR blow-up (``spike``, variant ``lr``) whose rise builds over its 20 steps rather than in
+  one (late in a cosine schedule, +14 % over the 20 steps against 5.5 % per-step noise) is also
+  found by a ``divergence`` of warning or above within ``[onset, end + 2]`` (issue #26 accepts
+  it found as a drift; the rollback rule is unchanged: the newest clean checkpoint);
+
+- ``sdc_silent`` (a bit flip in one replica that moves the loss too little to see, no
+  fingerprints) needs no finding, but none of warning or above before the onset, and the
+  rollback answer must say that it rests on no proof: ``fingerprints: false``, ``proof: null``
+  and a ``proof_note`` naming ``fingerprint(``.
+
 Nothing here tunes the service: it runs on its defaults, as a user would start it.
 """
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
+import shutil
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +43,23 @@ import pytest
 from tests.server_process import ServerProcess
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "quality"
+OURS = Path(__file__).resolve().parent / "traces"
+# Our recordings' cases that do not pass yet, with what was measured and what should fix them.
+PENDING: dict[str, str] = {
+    "detect sdc_burst_offset_s1337_r3": (
+        "issue #26 point 4 (branch outlier): rank 3's loss is 1.08x and 1.14x its peers' at the "
+        "two steps after the flip, then 1.008x for good (per-step log sd 0.099); nothing of "
+        "warning or above is found"),
+    "rollback sdc_burst_offset_s1337_r3": (
+        "issue #26 point 4: with no evidence the answer is the newest checkpoint (1000); the "
+        "newest clean one is 500"),
+    "rollback sdc_slow_noise_s12_r2": (
+        "rank 2's local gradient norm is 1.115x its peers' from step 600 (per-step log sd 0.07) "
+        "and rank_outlier names it at 700 (onset 622); the onset estimate's rank comparison "
+        "picks rank 2 (t 10.7) but finds no significant change point in its deviation up to "
+        "764, so only the loss's and gradient norm's changes located before 622 remain: "
+        "310..530, and the answer is 400, one checkpoint older than the newest clean (500)"),
+}
 
 
 def _score_module():
@@ -40,6 +78,61 @@ def _trace_names() -> list[str]:
     return sorted(p.name for p in traces.iterdir() if (p / "labels.json").exists()) if traces.exists() else []
 
 
+def _our_trace_names() -> list[str]:
+    return sorted(p.name for p in OURS.iterdir() if (p / "labels.json").exists()) if OURS.exists() else []
+
+
+def _unpacked(name: str, into: Path) -> Path:
+    """Our trace as score.py reads it: the gzipped jsonl files decompressed, under its own name."""
+    src, out = OURS / name, into / name
+    out.mkdir(parents=True)
+    shutil.copy(src / "labels.json", out / "labels.json")
+    for packed in src.glob("*.jsonl.gz"):
+        (out / packed.name.removesuffix(".gz")).write_bytes(gzip.decompress(packed.read_bytes()))
+    return out
+
+
+def judge_ours(score, svc, d: Path) -> list[tuple[str, bool, str]]:
+    """score.py's judgement of one of our traces, plus the rules our shapes add (module doc)."""
+    lab = json.loads((d / "labels.json").read_text())
+    scen, onset = lab["scenario"], (lab.get("fault") or {}).get("onset_step")
+    if scen == "sdc_silent":
+        run = f"q-{d.name}-{uuid.uuid4().hex[:6]}"
+        score.replay_trace(svc, d, run)
+        serious = [f for f in map(score.fields, svc.findings(run)) if f[3] in score.SERIOUS]
+        early = [f for f in serious if f[1] is not None and f[1] < onset]
+        status, answer = svc.call("GET", f"/v1/runs/{run}/rollback")
+        says = (status == 200 and answer["fingerprints"] is False and answer["proof"] is None
+                and "fingerprint(" in (answer["proof_note"] or ""))
+        return [(f"detect {d.name}", not early, f"{len(early)} findings of warning or above before the onset"),
+                (f"rollback {d.name}", says, f"HTTP {status}: fingerprints {answer.get('fingerprints')}, "
+                 f"proof {answer.get('proof')}, proof_note {str(answer.get('proof_note'))[:60]!r}")]
+    watched = _remembering_run(score)(svc.base)
+    out = score.judge_trace(watched, d)
+    if scen == "spike" and lab.get("variant") == "lr" and not out[0][1]:
+        end = lab["fault"]["end_step"]
+        rise = [f for f in map(score.fields, svc.findings(watched.run)) if f[0] == "divergence"
+                and f[3] in score.SERIOUS and f[1] is not None and onset <= f[1] <= end + 2]
+        if rise:
+            out[0] = (out[0][0], True, f"found as a divergence at {rise[0][1]} ({rise[0][3]}), "
+                                       f"within [{onset}, {end + 2}]")
+    return out
+
+
+def _remembering_run(score):
+    """score.py's Service, remembering the run id judge_trace made up (to read its findings)."""
+
+    class Service(score.Service):
+        run: str | None = None
+
+        def must(self, method, path, obj=None):
+            if method == "PUT" and path.startswith("/v1/runs/"):
+                self.run = path.removeprefix("/v1/runs/")
+            return super().must(method, path, obj)
+
+    return Service
+
+
 def _curve_specs() -> list[dict]:
     path = CORPUS / "curves" / "curves.json"
     return json.loads(path.read_text())["curves"] if path.exists() else []
@@ -52,6 +145,9 @@ def verdicts(tmp_path_factory) -> dict[str, tuple[bool, str]]:
     with ServerProcess(tmp_path_factory.mktemp("quality") / "quality.db") as server:
         svc = score.Service(server.url)
         jobs = [(score.judge_trace, score.TRACES / name) for name in _trace_names()]
+        unpacked = tmp_path_factory.mktemp("ours")
+        jobs += [(lambda svc, d: judge_ours(score, svc, d), _unpacked(name, unpacked))
+                 for name in _our_trace_names()]
         jobs += [(score.judge_curve, spec) for spec in _curve_specs()]
         # Slowest first (hangs wait for detection, long curves replay 143k steps) so the pool's
         # tail is short; four workers keep the 2-core machine busy without starving the server.
@@ -66,10 +162,23 @@ def verdicts(tmp_path_factory) -> dict[str, tuple[bool, str]]:
     return out
 
 
+def _our_cases(name: str) -> list[str]:
+    """The cases score.py (or judge_ours) reports for one of our traces: rollback where judged."""
+    scenario = json.loads((OURS / name / "labels.json").read_text())["scenario"]
+    rollback = scenario in ("clean", "nan", "sdc_slow", "sdc_burst", "spike", "sdc_silent")
+    return [f"detect {name}"] + ([f"rollback {name}"] if rollback else [])
+
+
+def _pending(case: str):
+    reason = PENDING.get(case)
+    return pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=reason)) if reason else case
+
+
 CASES = ([f"detect {n}" for n in _trace_names()]
          + [f"rollback {n}" for n in _trace_names()
             if n.split("_")[0] in ("clean", "nan", "sdc", "spike")]
          + [f"curve {c['name']}" for c in _curve_specs()])
+OUR_CASES = [c for n in _our_trace_names() for c in _our_cases(n)]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -79,6 +188,14 @@ def test_real_data_case_passes_on_default_settings(verdicts, case):
     assert ok, f"{case}: {note}"
 
 
+@pytest.mark.parametrize("case", [_pending(c) for c in OUR_CASES])
+def test_our_recorded_shape_passes_on_default_settings(verdicts, case):
+    assert case in verdicts, f"no verdict for {case}"
+    ok, note = verdicts[case]
+    assert ok, f"{case}: {note}"
+
+
 def test_the_whole_corpus_was_scored(verdicts):
     assert len(_trace_names()) >= 20 and len(_curve_specs()) >= 8, "the corpus looks truncated"
-    assert set(verdicts) == set(CASES)
+    assert len(_our_trace_names()) >= 7, "our recordings look truncated"
+    assert set(verdicts) == set(CASES) | set(OUR_CASES)

@@ -208,3 +208,43 @@ def test_an_lr_blow_up_resumes_from_the_newest_checkpoint_before_the_rise(seed):
     d = decide_rollback(block, found, ckpts(*range(5, 1_800, 25)))
     assert chosen(d) == 880 and 900 <= d.onset.low <= 901
     assert "loss_trend" in d.onset.signals_used
+
+
+# --------------------------------------------------------- the onset window by the rise's shape
+
+@pytest.mark.parametrize("seed, jump", [(0, 901), (1, 902), (2, 902), (3, 902)])
+def test_a_divergence_whose_rise_began_with_a_jump_takes_the_abrupt_window(seed, jump):
+    # The LR x8 blow-up: the loss jumps within a few steps of the divergence's onset (its last
+    # step at its best, 899), so the episode is dated as the abrupt event it is: its onset is
+    # searched for 32 steps back, not 256 (issue #26 point 5).
+    from detectors.offline.rollback import evidence_episodes, onset_window
+    from detectors.offline.rollback.decision import _dated_by_history
+    block = _lr_blowup(seed)
+    finding = Finding("divergence", step=907, severity="warning", metric="loss", onset_step=899)
+    d = decide_rollback(block, [finding], ckpts(*range(100, 1_800, 100)))
+    [ep] = d.evidence["episodes"]
+    assert (ep["window"], ep["jump_step"]) == ("abrupt", jump)
+    dated = [_dated_by_history(block, e) for e in evidence_episodes(episodes([finding]))]
+    assert onset_window(dated) == (899, 899 - 32, 907 + 64)
+    assert onset_window(evidence_episodes(episodes([finding]))) == (899, 899 - 256, 907 + 64)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_divergence_that_crept_up_keeps_the_drift_window(seed):
+    from healthsvc.monitor.suite import build_suite
+    from simulation import Divergence, iter_blocks
+    block = simulate_run(n_steps=2_000, n_ranks=4, seed=seed, metrics=METRICS,
+                         faults=[Divergence(step=900, rate=3e-4)]).block
+    suite = build_suite({})
+    found = [f for b in iter_blocks(block, 16) for d in suite.aligned.values() for f in d.update(b)]
+    d = decide_rollback(block, found, ckpts(*range(100, 2_000, 100)))
+    assert [(e["kind"], e["window"], e["jump_step"]) for e in d.evidence["episodes"]] == [
+        ("divergence", "drift", None)]
+
+
+def test_a_jump_long_after_the_best_step_is_no_abrupt_start():
+    # The rise began gradually; a jump 50 steps into it does not date the episode as abrupt.
+    from detectors.offline.onset_signals import rise_began_abruptly
+    block = _lr_blowup(0)
+    assert rise_began_abruptly(block, 899) == 901
+    assert rise_began_abruptly(block, 850) is None and rise_began_abruptly(block, 892) is None

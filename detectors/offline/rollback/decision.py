@@ -32,8 +32,10 @@ from typing import Any, Iterable, Sequence
 from detectors.finding import Finding
 from detectors.frame import StepBlock
 from detectors.offline.bisection import Bisection
+from detectors import kinds as kind_table
 from detectors.offline.onset import OnsetEstimate, OnsetParams, SignalEstimate, estimate_onset_near
-from detectors.offline.rollback.evidence import (RESTART_BLOWUP_STEPS, ReplicaProof, episodes,
+from detectors.offline.onset_signals import rise_began_abruptly
+from detectors.offline.rollback.evidence import (RESTART_BLOWUP_STEPS, Episode, ReplicaProof, episodes,
                                                  evidence_episodes, onset_window, replica_proof,
                                                  restart_blowup)
 from detectors.offline.rollback.records import Checkpoint, Restart, RollbackDecision
@@ -61,7 +63,8 @@ def decide_rollback(
        trend looks like; no change point search at all.
     3. Evidence: the onset is estimated from the history near it (:func:`onset_window`,
        :func:`detectors.offline.onset.estimate_onset_near`); recorded non-evidence findings inside that
-       window count as hints too (a leading gradient jump).
+       window count as hints too (a leading gradient jump). A drift-kind episode whose rise the
+       history shows began with a jump (:func:`rise_began_abruptly`) takes the abrupt window.
     4. Evidence in the first ``RESTART_BLOWUP_STEPS`` steps after a restart blames the restore:
        the answer is the checkpoint the run resumed from (such an episode counts even when it
        recovered, see :func:`evidence_episodes`).
@@ -73,6 +76,8 @@ def decide_rollback(
     ckpts = list(checkpoints)
     restarts = list(restarts)
     eps = episodes(findings)
+    if block is not None:
+        eps = [_dated_by_history(block, e) for e in eps]
     evidence = evidence_episodes(eps, restarts)
     onset: OnsetEstimate | None = None
     blowup = None
@@ -111,6 +116,14 @@ def decide_rollback(
         {**e.to_dict(), "evidence": True, "why": "evidence (right after a restart)"}
         for e in eps]
     return decision
+
+
+def _dated_by_history(block: StepBlock, ep: Episode) -> Episode:
+    """A drift-kind episode with the step its rise jumped at, when the history shows one."""
+    if kind_table.kind(ep.kind).corruption != "drift":
+        return ep
+    jump = rise_began_abruptly(block, ep.onset)
+    return ep if jump is None else replace(ep, jump_step=jump)
 
 
 def choose_rollback(

@@ -31,7 +31,10 @@ TRANSIENT_STEPS = 50
 # at least this many steps, and a multiple of the finding's detection delay (step - onset_step).
 # Spikes and NaNs are seen within a step or two; drifts and one rank's disagreement take longer
 # to show, and their detectors' onset is the last step that looked healthy, not the first bad one.
-# Which window a kind takes is its ``corruption`` shape: ``abrupt`` or ``drift``.
+# Which window a kind takes is its ``corruption`` shape: ``abrupt`` or ``drift``; a drift-kind
+# episode whose rise the history shows began with a jump (``Episode.jump_step``, see
+# :func:`detectors.offline.onset_signals.rise_began_abruptly`) takes the abrupt one: a learning
+# rate blown up for 20 steps is dated as the blow-up it is, not searched for 256 steps back.
 LOOKBACK_STEPS = {"abrupt": 32, "drift": 256}
 LOOKBACK_DELAY_FACTOR = {"abrupt": 2, "drift": 4}
 # Evidence first seen within this many steps of the first step after a restart is a blow-up of
@@ -46,7 +49,9 @@ class Episode:
 
     ``onset`` is the earliest ``onset_step`` (else ``step``) of its firing findings, ``severity``
     the highest it reached, ``resolved_step`` the step of the resolved finding that cleared it
-    (None while it is still firing).
+    (None while it is still firing). ``jump_step``: for a drift kind, the step at which the
+    history shows its rise began with a jump (None: gradual, or not looked at); the episode then
+    takes the abrupt onset window.
     """
 
     kind: str
@@ -58,6 +63,7 @@ class Episode:
     resolved_step: int | None = None
     resolved_reason: str | None = None
     findings: tuple[Finding, ...] = ()
+    jump_step: int | None = None
 
     @property
     def transient(self) -> bool:
@@ -89,7 +95,14 @@ class Episode:
         return {"kind": self.kind, "metric": self.metric, "ranks": list(self.ranks),
                 "onset": self.onset, "first_step": self.first_step, "severity": self.severity,
                 "resolved_step": self.resolved_step, "resolved_reason": self.resolved_reason,
-                "evidence": self.is_evidence, "why": self.why}
+                "evidence": self.is_evidence, "why": self.why, "window": self.window,
+                "jump_step": self.jump_step}
+
+    @property
+    def window(self) -> str:
+        """The onset window it takes: its kind's ``corruption`` shape, abrupt after a jump."""
+        return "abrupt" if self.jump_step is not None else (
+            kind_table.kind(self.kind).corruption or "drift")
 
 
 def episodes(findings: Iterable[Finding]) -> list[Episode]:
@@ -133,9 +146,8 @@ def _finding_onset(f: Finding) -> int:
 
 
 def _lookback(ep: Episode) -> int:
-    kind = kind_table.kind(ep.kind).corruption or "drift"
     delay = max(0, ep.first_step - ep.onset)
-    return max(LOOKBACK_STEPS[kind], LOOKBACK_DELAY_FACTOR[kind] * delay)
+    return max(LOOKBACK_STEPS[ep.window], LOOKBACK_DELAY_FACTOR[ep.window] * delay)
 
 
 def onset_window(evidence: Sequence[Episode]) -> tuple[int, int, int]:
@@ -144,7 +156,8 @@ def onset_window(evidence: Sequence[Episode]) -> tuple[int, int, int]:
     ``anchor``: the earliest evidence onset (the problem existed by then). ``search_from``: the
     earliest update the evidence allows, each episode's onset minus its lookback (spikes and NaNs
     are seen at once: ``LOOKBACK_STEPS["abrupt"]`` steps or twice the detection delay; drifts and
-    rank disagreements take longer: 256 steps or four times the delay). ``upto``: the history
+    rank disagreements take longer: 256 steps or four times the delay, unless the rise began with
+    a jump: :attr:`Episode.window`). ``upto``: the history
     used ends 64 steps after the detection of the earliest episode.
     """
     if not evidence:
