@@ -18,7 +18,13 @@ Figures, per row:
 - clean steps thrown away: those of them at or before the fault (the work between the resumed
   checkpoint and the flip), of which none is at or before a checkpoint the rollback answer calls
   clean when the restart is from that checkpoint;
-- corrupted steps: steps trained on corrupted state, in the stopped attempt and after the restart.
+- corrupted steps: steps trained on corrupted state, in the stopped attempt and after the restart;
+- of them after the restart: for the supervised restart, measured: the steps of the next attempt
+  from the onset of a ``replica_mismatch`` found in it (0 when its fingerprints, every 5 steps,
+  agreed throughout); for the naive one, every step after its checkpoint (the flip is in it).
+
+The supervised restart must resume from the checkpoint of the rollback event it posted (the
+rollback answer's); the bench exits non-zero otherwise, as when the supervised run fails.
 
     PYTHONPATH=. python bench/recovery.py            # 4 ranks, 200 steps (about 30 s)
     PYTHONPATH=. python bench/recovery.py --smoke    # 3 ranks, 400 steps
@@ -70,7 +76,10 @@ def step_time(checkpoints: list[dict], step: int) -> float:
     return before["at_s"] + share * (after["at_s"] - before["at_s"])
 
 
-def rows(timeline: list[dict], fault_step: int, steps: int) -> list[tuple[str, str, str, int, int, int]]:
+def rows(timeline: list[dict], fault_step: int, steps: int, mismatches_after: list[dict]
+         ) -> list[tuple[str, str, str, int, int, int, int]]:
+    """``mismatches_after``: the firing ``replica_mismatch`` findings of the attempts after the
+    restart (none: the next attempt's fingerprints agreed throughout)."""
     first = [e for e in timeline if e["attempt"] == 1]
     ckpts = [e for e in first if e["kind"] == "checkpoint"]
     [ended] = [e for e in first if e["kind"] == "attempt_ended"]
@@ -78,16 +87,20 @@ def rows(timeline: list[dict], fault_step: int, steps: int) -> list[tuple[str, s
     fault_at = step_time(ckpts, fault_step)
     last = ended["step"]                           # the stopped attempt's last step
     corrupted_before = last - fault_step           # steps after the flip, until the stop
+    onset = min((f["onset_step"] or f["step"] for f in mismatches_after), default=None)
     out = []
-    for name, resumed in (("healthsvc supervise (proven-clean checkpoint, host out)",
-                           second["resumed_from_step"]),
-                          ("naive restart (newest checkpoint, same hosts)",
-                           max(c["step"] for c in ckpts))):
-        clean = resumed < fault_step               # the checkpoint of step s holds the update of s
+    for name, resumed, supervised in (("healthsvc supervise (proven-clean checkpoint, host out)",
+                                       second["resumed_from_step"], True),
+                                      ("naive restart (newest checkpoint, same hosts)",
+                                       max(c["step"] for c in ckpts), False)):
+        if supervised:   # measured: what the next attempt's fingerprints found
+            after = 0 if onset is None else steps - onset
+        else:            # the checkpoint of step s holds the update of s: after the flip, all corrupted
+            after = 0 if resumed < fault_step else steps - 1 - resumed
+        clean = resumed < fault_step and after == 0
         healthy_s = f"{second['at_s'] - fault_at:.1f}" if clean else "never"
-        after = 0 if clean else steps - 1 - resumed
         out.append((name, str(resumed), healthy_s, last - resumed,
-                    max(0, min(fault_step, last) - resumed), corrupted_before + after))
+                    max(0, min(fault_step, last) - resumed), corrupted_before + after, after))
     return out
 
 
@@ -108,15 +121,20 @@ def main() -> int:
         timeline = http.get(f"/v1/runs/{run_id}/timeline").json()["entries"]
         found = [f for f in http.get(f"/v1/runs/{run_id}/findings").json() if f["kind"] == "replica_mismatch"]
         [restart] = [e for e in http.get(f"/v1/runs/{run_id}/events").json() if e["kind"] == "rollback"]
+    after = [f for f in found if f["attempt"] >= 2 and f["status"] == "firing"]
+    table = rows(timeline, args.fault_step, args.steps, after)
+    if table[0][1] != str(restart["data"]["resume_from_checkpoint_step"]):
+        raise SystemExit(f"the supervised restart resumed from step {table[0][1]}, not from the rollback "
+                         f"answer's checkpoint ({restart['data']['resume_from_checkpoint_step']})")
     print(f"recovery from a weight bit flip at step {args.fault_step} of {args.steps} "
           f"({args.ranks} gloo ranks, checkpoints every 10 steps, fingerprints every 5; "
           f"supervised run {wall_s:.0f} s, 2-core shared machine)\n")
     print("| restart | resumed from step | fault -> healthy step s | steps thrown away "
-          "| clean steps thrown away | corrupted steps |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name, resumed, healthy_s, thrown, clean, corrupted in rows(timeline, args.fault_step, args.steps):
-        print(f"| {name} | {resumed} | {healthy_s} | {thrown} | {clean} | {corrupted} |")
-    print(f"\n| where the supervised recovery's time goes | s |\n|---|---:|")
+          "| clean steps thrown away | corrupted steps | of them after the restart |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, resumed, healthy_s, thrown, clean, corrupted, after_restart in table:
+        print(f"| {name} | {resumed} | {healthy_s} | {thrown} | {clean} | {corrupted} | {after_restart} |")
+    print("\n| where the supervised recovery's time goes | s |\n|---|---:|")
     print(f"| fault -> finding | {min(f['created_at'] for f in found) - fault_time(timeline, args.fault_step):.1f} |")
     print(f"| finding -> restart decided (job stopped) | {restart['ts'] - min(f['created_at'] for f in found):.1f} |")
     print(f"| restart -> first step of the next attempt | {attempt_start(timeline) - restart['ts']:.1f} |")

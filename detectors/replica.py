@@ -16,6 +16,19 @@ whole group agreed; None when it never did in this attempt) and ``first_disagree
 When the group agrees again (the trainer re-synchronised its replicas), a ``resolved`` finding
 follows. Steps without digests (fingerprints are sent every few steps) are skipped.
 
+A group's row is judged only when every member of the group reported its digest at that step. The
+members are the ranks that have reported a digest in the group since the detector started (a new
+attempt starts it again: :meth:`Detector.new_attempt`); a rank that reports later joins them. A
+*partial row* (a member missing: its record is late, lost, or never sent because its process was
+stopped mid-step, which is what the rows an attempt leaves behind at a restart look like) is
+skipped whole: its digests neither prove the group agreed (the missing member may be the
+corrupted one, so ``last_agreeing_step`` does not move and nothing resolves) nor say who is odd
+(the missing member decides the majority: two digests that differ among four replicas name no
+one). A real mismatch persists (the corrupted state stays), so it is named at the next complete
+row. Its ranks still count as members. The first row of an attempt names the members as it finds
+them: the caller hands on steps once every expected rank reported or their wait timed out
+(``healthsvc.monitor.aligner``).
+
 >>> import numpy as np
 >>> from detectors.frame import StepBlock
 >>> codes = np.array([[7., 7., 7., 7.], [9., 9., 5., 9.]])
@@ -59,6 +72,20 @@ class ReplicaMismatchDetector(Detector, BlockDetector):
     def _reset(self) -> None:
         self._last_agree: dict[int, int] = {}      # group -> newest step at which it agreed
         self._odd: dict[int, list[int]] = {}       # group -> ranks named and not resolved
+        self._members: dict[int, np.ndarray] = {}  # group -> ranks that reported a digest in it, sorted
+
+    def _complete(self, group: int, ranks: np.ndarray) -> bool:
+        """Whether the row's ``ranks`` (sorted) hold every member of ``group``; the row's ranks
+        join the members either way."""
+        members = self._members.get(group)
+        if members is not None and len(members) == len(ranks) and (members == ranks).all():
+            return True   # the usual row: the same ranks as every row before
+        if members is None:
+            self._members[group] = ranks.copy()
+            return True
+        complete = bool(np.isin(members, ranks, assume_unique=True).all())
+        self._members[group] = np.union1d(members, ranks)
+        return complete
 
     def update(self, block: StepBlock) -> list[Finding]:
         if not block.has(self.metric):
@@ -79,6 +106,8 @@ class ReplicaMismatchDetector(Detector, BlockDetector):
                 row_groups = None
             if row_groups is None or not row_groups.any():
                 # The usual case: one group. Equal digests (min == max) prove agreement.
+                if not self._complete(0, row_ranks):
+                    continue
                 if (len(row_codes) >= 2 and row_codes.min() == row_codes.max()
                         and not self._odd.get(0)):
                     self._last_agree[0] = step
@@ -87,7 +116,8 @@ class ReplicaMismatchDetector(Detector, BlockDetector):
                 continue
             for gv in np.unique(row_groups):
                 members = row_groups == gv
-                out += self._judge(step, int(gv), row_ranks[members], row_codes[members])
+                if self._complete(int(gv), row_ranks[members]):
+                    out += self._judge(step, int(gv), row_ranks[members], row_codes[members])
         return out
 
     def _judge(self, step: int, group: int, ranks: np.ndarray, codes: np.ndarray) -> list[Finding]:
@@ -139,9 +169,12 @@ class ReplicaMismatchDetector(Detector, BlockDetector):
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_agree": {str(g): s for g, s in self._last_agree.items()},
-                "odd": {str(g): r for g, r in self._odd.items()}}
+                "odd": {str(g): r for g, r in self._odd.items()},
+                "members": {str(g): m.tolist() for g, m in self._members.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reset()
         self._last_agree = {int(g): int(s) for g, s in state.get("last_agree", {}).items()}
         self._odd = {int(g): [int(r) for r in rs] for g, rs in state.get("odd", {}).items()}
+        # A snapshot from before members were kept: the next row names them again.
+        self._members = {int(g): np.asarray(m, dtype=np.int64) for g, m in state.get("members", {}).items()}

@@ -31,6 +31,7 @@ from healthsvc.ownership import remote_chunks
 from healthsvc.ownership import RemoteMessage, RunOwnership, SoleOwner
 from healthsvc.monitor.run_monitor import NOT_JUDGED, RunMonitor
 from healthsvc.store.interface import Store
+from healthsvc.store.batch import MetricBatch
 from healthsvc.store.results import IngestResult, RunEvent
 from healthsvc.store.runstate import RunView
 from healthsvc.store.snapshots import replaying_past
@@ -226,7 +227,17 @@ class MonitorHub:
         fresh = [p for p in pushes if p.chunk_id is None or not self._seen(p.run_id, mon, p.chunk_id)]
         if fresh:
             push = coalesce.merged(fresh, without=NOT_JUDGED)
-            self._record(mon, mon.on_metrics(push.batch, push.run, push.chunk_id, push.received_at))
+            self._feed(mon, push.batch, push.run, push.chunk_id, push.received_at)
+
+    def _feed(self, mon: RunMonitor, batch: MetricBatch, run: RunView, chunk_id: int | None, at: float) -> None:
+        """Feed one committed batch to its run's monitor and record what it finds. A batch of a
+        newer attempt first ends the monitor's: what that attempt left waiting is judged and
+        recorded in it, never in the new one (a restart's first push must not carry the stopped
+        processes' last steps into the attempt that replaced them)."""
+        if mon.attempt and run.attempt > mon.attempt:
+            ended = mon.attempt
+            self._record(mon, mon.new_attempt(run.attempt, at), attempt=ended)
+        self._record(mon, mon.on_metrics(batch, run, chunk_id, at))
 
     # -- ownership ------------------------------------------------------------------------
     def _claim(self, item: IngestResult | RunEvent) -> bool:
@@ -299,8 +310,8 @@ class MonitorHub:
             chunks = self.store.chunks_after(run_id, max(self._floor.get(run_id, 0), mon.watermark))
         for chunk in chunks:
             if not self._seen(run_id, mon, chunk.id):
-                self._record(mon, mon.on_metrics(chunk.batch, self._chunk_view(run_id, mon, chunk.attempt),
-                                                 chunk.id, chunk.received_at))
+                self._feed(mon, chunk.batch, self._chunk_view(run_id, mon, chunk.attempt), chunk.id,
+                           chunk.received_at)
 
     def _chunk_view(self, run_id: str, mon: RunMonitor, attempt: int) -> RunView:
         """The run's state for a chunk read back from the store (a replay, or a push accepted by
@@ -320,13 +331,15 @@ class MonitorHub:
         self._fed.pop(run_id, None)
         self._floor.pop(run_id, None)
 
-    def _record(self, mon: RunMonitor, found: list[Finding]) -> None:
+    def _record(self, mon: RunMonitor, found: list[Finding], attempt: int | None = None) -> None:
+        """Store ``found`` in ``attempt`` (default: the monitor's current one)."""
         if not found:
             return
         if not self.ownership.owns(mon.run_id):
             return  # the lease ran out meanwhile: the new owner replays and finds these itself
         # The blamed ranks' hosts are looked up by the store's job, on the thread that owns them.
-        self.findings.record(mon.run_id, mon.attempt, found, fence=self.ownership.fence(mon.run_id))
+        self.findings.record(mon.run_id, mon.attempt if attempt is None else attempt, found,
+                             fence=self.ownership.fence(mon.run_id))
         self.findings_recorded += len(found)
 
     # -- snapshots ------------------------------------------------------------------------
@@ -389,7 +402,7 @@ class MonitorHub:
         for chunk in self.store.chunks_after(run_id, watermark):
             if not self._seen(run_id, mon, chunk.id):
                 chunk_view = RunView(chunk.attempt, -1, view.ranks_seen, False)
-                self._record(mon, mon.on_metrics(chunk.batch, chunk_view, chunk.id, chunk.received_at))
+                self._feed(mon, chunk.batch, chunk_view, chunk.id, chunk.received_at)
                 replayed += 1
         if self._restore_on_claim:
             # Taken over from another replica: the other replicas accepted pushes and heartbeats

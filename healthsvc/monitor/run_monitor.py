@@ -2,7 +2,9 @@
 
 Everything here runs on one thread (the hub's), so detectors need no locks. A new attempt (steps
 went back after a restart or rollback) resets the detectors and the aligner: detection restarts
-from the resumed step. State round-trips through :meth:`state_dict` for service restarts.
+from the resumed step (:meth:`RunMonitor.new_attempt`; what the ended attempt left waiting in the
+aligner is judged first, and those findings are the ended attempt's). State round-trips through
+:meth:`state_dict` for service restarts.
 
 The run's attempt, the ranks seen in it and its finish are the store's
 (:class:`~healthsvc.store.runstate.RunState`): each input brings the committed
@@ -46,7 +48,10 @@ class RunMonitor:
         return int(self.world_size or self.ranks_seen or 1)
 
     def on_metrics(self, batch: MetricBatch, run: RunView, chunk_id: int | None, now: float) -> list[Finding]:
-        """A committed batch; ``run`` is the run's state the store committed with it."""
+        """A committed batch of the current attempt; ``run`` is the run's state the store
+        committed with it. A batch of a newer attempt needs :meth:`new_attempt` first (but the
+        first attempt, which this opens: nothing came before it), so that what the ended attempt
+        left is found in that attempt, not in this batch's."""
         out: list[Finding] = []
         if chunk_id is not None:
             self.watermark = max(self.watermark, chunk_id)
@@ -54,8 +59,11 @@ class RunMonitor:
             # Records of an earlier attempt's process, delivered late (its spool uploaded after
             # the restart): stored for the history; the detectors judge the current attempt.
             return out
-        if run.attempt != self.attempt:
-            out += self._new_attempt(run.attempt, now)
+        if run.attempt > self.attempt:
+            if self.attempt:
+                raise ValueError(f"run {self.run_id}: a batch of attempt {run.attempt} reached the "
+                                 f"monitor of attempt {self.attempt}: call new_attempt first")
+            self.new_attempt(run.attempt, now)
         self.last_input_s = now
         self.ranks_seen = run.ranks_seen
         if "world_size" in batch.values:
@@ -83,7 +91,11 @@ class RunMonitor:
                 log.exception("detector %s failed on run %s", name, self.run_id)
         return out
 
-    def _new_attempt(self, attempt: int, now: float) -> list[Finding]:
+    def new_attempt(self, attempt: int, now: float) -> list[Finding]:
+        """The run restarted: the steps the ended attempt left waiting in the aligner (the last
+        ones its processes sent before they were stopped, often without every rank) are judged
+        by its detectors, then every detector starts again. The findings returned belong to the
+        ended attempt (:attr:`attempt` before this call): the caller records them there."""
         out: list[Finding] = []
         for block in self.aligner.flush_all():
             out += self._aligned(block)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.tables import parse
+from bench.tables import cells, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
@@ -66,3 +66,21 @@ def test_bench_runs_and_prints_its_table(script, smoke_runs: dict[str, Future]):
 
 def test_every_exemption_names_a_script():
     assert set(NO_SMOKE) <= set(scripts())
+
+
+@pytest.mark.parametrize("script", ["recovery.py"])
+def test_recovery_prints_both_restarts_and_the_supervised_one_trains_on_no_corrupted_state(
+        script, smoke_runs: dict[str, Future]):
+    # The measure (#27): both rows; the supervised restart resumes from the rollback
+    # answer's checkpoint (the bench exits non-zero otherwise), so it throws away no step that
+    # answer calls clean, and its next attempt's fingerprints find no corruption; the naive one
+    # resumes after the flip, and every step after it is corrupted.
+    proc = smoke_runs[script].result()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {cells(line)[0].split(" (")[0]: cells(line)[1:] for line in proc.stdout.splitlines()
+            if line.startswith(("| healthsvc supervise", "| naive restart"))}
+    assert set(rows) == {"healthsvc supervise", "naive restart"}, proc.stdout
+    resumed, healthy_s, thrown, clean_thrown, corrupted, after = rows["healthsvc supervise"]
+    n_resumed, n_healthy_s, _, _, n_corrupted, n_after = rows["naive restart"]
+    assert int(resumed) < int(n_resumed) and int(after) == 0 and healthy_s != "never", proc.stdout
+    assert int(n_after) > 0 and n_healthy_s == "never" and int(n_corrupted) > int(corrupted), proc.stdout

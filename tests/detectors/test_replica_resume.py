@@ -65,6 +65,49 @@ def test_groups_are_judged_apart():
     assert [(f.step, f.ranks, f.evidence["replica_group"]) for f in found] == [(9, (2, 3), 1)]
 
 
+def partial(steps, ranks, codes, present) -> StepBlock:
+    return StepBlock(steps=np.array(steps), ranks=np.array(ranks), values={"param_digest": np.array(codes, float)},
+                     present={"param_digest": np.array(present, bool)})
+
+
+def test_a_row_without_every_member_is_not_judged():
+    det = ReplicaMismatchDetector()
+    # Rows 9 and 19: all four agree. Row 29: only ranks 0 and 2, and they differ (rank 2's replica
+    # flipped; ranks 1 and 3 did not report): no one is named, nothing proven.
+    assert det.update(partial([9, 19, 29], [0, 1, 2, 3],
+                              [[1, 1, 1, 1], [2, 2, 2, 2], [3, 0, 9, 0]],
+                              [[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 0]])) == []
+    # Row 39, whole: rank 2 is named, and the proof reaches back to the last whole agreement (19).
+    found = det.update(partial([39], [0, 1, 2, 3], [[4, 4, 8, 4]], [[1, 1, 1, 1]]))
+    assert [(f.step, f.ranks, f.evidence["last_agreeing_step"]) for f in found] == [(39, (2,), 19)]
+    # A partial row that agrees (rank 2 missing) neither resolves it nor moves the proof.
+    assert det.update(partial([49], [0, 1, 2, 3], [[5, 5, 0, 5]], [[1, 1, 0, 1]])) == []
+    assert det.state_dict()["last_agree"] == {"0": 19}
+    [resolved] = det.update(partial([59], [0, 1, 2, 3], [[6, 6, 6, 6]], [[1, 1, 1, 1]]))
+    assert (resolved.step, resolved.status) == (59, "resolved")
+
+
+def test_a_partial_row_of_a_replica_group_is_skipped_and_the_other_group_judged():
+    codes = [[1, 1, 1, 2, 2], [3, 0, 6, 4, 5]]
+    present = [[1, 1, 1, 1, 1], [1, 0, 1, 1, 1]]     # group 0 misses rank 1 at step 9
+    groups = np.array([[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]], float)
+    block = partial([4, 9], [0, 1, 2, 3, 4], codes, present)
+    block.values["replica_group"], block.present["replica_group"] = groups, np.ones((2, 5), bool)
+    found = ReplicaMismatchDetector().update(block)
+    assert [(f.step, f.ranks, f.evidence["replica_group"]) for f in found] == [(9, (3, 4), 1)]
+
+
+def test_a_rank_that_reports_later_joins_the_group_and_members_survive_a_restore():
+    det = ReplicaMismatchDetector()
+    assert det.update(partial([9], [0, 1, 2], [[1, 1, 1]], [[1, 1, 1]])) == []
+    assert det.update(partial([19], [0, 1, 2, 3], [[2, 2, 2, 2]], [[1, 1, 1, 1]])) == []
+    again = ReplicaMismatchDetector()
+    again.load_state_dict(det.state_dict())
+    assert again.update(partial([29], [0, 1, 2, 3], [[3, 3, 7, 0]], [[1, 1, 1, 0]])) == []   # rank 3 missing
+    det.new_attempt()   # a restart names the members again, from its first row
+    assert [f.ranks for f in det.update(partial([29], [0, 1, 2, 3], [[3, 3, 7, 0]], [[1, 1, 1, 0]]))] == [(2,)]
+
+
 def test_state_round_trips_mid_incident():
     block = digests(100, 10, {3: 41})
     det = ReplicaMismatchDetector()

@@ -175,11 +175,14 @@ def test_a_replica_bit_flip_restarts_from_the_proven_checkpoint_without_the_blam
     shared_http.drain()
     run = shared_http.get(f"/v1/runs/{run_id}").json()
     assert (run["status"], run["attempt"], run["last_step"]) == ("finished", 2, 199), run
-    # Attempt 2 ran on three hosts, node2 not among them. (Not asserted: that its replicas agreed
-    # throughout. In about half of the runs on this machine a replica_mismatch is found in attempt
-    # 2 at its first fingerprint after the shrink, step 49, from a row of two digests of the three
-    # ranks (strict_majority false): an open defect of the exact check after an elastic restart,
-    # reported in the closing note of this change.)
+    # Attempt 2 ran on three hosts, node2 not among them, and its replicas agreed throughout. The
+    # one mismatch is attempt 1's, naming node2's rank, never resolved: the stopped ranks' last
+    # fingerprint rows (two digests of four, or one: ranks flush on their own) are judged neither
+    # as a mismatch naming a healthy rank nor as an agreement that resolves it
+    # (test_restart_replica_rows.py replays that exactly).
+    found = shared_http.get(f"/v1/runs/{run_id}/findings", params={"kind": "replica_mismatch"}).json()
+    assert [(f["attempt"], f["step"], f["ranks"], f["hosts"], f["status"]) for f in found] == [
+        (1, 24, [2], ["node2"], "firing")], found
     entries = shared_http.get(f"/v1/runs/{run_id}/timeline").json()["entries"]
     [started] = [e for e in entries if e["kind"] == "attempt_started" and e["attempt"] == 2]
     assert (started["world_size"], started["resumed_from_step"]) == (3, 19)
@@ -197,4 +200,4 @@ def test_a_replica_bit_flip_restarts_from_the_proven_checkpoint_without_the_blam
     # (not counted again as recomputed).
     [ended] = [e for e in entries if e["kind"] == "attempt_ended" and e["attempt"] == 1]
     goodput = shared_http.get(f"/v1/runs/{run_id}/goodput").json()
-    assert goodput["recomputed_steps"] == 0 and goodput["corrupted_steps"] >= ended["step"] - 19, goodput
+    assert (goodput["recomputed_steps"], goodput["corrupted_steps"]) == (0, ended["step"] - 19), goodput
