@@ -38,8 +38,8 @@ def __getattr__(name: str) -> Any:
     if name in __all__:
         # Loading clients.api sets every name of __all__ on this package (later lookups are
         # plain attribute reads: health.log is hot).
-        return getattr(importlib.import_module("clients.api"), name)
-    raise AttributeError(f"module 'clients' has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{__name__}.api"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -151,6 +151,6 @@ def stats() -> ClientStats | None:
 
 # The package's names are these, not the submodules some share a name with (``clients.stats``,
 # set on the package when ``clients.stats`` is imported): put them on the package once loaded.
-_package = sys.modules["clients"]
+_package = sys.modules[__name__.rpartition(".")[0]]   # the package, whatever its import name
 for _name in __all__:
     setattr(_package, _name, globals()[_name])
