@@ -20,18 +20,27 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def kind_colour(kind: str) -> str:
-    """The colour a finding kind is drawn in, as its kind declares it (:mod:`detectors.kinds`);
-    black for a kind this installation does not know (a newer service's).
+    """The colour a finding kind is drawn in, as its kind declares it (:mod:`detectors.kinds`, which
+    the service distribution ships); black for a kind this installation does not know (a newer
+    service's), and for every kind where only the client is installed.
 
     >>> kind_colour("non_finite"), kind_colour("no_such_kind")
     ('#d62728', 'k')
     """
-    from detectors import kinds   # numpy comes with it: imported on use, like matplotlib
+    try:
+        from detectors import kinds   # numpy comes with it: imported on use, like matplotlib
+    except ImportError:               # the client alone: the service's kind declarations are not here
+        return "k"
     return kinds.kind(kind).colour if kinds.known(kind) else "k"
 
 
 def _plt():
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError as exc:
+        from clients.read import ANALYSIS_EXTRA
+        raise ModuleNotFoundError(f"{__name__} draws with matplotlib; {exc.name} is missing, the client "
+                                  f"installs without the analysis stack: {ANALYSIS_EXTRA}", name=exc.name) from exc
     return plt
 
 
