@@ -56,5 +56,5 @@ def installed(venv: Path) -> dict[str, str]:
     code = ("import importlib.metadata as m, json; "
             "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
     out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True,
-                         env=clean_env(), timeout=60)
+                         env=clean_env(), timeout=60, cwd=venv)   # not the checkout: its *.egg-info would count
     return json.loads(out.stdout)

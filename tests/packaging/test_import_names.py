@@ -13,8 +13,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER_NAMES = {"clients", "detectors"}
 # ... and by name in strings: `python -m clients.relay`, importlib, `python -c "import clients"`
+# (and code inside a multi-line string, and docstring examples: any line that is an import of them)
 IN_STRINGS = re.compile(r"""["']-m["'],\s*["'](?:clients|detectors)\.|import_module\(f?["'](?:clients|detectors)\b"""
-                        r"""|["'][^"'\n]*\b(?:from|import) (?:clients|detectors)\b""")
+                        r"""|["'][^"'\n]*\b(?:from|import) (?:clients|detectors)\b"""
+                        r"""|^\s*(?:>>> )?(?:from (?:clients|detectors)[\s.]"""
+                        r"""|import (?:[\w.]+(?:\s+as\s+\w+)?,\s*)*(?:clients|detectors)\b)""", re.MULTILINE)
 
 
 def _sources() -> list[tuple[str, str]]:
@@ -52,4 +55,6 @@ def test_the_check_sees_an_import_by_folder_name():
     assert IN_STRINGS.search('subprocess.run([python, "-m", "clients.relay"])')
     assert IN_STRINGS.search('importlib.import_module("detectors.kinds")')
     assert IN_STRINGS.search('run([python, "-c", "import clients; clients.init"])')
+    assert IN_STRINGS.search('run_python(f"""\n    import time, clients\n    clients.init()""")')
+    assert IN_STRINGS.search('"""Usage::\n\n    >>> from detectors.frame import StepBlock\n"""')
     assert not IN_STRINGS.search('run([python, "-m", "healthsvc_client.relay"]); "the clients of a service"')
