@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_detectors_import_nothing_of_ours_nor_of_the_web():
-    modules = sorted(m.name for m in pkgutil.walk_packages(detectors.__path__, "detectors."))
+    modules = sorted(m.name for m in pkgutil.walk_packages(detectors.__path__, f"{detectors.__name__}."))
     assert {"detectors.registry", "detectors.offline.onset", "detectors.offline.economics.goodput",
             "detectors.stats.trend"} <= set(modules)
     code = ("import importlib, sys\n"
