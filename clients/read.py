@@ -1,13 +1,13 @@
 """The analyst's read API: a run as pandas DataFrames in one line.
 
-from clients import read
+from healthsvc_client import read
     df = read.metrics("llama-70b-r3")                       # long: step, rank, attempt, host, loss, ...
     wide = read.metrics("llama-70b-r3", fields=["loss"], layout="wide")   # step x (field, rank)
 
 Every function takes ``url=`` (default: the ``HEALTHSVC_URL`` environment variable, else
 http://127.0.0.1:8080); :class:`Reader` holds one base URL for many calls. HTTP is the standard
 library's; pandas (and pyarrow, when installed) are imported inside the functions, so
-``import clients`` and ``import clients.read`` stay free of them — the trainer never pays for the
+``import healthsvc_client`` and ``import healthsvc_client.read`` stay free of them — the trainer never pays for the
 analyst's stack.
 
 Column types of :func:`metrics` (docs/analysis.md has the reasoning):
@@ -33,8 +33,8 @@ import urllib.parse
 import urllib.request
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
-from clients.auth import auth_headers
-from clients.wire import LABEL_FIELDS
+from healthsvc_client.auth import auth_headers
+from healthsvc_client.wire import LABEL_FIELDS
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

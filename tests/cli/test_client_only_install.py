@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.client import Run
+from healthsvc_client.client import Run
 from tests.packaging.dists import CLIENT, ROOT, SERVICE, clean_env, installed, make_venv, pip_install
 
 

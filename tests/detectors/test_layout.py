@@ -9,21 +9,21 @@ import sys
 import zipfile
 from pathlib import Path
 
-import detectors
+import healthsvc_detectors
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_detectors_import_nothing_of_ours_nor_of_the_web():
-    modules = sorted(m.name for m in pkgutil.walk_packages(detectors.__path__, f"{detectors.__name__}."))
-    assert {"detectors.registry", "detectors.offline.onset", "detectors.offline.economics.goodput",
-            "detectors.stats.trend"} <= set(modules)
+    modules = sorted(m.name for m in pkgutil.walk_packages(healthsvc_detectors.__path__, f"{healthsvc_detectors.__name__}."))
+    assert {"healthsvc_detectors.registry", "healthsvc_detectors.offline.onset", "healthsvc_detectors.offline.economics.goodput",
+            "healthsvc_detectors.stats.trend"} <= set(modules)
     code = ("import importlib, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
             "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
     loaded = set(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                                 check=True).stdout.split())
-    assert not loaded & {"healthsvc", "clients", "simulation", "tests", "fastapi", "httpx", "sqlite3",
+    assert not loaded & {"healthsvc", "healthsvc_client", "simulation", "tests", "fastapi", "httpx", "sqlite3",
                          "pydantic", "pandas", "torch"}
 
 

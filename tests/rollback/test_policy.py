@@ -1,6 +1,6 @@
 """The rollback policy, pinned: what counts as evidence, where the answer lands, restarts, margin.
 
-Pure (no server): :func:`detectors.offline.rollback.decide_rollback` on seeded histories and explicit
+Pure (no server): :func:`healthsvc_detectors.offline.rollback.decide_rollback` on seeded histories and explicit
 findings. The service calls the same function (tests/rollback/test_rollback_api.py drives it
 over HTTP with the real detectors).
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.finding import Finding
-from detectors.frame import StepBlock
-from detectors.offline.rollback import (RESTART_BLOWUP_STEPS, TRANSIENT_STEPS, Checkpoint, Restart,
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.offline.rollback import (RESTART_BLOWUP_STEPS, TRANSIENT_STEPS, Checkpoint, Restart,
                                         decide_rollback, episodes)
 from simulation import LossSpike, simulate_run
 
