@@ -2,7 +2,7 @@
 
 1. ``log()`` per call, against a baseline measured in the same run (appending the same dict to a
    list), with the service healthy (mock transport), hung (the sender thread is stuck in a request)
-   and through the module-level ``clients.log``.
+   and through the module-level ``healthsvc_client.log``.
 2. Step time of a real tiny training (the example's char-level GPT, one process, CPU) with the
    client off, on (a sink HTTP server in another process answering 202), and with the service down
    (an unreachable port). Rounds alternate the three so drift on a shared machine hits all alike.
@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import clients  # noqa: E402
-from clients.client import Run  # noqa: E402
-from clients.transport import MockTransport, Response  # noqa: E402
+import healthsvc_client  # noqa: E402
+from healthsvc_client.client import Run  # noqa: E402
+from healthsvc_client.transport import MockTransport, Response  # noqa: E402
 
 SINK = """
 import http.server, sys
@@ -74,18 +74,18 @@ def bench_log(n: int) -> None:
     hung.log(loss=1.0, step=0)
     hung.flush(0.2)  # the sender is now stuck inside its first request
 
-    clients.init("http://mock", "bench", 0, transport=MockTransport(lambda r: Response(202)),
+    healthsvc_client.init("http://mock", "bench", 0, transport=MockTransport(lambda r: Response(202)),
                  heartbeat_interval_s=0, max_queue=10 * n)
 
     def module_log(n: int) -> None:
         for step in range(n):
-            clients.log(loss=2.5, grad_norm=0.5, step=step)
+            healthsvc_client.log(loss=2.5, grad_norm=0.5, step=step)
 
     def settled(us: float) -> float:
         # Let the senders finish encoding what was just logged, so the next measurement does not
         # share the GIL with the previous one's background work.
         healthy.flush(120.0)
-        clients.flush(120.0)
+        healthsvc_client.flush(120.0)
         return us
 
     rows = []
@@ -96,10 +96,10 @@ def bench_log(n: int) -> None:
     print(f"log() on the training thread ({n} calls x 3 rounds, median; target <= 10 us):\n")
     print("| call | us / call | x baseline |\n|---|---:|---:|")
     for label, us in (("baseline: append a dict to a list", base), ("run.log(), service healthy", healthy_us),
-                      ("run.log(), service hung", hung_us), ("clients.log() (module facade)", module_us)):
+                      ("run.log(), service hung", hung_us), ("healthsvc_client.log() (module facade)", module_us)):
         print(f"| {label} | {us:.2f} | {us / base:.1f} |")
     release.set()
-    for run in (healthy, hung, clients.current_run()):
+    for run in (healthy, hung, healthsvc_client.current_run()):
         run.finish(5.0)
 
 
@@ -131,7 +131,7 @@ def bench_training(steps: int, rounds: int) -> None:
         torch.manual_seed(0)
         model = CharGPT(cfg, vocab)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-        timer = clients.StepTimer(run=run)
+        timer = healthsvc_client.StepTimer(run=run)
         times = []
         for step in range(steps):
             t0 = time.perf_counter()

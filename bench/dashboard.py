@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from detectors.finding import Finding  # noqa: E402
+from healthsvc_detectors.finding import Finding  # noqa: E402
 from healthsvc.dashboard.hub import RollupHub  # noqa: E402
 from healthsvc.findings import FindingsService  # noqa: E402
 from healthsvc.store.batch import MetricBatch  # noqa: E402

@@ -34,14 +34,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detectors.base import Detector  # noqa: E402
-from detectors.frame import StepBlock  # noqa: E402
-from detectors.hang import HangDetector  # noqa: E402
-from detectors.slowdown import SlowdownDetector  # noqa: E402
-from detectors.straggler import StragglerDetector  # noqa: E402
+from healthsvc_detectors.base import Detector  # noqa: E402
+from healthsvc_detectors.frame import StepBlock  # noqa: E402
+from healthsvc_detectors.hang import HangDetector  # noqa: E402
+from healthsvc_detectors.slowdown import SlowdownDetector  # noqa: E402
+from healthsvc_detectors.straggler import StragglerDetector  # noqa: E402
 
-VALUE_MODULES = ("detectors.non_finite", "detectors.spike", "detectors.divergence",
-                 "detectors.rank_outlier")
+VALUE_MODULES = ("healthsvc_detectors.non_finite", "healthsvc_detectors.spike", "healthsvc_detectors.divergence",
+                 "healthsvc_detectors.rank_outlier")
 
 
 def value_detectors() -> list[type[Detector]]:
@@ -170,8 +170,8 @@ def exact_block(n_steps: int, n_ranks: int, digest_every: int) -> StepBlock:
 def time_exact_checks(sizes: tuple[int, ...], repeats: int) -> None:
     """replica_mismatch (digests every step: the worst case; every 20 steps: the default) and
     resume_mismatch, in 16-step blocks, CPU microseconds per step."""
-    from detectors.replica import ReplicaMismatchDetector
-    from detectors.resume import ResumeMismatchDetector
+    from healthsvc_detectors.replica import ReplicaMismatchDetector
+    from healthsvc_detectors.resume import ResumeMismatchDetector
     print("\n| exact check, 16/block | " + " | ".join(f"{r:,} ranks" for r in sizes) + " |")
     print("|---|" + "---:|" * len(sizes))
     rows = {"replica_mismatch, digests every step": (ReplicaMismatchDetector, 1),

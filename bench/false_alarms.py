@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from detectors.registry import FINDING_KINDS  # noqa: E402
-from detectors.frame import StepBlock  # noqa: E402
+from healthsvc_detectors.registry import FINDING_KINDS  # noqa: E402
+from healthsvc_detectors.frame import StepBlock  # noqa: E402
 from healthsvc.monitor.suite import build_suite  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "quality"

@@ -1,4 +1,4 @@
-"""What a replica fingerprint (``clients.digest.param_digest``) costs, against the training step.
+"""What a replica fingerprint (``healthsvc_client.digest.param_digest``) costs, against the training step.
 
 Two models on the CPU, one thread (the example trainer's setting):
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from clients.digest import FINGERPRINT_EVERY, param_digest  # noqa: E402
+from healthsvc_client.digest import FINGERPRINT_EVERY, param_digest  # noqa: E402
 import train as example  # noqa: E402
 
 

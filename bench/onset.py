@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detectors.frame import StepBlock  # noqa: E402
-from detectors.offline.onset import estimate_onset  # noqa: E402
+from healthsvc_detectors.frame import StepBlock  # noqa: E402
+from healthsvc_detectors.offline.onset import estimate_onset  # noqa: E402
 from tests.detectors.test_rollback_eval import (INTERVALS, KINDS, accuracy_table,  # noqa: E402
                                                 evaluate, format_table)
 

@@ -1,7 +1,7 @@
 """The analyst read API: 1 M points into pandas through the real service.
 
 Starts ``healthsvc serve`` on a fresh SQLite file, fills a run with a synthetic history (1,024
-ranks, four metrics, some NaN and some missing values), then times ``clients.read.metrics`` for:
+ranks, four metrics, some NaN and some missing values), then times ``healthsvc_client.read.metrics`` for:
 
 - 1 M points = 250 k (step, rank) rows x 4 metrics (the target: <= 0.5 s), and
 - 1 M rows x 4 metrics (4 M points),
@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from clients import read  # noqa: E402
-from clients.read import _arrow_to_frame  # noqa: E402
+from healthsvc_client import read  # noqa: E402
+from healthsvc_client.read import _arrow_to_frame  # noqa: E402
 from tests.server_process import ServerProcess  # noqa: E402
 
 FIELDS = ("loss", "grad_norm", "step_time", "compute_time")

@@ -5,7 +5,7 @@
    the relay alive, and after it was killed (the rank falls back to posting directly).
 2. Metrics requests the service receives for ``--ranks`` ranks of one host logging ``--steps``
    steps at ``--step-ms`` per step, direct and through the relay (a counting sink in another
-   process answers 202; the relay is ``python -m clients.relay`` in its own process).
+   process answers 202; the relay is ``python -m healthsvc_client.relay`` in its own process).
 
     .venv/bin/python bench/relay.py            # about two minutes
     .venv/bin/python bench/relay.py --quick    # a few seconds
@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from clients.client import Run  # noqa: E402
+from healthsvc_client.client import Run  # noqa: E402
 
 COUNTING_SINK = """
 import http.server, json, sys, threading
@@ -61,7 +61,7 @@ s.serve_forever()
 
 def start_relay(url: str, interval_s: float) -> tuple[subprocess.Popen, str]:
     sock = os.path.join(tempfile.mkdtemp(prefix="hsb", dir="/tmp"), "relay.sock")
-    proc = subprocess.Popen([sys.executable, "-m", "clients.relay", "--url", url, "--socket", sock,
+    proc = subprocess.Popen([sys.executable, "-m", "healthsvc_client.relay", "--url", url, "--socket", sock,
                              "--interval-s", str(interval_s)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()  # "listening <sock>": ready
     return proc, sock

@@ -1,5 +1,5 @@
-"""The module-level run API behind ``import clients as health``: ``init`` makes a
-:class:`~clients.client.Run` current and the other functions act on it (they do nothing, with one
+"""The module-level run API behind ``import healthsvc_client as health``: ``init`` makes a
+:class:`~healthsvc_client.client.Run` current and the other functions act on it (they do nothing, with one
 warning, before ``init``). Loaded by ``clients/__init__.py`` on first use of one of its names.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 # Names imported here and not used are re-exported: clients.__all__ lists them (``health.StepTimer``).
-from clients.client import MODES, Run  # noqa: F401
-from clients.stats import ClientStats
-from clients.timing import StepTimer  # noqa: F401
-from clients.transport import (  # noqa: F401
+from healthsvc_client.client import MODES, Run  # noqa: F401
+from healthsvc_client.stats import ClientStats
+from healthsvc_client.timing import StepTimer  # noqa: F401
+from healthsvc_client.transport import (  # noqa: F401
     ConnectError,
     HTTPTransport,
     MockTransport,
@@ -26,7 +26,7 @@ from clients.transport import (  # noqa: F401
     TransportError,
 )
 
-from clients import __all__ as _package_names   # the package lists the public names, once
+from healthsvc_client import __all__ as _package_names   # the package lists the public names, once
 
 __all__ = list(_package_names)
 
@@ -36,7 +36,7 @@ _warned_no_run = False
 
 def init(url: str | None = None, run_id: str | None = None, rank: int | None = None,
          host: str | None = None, world_size: int | None = None, **options: Any) -> Run:
-    """Start reporting for this rank and make the run current. Options: see ``clients.client.Run``.
+    """Start reporting for this rank and make the run current. Options: see ``healthsvc_client.client.Run``.
 
     Raises ValueError (with how to fix the call) for missing or invalid arguments: a
     misconfigured job fails at start-up, never in the middle of training.
@@ -93,7 +93,7 @@ def log_columns(columns: Mapping[str, Any], *, step: int | None = None) -> None:
 def fingerprint(model_or_params: Any, step: int | None = None, *, optimizer: Any = None,
                 replica_group: int | None = None) -> str | None:
     """Log this rank's replica fingerprint (``param_digest``) for ``step``; see ``Run.fingerprint``
-    and ``clients.digest``. Call it every ``clients.digest.FINGERPRINT_EVERY`` steps."""
+    and ``healthsvc_client.digest``. Call it every ``healthsvc_client.digest.FINGERPRINT_EVERY`` steps."""
     run = _run()
     if run is None:
         return None
@@ -149,8 +149,8 @@ def stats() -> ClientStats | None:
     return run.stats() if run is not None else None
 
 
-# The package's names are these, not the submodules some share a name with (``clients.stats``,
-# set on the package when ``clients.stats`` is imported): put them on the package once loaded.
-_package = sys.modules["clients"]
+# The package's names are these, not the submodules some share a name with (``healthsvc_client.stats``,
+# set on the package when ``healthsvc_client.stats`` is imported): put them on the package once loaded.
+_package = sys.modules[__name__.rpartition(".")[0]]   # the package, whatever its import name
 for _name in __all__:
     setattr(_package, _name, globals()[_name])

@@ -20,7 +20,7 @@ NaN/Inf, so a divergence is seen within a round trip). Retries back off exponent
 and honour ``Retry-After``; each metrics body carries a ``batch_id`` and is retried byte for byte,
 so a server that deduplicates never counts a retried batch twice. When the queue is full the
 oldest records are dropped (``stats().dropped``). With ``spool_path`` set, requests given up on are
-appended to that file; with ``mode="offline"`` everything goes there and ``clients.sync.upload_spool``
+appended to that file; with ``mode="offline"`` everything goes there and ``healthsvc_client.sync.upload_spool``
 sends it later.
 
 Fork: a child process (a data-loader worker) inherits a disabled copy: its calls are ignored and it
@@ -38,18 +38,18 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from clients import registry
-from clients.control import Control
-from clients.delivery import Delivery
-from clients.heartbeat import Heartbeat, Phase
-from clients.queue import DropOldestQueue
-from clients.relay_link import RelayLink
-from clients.retry import Backoff
-from clients.sender import Sender
-from clients.spool import SpoolWriter
-from clients.stats import ClientStats, Counters
-from clients.transport import HTTPTransport, Transport
-from clients.wire import API_PREFIX, HEARTBEAT_PHASES, INCARNATION_FIELD
+from healthsvc_client import registry
+from healthsvc_client.control import Control
+from healthsvc_client.delivery import Delivery
+from healthsvc_client.heartbeat import Heartbeat, Phase
+from healthsvc_client.queue import DropOldestQueue
+from healthsvc_client.relay_link import RelayLink
+from healthsvc_client.retry import Backoff
+from healthsvc_client.sender import Sender
+from healthsvc_client.spool import SpoolWriter
+from healthsvc_client.stats import ClientStats, Counters
+from healthsvc_client.transport import HTTPTransport, Transport
+from healthsvc_client.wire import API_PREFIX, HEARTBEAT_PHASES, INCARNATION_FIELD
 
 logger = logging.getLogger("healthsvc.client")
 
@@ -58,7 +58,7 @@ MODES: tuple[str, ...] = ("online", "offline", "disabled")
 
 
 class Run(Sender, Heartbeat, Control):
-    """One rank's connection to one run. Create it with ``clients.init``; see the module docstring.
+    """One rank's connection to one run. Create it with ``healthsvc_client.init``; see the module docstring.
 
     Arguments (times in seconds, sizes in items unless named ``_bytes``):
         url: service base URL, e.g. ``http://healthsvc:8000``. Unused in offline/disabled mode.
@@ -68,17 +68,17 @@ class Run(Sender, Heartbeat, Control):
         mode: "online" (post), "offline" (spool to ``spool_path``), "disabled" (ignore every call).
         spool_path: JSON-lines file; required offline; online, requests given up on are kept there.
         config: run config sent once with ``PUT /v1/runs/{run_id}`` (send it from rank 0 only).
-        transport: the seam for tests (``clients.transport.MockTransport``); default HTTP keep-alive.
+        transport: the seam for tests (``healthsvc_client.transport.MockTransport``); default HTTP keep-alive.
         flush_interval_s: how long records wait to be batched (default 0.5 s).
         max_queue: queued items kept before the oldest are dropped.
         max_batch: records per request.
         heartbeat_interval_s: heartbeat period; 0 disables the heartbeat thread.
         timeout_s: per-request timeout.
         max_attempts: tries per request (1 = no retry).
-        backoff_base_s, backoff_max_s: retry waits (see ``clients.retry.Backoff``).
+        backoff_base_s, backoff_max_s: retry waits (see ``healthsvc_client.retry.Backoff``).
         exit_flush_timeout_s: time the atexit flush may take when ``finish`` was not called.
         gzip_min_bytes: bodies at least this long are gzipped (negative: never).
-        relay: the Unix socket of the host's relay (``clients.relay``; ``init`` reads env
+        relay: the Unix socket of the host's relay (``healthsvc_client.relay``; ``init`` reads env
             ``HEALTHSVC_RELAY``): metrics rows go through it, one columnar push per host and
             interval; missing or dead, the rank posts directly. Online mode only.
         relay_timeout_s: how long the sender waits for the relay at each step of a hand-over
@@ -282,7 +282,7 @@ class Run(Sender, Heartbeat, Control):
         """Log this rank's replica fingerprint (``param_digest``) for ``step``: call it after the
         optimizer's update of ``step`` (the state a checkpoint at ``step`` would hold); ``step``
         defaults to the last logged step. Computed on the training thread, where the tensors are
-        (see ``clients.digest``); returns the digest, or None when it could not be taken.
+        (see ``healthsvc_client.digest``); returns the digest, or None when it could not be taken.
 
         A loop that logs ``step``'s own record should put :meth:`fingerprint_fields` into that
         record instead: this separate ``log()`` may reach the service after the step's record
@@ -306,7 +306,7 @@ class Run(Sender, Heartbeat, Control):
         if self._off:
             return {}
         try:
-            from clients.digest import param_digest
+            from healthsvc_client.digest import param_digest
 
             fields: dict[str, Any] = {"param_digest": param_digest(model_or_params, optimizer=optimizer)}
             if replica_group is not None:
@@ -435,9 +435,9 @@ class Run(Sender, Heartbeat, Control):
         self._pid = os.getpid()
 
 
-# Whoever imports the client gets the package's run API with it (``clients.stats`` is then the
+# Whoever imports the client gets the package's run API with it (``healthsvc_client.stats`` is then the
 # function, not the submodule of the same name).
-import clients.api  # noqa: E402,F401
+import healthsvc_client.api  # noqa: E402,F401
 
 
 def new_incarnation() -> str:

@@ -1,6 +1,6 @@
 """The run's requests other than metrics: checkpoints, events and user alerts (queued, sent by the
 sender thread after the records logged before them) and the rollback question (asked on the
-calling thread). A mixin of :class:`clients.client.Run`.
+calling thread). A mixin of :class:`healthsvc_client.client.Run`.
 
 Like heartbeats, these go straight to the service, never through the relay: they are rare, and a
 finish or checkpoint must follow this rank's own records, which the sender guarantees by sending
@@ -12,12 +12,12 @@ import json
 import time
 from typing import Any
 
-from clients.transport import Request
-from clients.wire import EVENT_KINDS
+from healthsvc_client.transport import Request
+from healthsvc_client.wire import EVENT_KINDS
 
 
 class Control:
-    """Mixin of :class:`clients.client.Run`: checkpoint, event, alert, rollback_target."""
+    """Mixin of :class:`healthsvc_client.client.Run`: checkpoint, event, alert, rollback_target."""
 
     def checkpoint(self, step: int, uri: str, duration_s: float | None = None,
                    bytes: int | None = None) -> None:  # noqa: A002 - the wire field is "bytes"

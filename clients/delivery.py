@@ -1,17 +1,17 @@
 """One request to the service, delivered at least once: encoded, gzipped, retried, or spooled.
 
-Used by a rank's sender thread (``clients.sender``) and by the per-host relay (``clients.relay``).
+Used by a rank's sender thread (``healthsvc_client.sender``) and by the per-host relay (``healthsvc_client.relay``).
 The body is encoded once and retried byte for byte: a metrics body carries a ``batch_id``, so a
 server that deduplicates never counts a retried batch twice. Retries back off exponentially with
-jitter and honour ``Retry-After`` (``clients.retry``); a close deadline (``deadline``, monotonic
+jitter and honour ``Retry-After`` (``healthsvc_client.retry``); a close deadline (``deadline``, monotonic
 seconds, set when the run closes) cuts the waits and the request timeouts short. A request given
 up on is appended to the spool file when there is one. Never raises: outcomes are counted.
 
 Example::
 
-    >>> from clients.stats import Counters
-    >>> from clients.transport import MockTransport, Response
-    >>> from clients.retry import Backoff
+    >>> from healthsvc_client.stats import Counters
+    >>> from healthsvc_client.transport import MockTransport, Response
+    >>> from healthsvc_client.retry import Backoff
     >>> answers = iter([Response(503), Response(202)])
     >>> t = MockTransport(lambda req: next(answers))
     >>> d = Delivery(mode="online", transport=t, spool=None, backoff=Backoff(0.001, 0.001),
@@ -29,11 +29,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from clients import encode
-from clients.retry import Backoff, is_retryable_status
-from clients.spool import SpoolWriter
-from clients.stats import Counters
-from clients.transport import Request, Transport, TransportError
+from healthsvc_client import encode
+from healthsvc_client.retry import Backoff, is_retryable_status
+from healthsvc_client.spool import SpoolWriter
+from healthsvc_client.stats import Counters
+from healthsvc_client.transport import Request, Transport, TransportError
 
 
 Outcome = Literal["sent", "spooled", "rejected", "failed"]

@@ -9,7 +9,7 @@ step's ``local_grad_norm`` (a 0-d tensor, no host sync) and starts the next step
 accumulation DDP reduces once, on the last micro-batch (``no_sync`` before), so the norm is that of
 the accumulated local gradient, as the optimizer would see it without the all-reduce.
 
-Usage (a plain loop or ``accelerate``; ``clients.lightning.HealthCallback`` does this itself)::
+Usage (a plain loop or ``accelerate``; ``healthsvc_client.lightning.HealthCallback`` does this itself)::
 
     ddp_model = DistributedDataParallel(model)
     local = LocalGradNorm.attach(ddp_model)          # None when not DDP or a hook is already set

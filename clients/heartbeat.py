@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from clients import encode
-from clients.transport import Request
+from healthsvc_client import encode
+from healthsvc_client.transport import Request
 
 
 class Phase:
@@ -34,7 +34,7 @@ class Phase:
 
 
 class Heartbeat:
-    """Mixin of :class:`clients.client.Run`: the heartbeat thread's loop."""
+    """Mixin of :class:`healthsvc_client.client.Run`: the heartbeat thread's loop."""
 
     def _heartbeat_main(self) -> None:
         suffix = self._base_path + "/heartbeats"

@@ -19,7 +19,7 @@ The callback (``HealthCallback``) then logs, at ``on_step_end``, with ``step = s
 (1 after the first update, the number in the Trainer's ``checkpoint-N`` directories, so a
 checkpoint at step N holds the state after the update of step N): ``loss``, ``grad_norm``,
 ``local_grad_norm`` (this rank's norm before the all-reduce, from a DDP communication hook,
-``clients.grad_hooks.LocalGradNorm``, registered on ``trainer.model_wrapped`` at train begin; in a
+``healthsvc_client.grad_hooks.LocalGradNorm``, registered on ``trainer.model_wrapped`` at train begin; in a
 one-process run it equals ``grad_norm``), ``lr`` (the one the update used, read at
 ``on_optimizer_step``, before the scheduler steps), ``data_cursor`` (the samples this rank has
 drawn: ``state.epoch`` times the loader's batches per epoch times ``per_device_train_batch_size``;
@@ -33,7 +33,7 @@ RNG state; without it, the time from the step's end to ``on_save``) and ``bytes`
 the directory).
 
 Replica fingerprints: every ``fingerprint_every`` steps (default
-``clients.digest.FINGERPRINT_EVERY``; 0 turns them off; at the global steps divisible by it, where
+``healthsvc_client.digest.FINGERPRINT_EVERY``; 0 turns them off; at the global steps divisible by it, where
 the Trainer's ``checkpoint-N`` directories are when ``save_steps`` is a multiple of it) the callback
 sends the digest of this rank's parameters after the update (``param_digest``; with
 ``fingerprint_optimizer=True`` the optimizer's state too).
@@ -43,7 +43,7 @@ sends the digest of this rank's parameters after the update (``param_digest``; w
 
 Usage::
 
-    from clients.hf import attach
+    from healthsvc_client.hf import attach
     trainer = Trainer(model=model, args=args, train_dataset=ds)
     attach(trainer, "http://healthsvc:8000", run_id="exp-42")
     trainer.train()
@@ -72,7 +72,7 @@ def attach(trainer: Any, url: str | None = None, run_id: str | None = None, *, r
            **run_options: Any) -> Any:
     """Instrument ``trainer`` (see the module docstring) and add a ``HealthCallback``; returns it.
 
-    Pass ``run=`` to reuse a ``clients.Run``, or ``url``/``run_id`` (plus ``Run`` options) to create
+    Pass ``run=`` to reuse a ``healthsvc_client.Run``, or ``url``/``run_id`` (plus ``Run`` options) to create
     one per rank with ``rank=args.process_index`` and ``world_size=args.world_size``.
     """
     callback = __getattr__("HealthCallback")(url, run_id, run=run, **run_options)
@@ -139,9 +139,9 @@ def _data_cursor(args: Any, state: Any, train_dataloader: Any) -> int | None:
 def _build_callback_class() -> type:
     from transformers import TrainerCallback
 
-    from clients.client import Run
-    from clients.digest import FINGERPRINT_EVERY
-    from clients.grad_hooks import LocalGradNorm
+    from healthsvc_client.client import Run
+    from healthsvc_client.digest import FINGERPRINT_EVERY
+    from healthsvc_client.grad_hooks import LocalGradNorm
 
     class HealthCallback(TrainerCallback):
         """Per-rank step records for a ``Trainer`` instrumented by ``attach`` (which feeds it the

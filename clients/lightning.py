@@ -6,21 +6,21 @@ record (``loss`` of its own micro-batch, ``local_grad_norm`` of its own gradient
 all-reduce, the global ``grad_norm`` the optimizer sees before clipping, ``lr`` (the one the update used, read
 before the scheduler steps), ``step_time``,
 ``data_time``, ``compute_time``, and ``data_cursor``: the samples its loader has yielded since the
-run began) through ``clients.Run``, and registers every checkpoint
+run began) through ``healthsvc_client.Run``, and registers every checkpoint
 ``ModelCheckpoint`` (or anything else) saves through ``trainer.save_checkpoint``.
 
 Usage::
 
-    from clients.lightning import HealthCallback
+    from healthsvc_client.lightning import HealthCallback
     trainer = L.Trainer(callbacks=[HealthCallback("http://healthsvc:8000", run_id="exp-42")], ...)
 
 Steps: ``step`` is ``trainer.global_step`` before the optimizer update, so it starts at 0 and a
 checkpoint saved after N updates holds the state after the update of step N-1. With gradient
 accumulation the loss is the mean over the micro-batches of the step. ``compute_time`` includes the
-gradient all-reduce, which DDP overlaps with backward; use ``clients.timing.StepTimer`` in a plain
+gradient all-reduce, which DDP overlaps with backward; use ``healthsvc_client.timing.StepTimer`` in a plain
 loop when you need ``comm_time``.
 
-``local_grad_norm``: under DDP, a communication hook (``clients.grad_hooks.LocalGradNorm``) takes
+``local_grad_norm``: under DDP, a communication hook (``healthsvc_client.grad_hooks.LocalGradNorm``) takes
 each gradient bucket's norm before DDP all-reduces it, so the rank a NaN came from is named. It is
 left out when the strategy already registered a hook of its own (DDP allows one). In a
 one-process run it equals ``grad_norm`` (there is no all-reduce).
@@ -37,7 +37,7 @@ update), ``duration_s`` (the wall time the save blocked training, the barrier in
 ``bytes``.
 
 Replica fingerprints: every ``fingerprint_every`` steps (default
-``clients.digest.FINGERPRINT_EVERY``; 0 turns them off) the callback sends the digest of this
+``healthsvc_client.digest.FINGERPRINT_EVERY``; 0 turns them off) the callback sends the digest of this
 rank's parameters after the step's update (``param_digest``; with ``fingerprint_optimizer=True``
 the optimizer's state too), at the steps a checkpoint every multiple of that many steps holds.
 
@@ -115,12 +115,12 @@ def _data_cursor(trainer: Any, epoch_batches: int, batch_size: int | None) -> in
 
 def _build_callback_class() -> type:
     Callback = _lightning_callback_base()
-    from clients.client import Run
-    from clients.digest import FINGERPRINT_EVERY, due
-    from clients.grad_hooks import LocalGradNorm
+    from healthsvc_client.client import Run
+    from healthsvc_client.digest import FINGERPRINT_EVERY, due
+    from healthsvc_client.grad_hooks import LocalGradNorm
 
     class HealthCallback(Callback):
-        """Per-rank health reporting. Pass ``run=`` to reuse a ``clients.Run`` you created, or
+        """Per-rank health reporting. Pass ``run=`` to reuse a ``healthsvc_client.Run`` you created, or
         ``url``/``run_id`` (plus any ``Run`` option) to let the callback create one per rank at
         ``setup``, with ``rank=trainer.global_rank`` and ``world_size=trainer.world_size``."""
 

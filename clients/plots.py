@@ -1,12 +1,12 @@
-"""Plots for the analyst notebooks: matplotlib figures from the DataFrames of :mod:`clients.read`.
+"""Plots for the analyst notebooks: matplotlib figures from the DataFrames of :mod:`healthsvc_client.read`.
 
 Each function draws what the service returned and computes nothing the service did not decide:
 the lines are the run's per-step values (aggregated over ranks where noted), the markers are its
 findings, checkpoints, attempts, onset estimate and plans. matplotlib (and pandas/numpy) are
-imported inside the functions, so ``import clients`` stays light. Every function takes an optional
+imported inside the functions, so ``import healthsvc_client`` stays light. Every function takes an optional
 ``ax`` and returns the Axes (or a Figure for the composite ones), for tests and further styling.
 
-    from clients import plots, read
+    from healthsvc_client import plots, read
     fig = plots.run_overview(read.metrics(run), read.findings(run), read.checkpoints(run), read.timeline(run))
 """
 from __future__ import annotations
@@ -20,18 +20,27 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def kind_colour(kind: str) -> str:
-    """The colour a finding kind is drawn in, as its kind declares it (:mod:`detectors.kinds`);
-    black for a kind this installation does not know (a newer service's).
+    """The colour a finding kind is drawn in, as its kind declares it (:mod:`healthsvc_detectors.kinds`, which
+    the service distribution ships); black for a kind this installation does not know (a newer
+    service's), and for every kind where only the client is installed.
 
     >>> kind_colour("non_finite"), kind_colour("no_such_kind")
     ('#d62728', 'k')
     """
-    from detectors import kinds   # numpy comes with it: imported on use, like matplotlib
+    try:
+        from healthsvc_detectors import kinds   # numpy comes with it: imported on use, like matplotlib
+    except ImportError:               # the client alone: the service's kind declarations are not here
+        return "k"
     return kinds.kind(kind).colour if kinds.known(kind) else "k"
 
 
 def _plt():
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError as exc:
+        from healthsvc_client.read import ANALYSIS_EXTRA
+        raise ModuleNotFoundError(f"{__name__} draws with matplotlib; {exc.name} is missing, the client "
+                                  f"installs without the analysis stack: {ANALYSIS_EXTRA}", name=exc.name) from exc
     return plt
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from clients.transport import Request
+from healthsvc_client.transport import Request
 
 _last_seen: dict[int, int] = {}   # id(run) -> newest probe id this process has taken
 

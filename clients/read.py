@@ -1,13 +1,13 @@
 """The analyst's read API: a run as pandas DataFrames in one line.
 
-from clients import read
+from healthsvc_client import read
     df = read.metrics("llama-70b-r3")                       # long: step, rank, attempt, host, loss, ...
     wide = read.metrics("llama-70b-r3", fields=["loss"], layout="wide")   # step x (field, rank)
 
 Every function takes ``url=`` (default: the ``HEALTHSVC_URL`` environment variable, else
 http://127.0.0.1:8080); :class:`Reader` holds one base URL for many calls. HTTP is the standard
 library's; pandas (and pyarrow, when installed) are imported inside the functions, so
-``import clients`` and ``import clients.read`` stay free of them — the trainer never pays for the
+``import healthsvc_client`` and ``import healthsvc_client.read`` stay free of them — the trainer never pays for the
 analyst's stack.
 
 Column types of :func:`metrics` (docs/analysis.md has the reasoning):
@@ -33,8 +33,8 @@ import urllib.parse
 import urllib.request
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
-from clients.auth import auth_headers
-from clients.wire import LABEL_FIELDS
+from healthsvc_client.auth import auth_headers
+from healthsvc_client.wire import LABEL_FIELDS
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -51,6 +51,22 @@ class ReadError(Exception):
         super().__init__(message)
         self.status = status
         self.detail = detail
+
+
+ANALYSIS_EXTRA = "pip install 'healthsvc-client[analysis]'"
+
+
+def _pandas() -> Any:
+    """pandas, or an ImportError that says which extra brings it: the client installs without
+    the analyst's stack (a training job never needs it), so a bare ``No module named 'pandas'``
+    would not tell the reader what to do."""
+    try:
+        import pandas
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"{__name__} returns pandas DataFrames; {exc.name} is missing, the client installs without the "
+            f"analysis stack: {ANALYSIS_EXTRA}", name=exc.name) from exc
+    return pandas
 
 
 def _has_pyarrow() -> bool:
@@ -128,7 +144,7 @@ class Reader:
 
     def runs(self) -> "pd.DataFrame":
         """All runs, one row each: run_id, status, attempt, last_step, world_size, ranks_seen, ..."""
-        import pandas as pd
+        pd = _pandas()
         return pd.DataFrame(self.get_json("/v1/runs"))
 
     def run(self, run_id: str) -> dict[str, Any]:
@@ -158,7 +174,7 @@ class Reader:
         if attempt == "all":
             if layout != "long":
                 raise ValueError("attempt='all' repeats steps: use layout='long'")
-            import pandas as pd
+            pd = _pandas()
             parts = [self.metrics(run_id, steps, ranks, fields, attempt=a["attempt"], format=format)
                      for a in self.run(run_id).get("attempts", [])]
             return pd.concat(parts, ignore_index=True) if parts else self.metrics(run_id, steps, ranks, fields,
@@ -275,7 +291,7 @@ _CHECKPOINT_COLUMNS = ("id", "step", "uri", "attempt", "duration_s", "bytes", "c
 def _frame(rows: list[dict], columns: Sequence[str], nullable_ints: Sequence[str] = ()) -> "pd.DataFrame":
     """Rows of JSON objects as a DataFrame with ``columns`` first (present even when empty);
     integer columns that may be null become ``Int64``."""
-    import pandas as pd
+    pd = _pandas()
     df = pd.DataFrame(rows)
     for col in columns:
         if col not in df.columns:
@@ -291,7 +307,7 @@ _STRING_COLUMNS = frozenset({"host", *LABEL_FIELDS})   # the others are float64
 
 
 def _arrow_to_frame(body: bytes) -> "pd.DataFrame":
-    import pandas as pd
+    pd = _pandas()
     import pyarrow as pa
     import pyarrow.ipc as paipc
 
@@ -312,8 +328,8 @@ def _arrow_to_frame(body: bytes) -> "pd.DataFrame":
 
 def _csv_to_frame(body: bytes) -> "pd.DataFrame":
     """CSV without pyarrow: ``nan``/``inf``/``-inf`` are values, an empty field is missing."""
+    pd = _pandas()   # first: it brings numpy, and says what to install when missing
     import numpy as np
-    import pandas as pd
 
     raw = pd.read_csv(io.BytesIO(body), dtype=str, keep_default_na=False, na_filter=False)
     cols: dict[str, Any] = {}

@@ -3,7 +3,7 @@
 Fork: a child process (a data-loader worker) inherits a disabled copy of every run: its calls are
 ignored and it never touches the parent's threads, locks, sockets or spool file. Exit: each run
 still open is flushed within its ``exit_flush_timeout_s`` (no ``finish``: an exit may be a crash).
-The handlers are registered once, when this module is first imported (by ``clients.client``).
+The handlers are registered once, when this module is first imported (by ``healthsvc_client.client``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ live_runs: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def track(run: Any) -> None:
-    """Register ``run`` (a ``clients.client.Run``) for the fork and exit handlers."""
+    """Register ``run`` (a ``healthsvc_client.client.Run``) for the fork and exit handlers."""
     live_runs.add(run)
 
 

@@ -5,7 +5,7 @@ hosts makes 2,048 metrics requests per interval instead of 16,384. Standard libr
 Start one per host before the ranks (a launcher's job, or the local-rank-0 process's), and point
 the ranks at its socket::
 
-    python -m clients.relay --url http://healthsvc:8000 --socket /tmp/healthsvc-relay.sock &
+    python -m healthsvc_client.relay --url http://healthsvc:8000 --socket /tmp/healthsvc-relay.sock &
     HEALTHSVC_RELAY=/tmp/healthsvc-relay.sock torchrun ... train.py    # init() reads it
 
 or ``health.init(..., relay="/tmp/healthsvc-relay.sock")``. The relay prints ``listening <path>``
@@ -65,12 +65,12 @@ import time
 import uuid
 from typing import Any
 
-from clients import encode
-from clients.delivery import Delivery
-from clients.retry import Backoff
-from clients.spool import SpoolWriter
-from clients.stats import Counters
-from clients.transport import HTTPTransport, Transport
+from healthsvc_client import encode
+from healthsvc_client.delivery import Delivery
+from healthsvc_client.retry import Backoff
+from healthsvc_client.spool import SpoolWriter
+from healthsvc_client.stats import Counters
+from healthsvc_client.transport import HTTPTransport, Transport
 
 logger = logging.getLogger("healthsvc.relay")
 
@@ -383,7 +383,7 @@ def _columns(records: list[dict]) -> dict[str, list]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clients.relay", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m healthsvc_client.relay", description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=os.environ.get("HEALTHSVC_URL"), help="service base URL (env HEALTHSVC_URL)")
     parser.add_argument("--socket", default=os.environ.get("HEALTHSVC_RELAY"), help="Unix socket path (env HEALTHSVC_RELAY)")
     parser.add_argument("--interval-s", type=float, default=0.5, help="merge window, seconds (default 0.5)")

@@ -1,13 +1,13 @@
-"""A rank's side of the per-host relay (``clients.relay``): hand a metrics body to the relay and wait
+"""A rank's side of the per-host relay (``healthsvc_client.relay``): hand a metrics body to the relay and wait
 until the relay says the service has it; fall back to posting it directly when the relay is
 missing, dead, stalled or refused.
 
 Runs on the rank's sender thread only (never the training thread). Every failure ends in the
-direct path (:class:`clients.delivery.Delivery`: retries, then the spool), so a relay can lose a
+direct path (:class:`healthsvc_client.delivery.Delivery`: retries, then the spool), so a relay can lose a
 rank nothing and never raises into it; what it costs is bounded by ``timeout_s`` per phase
 (prepared, then done) and the run's close deadline. After a failure the relay is not tried again
 for ``retry_s``: a missing relay costs one failed ``connect`` per ``retry_s``, not per batch.
-The protocol and why fallbacks stay exactly once: ``clients.relay``.
+The protocol and why fallbacks stay exactly once: ``healthsvc_client.relay``.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import socket
 import time
 from typing import Any
 
-from clients import encode
-from clients.delivery import Delivery
+from healthsvc_client import encode
+from healthsvc_client.delivery import Delivery
 
 
 class RelayLink:

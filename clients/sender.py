@@ -2,10 +2,10 @@
 or when a float value is NaN/Inf), merges several ``log()`` calls of one step into one record, and
 posts rows, column blocks and control requests in the order they were queued.
 
-A mixin of :class:`clients.client.Run` (the state it reads is the run's: its queues, the flush
+A mixin of :class:`healthsvc_client.client.Run` (the state it reads is the run's: its queues, the flush
 generation counters, ``_held``); one request goes out through the run's
-:class:`clients.delivery.Delivery`; metrics rows through the per-host relay when the run has one
-(:class:`clients.relay_link.RelayLink`).
+:class:`healthsvc_client.delivery.Delivery`; metrics rows through the per-host relay when the run has one
+(:class:`healthsvc_client.relay_link.RelayLink`).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import time
 import uuid
 from typing import Any
 
-from clients import encode
-from clients.wire import INCARNATION_FIELD
+from healthsvc_client import encode
+from healthsvc_client.wire import INCARNATION_FIELD
 
 
 class Sender:

@@ -1,4 +1,4 @@
-"""Offline spool: request bodies appended to a JSON-lines file, uploaded later by ``clients.sync``.
+"""Offline spool: request bodies appended to a JSON-lines file, uploaded later by ``healthsvc_client.sync``.
 
 One line per request, exactly what would have been sent::
 

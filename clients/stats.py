@@ -28,7 +28,7 @@ class ClientStats:
     failed_records: int = 0     # records in those requests (lost unless spooled)
     rejected_requests: int = 0  # requests the service refused with a non-retryable 4xx
     invalid_fields: int = 0     # metric values that were not numbers, dropped from their record
-    relayed_requests: int = 0   # metrics bodies the per-host relay confirmed (clients.relay)
+    relayed_requests: int = 0   # metrics bodies the per-host relay confirmed (healthsvc_client.relay)
     relay_fallbacks: int = 0    # metrics bodies posted directly: the relay was missing, dead or slow
     heartbeats_sent: int = 0
     heartbeats_failed: int = 0

@@ -1,4 +1,4 @@
-"""Upload an offline spool (``clients.spool``) to a service: what ``healthsvc sync`` runs.
+"""Upload an offline spool (``healthsvc_client.spool``) to a service: what ``healthsvc sync`` runs.
 
 Lines are sent in file order, each with the client's retry policy. Metrics bodies carry the
 ``batch_id`` they were spooled with, so running the upload again after a partial failure does not
@@ -7,9 +7,9 @@ line: the counts say what happened.
 
 Example::
 
-    >>> from clients.transport import MockTransport, Response
+    >>> from healthsvc_client.transport import MockTransport, Response
     >>> import tempfile, os
-    >>> from clients.spool import SpoolWriter
+    >>> from healthsvc_client.spool import SpoolWriter
     >>> path = os.path.join(tempfile.mkdtemp(), "s.jsonl")
     >>> SpoolWriter(path).write("POST", "/v1/runs/r/metrics", {"records": [{"step": 0, "rank": 0}]})
     >>> upload_spool(path, "http://unused", transport=MockTransport(lambda r: Response(202)))
@@ -22,10 +22,10 @@ import random
 import time
 from typing import Any
 
-from clients.encode import encode_json, maybe_gzip
-from clients.retry import Backoff, is_retryable_status
-from clients.spool import read_spool
-from clients.transport import HTTPTransport, Request, Transport, TransportError
+from healthsvc_client.encode import encode_json, maybe_gzip
+from healthsvc_client.retry import Backoff, is_retryable_status
+from healthsvc_client.spool import read_spool
+from healthsvc_client.transport import HTTPTransport, Request, Transport, TransportError
 
 
 def upload_spool(path: str | os.PathLike[str], url: str, *, transport: Transport | None = None,

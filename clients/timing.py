@@ -13,7 +13,7 @@ loops already pay. torch is imported only when a CUDA timer is created.
 
 Example (plain PyTorch loop)::
 
-    timer = StepTimer(run=run)                  # run: clients.Run; sets the heartbeat phase too
+    timer = StepTimer(run=run)                  # run: healthsvc_client.Run; sets the heartbeat phase too
     for step in range(steps):
         timer.start_step(step)
         with timer.data():
@@ -67,7 +67,7 @@ class StepTimer:
     """Times the data, compute and comm sections of each step (seconds).
 
     Arguments:
-        run: optional ``clients.Run`` whose heartbeat phase follows the section being timed
+        run: optional ``healthsvc_client.Run`` whose heartbeat phase follows the section being timed
             (data / compute / collective), and whose step-in-progress follows ``start_step``.
         device: "cpu" (perf counters) or "cuda"/"cuda:N"/a torch.device (CUDA events).
         clock: monotonic clock in seconds for the CPU path (injectable for tests).

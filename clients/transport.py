@@ -8,7 +8,7 @@ Errors raised by a transport (everything else a transport raises is a bug in it)
     └── RequestTimeout        no complete answer within ``timeout_s``
 
 An HTTP error status is not an exception: it comes back as a ``Response`` and the caller decides
-(see ``clients.retry``).
+(see ``healthsvc_client.retry``).
 
 Example::
 

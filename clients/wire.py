@@ -43,7 +43,7 @@ STRING_FIELDS: dict[str, str] = {
     "host": "Hostname of the machine running the rank.",
     "param_digest": ("Fingerprint of this rank's replica at the step: a digest of the parameters after the "
                      "update of the step (the state a checkpoint at the step would hold), a string of 1 to "
-                     "128 characters (clients.digest writes 16 hex digits). Ranks of one replica_group "
+                     "128 characters (healthsvc_client.digest writes 16 hex digits). Ranks of one replica_group "
                      "must report the same digest at a step."),
     "incarnation": ("Which process sent the record, a string of 1 to 128 characters, the same for every "
                     "record of one process: the client draws a new one when the process starts and when "

@@ -1,6 +1,6 @@
-"""The conformance checks of an absence detector, as a library (the twin of :mod:`detectors.checks`).
+"""The conformance checks of an absence detector, as a library (the twin of :mod:`healthsvc_detectors.checks`).
 
-An absence detector (:class:`~detectors.base.AbsenceDetector`: ``observe``, ``heartbeat``,
+An absence detector (:class:`~healthsvc_detectors.base.AbsenceDetector`: ``observe``, ``heartbeat``,
 ``set_world``, ``tick``, ``finish``, ``shift_clock``) is driven by a script of events on the
 caller's clock. ``check_absence_detector(make, script)`` runs every check on detectors built by
 ``make()`` (a fresh one each call) over ``script`` (default :func:`job_script`, which makes every
@@ -21,7 +21,7 @@ absence detector fire and resolve), and raises ``AssertionError`` naming the che
 - **clone**: a clone is fresh, shares nothing, and behaves as a new detector;
 - **kinds declared**: every kind it reports is one it declares.
 
->>> from detectors.hang import HangDetector
+>>> from healthsvc_detectors.hang import HangDetector
 >>> check_absence_detector(HangDetector)
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from detectors.base import AbsenceDetector
-from detectors.finding import Finding
+from healthsvc_detectors.base import AbsenceDetector
+from healthsvc_detectors.finding import Finding
 
 Make = Callable[[], AbsenceDetector]
 # ("observe", ranks, steps, t) | ("heartbeat", rank, step, phase, t) | ("set_world", ranks, t)

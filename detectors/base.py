@@ -22,7 +22,7 @@ The two shapes, as typed protocols the service calls them through:
 A detector class derives from :class:`Detector` and from the protocol of its shape, e.g.
 ``class SpikeDetector(Detector, BlockDetector)``; the protocol's methods are abstract there, so a
 class that forgets one cannot be built. Which shape a registered detector has is said by
-:mod:`detectors.registry`.
+:mod:`healthsvc_detectors.registry`.
 """
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Protocol, TypeVar, ru
 
 import numpy as np
 
-from detectors.finding import Finding
-from detectors.kinds import Kind
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.kinds import Kind
 
 if TYPE_CHECKING:  # pragma: no cover
-    from detectors.peers import PeerDeviation
-from detectors.frame import StepBlock
+    from healthsvc_detectors.peers import PeerDeviation
+from healthsvc_detectors.frame import StepBlock
 
 D = TypeVar("D", bound="Detector")
 
@@ -47,7 +47,7 @@ class Detector(ABC):
     """Hyper-parameters, learned state, reset, repr and clone: what both shapes share."""
 
     kind: str = ""
-    # What each kind this detector reports means (detectors.kinds): declared here, on the class,
+    # What each kind this detector reports means (healthsvc_detectors.kinds): declared here, on the class,
     # so the registry entry carries it and no consumer keeps a list of its own.
     kinds: ClassVar[tuple[Kind, ...]] = ()
 

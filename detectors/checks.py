@@ -16,10 +16,10 @@ test suite can report each on its own. What they hold a detector to:
   the detector's own episodes (state it holds only mid-episode must survive);
 - **input unchanged**: ``update`` never writes into the block (one block goes to every detector);
 - **clone**: a clone is fresh, shares nothing, and behaves as a new detector;
-- **kinds declared**: every kind it reports is one it declares (``kinds``, :mod:`detectors.kinds`).
+- **kinds declared**: every kind it reports is one it declares (``kinds``, :mod:`healthsvc_detectors.kinds`).
 
->>> from detectors.non_finite import NonFiniteDetector
->>> from detectors.frame import StepBlock
+>>> from healthsvc_detectors.non_finite import NonFiniteDetector
+>>> from healthsvc_detectors.frame import StepBlock
 >>> import numpy as np
 >>> loss = np.full((40, 4), 1.0); loss[30, 2] = np.nan
 >>> check_block_detector(NonFiniteDetector, StepBlock.from_dense(np.arange(40), np.arange(4), loss=loss))
@@ -32,9 +32,9 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from detectors.base import BlockDetector
-from detectors.finding import Finding
-from detectors.frame import StepBlock
+from healthsvc_detectors.base import BlockDetector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.frame import StepBlock
 
 Make = Callable[[], BlockDetector]
 

@@ -31,12 +31,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from detectors.base import BlockDetector, Detector
-from detectors.finding import Finding
-from detectors.kinds import Kind
-from detectors.frame import StepBlock
-from detectors.stats.cross_section import ReferenceRanks, cross_section
-from detectors.stats.scales import excess_score, log_positive
+from healthsvc_detectors.base import BlockDetector, Detector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.stats.cross_section import ReferenceRanks, cross_section
+from healthsvc_detectors.stats.scales import excess_score, log_positive
 
 # E|y_t - y_{t-1}| = 2 sd / sqrt(pi) for independent normal noise.
 _ABS_DIFF_TO_SD = math.sqrt(math.pi) / 2.0

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from detectors import kinds
+from healthsvc_detectors import kinds
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
@@ -33,7 +33,7 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if not kinds.known(self.kind):   # the kind is also the alert name: detectors.kinds
+        if not kinds.known(self.kind):   # the kind is also the alert name: healthsvc_detectors.kinds
             raise ValueError(f"unknown finding kind {self.kind!r}; expected one of {kinds.names()}")
         if self.severity not in SEVERITY_ORDER:
             raise ValueError(f"unknown severity {self.severity!r}")

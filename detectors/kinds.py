@@ -5,11 +5,11 @@ what it mutes, whether it is evidence of corruption and how its onset is dated, 
 replay probe can check the rank it names, what incident it is to the run's economics, and how
 it is drawn. Every field is required, so a new kind cannot leave one undeclared and silently
 become "not latched, not corruption, not probed". Each detector module declares the kinds it
-reports (``kinds`` on the detector class); :func:`detectors.registry.register` adds them here.
+reports (``kinds`` on the detector class); :func:`healthsvc_detectors.registry.register` adds them here.
 Alerting, rollback, probes, economics, the plots and the service's ``GET /v1/kinds`` all read
 this table, and nothing else lists kinds.
 
->>> from detectors.registry import REGISTRY       # registers the built-in kinds
+>>> from healthsvc_detectors.registry import REGISTRY       # registers the built-in kinds
 >>> kind("non_finite").resolves, kind("non_finite").corruption
 ('latched', 'abrupt')
 >>> sorted(k.name for k in kinds() if k.probe)
@@ -45,7 +45,7 @@ class Kind:
       ``drift`` is the widest a finding of the kind may need: an episode whose rise the history
       shows began with a jump of the loss within a few steps of its onset (an LR blow-up seen
       as a divergence) takes the abrupt window
-      (:func:`detectors.offline.onset_signals.rise_began_abruptly`).
+      (:func:`healthsvc_detectors.offline.onset_signals.rise_began_abruptly`).
     - ``heals``: whether an episode that recovered within the transient window may be dismissed
       as a transient (a proof or a slow drift never heals).
     - ``onset_guessed``: the detector's ``onset_step`` is a guess that may fall after the first

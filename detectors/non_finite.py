@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import BlockDetector, Detector
-from detectors.finding import Finding
-from detectors.kinds import Kind
-from detectors.frame import StepBlock
+from healthsvc_detectors.base import BlockDetector, Detector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.frame import StepBlock
 
 _MAX_LISTED = 32  # affected rank ids listed in evidence; beyond that only the count
 

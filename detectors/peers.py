@@ -49,10 +49,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from detectors.frame import StepBlock
-from detectors.stats.cross_section import peer_centres
-from detectors.stats.rank_table import RankTable
-from detectors.stats.trend import MEAN_ABS_TO_SD
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.stats.cross_section import peer_centres
+from healthsvc_detectors.stats.rank_table import RankTable
+from healthsvc_detectors.stats.trend import MEAN_ABS_TO_SD
 
 
 # What a finding about a two-rank job says: each rank's only peer is the other, so a deviation

@@ -9,7 +9,7 @@ all-reduce should be the very same number on every rank.
 rank's value in log space is compared with the median of its peers (the other reference ranks,
 at most ``max_reference_ranks`` chosen by id, but the current suspects, so one corrupted rank
 cannot make its healthy peers look low) and judged by the rank's own history of deviating from
-them (:class:`~detectors.peers.PeerDeviation`: its usual offset and spread, learned over
+them (:class:`~healthsvc_detectors.peers.PeerDeviation`: its usual offset and spread, learned over
 ``warmup_steps`` values and then slowly): a z in the rank's own sds, so normal offsets are not
 outliers and any world size from 2 up needs no tuning. It is clipped to ``±z_clip`` so one wild
 step counts as a few sds, not a thousand. With two ranks the deviations mirror each other and
@@ -45,15 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import BlockDetector, Detector
-from detectors.finding import Finding
-from detectors.kinds import Kind
-from detectors.frame import StepBlock
-from detectors.peers import PAIR_NOTE, PeerDeviation
-from detectors.stats.cross_section import ReferenceRanks, cross_section
-from detectors.stats.machines import ewma_rows, hysteresis, last_step_where, run_length
-from detectors.stats.rank_table import RankTable
-from detectors.stats.scales import excess_score
+from healthsvc_detectors.base import BlockDetector, Detector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.peers import PAIR_NOTE, PeerDeviation
+from healthsvc_detectors.stats.cross_section import ReferenceRanks, cross_section
+from healthsvc_detectors.stats.machines import ewma_rows, hysteresis, last_step_where, run_length
+from healthsvc_detectors.stats.rank_table import RankTable
+from healthsvc_detectors.stats.scales import excess_score
 
 _NEVER = -(2 ** 62)   # "no quiet step seen yet"
 

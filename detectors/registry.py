@@ -3,18 +3,18 @@
 Names are the finding kinds they report (the hang detector reports both ``hang`` and ``stall``;
 configure it under ``hang``). Roles:
 
-- ``arrival``: a :class:`~detectors.base.BlockDetector` judged on every accepted batch, without
+- ``arrival``: a :class:`~healthsvc_detectors.base.BlockDetector` judged on every accepted batch, without
   waiting for other ranks (non-finite values: a NaN must page at once);
-- ``aligned``: a :class:`~detectors.base.BlockDetector` fed per-step frames once every rank's
+- ``aligned``: a :class:`~healthsvc_detectors.base.BlockDetector` fed per-step frames once every rank's
   record of a step is in (spikes, stragglers, slowdowns, outliers, divergence, the replica and
   resume checks);
-- ``absence``: an :class:`~detectors.base.AbsenceDetector` fed arrivals, heartbeats, the world
+- ``absence``: an :class:`~healthsvc_detectors.base.AbsenceDetector` fed arrivals, heartbeats, the world
   and the caller's clock (hang and stall).
 
 The service builds its suite from this table (``healthsvc/monitor/suite.py``) and the
 conformance suite (``tests/detectors/test_conformance.py``) runs every entry, so a detector added
 here is served and checked without another list to keep. An entry carries what each kind it
-reports means (:mod:`detectors.kinds`, declared on the detector class): :func:`register` adds
+reports means (:mod:`healthsvc_detectors.kinds`, declared on the detector class): :func:`register` adds
 both, and every consumer reads them from there.
 
 >>> sorted(name for name, entry in REGISTRY.items() if entry.role == "absence")
@@ -29,18 +29,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from detectors.base import AbsenceDetector, BlockDetector, Detector
-from detectors.divergence import DivergenceDetector
-from detectors import kinds as kind_table
-from detectors.hang import HangDetector
-from detectors.kinds import Kind
-from detectors.non_finite import NonFiniteDetector
-from detectors.rank_outlier import RankOutlierDetector
-from detectors.replica import ReplicaMismatchDetector
-from detectors.resume import ResumeMismatchDetector
-from detectors.slowdown import SlowdownDetector
-from detectors.spike import GradSpikeDetector, LossSpikeDetector
-from detectors.straggler import StragglerDetector
+from healthsvc_detectors.base import AbsenceDetector, BlockDetector, Detector
+from healthsvc_detectors.divergence import DivergenceDetector
+from healthsvc_detectors import kinds as kind_table
+from healthsvc_detectors.hang import HangDetector
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.non_finite import NonFiniteDetector
+from healthsvc_detectors.rank_outlier import RankOutlierDetector
+from healthsvc_detectors.replica import ReplicaMismatchDetector
+from healthsvc_detectors.resume import ResumeMismatchDetector
+from healthsvc_detectors.slowdown import SlowdownDetector
+from healthsvc_detectors.spike import GradSpikeDetector, LossSpikeDetector
+from healthsvc_detectors.straggler import StragglerDetector
 
 Role = Literal["arrival", "aligned", "absence"]
 ROLES: tuple[Role, ...] = ("arrival", "aligned", "absence")
@@ -50,7 +50,7 @@ ROLES: tuple[Role, ...] = ("arrival", "aligned", "absence")
 class Registered:
     """One detector of the registry: its name (a finding kind), class and role, and one set of
     non-default parameters (``alt_params``) the conformance checks run it with besides its
-    defaults (:mod:`detectors.checks`), so a promise that holds only at the defaults fails."""
+    defaults (:mod:`healthsvc_detectors.checks`), so a promise that holds only at the defaults fails."""
 
     name: str
     cls: type[Detector]
@@ -73,7 +73,7 @@ REGISTRY: dict[str, Registered] = {}
 
 def register(entry: Registered) -> None:
     """Serve a detector: its entry, and the kinds it reports. A detector must declare at least
-    the kind it is named for, and every field of each (a :class:`~detectors.kinds.Kind` has no
+    the kind it is named for, and every field of each (a :class:`~healthsvc_detectors.kinds.Kind` has no
     defaults), so a kind can never be served with a meaning nobody wrote down."""
     declared = [k.name for k in entry.kinds]
     if entry.name not in declared:
@@ -104,5 +104,5 @@ for _entry in (
 ):
     register(_entry)
 
-# The built-in vocabulary, for schemas that enumerate it; live checks ask detectors.kinds.
+# The built-in vocabulary, for schemas that enumerate it; live checks ask healthsvc_detectors.kinds.
 FINDING_KINDS: tuple[str, ...] = kind_table.names()

@@ -2,7 +2,7 @@
 
 Ranks of one replica group (``replica_group``; plain DDP: one group) must hold bit-identical
 parameters after every update, so the digests they report at a step (``param_digest``, see
-``clients.fingerprint``; the block carries them as numeric codes, equal digests equal codes) must
+``healthsvc_client.fingerprint``; the block carries them as numeric codes, equal digests equal codes) must
 be equal. This needs no statistics: one disagreement is proof that some replica's state was
 corrupted by an update after the last step at which the group agreed.
 
@@ -30,7 +30,7 @@ them: the caller hands on steps once every expected rank reported or their wait 
 (``healthsvc.monitor.aligner``).
 
 >>> import numpy as np
->>> from detectors.frame import StepBlock
+>>> from healthsvc_detectors.frame import StepBlock
 >>> codes = np.array([[7., 7., 7., 7.], [9., 9., 5., 9.]])
 >>> [(f.step, f.ranks, f.evidence["last_agreeing_step"]) for f in
 ...  ReplicaMismatchDetector().update(StepBlock.from_dense([10, 20], [0, 1, 2, 3], param_digest=codes))]
@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import BlockDetector, Detector
-from detectors.finding import Finding
-from detectors.kinds import Kind
-from detectors.frame import StepBlock
+from healthsvc_detectors.base import BlockDetector, Detector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.frame import StepBlock
 
 
 class ReplicaMismatchDetector(Detector, BlockDetector):

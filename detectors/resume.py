@@ -23,7 +23,7 @@ between two consecutive reported steps of one attempt is a sampler that started 
 (``reference = "previous_step"``, expected: the previous step's value plus its usual increment).
 
 >>> import numpy as np
->>> from detectors.frame import StepBlock
+>>> from healthsvc_detectors.frame import StepBlock
 >>> det = ResumeMismatchDetector()
 >>> det.update(StepBlock.from_dense(np.arange(10), [0], data_cursor=8.0 * np.arange(1, 11)[:, None]))
 []
@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import BlockDetector, Detector
-from detectors.finding import Finding
-from detectors.kinds import Kind
-from detectors.frame import StepBlock
+from healthsvc_detectors.base import BlockDetector, Detector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.frame import StepBlock
 
 
 class ResumeMismatchDetector(Detector, BlockDetector):

@@ -31,7 +31,7 @@ straggler names the cause.
 Example (every rank's step time 1.25x from step 400)::
 
     >>> import numpy as np
-    >>> from detectors.frame import StepBlock, fill_trainer_time, trainer_time
+    >>> from healthsvc_detectors.frame import StepBlock, fill_trainer_time, trainer_time
     >>> rng = np.random.default_rng(0)
     >>> st = 0.5 * np.exp(rng.normal(0, 0.01, (800, 8))) * np.where(np.arange(800) >= 400, 1.25, 1.0)[:, None]
     >>> out = SlowdownDetector().update(StepBlock.from_dense(np.arange(800), np.arange(8), step_time=st))
@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import BlockDetector, Detector
-from detectors.finding import Finding
-from detectors.kinds import Kind
-from detectors.frame import StepBlock, fill_trainer_time, trainer_time
+from healthsvc_detectors.base import BlockDetector, Detector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.frame import StepBlock, fill_trainer_time, trainer_time
 
 
 class SlowdownDetector(Detector, BlockDetector):

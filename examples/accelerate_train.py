@@ -9,22 +9,22 @@
 ``accelerate`` runs the same script on every process; each one reports its own values (not through
 ``accelerator.log``, which runs on the main process only and so cannot see a bad rank):
 
-- ``clients.init`` with ``rank=accelerator.process_index`` and ``world_size=accelerator.num_processes``;
+- ``healthsvc_client.init`` with ``rank=accelerator.process_index`` and ``world_size=accelerator.num_processes``;
 - ``loss``: this process's loss on its own batch, before any gather (``accelerator.gather`` would
   average a NaN away);
 - ``local_grad_norm``: this process's gradient norm *before* the all-reduce, from a DDP
-  communication hook (``clients.grad_hooks.LocalGradNorm``; ``accelerator.prepare`` returns the
+  communication hook (``healthsvc_client.grad_hooks.LocalGradNorm``; ``accelerator.prepare`` returns the
   DDP-wrapped model when there are several processes); it names the process a NaN came from;
 - ``grad_norm``: what ``accelerator.clip_grad_norm_`` returns (after the all-reduce, the same on
   every process);
-- ``step_time``, ``data_time``, ``compute_time`` from ``clients.StepTimer`` (``compute_time``
+- ``step_time``, ``data_time``, ``compute_time`` from ``healthsvc_client.StepTimer`` (``compute_time``
   includes the all-reduce, which DDP overlaps with ``backward``);
 - ``lr``: the learning rate the step's update used (read before the scheduler steps);
 - ``data_cursor``: the samples this process's loader has yielded since the run began, counted from
   the data: after a resume, the batches ``accelerator.skip_first_batches`` skipped plus those the
   loop took since. A resume that does not skip (``--reset-sampler``, a fault to try it) starts
   the epoch's data again, the cursor goes back, and the service raises ``resume_mismatch``;
-- ``param_digest`` every ``--fingerprint-every`` steps (``clients.digest.due``), in the step's own
+- ``param_digest`` every ``--fingerprint-every`` steps (``healthsvc_client.digest.due``), in the step's own
   record: the replicas must hold the same bits;
 - a checkpoint from the main process, with the time ``accelerator.save_state`` took; the step is
   saved with the model, the optimizer, the scheduler and the RNG state, so a resume continues.
@@ -40,9 +40,9 @@ import time
 import torch
 from accelerate import Accelerator
 
-import clients as health
-from clients.digest import due
-from clients.grad_hooks import LocalGradNorm
+import healthsvc_client as health
+from healthsvc_client.digest import due
+from healthsvc_client.grad_hooks import LocalGradNorm
 
 
 class Progress:

@@ -139,7 +139,7 @@ def render_figure(data_dir: str, figure_path: str) -> None:
     """The README's figure: the run-overview plot of the recording, replayed into a fresh service."""
     import matplotlib
     matplotlib.use("Agg")
-    from clients import plots, read
+    from healthsvc_client import plots, read
     from healthsvc.replay import connect_or_serve
 
     svc = connect_or_serve(data_dir, url="")

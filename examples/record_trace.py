@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from clients.spool import read_spool  # noqa: E402
+from healthsvc_client.spool import read_spool  # noqa: E402
 
 HOSTS = ["node-0", "node-0", "node-1", "node-1"]
 CKPT_EVERY = 100

@@ -49,7 +49,7 @@ It reads top to bottom like nanoGPT's train.py: config, model, data, the loop, c
 
 With --aggregate, rank 0 gathers every rank's record and sends one columnar batch per step (the
 rank-0 aggregator mode). With no --url (and no HEALTHSVC_URL) the client is disabled; --spool DIR writes each rank's records
-to DIR/rank{r}.jsonl instead (upload later with clients.sync.upload_spool).
+to DIR/rank{r}.jsonl instead (upload later with healthsvc_client.sync.upload_spool).
 
 Checkpoints are plain dicts (model, optimizer, step, config, world size) saved by rank 0 every
 --ckpt-every steps; the checkpoint of step s holds the state after the update of step s, so a run
@@ -76,10 +76,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, no install needed
-import clients  # noqa: E402
-from clients.digest import FINGERPRINT_EVERY, due  # noqa: E402
-from clients.probe import next_probe, report_probe  # noqa: E402
-from clients.timing import StepTimer  # noqa: E402
+import healthsvc_client  # noqa: E402
+from healthsvc_client.digest import FINGERPRINT_EVERY, due  # noqa: E402
+from healthsvc_client.probe import next_probe, report_probe  # noqa: E402
+from healthsvc_client.timing import StepTimer  # noqa: E402
 
 FAULTS = ("none", "nan", "loss_spike", "straggler", "hang", "corrupt_grad", "grad_noise", "lr_spike",
           "leave", "weight_bitflip", "optim_bitflip", "bias_bitflip", "resume_sampler_reset",
@@ -317,7 +317,7 @@ def _flip(t: torch.Tensor, index: int, bit: int) -> None:
 
 # ---- rank-0 aggregator mode -------------------------------------------------------------------------
 
-def gather_and_log(run: clients.Run, record: dict[str, float], step: int, rank: int, world_size: int) -> None:
+def gather_and_log(run: healthsvc_client.Run, record: dict[str, float], step: int, rank: int, world_size: int) -> None:
     """Gather every rank's record on rank 0, which sends one columnar batch per step.
 
     One small extra collective per step instead of one HTTP client per rank pushing: for jobs
@@ -374,13 +374,13 @@ def train(rank: int, world_size: int, cfg: Config) -> None:
                             timeout=datetime.timedelta(seconds=max(120.0, 3 * cfg.hang_s)))
     slot, host = placement(cfg)[rank] if cfg.hosts else (rank, None)
     if cfg.url:
-        run = clients.init(cfg.url, cfg.run_id, rank, world_size=world_size, host=host,
+        run = healthsvc_client.init(cfg.url, cfg.run_id, rank, world_size=world_size, host=host,
                            heartbeat_interval_s=cfg.heartbeat_s)
     elif cfg.spool:
-        run = clients.init(run_id=cfg.run_id, rank=rank, world_size=world_size, mode="offline",
+        run = healthsvc_client.init(run_id=cfg.run_id, rank=rank, world_size=world_size, mode="offline",
                            spool_path=os.path.join(cfg.spool, f"rank{rank}.jsonl"))
     else:
-        run = clients.init(run_id=cfg.run_id, rank=rank, world_size=world_size, mode="disabled")
+        run = healthsvc_client.init(run_id=cfg.run_id, rank=rank, world_size=world_size, mode="disabled")
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     data, vocab_size = encode_corpus(cfg)
@@ -445,7 +445,7 @@ def local_gradient(model: nn.Module, params: list[torch.Tensor], faults: Faults,
     return loss, faults.corrupt(step, torch.cat([p.grad.view(-1) for p in params]))
 
 
-def answer_probes(run: clients.Run, rank: int, model: nn.Module, params: list[torch.Tensor],
+def answer_probes(run: healthsvc_client.Run, rank: int, model: nn.Module, params: list[torch.Tensor],
                   faults: Faults, data: torch.Tensor, cfg: Config, step: int) -> None:
     """A replay probe (GET .../probes/next): the suspect and the healthy rank recompute one step's
     gradient norm on the same fixed batch with their own weights and hardware, and report it.
@@ -462,7 +462,7 @@ def answer_probes(run: clients.Run, rank: int, model: nn.Module, params: list[to
     report_probe(run, p["id"], rank, flat.norm().item())
 
 
-def loop(rank: int, world_size: int, cfg: Config, run: clients.Run, model: nn.Module,
+def loop(rank: int, world_size: int, cfg: Config, run: healthsvc_client.Run, model: nn.Module,
          opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, data: torch.Tensor,
          start_step: int, data_cursor: int, faults: Faults) -> None:
     params = list(model.parameters())

@@ -197,7 +197,7 @@ def probe_block():
     """A few steps of 8 healthy ranks, then a NaN loss on rank 3: what every detector must take."""
     import numpy as np
 
-    from detectors.frame import StepBlock
+    from healthsvc_detectors.frame import StepBlock
 
     steps, ranks = np.arange(6), np.arange(8)
     base = np.linspace(2.0, 1.9, len(steps))[:, None] + 0.01 * np.arange(len(ranks))[None, :]

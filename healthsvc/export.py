@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.ipc as paipc
 
-from clients.wire import LABEL_FIELDS
+from healthsvc_client.wire import LABEL_FIELDS
 from healthsvc.store.batch import MetricBatch
 
 ARROW_MEDIA_TYPE = "application/vnd.apache.arrow.stream"

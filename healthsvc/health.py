@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
-from detectors.finding import SEVERITY_ORDER
+from healthsvc_detectors.finding import SEVERITY_ORDER
 from healthsvc.findings import FindingsService, StoredFinding
 from healthsvc.identity import alert_fingerprint
 

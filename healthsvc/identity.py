@@ -1,6 +1,6 @@
 """A finding's identity, in one place: what findings, alerts and run health agree a finding *is*.
 
-Two levels, both derived from the same fields of :class:`~detectors.finding.Finding`:
+Two levels, both derived from the same fields of :class:`~healthsvc_detectors.finding.Finding`:
 
 - the **condition** a finding reports: its run, kind, metric and blamed rank set. As labels
   (:func:`condition_labels`, the alert's identity labels) ``rank`` names the set
@@ -21,7 +21,7 @@ Two levels, both derived from the same fields of :class:`~detectors.finding.Find
   is the **condition key** (:func:`condition_key`): a resolved finding resolves the firing
   findings of the same key.
 
->>> from detectors.finding import Finding
+>>> from healthsvc_detectors.finding import Finding
 >>> f = Finding("loss_spike", step=120, metric="loss", ranks=(3,))
 >>> condition_labels(f, "r1")
 {'alertname': 'loss_spike', 'run': 'r1', 'rank': '3', 'metric': 'loss'}
@@ -37,7 +37,7 @@ from typing import Iterable, Mapping, Protocol
 
 import numpy as np
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 
 ALL_RANKS = "*"        # the rank label of a run-wide condition (no rank blamed)
 MAX_RANK_LABEL = 64    # characters of a rank label; a longer set's ranges are cut and digested

@@ -23,11 +23,12 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, TextIO
 
 import httpx
 import numpy as np
@@ -196,15 +197,18 @@ def _metric_batches(table: pa.Table, batch_s: float) -> Iterator[tuple[float, di
 # ---- replay ------------------------------------------------------------------------------------------
 
 def replay(recorded: RecordedRun, url: str, *, run_id: str | None = None, speed: float = 1.0,
-           batch_s: float = 0.25, settle_s: float = 2.0, until_s: float | None = None) -> str:
+           batch_s: float = 0.25, settle_s: float = 2.0, until_s: float | None = None,
+           progress: TextIO | None = None) -> str:
     """Push ``recorded`` into the service at ``url`` under ``run_id`` (default: the recorded id).
 
     Blocks for the run's duration / ``speed``; returns the run id. ``settle_s``: time left at the
     end for the service's monitor to finish its detections. ``until_s``: stop before the first
     action at or after this time (the recording's clock): the run as it stood then.
+    ``progress``: a stream to draw a progress bar on while it replays (:class:`ReplayProgress`).
     """
     run_id = run_id or recorded.run_id
     actions = [a for a in recorded.actions(batch_s) if until_s is None or a.at_s < until_s]
+    bar = ReplayProgress(actions, speed, progress, run_id) if progress is not None else None
     with httpx.Client(base_url=url, timeout=60) as http:
         config = {k: v for k, v in (recorded.manifest.get("config") or {}).items() if v is not None}
         _ok(http.put(f"/v1/runs/{run_id}", json=config))
@@ -217,8 +221,55 @@ def replay(recorded: RecordedRun, url: str, *, run_id: str | None = None, speed:
             body = {"columns": action.body} if action.kind == "metrics" else action.body
             _ok(http.post(f"/v1/runs/{run_id}/{path}", content=json.dumps(body),
                           headers={"content-type": "application/json"}))
+            if bar is not None:
+                bar.sent(action)
         _settle(http, run_id, settle_s)
+    if bar is not None:
+        bar.done()
     return run_id
+
+
+class ReplayProgress:
+    """One text line redrawn in place while a recording replays (a notebook's output and a
+    terminal both honour the carriage return)::
+
+        replaying run-7  [############............]  52%  steps 124/239  records 496/956  26 s of 50 s
+
+    Standard library only, so a notebook needs nothing more than the service's own packages.
+    Redrawn at most every ``every_s`` seconds (a notebook keeps every redraw in its output), and
+    once more, with a newline, at the end."""
+
+    WIDTH = 24
+
+    def __init__(self, actions: list[Action], speed: float, out: TextIO, run_id: str, every_s: float = 2.0) -> None:
+        batches = [a.body for a in actions if a.kind == "metrics"]
+        self.total_records = sum(len(b["step"]) for b in batches)
+        # A batch holds whole steps of one attempt: its distinct steps are (attempt, step) units.
+        self.total_steps = sum(len(set(b["step"])) for b in batches)
+        self.total_s = (actions[-1].at_s - actions[0].at_s) / speed if actions else 0.0
+        self.out, self.run_id, self.every_s = out, run_id, every_s
+        self.records = self.steps = 0
+        self.t0 = time.monotonic()
+        self.last_draw = float("-inf")
+
+    def sent(self, action: Action) -> None:
+        if action.kind == "metrics":
+            self.records += len(action.body["step"])
+            self.steps += len(set(action.body["step"]))
+        if time.monotonic() - self.last_draw >= self.every_s:
+            self._draw()
+
+    def done(self) -> None:
+        self._draw(end="\n")
+
+    def _draw(self, end: str = "") -> None:
+        self.last_draw = time.monotonic()
+        share = self.records / self.total_records if self.total_records else 1.0
+        filled = round(share * self.WIDTH)
+        self.out.write(f"\rreplaying {self.run_id}  [{'#' * filled}{'.' * (self.WIDTH - filled)}] {share:4.0%}  "
+                       f"steps {self.steps}/{self.total_steps}  records {self.records}/{self.total_records}  "
+                       f"{self.last_draw - self.t0:.0f} s of {self.total_s:.0f} s{end}")
+        self.out.flush()
 
 
 def _settle(http: httpx.Client, run_id: str, settle_s: float) -> None:
@@ -270,25 +321,29 @@ def _has_run(url: str, run_id: str) -> bool:
     return httpx.get(f"{url.rstrip('/')}/v1/runs/{run_id}", timeout=30).status_code == 200
 
 
-def connect_or_serve(data_dir: str | os.PathLike, *, url: str | None = None, speed: float = 1.0) -> LoadedService:
+def connect_or_serve(data_dir: str | os.PathLike, *, url: str | None = None, speed: float = 1.0,
+                     progress: TextIO | bool = True) -> LoadedService:
     """The service a notebook reads from, with the recorded run in it.
 
     ``url`` (default ``HEALTHSVC_URL``; ``""`` forces a local service): use that service, replaying the recording into it first
     if it does not hold the run. Neither set: start a local service on a temporary database and
-    replay the recording into it (takes the run's duration / ``speed``).
+    replay the recording into it (takes the run's duration / ``speed``), with a progress bar on
+    ``progress`` (``True``, the default: standard output, i.e. the notebook cell's; ``False``: none).
     """
+    # sys.stdout looked up now, not at import: a kernel replaces it after this module is imported
+    out = progress if not isinstance(progress, bool) else sys.stdout if progress else None
     recorded = RecordedRun.load(data_dir)
     if url is None:
         url = os.environ.get("HEALTHSVC_URL")
     if url:
         url = url.rstrip("/")
         if not _has_run(url, recorded.run_id):
-            replay(recorded, url, speed=speed)
+            replay(recorded, url, speed=speed, progress=out)
         return LoadedService(url, recorded.run_id, recorded)
     tmp = tempfile.TemporaryDirectory(prefix="healthsvc-replay-")
     server = LocalServer(Path(tmp.name) / "healthsvc.db").start()
     try:
-        replay(recorded, server.url, speed=speed)
+        replay(recorded, server.url, speed=speed, progress=out)
     except BaseException:
         server.stop()
         tmp.cleanup()
@@ -308,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     recorded = RecordedRun.load(args.data_dir)
     t0 = time.monotonic()
-    run_id = replay(recorded, args.url, run_id=args.run_id, speed=args.speed)
+    run_id = replay(recorded, args.url, run_id=args.run_id, speed=args.speed, progress=sys.stderr)
     print(f"replayed {recorded.metrics.num_rows} records of run {run_id!r} into {args.url} in "
           f"{time.monotonic() - t0:.1f} s")
     return 0

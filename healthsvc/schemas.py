@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from healthsvc.limits import INT64_MAX, check_storable, NonNegInt, PositiveInt, Seconds
 from healthsvc.supervise.schemas import SuperviseConfig
-from clients.wire import EVENT_KINDS, HEARTBEAT_PHASES, INTEGER_FIELDS, KEY_FIELDS, METRIC_FIELDS, STRING_FIELDS
+from healthsvc_client.wire import EVENT_KINDS, HEARTBEAT_PHASES, INTEGER_FIELDS, KEY_FIELDS, METRIC_FIELDS, STRING_FIELDS
 
 NonFinite = Literal["NaN", "Infinity", "-Infinity"]
 # A metric value: a number, a non-finite token/string, or null for "not reported".

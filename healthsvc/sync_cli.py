@@ -34,7 +34,7 @@ def _files(paths: list[str]) -> list[str]:
 
 
 def sync(args: argparse.Namespace) -> int:
-    from clients.sync import upload_spool
+    from healthsvc_client.sync import upload_spool
 
     files = _files(args.spools)
     missing = [f for f in files if not os.path.isfile(f)]

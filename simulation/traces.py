@@ -1,6 +1,6 @@
 """Seeded synthetic training traces with fault injection, for tests, benchmarks and notebooks.
 
-Pure numpy. One call builds a whole run as a :class:`~detectors.frame.StepBlock` (steps x ranks)
+Pure numpy. One call builds a whole run as a :class:`~healthsvc_detectors.frame.StepBlock` (steps x ranks)
 plus the ground truth of what was injected::
 
     >>> from simulation import simulate_run, NonFinite, iter_blocks
@@ -58,7 +58,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from detectors.frame import StepBlock
+from healthsvc_detectors.frame import StepBlock
 
 METRICS: tuple[str, ...] = (
     "loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time",

@@ -31,6 +31,14 @@ JSON = {"content-type": "application/json"}
 STORES = ("sqlite", "postgresql")
 
 
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory):
+    """The client and service distributions as wheels, built once a session, offline
+    (``tests/packaging/dists.py``)."""
+    from tests.packaging.dists import build_wheels
+    return build_wheels(tmp_path_factory.mktemp("dists"))
+
+
 def pytest_addoption(parser):
     parser.addoption("--stores", default=",".join(STORES),
                      help="the stores both_stores tests run on (comma-separated: sqlite,postgresql)")

@@ -11,7 +11,7 @@ every arrival with its own clock and drives ``tick(now)`` from a timer::
     det.finish(now)                            # the run finished: silence is normal from now on
     det.shift_clock(downtime_s)                # after a restart: downtime is not silence
 
-This is the :class:`~detectors.base.AbsenceDetector` protocol: ``observe``, ``heartbeat``,
+This is the :class:`~healthsvc_detectors.base.AbsenceDetector` protocol: ``observe``, ``heartbeat``,
 ``set_world`` and ``finish`` return the *resolved* findings they cause; ``tick`` returns the new
 *firing* ones. It has no ``update(block)``. The detector never reads a clock.
 
@@ -76,11 +76,11 @@ from typing import Iterable
 
 import numpy as np
 
-from detectors.base import AbsenceDetector, Detector
-from detectors.finding import Finding
-from detectors.kinds import Kind
-from detectors.hang.judging import HangJudging
-from detectors.hang.state import _NEVER
+from healthsvc_detectors.base import AbsenceDetector, Detector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.hang.judging import HangJudging
+from healthsvc_detectors.hang.state import _NEVER
 
 
 class HangDetector(HangJudging, Detector, AbsenceDetector):

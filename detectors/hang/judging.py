@@ -2,7 +2,7 @@
 
 The collective-wait split read from the heartbeats (the fast path), the culprits of a stall and
 the words naming each rank, the ``hang`` and ``stall`` findings with their evidence, and their
-resolutions. The definitions are in :mod:`detectors.hang.detector`.
+resolutions. The definitions are in :mod:`healthsvc_detectors.hang.detector`.
 """
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from detectors.finding import Finding
-from detectors.hang.state import _NEVER, HangState
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.hang.state import _NEVER, HangState
 
 
 class HangJudging(HangState):
-    """The findings of :class:`~detectors.hang.detector.HangDetector` and whom they blame; they
-    read its table (:class:`~detectors.hang.state.HangState`) and its heartbeat and collective
+    """The findings of :class:`~healthsvc_detectors.hang.detector.HangDetector` and whom they blame; they
+    read its table (:class:`~healthsvc_detectors.hang.state.HangState`) and its heartbeat and collective
     settings."""
 
     def _collective_wait(self, now: float) -> list[Finding]:

@@ -18,7 +18,7 @@ _STEP_SAMPLES = 16   # step-duration samples kept for the median (one pause is o
 
 
 class HangState:
-    """The per-rank table of :class:`~detectors.hang.detector.HangDetector`, its derived deadlines
+    """The per-rank table of :class:`~healthsvc_detectors.hang.detector.HangDetector`, its derived deadlines
     and its ``state_dict``; the timeouts read the detector's ``timeout_floor_s``,
     ``timeout_factor`` and ``startup_timeout_s``."""
 

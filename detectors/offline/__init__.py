@@ -3,14 +3,14 @@
 Where the streaming detectors (``detectors/*.py``, ``detectors/*/``) judge each block as it
 arrives, these answer questions about the whole history, asked by the service's features:
 
-- :mod:`~detectors.offline.onset` — where the corruption began (an interval for the first
-  corrupted update): the signals in :mod:`~detectors.offline.onset_signals`, the change point
-  machinery in :mod:`~detectors.offline.changepoint`, the data model in
-  :mod:`~detectors.offline.onset_model`;
-- :mod:`~detectors.offline.rollback` — which checkpoint to resume from, and why;
-- :mod:`~detectors.offline.bisection` — which checkpoint to probe next when the statistics
+- :mod:`~healthsvc_detectors.offline.onset` — where the corruption began (an interval for the first
+  corrupted update): the signals in :mod:`~healthsvc_detectors.offline.onset_signals`, the change point
+  machinery in :mod:`~healthsvc_detectors.offline.changepoint`, the data model in
+  :mod:`~healthsvc_detectors.offline.onset_model`;
+- :mod:`~healthsvc_detectors.offline.rollback` — which checkpoint to resume from, and why;
+- :mod:`~healthsvc_detectors.offline.bisection` — which checkpoint to probe next when the statistics
   cannot decide;
-- :mod:`~detectors.offline.replay` — the verdict of a replay probe (hardware or data);
-- :mod:`~detectors.offline.economics` — goodput, checkpoint intervals, retention and the run's
+- :mod:`~healthsvc_detectors.offline.replay` — the verdict of a replay probe (hardware or data);
+- :mod:`~healthsvc_detectors.offline.economics` — goodput, checkpoint intervals, retention and the run's
   timeline.
 """

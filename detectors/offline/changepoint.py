@@ -17,7 +17,7 @@ ratio divides that gain by the residual variance inflated by the AR(1) long-run 
 Example: a level shift at index 300 of white noise.
 
 >>> import numpy as np
->>> from detectors.offline.onset_model import OnsetParams
+>>> from healthsvc_detectors.offline.onset_model import OnsetParams
 >>> rng = np.random.default_rng(1)
 >>> y = rng.normal(0, 1, 400); y[300:] += 3
 >>> c = scan(np.arange(1000, 1400), y, direction=1.0, anchor=None, params=OnsetParams())
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.offline.onset_model import OnsetParams, Shape
+from healthsvc_detectors.offline.onset_model import OnsetParams, Shape
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ bad (its own forward pass shows it): the point is ``t - 1``, the interval keeps 
 seen in a gradient norm at ``t`` means ``s = t``.
 
 Signals (each used when the history carries it; ``OnsetEstimate.per_signal`` keeps each one;
-the extractors are in :mod:`detectors.offline.onset_signals`, this module combines them):
+the extractors are in :mod:`healthsvc_detectors.offline.onset_signals`, this module combines them):
 
 - ``non_finite``: the first NaN/Inf in the loss, the gradient norm or a rank's local gradient
   norm. An exact, abrupt onset; it bounds ``high`` even when an earlier drift caused it.
@@ -20,7 +20,7 @@ the extractors are in :mod:`detectors.offline.onset_signals`, this module combin
 - ``findings``: steps of the findings of this incident; the onset is no later than the earliest.
 
 The change point model (per series ``y``, in log space; the machinery is in
-:mod:`detectors.offline.changepoint`): a trend (quadratic in ``log(step)`` plus
+:mod:`healthsvc_detectors.offline.changepoint`): a trend (quadratic in ``log(step)`` plus
 linear in ``step``) plus
 either a level shift (abrupt) or a hinge ``max(0, step - tau)`` (gradual, a drift), fitted by
 least squares for *every* ``tau`` at once from suffix sums, so one fit costs O(n). The best
@@ -45,7 +45,7 @@ point).
 Near the evidence only: the rollback does not ask "where did this curve change?" but "where did the
 incident that these findings vouch for begin?". :func:`estimate_onset_near` runs the estimate on
 the history around the findings and ``search_from`` (the earliest update the evidence allows, see
-:func:`detectors.offline.rollback.onset_window`) drops signals that end before it and clips the others, so
+:func:`healthsvc_detectors.offline.rollback.onset_window`) drops signals that end before it and clips the others, so
 a change point of a clean, smoothly decaying curve against its own trend far from the evidence
 cannot become the onset.
 
@@ -68,10 +68,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from detectors.frame import StepBlock
-from detectors.offline.onset_model import (ONSET_SIGNALS, RANK_METRICS, OnsetEstimate,
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.offline.onset_model import (ONSET_SIGNALS, RANK_METRICS, OnsetEstimate,
                                            OnsetParams, Origin, SignalEstimate)
-from detectors.offline.onset_signals import (history_signals, non_finite_signal, row_median,
+from healthsvc_detectors.offline.onset_signals import (history_signals, non_finite_signal, row_median,
                                              warmup_end_from_lr)
 
 __all__ = ["OnsetEstimate", "OnsetParams", "SignalEstimate", "estimate_onset",
@@ -225,7 +225,7 @@ def estimate_onset_near(
     history around them only.
 
     The estimate may not start before ``search_from`` (what the evidence allows, see
-    :func:`detectors.offline.rollback.onset_window`) and uses the history up to ``upto``; the trend it
+    :func:`healthsvc_detectors.offline.rollback.onset_window`) and uses the history up to ``upto``; the trend it
     compares with is learned from ``2 * min_window`` samples before ``search_from``. Looking only
     near the evidence keeps a change point of the whole curve against its own trend (clean,
     smoothly decaying curves have some) and old, recovered events out of the answer.

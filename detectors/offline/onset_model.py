@@ -1,7 +1,7 @@
 """The data model of the onset estimate: its hyper-parameters and its answers.
 
-Kept apart from the estimate (:mod:`detectors.offline.onset`) and the change point machinery
-(:mod:`detectors.offline.changepoint`) so that both import it and neither imports the other.
+Kept apart from the estimate (:mod:`healthsvc_detectors.offline.onset`) and the change point machinery
+(:mod:`healthsvc_detectors.offline.changepoint`) so that both import it and neither imports the other.
 """
 from __future__ import annotations
 

@@ -6,16 +6,16 @@
 - :func:`history_signals`: the change point signals together;
 - :func:`warmup_end_from_lr`: where the learning-rate warm-up ends (no change point before it).
 
-Each returns a :class:`~detectors.offline.onset_model.SignalEstimate` in update steps, or None;
-:mod:`detectors.offline.onset` combines them.
+Each returns a :class:`~healthsvc_detectors.offline.onset_model.SignalEstimate` in update steps, or None;
+:mod:`healthsvc_detectors.offline.onset` combines them.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from detectors.frame import StepBlock
-from detectors.offline.changepoint import scan
-from detectors.offline.onset_model import RANK_METRICS, OnsetParams, SignalEstimate
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.offline.changepoint import scan
+from healthsvc_detectors.offline.onset_model import RANK_METRICS, OnsetParams, SignalEstimate
 
 
 def history_signals(steps, loss, grad_norm, per_rank, anchor, params,

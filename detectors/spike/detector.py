@@ -3,7 +3,7 @@
 Two views of one metric, both in log space (a spike is a *ratio* above normal):
 
 1. **The job**: the per-step median across ranks (``metric``: the loss, or the global
-   ``grad_norm``) against a :class:`~detectors.stats.trend.RobustTrend` baseline (level + trend, so it
+   ``grad_norm``) against a :class:`~healthsvc_detectors.stats.trend.RobustTrend` baseline (level + trend, so it
    follows a decreasing training curve; robust scale; warm-up). A step is a spike when its
    residual exceeds ``z_threshold`` robust standard deviations *and* the value is at least
    ``min_rise`` above the baseline (``0.1`` = 10 %). The level learns only values judged normal;
@@ -12,7 +12,7 @@ Two views of one metric, both in log space (a spike is a *ratio* above normal):
    place among their peers at that step when they are few (at most ``blame_fraction``).
 2. **Single ranks**: each rank's ``rank_metric`` (the loss, or ``local_grad_norm``) against the
    cross-rank median, judged by the rank's own history of deviating from its peers
-   (:class:`~detectors.peers.PeerDeviation`), so a 2-, 4- or 16,384-rank job needs no tuning and a
+   (:class:`~healthsvc_detectors.peers.PeerDeviation`), so a 2-, 4- or 16,384-rank job needs no tuning and a
    rank's normal offset is not a spike. A rank more than ``rank_z_threshold`` of its own sds and
    ``rank_min_rise`` above where it usually sits, while the job as a whole did not spike, is
    reported with its rank named. With two ranks the deviations mirror; the one that rose is named.
@@ -49,17 +49,17 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import BlockDetector, Detector
-from detectors.finding import Finding
-from detectors.kinds import Kind
-from detectors.frame import StepBlock
-from detectors.peers import PeerDeviation
-from detectors.spike.job import JobJudging
-from detectors.spike.ranks import RankJudging, _RankView
-from detectors.stats.cross_section import ReferenceRanks, cross_section
-from detectors.stats.rank_table import RankTable
-from detectors.stats.scales import log_positive
-from detectors.stats.trend import RobustTrend
+from healthsvc_detectors.base import BlockDetector, Detector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.peers import PeerDeviation
+from healthsvc_detectors.spike.job import JobJudging
+from healthsvc_detectors.spike.ranks import RankJudging, _RankView
+from healthsvc_detectors.stats.cross_section import ReferenceRanks, cross_section
+from healthsvc_detectors.stats.rank_table import RankTable
+from healthsvc_detectors.stats.scales import log_positive
+from healthsvc_detectors.stats.trend import RobustTrend
 
 
 class SpikeDetector(JobJudging, RankJudging, Detector, BlockDetector):

@@ -2,7 +2,7 @@
 
 A step is a spike when the median's residual exceeds ``z_threshold`` robust sds and the value is
 at least ``min_rise`` above the baseline; the episode then follows the severity policy of
-:mod:`detectors.spike.detector` (transient, large, lasting, loss followed, recurring, escalated)
+:mod:`healthsvc_detectors.spike.detector` (transient, large, lasting, loss followed, recurring, escalated)
 until it recovers or becomes the new baseline. The ranks it names are those the per-rank view
 shows standing out at the spike's step.
 """
@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from detectors.finding import Finding
-from detectors.frame import StepBlock
-from detectors.stats.scales import excess_score
-from detectors.stats.trend import RobustTrend
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.stats.scales import excess_score
+from healthsvc_detectors.stats.trend import RobustTrend
 
 if TYPE_CHECKING:
-    from detectors.spike.detector import SpikeDetector
-    from detectors.spike.ranks import _RankView
+    from healthsvc_detectors.spike.detector import SpikeDetector
+    from healthsvc_detectors.spike.ranks import _RankView
 
 
 class JobJudging:
-    """The job-wide view of :class:`~detectors.spike.detector.SpikeDetector`: its episode, its
+    """The job-wide view of :class:`~healthsvc_detectors.spike.detector.SpikeDetector`: its episode, its
     baseline (``_trend``) and its findings."""
 
     def _judge_job(self, block: StepBlock, job: np.ndarray, view: "_RankView | None",

@@ -1,7 +1,7 @@
 """The per-rank view of a spike: each rank against the cross-rank centre, judged by its own history.
 
 A rank more than ``rank_z_threshold`` of its own sds and ``rank_min_rise`` above where it usually
-sits among its peers (:class:`~detectors.peers.PeerDeviation`) enters an episode, with the same
+sits among its peers (:class:`~healthsvc_detectors.peers.PeerDeviation`) enters an episode, with the same
 severity policy as the job-wide view; an episode that began at a job-wide spike is left to that
 view, which names these ranks.
 """
@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from detectors.finding import Finding
-from detectors.frame import StepBlock
-from detectors.peers import PAIR_NOTE
-from detectors.stats.machines import hysteresis, run_length
-from detectors.stats.scales import excess_score
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.peers import PAIR_NOTE
+from healthsvc_detectors.stats.machines import hysteresis, run_length
+from healthsvc_detectors.stats.scales import excess_score
 
 if TYPE_CHECKING:
-    from detectors.spike.detector import SpikeDetector
+    from healthsvc_detectors.spike.detector import SpikeDetector
 
 
 class RankJudging:
-    """The per-rank view of :class:`~detectors.spike.detector.SpikeDetector`: its episodes (the
+    """The per-rank view of :class:`~healthsvc_detectors.spike.detector.SpikeDetector`: its episodes (the
     rank table ``_ranks``) and its findings."""
 
     def _judge_ranks(self, block: StepBlock, view: "_RankView", spike_rows: set[int]) -> list[Finding]:

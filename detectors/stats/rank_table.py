@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.stats.state_json import array_from_json, array_to_json
+from healthsvc_detectors.stats.state_json import array_from_json, array_to_json
 
 
 class RankTable:

@@ -54,12 +54,12 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import BlockDetector, Detector
-from detectors.finding import Finding
-from detectors.kinds import Kind
-from detectors.frame import StepBlock, fill_trainer_time, trainer_time
-from detectors.straggler.reference import StragglerReference
-from detectors.straggler.replay import StragglerReplay, _Column
+from healthsvc_detectors.base import BlockDetector, Detector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.frame import StepBlock, fill_trainer_time, trainer_time
+from healthsvc_detectors.straggler.reference import StragglerReference
+from healthsvc_detectors.straggler.replay import StragglerReplay, _Column
 
 # The per-rank CUSUMs, run levels and counts are float32: at 16,384 ranks the recursions are
 # bound by memory traffic and SIMD width, and float32 halves both. Seven digits are far more than

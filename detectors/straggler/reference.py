@@ -3,20 +3,20 @@
 Per step, one source of timing for every rank (``compute_time``, else ``step_time - comm_time``,
 else ``step_time`` where the ranks are not in lockstep; :data:`SOURCES`), and the peer median and
 robust relative spread of a fixed, id-ordered subset of at most ``max_reference_ranks`` ranks.
-The maths is in :mod:`detectors.straggler.detector`.
+The maths is in :mod:`healthsvc_detectors.straggler.detector`.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from detectors.frame import StepBlock
+from healthsvc_detectors.frame import StepBlock
 
 SOURCES: tuple[str, ...] = ("compute_time", "comm_time", "step_time")
 
 
 class StragglerReference:
     """The timings and the peer reference of
-    :class:`~detectors.straggler.detector.StragglerDetector` (its ``min_ranks``, ``sync_spread``,
+    :class:`~healthsvc_detectors.straggler.detector.StragglerDetector` (its ``min_ranks``, ``sync_spread``,
     ``max_reference_ranks`` and ``scale_floor``; the cached subset ``_ref_cols``)."""
 
     def _timings(self, block: StepBlock) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -1,6 +1,6 @@
 """One rank's straggler episode, replayed step by step: firing, paging once it lasted, resolving.
 
-The block-vectorised recursions of :mod:`detectors.straggler.detector` advance every rank; the
+The block-vectorised recursions of :mod:`healthsvc_detectors.straggler.detector` advance every rank; the
 few ranks with something to decide (firing, or past the threshold within the block) are replayed
 here one by one from their start values with the same float32 arithmetic, and this is where the
 findings and their evidence are made.
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.finding import Finding
-from detectors.straggler.reference import SOURCES
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.straggler.reference import SOURCES
 
 
 class StragglerReplay:
     """The per-rank state machine and findings of
-    :class:`~detectors.straggler.detector.StragglerDetector` (its thresholds and ``kind``)."""
+    :class:`~healthsvc_detectors.straggler.detector.StragglerDetector` (its thresholds and ``kind``)."""
 
     def _replay(self, col: "_Column", rank: int, steps: np.ndarray, y: np.ndarray,
                 gain: np.ndarray, ok: np.ndarray, v: np.ndarray, med: np.ndarray,

@@ -15,7 +15,7 @@ import threading
 from dataclasses import replace
 from typing import Any, Callable, Iterable, TypeVar
 
-from detectors.finding import SEVERITY_ORDER
+from healthsvc_detectors.finding import SEVERITY_ORDER
 
 from healthsvc.alerting.model import Alert
 from healthsvc.alerting.policy import Matcher, NotificationLogEntry, PolicyConfig, Silence, inhibited

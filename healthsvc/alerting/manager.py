@@ -24,7 +24,7 @@ table on change and read back by the constructor.
 
 Example::
 
-    >>> from detectors.finding import Finding
+    >>> from healthsvc_detectors.finding import Finding
     >>> from healthsvc.store.outbox import Outbox
     >>> from healthsvc.alerting.subscription import Subscription
     >>> m = AlertManager(Outbox(":memory:"), subscriptions=[Subscription("s", "http://127.0.0.1:9/h")])
@@ -38,7 +38,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
-from detectors.finding import SEVERITY_ORDER, Finding
+from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
 
 from healthsvc.alerting import model
 from healthsvc.alerting.replicas import ReplicaAlerts

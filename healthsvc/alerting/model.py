@@ -18,7 +18,7 @@ Lifecycle (all times are unix seconds from the caller; nothing here reads a cloc
 
 - a firing finding opens the alert (``starts_at``) or refreshes it (``last_seen_at``); a firing
   finding for a resolved alert re-opens it with a new ``starts_at``;
-- how a kind resolves is its own (``Kind.resolves`` in :mod:`detectors.kinds`): *latched* kinds
+- how a kind resolves is its own (``Kind.resolves`` in :mod:`healthsvc_detectors.kinds`): *latched* kinds
   (``non_finite``, ``rank_outlier``, ``divergence``, the exact checks: corruption) stay firing
   until :func:`resolve_by_hand` or a rollback (:func:`resolve_by_hand` with ``by="rollback"``);
 - *condition* kinds resolve when a ``status="resolved"`` finding says their condition cleared, at
@@ -31,7 +31,7 @@ Lifecycle (all times are unix seconds from the caller; nothing here reads a cloc
 
 Example::
 
-    >>> from detectors.finding import Finding
+    >>> from healthsvc_detectors.finding import Finding
     >>> a = fire(None, Finding("loss_spike", step=120, metric="loss", ranks=(3,)), "r1", ("h3",),
     ...          now=100.0)
     >>> a.label_dict["rank"], a.status, a.hosts
@@ -49,8 +49,8 @@ from urllib.parse import quote
 
 import numpy as np
 
-from detectors.finding import SEVERITY_ORDER, Finding
-from detectors import kinds as kind_table
+from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
+from healthsvc_detectors import kinds as kind_table
 # The identity (labels and fingerprint) is healthsvc.identity's; re-exported for alerting's callers.
 from healthsvc.identity import ALL_RANKS, IDENTITY_LABELS, compact_ranks, condition_labels, fingerprint  # noqa: F401
 from healthsvc.alerting.runbook import describe_kind, runbook_section

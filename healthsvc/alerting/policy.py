@@ -11,7 +11,7 @@
 - **Dedup**: :func:`needs_update` decides, from what the receiver was last sent and what is firing
   and resolved now, whether to notify, and returns a named :class:`NotifyReason`.
 - **Inhibition**: a firing source alert mutes target alerts of the same run
-  (:func:`kind_inhibit_rules`, from each kind's ``mutes`` in :mod:`detectors.kinds`:
+  (:func:`kind_inhibit_rules`, from each kind's ``mutes`` in :mod:`healthsvc_detectors.kinds`:
   ``non_finite`` mutes the spikes and divergence it explains; ``stall`` mutes the ``hang`` and
   ``straggler`` alerts it explains).
 - **Silences**: label matchers (``=``, ``!=``, ``=~``, ``!~``) with a start and an expiry
@@ -28,8 +28,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from detectors.finding import SEVERITY_ORDER
-from detectors import kinds as kind_table
+from healthsvc_detectors.finding import SEVERITY_ORDER
+from healthsvc_detectors import kinds as kind_table
 
 from healthsvc.alerting.model import Alert
 # Silences are healthsvc.alerting.silences'; re-exported for the policy's callers.
@@ -188,7 +188,7 @@ class InhibitRule:
 def kind_inhibit_rules() -> tuple[InhibitRule, ...]:
     """One rule per kind that mutes others (``Kind.mutes``), within its run.
 
-    >>> from detectors.registry import REGISTRY
+    >>> from healthsvc_detectors.registry import REGISTRY
     >>> [(sorted(r.source_kinds), sorted(r.target_kinds)) for r in kind_inhibit_rules()]
     [(['non_finite'], ['divergence', 'grad_spike', 'loss_spike']), (['stall'], ['hang', 'straggler'])]
     """

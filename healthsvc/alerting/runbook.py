@@ -2,7 +2,7 @@
 
 The runbook itself is ``docs/runbook.md``: one ``## <kind>`` section per finding kind (what it
 means, what to check, what to do), whose "What it means" opens with the kind's own ``meaning``
-(:mod:`detectors.kinds`; a test holds the two together). Every alert carries a ``description`` annotation built
+(:mod:`healthsvc_detectors.kinds`; a test holds the two together). Every alert carries a ``description`` annotation built
 on that sentence and a ``runbook_url`` annotation, the runbook's base URL (setting
 ``HEALTHSVC_ALERT_RUNBOOK_URL``; by default the copy the service serves at ``/runbook``) with the
 kind's section as the fragment: the heading is the kind, so the anchor is too, on GitHub and on
@@ -15,7 +15,7 @@ Example::
 """
 from __future__ import annotations
 
-from detectors import kinds as kind_table
+from healthsvc_detectors import kinds as kind_table
 
 
 

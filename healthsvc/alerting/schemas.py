@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from detectors.registry import FINDING_KINDS
+from healthsvc_detectors.registry import FINDING_KINDS
 from healthsvc.store.outbox import DeliveryState
 from healthsvc.alerting.policy import MatchOp, NotifyReason
 from healthsvc.alerting.subscription import BodyFormat

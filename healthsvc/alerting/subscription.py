@@ -34,8 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from detectors import kinds as kind_table
-from detectors.finding import SEVERITY_ORDER
+from healthsvc_detectors import kinds as kind_table
+from healthsvc_detectors.finding import SEVERITY_ORDER
 
 from healthsvc.alerting.model import Alert
 

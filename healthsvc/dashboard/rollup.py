@@ -1,7 +1,7 @@
 """A run's dashboard rollup: small per-step aggregates, kept up to date as aligned steps arrive.
 
 The run page must open in well under 2 s even for 16,384 ranks x 10,000 steps (164 M records), so
-it never reads the raw history. Instead each complete step (a :class:`detectors.StepBlock` row, as
+it never reads the raw history. Instead each complete step (a :class:`healthsvc_detectors.StepBlock` row, as
 the step aligner emits it) is folded into:
 
 - **lines**: for each of :data:`LINE_FIELDS`, the cross-rank median, min and max of the finite
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from detectors.frame import StepBlock
+from healthsvc_detectors.frame import StepBlock
 
 LINE_FIELDS = ("loss", "grad_norm", "step_time")
 HEAT_FIELDS = ("compute_time", "step_time")

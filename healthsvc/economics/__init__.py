@@ -2,7 +2,7 @@
 
 Adds ``GET /v1/runs/{run_id}/timeline|advice|retention|goodput`` (``api``, ``schemas``) and a
 compact ``timeline`` section to ``GET /v1/runs/{run_id}``; ``service`` gathers a run's facts from
-the store. The maths is in :mod:`detectors.offline.economics` (pure).
+the store. The maths is in :mod:`healthsvc_detectors.offline.economics` (pure).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Run economics over HTTP: timeline, checkpoint interval advice, retention plan, goodput.
 
 Each handler loads the run's facts (``facts.py``) and calls one pure function of
-``detectors.offline.economics``; the response models (every field, with its unit) are in ``schemas.py``,
+``healthsvc_detectors.offline.economics``; the response models (every field, with its unit) are in ``schemas.py``,
 the formulas in docs/economics.md.
 """
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from healthsvc.deps import RunId, StoreDep
-from detectors.offline.economics.advice import MtbfPrior, advise_interval
-from detectors.offline.economics.goodput import compute_goodput
-from detectors.offline.economics.retention import RetentionPolicy, plan_retention
-from detectors.offline.economics.timeline import build_timeline
+from healthsvc_detectors.offline.economics.advice import MtbfPrior, advise_interval
+from healthsvc_detectors.offline.economics.goodput import compute_goodput
+from healthsvc_detectors.offline.economics.retention import RetentionPolicy, plan_retention
+from healthsvc_detectors.offline.economics.timeline import build_timeline
 from healthsvc.economics.schemas import AdviceOut, GoodputOut, RetentionOut, TimelineOut
 from healthsvc.economics.service import RunFacts, fleet_failures_and_exposure, load_run_facts
 from healthsvc.errors import InvalidInput, NotFound

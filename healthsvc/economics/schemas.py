@@ -1,6 +1,6 @@
 """Response schemas of the run-economics endpoints (timeline, advice, retention, goodput).
 
-The handlers return the ``to_dict()`` of the pure results in :mod:`detectors.offline.economics`; these
+The handlers return the ``to_dict()`` of the pure results in :mod:`healthsvc_detectors.offline.economics`; these
 models describe those dicts field by field, with units, and FastAPI validates each answer against
 them. They must not change a value: numbers that may be integers or floats are typed
 :data:`Number` (validation keeps the int or the float it is given), and every key is a field.

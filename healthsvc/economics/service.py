@@ -1,4 +1,4 @@
-"""What the store knows about a run, as the typed records of :mod:`detectors.offline.economics`.
+"""What the store knows about a run, as the typed records of :mod:`healthsvc_detectors.offline.economics`.
 
 Times are the service's clock (when records, checkpoints, events and findings were stored), so
 every duration is measured on one clock. Sources:
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from detectors import kinds as kind_table
-from detectors.finding import Finding
-from detectors.offline.economics.records import (Attempt, CheckpointWrite, Corruption, Decision, Incident,
+from healthsvc_detectors import kinds as kind_table
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.offline.economics.records import (Attempt, CheckpointWrite, Corruption, Decision, Incident,
                                                   RunEvent)
 
 _DECODE_FIELDS = {"step_time", "world_size"}
@@ -195,7 +195,7 @@ def load_run_facts(store, findings_service, cache: AttemptStatsCache, run_id: st
     for at_s, f in findings:
         if f.status != "firing":
             continue
-        # What a finding is to the run's economics is its kind's ``incident`` (detectors.kinds).
+        # What a finding is to the run's economics is its kind's ``incident`` (healthsvc_detectors.kinds).
         incident = kind_table.kind(f.kind).incident if kind_table.known(f.kind) else None
         if incident in ("stall", "non_finite"):
             incidents.append(Incident(incident, at_s, step=f.step, onset_step=f.onset_step,

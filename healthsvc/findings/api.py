@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from detectors import kinds as kind_table
-from detectors.registry import FINDING_KINDS
+from healthsvc_detectors import kinds as kind_table
+from healthsvc_detectors.registry import FINDING_KINDS
 from healthsvc.deps import RunId, StoreDep
 from healthsvc.errors import InvalidInput, NotFound
 

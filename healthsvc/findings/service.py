@@ -10,7 +10,7 @@ import logging
 from concurrent.futures import Future
 from typing import Any, Callable
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.identity import condition_key
 from healthsvc.store.findings import FindingsRecorded, FindingsStage, StoredFinding
 from healthsvc.store.interface import Store

@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 import xxhash
 
-from clients.wire import INTEGER_FIELDS, KEY_FIELDS, LABEL_FIELDS, NON_FINITE_STRINGS, STRING_FIELDS
+from healthsvc_client.wire import INTEGER_FIELDS, KEY_FIELDS, LABEL_FIELDS, NON_FINITE_STRINGS, STRING_FIELDS
 from healthsvc.errors import BadRequest, InvalidInput, PayloadTooLarge
 from healthsvc.store.batch import MetricBatch
 

@@ -1,4 +1,4 @@
-"""Aligns per-rank pushes into per-step frames (:class:`detectors.StepBlock`).
+"""Aligns per-rank pushes into per-step frames (:class:`healthsvc_detectors.StepBlock`).
 
 Ranks push on their own schedules, so records for one step arrive spread over time and across
 requests. The aligner holds records until their step is complete — every expected rank has
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.frame import StepBlock
+from healthsvc_detectors.frame import StepBlock
 from healthsvc.store.batch import MetricBatch
 
 

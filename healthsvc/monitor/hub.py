@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.findings import FindingsService
 from healthsvc.messages import Drain, RunOwned, Stop, Tick, handle_in_order
 from healthsvc.monitor import coalesce

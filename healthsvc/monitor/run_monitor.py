@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from clients.wire import INCARNATION_FIELD
-from detectors.finding import Finding
+from healthsvc_client.wire import INCARNATION_FIELD
+from healthsvc_detectors.finding import Finding
 from healthsvc.store.batch import MetricBatch
 from healthsvc.monitor.aligner import StepAligner, batch_to_block
 from healthsvc.monitor.suite import DetectorSuite, build_suite

@@ -1,4 +1,4 @@
-"""Which detectors watch a run, built from its config and :mod:`detectors.registry`.
+"""Which detectors watch a run, built from its config and :mod:`healthsvc_detectors.registry`.
 
 A run's config may carry ``detectors: {name: {param: value, ...}}`` (``{"enabled": false}``
 switches one off). The registry says each detector's role; the suite keeps the block detectors
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
-from detectors.base import AbsenceDetector, BlockDetector
-from detectors.registry import REGISTRY
+from healthsvc_detectors.base import AbsenceDetector, BlockDetector
+from healthsvc_detectors.registry import REGISTRY
 from healthsvc.detector_config import validate_params
 from healthsvc.errors import InvalidInput
 from healthsvc.schemas import upgrade_stored_config

@@ -4,7 +4,7 @@ Adds ``POST /v1/runs/{run_id}/probes`` (ask for a probe of a suspect rank), ``GE
 /v1/runs/{run_id}/probes/next`` (what the trainer polls), ``POST
 /v1/runs/{run_id}/probes/{probe_id}/reports`` (each rank's recomputed gradient norm), ``GET
 /v1/runs/{run_id}/probes[/{probe_id}]``; the probes are the store's (``healthsvc.store.probes``). The trainer's side is
-``clients.probe``; the verdict is :func:`detectors.offline.replay.judge_replay`'s. The service asks for
+``healthsvc_client.probe``; the verdict is :func:`healthsvc_detectors.offline.replay.judge_replay`'s. The service asks for
 a probe itself when a warning or critical ``replica_mismatch``, ``rank_outlier`` or per-rank spike
 names a rank that has none pending.
 """

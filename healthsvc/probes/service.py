@@ -3,15 +3,15 @@
 A probe is a row of the store's ``probes`` table (:mod:`healthsvc.store.probes`): who is
 suspected, whom to compare it with, which step's batch to replay, and the reports so far (rank ->
 gradient norm). Once both ranks reported,
-:func:`detectors.offline.replay.judge_replay` decides and the suspect's host is named.
+:func:`healthsvc_detectors.offline.replay.judge_replay` decides and the suspect's host is named.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, TYPE_CHECKING
 
-from detectors import kinds as kind_table
-from detectors.offline.replay import judge_replay
+from healthsvc_detectors import kinds as kind_table
+from healthsvc_detectors.offline.replay import judge_replay
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.limits import INT64_MAX
 from healthsvc.store.probes import NoProbe, ProbeRow

@@ -1,7 +1,7 @@
 """Rollback target and active bisection over checkpoints (a feature of the service).
 
 Adds ``GET /v1/runs/{run_id}/rollback`` and the ``/v1/runs/{run_id}/bisection`` endpoints, a
-``bisections`` table (the persisted state machine of :mod:`detectors.offline.bisection`), and the
+``bisections`` table (the persisted state machine of :mod:`healthsvc_detectors.offline.bisection`), and the
 ``healthsvc rollback`` / ``healthsvc bisect`` commands (``healthsvc.rollback.cli``). See
 docs/rollback.md.
 """

@@ -6,7 +6,7 @@ They must not change a value: numbers that may be either integers or floats are 
 :data:`Number` (validation keeps the int or the float it is given), and every key a handler returns
 is a field, so nothing is dropped.
 
-Steps are optimizer-update indices as on the wire (``clients.wire``); a checkpoint at step ``c``
+Steps are optimizer-update indices as on the wire (``healthsvc_client.wire``); a checkpoint at step ``c``
 holds the state after the update of step ``c``, so it is clean only if ``c`` is before the first
 corrupted update (docs/rollback.md).
 
@@ -133,7 +133,7 @@ class SignalOnset(BaseModel):
 
 
 class Onset(BaseModel):
-    """The estimate of the first corrupted update (``detectors.offline.onset.OnsetEstimate``)."""
+    """The estimate of the first corrupted update (``healthsvc_detectors.offline.onset.OnsetEstimate``)."""
     step: int = Field(..., description="Point estimate of the first corrupted update, steps.")
     low: int = Field(..., description="Earliest step it may be, steps (inclusive).")
     high: int = Field(..., description="Latest step it may be, steps (inclusive).")

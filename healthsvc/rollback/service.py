@@ -1,11 +1,11 @@
 """Rollback and bisection in the service: stored history, findings and checkpoints in, decisions out.
 
-The maths is in :mod:`detectors.offline.onset`, :mod:`detectors.offline.rollback` and :mod:`detectors.offline.bisection`;
+The maths is in :mod:`healthsvc_detectors.offline.onset`, :mod:`healthsvc_detectors.offline.rollback` and :mod:`healthsvc_detectors.offline.bisection`;
 this module only gathers their inputs from the store and persists the bisection state. The
 policy (what counts as evidence, the restart rule, the margin) is
-:func:`detectors.offline.rollback.decide_rollback`'s.
+:func:`healthsvc_detectors.offline.rollback.decide_rollback`'s.
 
-- Findings of the incident: every finding of a corruption kind (``Kind.corruption`` in :mod:`detectors.kinds`)
+- Findings of the incident: every finding of a corruption kind (``Kind.corruption`` in :mod:`healthsvc_detectors.kinds`)
   of the current attempt, firing and resolved, so the decision can tell an episode that is still
   on (or lasted) from a transient that recovered by itself.
 - Restarts: each attempt after the first (it resumed at its ``start_step``) and each ``restart``
@@ -24,11 +24,11 @@ from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
-from detectors.offline.bisection import Bisection, BisectionError
-from detectors.offline.onset import OnsetParams
-from detectors.frame import StepBlock
-from detectors.kinds import corruption_kinds
-from detectors.offline.rollback import (Checkpoint, Restart, RollbackDecision,
+from healthsvc_detectors.offline.bisection import Bisection, BisectionError
+from healthsvc_detectors.offline.onset import OnsetParams
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.kinds import corruption_kinds
+from healthsvc_detectors.offline.rollback import (Checkpoint, Restart, RollbackDecision,
                                         decide_rollback, episodes, evidence_episodes, onset_window)
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.history import load_history

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from detectors.finding import SEVERITY_ORDER
+from healthsvc_detectors.finding import SEVERITY_ORDER
 from healthsvc.run_metrics.feed import new_batches
 
 TIMING_FIELDS = ("compute_time", "step_time")   # the first one a run reports is the one ranked

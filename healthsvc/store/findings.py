@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import orjson
 
-from detectors.finding import SEVERITY_ORDER, Finding
+from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
 from healthsvc.encode import jsonable
 from healthsvc.identity import occurrence_key
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.store.batch import MetricBatch
 from healthsvc.store.fencing import Fence
 from healthsvc.store.bisections import BisectionUpdate

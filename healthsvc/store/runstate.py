@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from clients.wire import INCARNATION_FIELD as INCARNATION   # the process that sent a record
+from healthsvc_client.wire import INCARNATION_FIELD as INCARNATION   # the process that sent a record
 from healthsvc.store.batch import MetricBatch
 
 

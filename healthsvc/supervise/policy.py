@@ -42,13 +42,13 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from detectors import kinds as kind_table
-from detectors.finding import SEVERITY_ORDER
+from healthsvc_detectors import kinds as kind_table
+from healthsvc_detectors.finding import SEVERITY_ORDER
 
 
 def default_restart_on() -> dict[str, str]:
     """Kinds a restart helps with by default, and the lowest severity at which it does: each
-    kind's ``restarts_at`` (:mod:`detectors.kinds`). A straggler and a slowdown cost pace, not
+    kind's ``restarts_at`` (:mod:`healthsvc_detectors.kinds`). A straggler and a slowdown cost pace, not
     correctness: they are left to people unless a run's policy says so."""
     return {k.name: k.restarts_at for k in kind_table.kinds() if k.restarts_at is not None}
 

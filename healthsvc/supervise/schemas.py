@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from detectors.registry import FINDING_KINDS
+from healthsvc_detectors.registry import FINDING_KINDS
 from healthsvc.limits import Seconds
 from healthsvc.supervise.policy import (
     default_leave_out_kinds,

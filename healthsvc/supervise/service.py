@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, TYPE_CHECKING
 
-from detectors.kinds import corruption_kinds
+from healthsvc_detectors.kinds import corruption_kinds
 from healthsvc.errors import NotFound
 from healthsvc.rollback import service as rollback_service
 from healthsvc.runs.service import shown_config

@@ -9,7 +9,7 @@ from email.utils import formatdate
 import jsonschema
 import pytest
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.alerting.delivery import Backoff, DeliveryWorker, parse_retry_after
 from healthsvc.alerting.manager import AlertManager
 from healthsvc.store.outbox import Outbox

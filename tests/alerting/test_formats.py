@@ -6,7 +6,7 @@ import json
 import jsonschema
 import pytest
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.alerting import model
 from healthsvc.alerting.formats import GO_ZERO_TIME, Notification, render, rfc3339
 from healthsvc.alerting.policy import NotifyReason, group_key

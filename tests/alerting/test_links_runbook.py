@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from detectors.finding import Finding
-from detectors import kinds
-from detectors.registry import FINDING_KINDS
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors import kinds
+from healthsvc_detectors.registry import FINDING_KINDS
 from healthsvc.alerting.policy import DEFAULT_TIMINGS
 from tests.alerting.receiver import Receiver
 from tests.harness import ServedService

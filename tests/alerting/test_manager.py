@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.alerting.manager import AlertManager
 from healthsvc.alerting.model import LifecyclePolicy
 from healthsvc.store.outbox import Outbox

@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.alerting import model
 from healthsvc.alerting.model import LifecyclePolicy, alert_labels, compact_ranks, fingerprint
 

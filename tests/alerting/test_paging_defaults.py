@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.alerting.policy import DEFAULT_TIMINGS
 from tests.alerting.alertmanager_proc import AlertmanagerProcess
 from tests.alerting.receiver import Receiver

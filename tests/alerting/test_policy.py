@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.alerting import model
 from healthsvc.alerting.policy import (
     DEFAULT_TIMINGS, Matcher, NotificationLogEntry, NotifyReason, Silence, Timing, flush_due,

@@ -10,7 +10,7 @@ import time
 import jsonschema
 import pytest
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.alerting.policy import DEFAULT_TIMINGS
 from healthsvc.alerting.signing import generate_secret, verify
 from healthsvc.drain import DrainTimeout

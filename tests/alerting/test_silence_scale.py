@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.alerting import policy
 from healthsvc.alerting.model import fire
 from healthsvc.alerting.policy import Matcher, Silence

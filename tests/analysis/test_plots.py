@@ -14,8 +14,8 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
 
-from clients import plots  # noqa: E402
-from clients.read import Reader  # noqa: E402
+from healthsvc_client import plots  # noqa: E402
+from healthsvc_client.read import Reader  # noqa: E402
 
 F64 = pd.ArrowDtype(pa.float64())
 

@@ -14,8 +14,8 @@ import pytest
 
 pytestmark = pytest.mark.both_stores
 
-from clients import read
-from clients.read import Reader, ReadError
+from healthsvc_client import read
+from healthsvc_client.read import Reader, ReadError
 
 NAN, INF = float("nan"), float("inf")
 
@@ -150,7 +150,7 @@ def test_errors_name_the_problem(shared_server):
 
 
 def test_importing_the_read_api_imports_no_pandas():
-    code = "import sys, clients, clients.read; print(sorted(m for m in ('pandas', 'numpy', 'pyarrow') if m in sys.modules))"
+    code = "import sys, healthsvc_client, healthsvc_client.read; print(sorted(m for m in ('pandas', 'numpy', 'pyarrow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import pytest
 
-from clients.read import Reader
+from healthsvc_client.read import Reader
 from healthsvc.replay import RecordedRun, export_run, replay
 from tests.server_process import ServerProcess
 

@@ -1,54 +1,38 @@
-"""The client-only install: ``python -m venv`` + ``pip install .`` (no extras, as the README says)
-gives a ``healthsvc`` command whose client commands work with the standard library alone, against
-a real server. The venv is made once per module (about 20 s: venv + a real build of the project)."""
+"""The client-only install: a fresh venv with the client and the service distribution without
+extras (``pip install ./clients .``, as the README says) gives a ``healthsvc`` command whose client
+commands work with the standard library alone, against a real server. The venv is made once per
+module from the session's wheels (``tests/packaging/dists.py``: offline, a few seconds)."""
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
 import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
-from clients.client import Run
-
-ROOT = Path(__file__).resolve().parents[2]
-SKIP = shutil.ignore_patterns(".venv", ".git", "*.db", "*.db-*", "__pycache__", "build", "*.egg-info",
-                              ".pytest_cache", ".hypothesis", "notebooks", "docs")
+from healthsvc_client.client import Run
+from tests.packaging.dists import CLIENT, ROOT, SERVICE, clean_env, installed, make_venv, pip_install
 
 
 @pytest.fixture(scope="module")
-def client_venv(tmp_path_factory) -> Path:
-    """A fresh venv with the project installed exactly as the README's training-job line says."""
-    base = tmp_path_factory.mktemp("client-install")
-    checkout = base / "healthsvc"
-    shutil.copytree(ROOT, checkout, ignore=SKIP)  # a copy: building in place would litter the tree
-    venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+def client_venv(tmp_path_factory, wheels) -> Path:
+    """A fresh venv with the two distributions installed as the README's training-node line says."""
     readme = (ROOT / "README.md").read_text()
-    assert "`python -m venv venv && venv/bin/pip install .`" in readme   # what this fixture runs
-    out = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "."], cwd=checkout,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert "`pip install ./clients .`" in readme                 # what this fixture installs
+    venv = make_venv(tmp_path_factory.mktemp("client-install") / "venv")
+    pip_install(venv, wheels, CLIENT, SERVICE)
     return venv
 
 
 def cli(venv: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HEALTHSVC_", "PYTHON"))}
     return subprocess.run([str(venv / "bin" / "healthsvc"), *args], capture_output=True, text=True,
-                          timeout=60, env={**clean, **(env or {})}, cwd=venv)
+                          timeout=60, env=clean_env(**(env or {})), cwd=venv)
 
 
 def test_the_install_has_no_dependencies_and_serve_says_what_to_install(client_venv):
-    pip_list = subprocess.run([str(client_venv / "bin" / "pip"), "list", "--format=json"],
-                              capture_output=True, text=True, check=True).stdout
-    names = {p["name"].lower() for p in json.loads(pip_list)}
-    assert names <= {"healthsvc", "pip", "setuptools"}, names
+    assert set(installed(client_venv)) == {CLIENT, SERVICE}, installed(client_venv)
     assert cli(client_venv, "--version").stdout.strip() == "healthsvc 0.1.0"
     out = cli(client_venv, "serve")
     assert out.returncode == 2 and "pip install 'healthsvc[server]'" in out.stderr

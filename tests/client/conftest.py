@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from clients.client import Run
-from clients.transport import MockTransport, Request, Response
+from healthsvc_client.client import Run
+from healthsvc_client.transport import MockTransport, Request, Response
 
 
 def decode_body(request: Request) -> dict:

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from clients.client import Run
-from clients.transport import MockTransport, Response
+from healthsvc_client.client import Run
+from healthsvc_client.transport import MockTransport, Response
 from tests.client.conftest import decode_body, wait_until
 
 

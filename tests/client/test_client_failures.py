@@ -4,9 +4,9 @@ from __future__ import annotations
 import threading
 import time
 
-from clients.client import Run
-from clients.spool import read_spool
-from clients.transport import ConnectError, MockTransport, RequestTimeout, Response
+from healthsvc_client.client import Run
+from healthsvc_client.spool import read_spool
+from healthsvc_client.transport import ConnectError, MockTransport, RequestTimeout, Response
 from tests.client.conftest import wait_until
 
 # Not a timing assertion: a log() that blocked on the transport would take the hang's full length

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from clients.client import Run
-from clients.retry import Backoff, is_retryable_status, parse_retry_after_s
-from clients.timing import StepTimer
-from clients.transport import ConnectError, HTTPTransport, Request, RequestTimeout
+from healthsvc_client.client import Run
+from healthsvc_client.retry import Backoff, is_retryable_status, parse_retry_after_s
+from healthsvc_client.timing import StepTimer
+from healthsvc_client.transport import ConnectError, HTTPTransport, Request, RequestTimeout
 from tests.client.conftest import wait_until
 
 

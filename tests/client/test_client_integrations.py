@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from clients.client import Run
-from clients.transport import MockTransport
+from healthsvc_client.client import Run
+from healthsvc_client.transport import MockTransport
 
 torch = pytest.importorskip("torch")
 
@@ -26,7 +26,7 @@ def same(a: float, b: float) -> bool:
 
 def test_lightning_callback_reports_each_steps_own_loss_and_grad_norm(service):
     L = pytest.importorskip("lightning")
-    from clients.lightning import HealthCallback
+    from healthsvc_client.lightning import HealthCallback
 
     torch.manual_seed(0)
     computed: list[float] = []
@@ -68,7 +68,7 @@ def test_lightning_callback_reports_each_steps_own_loss_and_grad_norm(service):
 
 def test_lightning_callback_creates_a_run_per_rank_with_trainer_rank(service, monkeypatch):
     L = pytest.importorskip("lightning")
-    from clients.lightning import HealthCallback
+    from healthsvc_client.lightning import HealthCallback
 
     callback = HealthCallback("http://fake", "exp", transport=MockTransport(service),
                               heartbeat_interval_s=0)
@@ -87,7 +87,7 @@ def test_hf_trainer_reports_per_rank_per_step_loss_including_nan(service, tmp_pa
     pytest.importorskip("accelerate")
     from transformers import Trainer, TrainingArguments
 
-    from clients.hf import attach
+    from healthsvc_client.hf import attach
 
     torch.manual_seed(0)
     computed: list[float] = []

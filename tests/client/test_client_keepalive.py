@@ -13,8 +13,8 @@ import time
 
 import httpx
 
-from clients.client import Run
-from clients.transport import HTTPTransport, Request
+from healthsvc_client.client import Run
+from healthsvc_client.transport import HTTPTransport, Request
 from tests.barriers import wait_until
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from clients.client import Run
-from clients.spool import SpoolWriter, read_spool
-from clients.sync import upload_spool
-from clients.transport import ConnectError, MockTransport, Response
+from healthsvc_client.client import Run
+from healthsvc_client.spool import SpoolWriter, read_spool
+from healthsvc_client.sync import upload_spool
+from healthsvc_client.transport import ConnectError, MockTransport, Response
 from tests.client.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,10 +110,10 @@ def test_forked_child_gets_a_disabled_client_and_parent_keeps_working(make_run, 
 def test_exit_without_finish_flushes_within_its_time_limit(tmp_path):
     spool = tmp_path / "exit.jsonl"
     result = run_python(f"""
-        import clients
-        clients.init(run_id="r", rank=1, mode="offline", spool_path={str(spool)!r})
+        import healthsvc_client
+        healthsvc_client.init(run_id="r", rank=1, mode="offline", spool_path={str(spool)!r})
         for step in range(5):
-            clients.log(loss=float(step), step=step)
+            healthsvc_client.log(loss=float(step), step=step)
     """)
     assert result.returncode == 0, result.stderr
     entries = list(read_spool(spool))
@@ -123,12 +123,12 @@ def test_exit_without_finish_flushes_within_its_time_limit(tmp_path):
 
 def test_exit_with_the_service_unreachable_is_bounded_by_exit_flush_timeout(unused_tcp_port):
     result = run_python(f"""
-        import time, clients
-        clients.init("http://127.0.0.1:{unused_tcp_port}", run_id="r", rank=0,
+        import time, healthsvc_client
+        healthsvc_client.init("http://127.0.0.1:{unused_tcp_port}", run_id="r", rank=0,
                      exit_flush_timeout_s=0.5, backoff_base_s=5.0, max_attempts=100)
-        clients.log(loss=1.0, step=0)
+        healthsvc_client.log(loss=1.0, step=0)
         deadline = time.monotonic() + 10
-        while clients.stats().last_error is None:   # barrier: the first attempt failed; the
+        while healthsvc_client.stats().last_error is None:   # barrier: the first attempt failed; the
             assert time.monotonic() < deadline       # sender now waits seconds to retry
             time.sleep(0.01)
         print(time.monotonic())
@@ -184,9 +184,9 @@ def test_sync_counts_failures_rejections_and_a_truncated_last_line(tmp_path):
 def test_importing_the_client_imports_nothing_heavy():
     result = run_python("""
         import sys
-        import clients, clients.client, clients.sync, clients.timing, clients.lightning, clients.hf
+        import healthsvc_client, healthsvc_client.client, healthsvc_client.sync, healthsvc_client.timing, healthsvc_client.lightning, healthsvc_client.hf
         heavy = sorted(m for m in ("fastapi", "pandas", "numpy", "torch", "lightning",
-                                   "transformers", "healthsvc", "detectors", "httpx", "pydantic")
+                                   "transformers", "healthsvc", "healthsvc_detectors", "httpx", "pydantic")
                        if m in sys.modules)
         print(",".join(heavy))
     """)

@@ -1,4 +1,4 @@
-"""Replica fingerprints: the digest (``clients.digest``) is deterministic and sees one flipped bit;
+"""Replica fingerprints: the digest (``healthsvc_client.digest``) is deterministic and sees one flipped bit;
 ``Run.fingerprint`` sends it as ``param_digest`` and every read format gives it back."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import clients  # noqa: E402
-from clients.digest import due, param_digest  # noqa: E402
+import healthsvc_client  # noqa: E402
+from healthsvc_client.digest import due, param_digest  # noqa: E402
 from tests.barriers import wait_until  # noqa: E402
 
 
@@ -62,7 +62,7 @@ def test_fingerprints_are_due_at_checkpoint_steps():
 
 
 def test_the_digest_reaches_the_server_and_reads_back_in_every_format(server, http):
-    run = clients.Run(server.url, "fp-wire", rank=1, host="node-7", flush_interval_s=0.05,
+    run = healthsvc_client.Run(server.url, "fp-wire", rank=1, host="node-7", flush_interval_s=0.05,
                       heartbeat_interval_s=0)
     m = model()
     run.log(loss=1.0, step=9)
@@ -81,7 +81,7 @@ def test_the_digest_reaches_the_server_and_reads_back_in_every_format(server, ht
                          convert_options=pacsv.ConvertOptions(column_types={"param_digest": "string"}))
     assert csv.column("param_digest").to_pylist()[0] == digest
     # The analysts' reader gives strings back, in both of its formats.
-    from clients.read import Reader
+    from healthsvc_client.read import Reader
     for fmt in ("arrow", "csv"):
         df = Reader(server.url).metrics("fp-wire", format=fmt)
         assert df["param_digest"].tolist()[0] == digest and df["param_digest"].isna().tolist() == [False, True]
@@ -93,9 +93,9 @@ def test_the_digest_reaches_the_server_and_reads_back_in_every_format(server, ht
 
 
 def test_a_fingerprint_never_raises_into_the_training_loop():
-    run = clients.Run(None, "fp-offline", rank=0, mode="disabled")
+    run = healthsvc_client.Run(None, "fp-offline", rank=0, mode="disabled")
     assert run.fingerprint(model()) is None
-    live = clients.Run("http://127.0.0.1:9", "fp-bad", rank=0, heartbeat_interval_s=0, max_attempts=1)
+    live = healthsvc_client.Run("http://127.0.0.1:9", "fp-bad", rank=0, heartbeat_interval_s=0, max_attempts=1)
     assert live.fingerprint(object()) is None            # not a model: counted, not raised
     wait_until(lambda: live.stats().last_error is not None, timeout_s=5)
     assert "fingerprint" in live.stats().last_error

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from clients.client import Run
+from healthsvc_client.client import Run
 from tests.barriers import wait_until
 from tests.harness import ServedService
 
@@ -26,13 +26,13 @@ STEPS = 30
 
 
 class RelayProcess:
-    """``python -m clients.relay`` in its own process; ready once it printed ``listening``."""
+    """``python -m healthsvc_client.relay`` in its own process; ready once it printed ``listening``."""
 
     def __init__(self, url: str, interval_s: float = 0.3) -> None:
         self.dir = tempfile.mkdtemp(prefix="hsr", dir="/tmp")   # short: a socket path has <= 107 bytes
         self.socket = os.path.join(self.dir, "relay.sock")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "clients.relay", "--url", url, "--socket", self.socket,
+            [sys.executable, "-m", "healthsvc_client.relay", "--url", url, "--socket", self.socket,
              "--interval-s", str(interval_s)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()   # the barrier: the socket accepts connections
         assert line.strip() == f"listening {self.socket}", line
@@ -281,7 +281,7 @@ def test_a_relay_killed_after_the_service_stored_its_push_is_not_stored_twice(se
 
 
 def test_a_body_the_service_refuses_for_one_rank_does_not_lose_the_others(served):
-    from clients.relay import Relay
+    from healthsvc_client.relay import Relay
     sock = os.path.join(tempfile.mkdtemp(prefix="hsr", dir="/tmp"), "relay.sock")
     relay = Relay(sock, served.url, interval_s=3600.0).start()   # pushes only when woken below
     try:
@@ -307,8 +307,8 @@ def test_a_body_the_service_refuses_for_one_rank_does_not_lose_the_others(served
 
 
 def test_a_relay_that_cannot_reach_the_service_hands_its_body_back_stored_once(served):
-    from clients.relay import Relay
-    from clients.transport import ConnectError, MockTransport
+    from healthsvc_client.relay import Relay
+    from healthsvc_client.transport import ConnectError, MockTransport
 
     def down(request):
         raise ConnectError("the relay's network to the service is down")

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from clients.delivery import Delivery
-from clients.relay_link import RelayLink
-from clients.retry import Backoff
-from clients.stats import Counters
-from clients.transport import MockTransport, Response
+from healthsvc_client.delivery import Delivery
+from healthsvc_client.relay_link import RelayLink
+from healthsvc_client.retry import Backoff
+from healthsvc_client.stats import Counters
+from healthsvc_client.transport import MockTransport, Response
 
 PATH = "/v1/runs/r/metrics"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.frame import StepBlock
+from healthsvc_detectors.frame import StepBlock
 from healthsvc.dashboard.downsample import bucket_envelope, lttb, rebin_heat
 from healthsvc.dashboard.rollup import MAX_RANK_BINS, MAX_STEP_BINS, RunRollup
 

@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from detectors.offline.bisection import (Bisection, BisectionError, ContradictoryReport, ProbeNotProposed,
+from healthsvc_detectors.offline.bisection import (Bisection, BisectionError, ContradictoryReport, ProbeNotProposed,
                                          UnknownCheckpoint)
 
 

@@ -1,12 +1,12 @@
-"""The conformance suite: every detector of :mod:`detectors.registry` keeps the protocol's promises.
+"""The conformance suite: every detector of :mod:`healthsvc_detectors.registry` keeps the protocol's promises.
 
 Generated from the registry, so a detector registered there runs all of it without a line here.
-The block detectors' checks are a library, :mod:`detectors.checks` (``check_block_detector``,
+The block detectors' checks are a library, :mod:`healthsvc_detectors.checks` (``check_block_detector``,
 after river's ``check_estimator``), run here for every entry with its defaults (what the service
 builds) and with the non-default set its entry declares (``alt_params``), on one trace where it
 fires *and* resolves, so "the same findings" compares something. Hypothesis adds random cuts.
 
-Block detectors (:class:`~detectors.base.BlockDetector`), on one seeded trace that carries every
+Block detectors (:class:`~healthsvc_detectors.base.BlockDetector`), on one seeded trace that carries every
 value and timing fault at once (5 % of cells missing, the trainer's clock ``ts`` on every rank):
 
 - split anywhere: the trace in one block, or cut anywhere, gives the same findings;
@@ -19,12 +19,12 @@ value and timing fault at once (5 % of cells missing, the trainer's clock ``ts``
   a fresh detector gives the same findings afterwards, at random cuts and at cuts inside each of
   the detector's own episodes (where its mid-episode state must survive);
 - the input is read, never written: one block is handed to every aligned detector in turn;
-- every kind it reports is declared on its registry entry (:mod:`detectors.kinds`);
+- every kind it reports is declared on its registry entry (:mod:`healthsvc_detectors.kinds`);
 - repr and clone: ``repr`` names the class and every hyper-parameter; a clone is fresh, shares
   nothing and behaves as a new detector.
 
-Absence detectors (:class:`~detectors.base.AbsenceDetector`): the library
-:mod:`detectors.absence_checks` (``check_absence_detector``), run for every entry with its
+Absence detectors (:class:`~healthsvc_detectors.base.AbsenceDetector`): the library
+:mod:`healthsvc_detectors.absence_checks` (``check_absence_detector``), run for every entry with its
 defaults and its ``alt_params``, drives each with a scripted job on the caller's clock (8 ranks
 pushing every second; a rank falls silent and comes back; the whole job stops with one rank
 outside the collective; a checkpoint pause; an elastic shrink; the finish) and holds it to the
@@ -47,12 +47,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.base import AbsenceDetector, BlockDetector
-from detectors.frame import StepBlock
-from detectors.absence_checks import ABSENCE_CHECKS, drive, flat, identity, job_script
-from detectors.checks import BLOCK_CHECKS, input_unchanged, state_round_trip
-from detectors.registry import REGISTRY
-from detectors.replica import ReplicaMismatchDetector
+from healthsvc_detectors.base import AbsenceDetector, BlockDetector
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.absence_checks import ABSENCE_CHECKS, drive, flat, identity, job_script
+from healthsvc_detectors.checks import BLOCK_CHECKS, input_unchanged, state_round_trip
+from healthsvc_detectors.registry import REGISTRY
+from healthsvc_detectors.replica import ReplicaMismatchDetector
 from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite, Straggler,
                         iter_blocks, simulate_run, split_at)
 

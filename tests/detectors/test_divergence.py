@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from detectors.divergence import DivergenceDetector
+from healthsvc_detectors.divergence import DivergenceDetector
 from simulation import Divergence, LossSpike, iter_blocks, simulate_run
 
 

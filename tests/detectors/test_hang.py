@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from detectors.hang import HangDetector
+from healthsvc_detectors.hang import HangDetector
 
 
 class Cluster:
@@ -238,7 +238,7 @@ def test_repeated_ranks_in_one_push_keep_the_newest_step_and_blocks_are_not_its_
     det.observe(np.array([1, 0, 1, 0]), np.array([7, 3, 9, 4]), 1.0)
     assert det.state_dict()["last_step"] == [4, 9]
     # Blocks carry no arrival time: the hang detector is an absence detector, not a block one.
-    from detectors.base import AbsenceDetector, BlockDetector
+    from healthsvc_detectors.base import AbsenceDetector, BlockDetector
     assert isinstance(det, AbsenceDetector) and not isinstance(det, BlockDetector)
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.frame import StepBlock
-from detectors.stats.trend import RobustTrend
-from detectors.spike import LossSpikeDetector
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.stats.trend import RobustTrend
+from healthsvc_detectors.spike import LossSpikeDetector
 
 
 def heavy_tailed_loss(n: int, seed: int, dof: float = 3.0) -> np.ndarray:

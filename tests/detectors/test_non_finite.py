@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from detectors.frame import StepBlock
-from detectors.non_finite import NonFiniteDetector
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.non_finite import NonFiniteDetector
 from simulation import NonFinite, iter_blocks, simulate_run
 
 

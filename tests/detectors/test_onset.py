@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from detectors.frame import StepBlock
-from detectors.offline.onset import (OnsetParams, estimate_onset, estimate_onset_from_block)
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.offline.onset import (OnsetParams, estimate_onset, estimate_onset_from_block)
 from simulation import CorruptRank, Divergence, GradSpike, NonFinite, simulate_run
 
 METRICS = ("loss", "grad_norm", "local_grad_norm")

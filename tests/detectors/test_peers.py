@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from detectors.peers import PeerDeviation
+from healthsvc_detectors.peers import PeerDeviation
 
 
 def trace(n_steps: int, n_ranks: int, seed: int = 0, offsets=None, noise: float = 0.05) -> np.ndarray:

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from detectors.finding import SEVERITY_ORDER, Finding
-from detectors.hang import HangDetector
+from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
+from healthsvc_detectors.hang import HangDetector
 from simulation import Straggler, iter_blocks, simulate_run
-from detectors.slowdown import SlowdownDetector
-from detectors.straggler import StragglerDetector
+from healthsvc_detectors.slowdown import SlowdownDetector
+from healthsvc_detectors.straggler import StragglerDetector
 
 N_STEPS = 10_000
 

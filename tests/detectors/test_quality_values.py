@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from detectors.divergence import DivergenceDetector
-from detectors.finding import SEVERITY_ORDER
-from detectors.non_finite import NonFiniteDetector
-from detectors.rank_outlier import RankOutlierDetector
+from healthsvc_detectors.divergence import DivergenceDetector
+from healthsvc_detectors.finding import SEVERITY_ORDER
+from healthsvc_detectors.non_finite import NonFiniteDetector
+from healthsvc_detectors.rank_outlier import RankOutlierDetector
 from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite, Truth,
                         iter_blocks, simulate_run)
-from detectors.spike import GradSpikeDetector, LossSpikeDetector
+from healthsvc_detectors.spike import GradSpikeDetector, LossSpikeDetector
 
 N_STEPS, N_RANKS = 10_000, 64
 

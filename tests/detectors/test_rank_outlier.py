@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from detectors.frame import StepBlock
-from detectors.rank_outlier import RankOutlierDetector
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.rank_outlier import RankOutlierDetector
 from simulation import CorruptRank, iter_blocks, simulate_run
 
 
@@ -205,8 +205,8 @@ def test_min_ranks_below_two_is_refused():
 def test_in_a_two_rank_job_a_low_corruption_names_the_pair_never_the_healthy_rank_alone():
     # Rank 0's local gradient norm drops to 0.4x: of two ranks that is rank 1 rising over its one
     # peer just as much. Nothing tells which moved, so every finding names the pair and says so.
-    from detectors.peers import PAIR_NOTE
-    from detectors.spike import GradSpikeDetector
+    from healthsvc_detectors.peers import PAIR_NOTE
+    from healthsvc_detectors.spike import GradSpikeDetector
     block = _small(2, 1, [CorruptRank(step=1_500, rank=0, local_grad_scale=0.4)])
     outlier, spike = feed(RankOutlierDetector(), block), feed(GradSpikeDetector(), block)
     assert summary(outlier) == [("local_grad_norm", 1_509, "warning", "firing", (0, 1), 1_504),

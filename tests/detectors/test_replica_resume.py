@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.frame import StepBlock
-from detectors.replica import ReplicaMismatchDetector
-from detectors.resume import ResumeMismatchDetector
-from detectors.offline.rollback import Checkpoint, decide_rollback
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.replica import ReplicaMismatchDetector
+from healthsvc_detectors.resume import ResumeMismatchDetector
+from healthsvc_detectors.offline.rollback import Checkpoint, decide_rollback
 
 RANKS = np.arange(8)
 
@@ -181,7 +181,7 @@ def test_the_replicas_digests_prove_the_checkpoint_before_the_last_agreement_cle
 
 def test_a_resume_mismatch_points_at_the_restore():
     found = resumed(120, 99, cursor0=0.0)
-    from detectors.offline.rollback import Restart
+    from healthsvc_detectors.offline.rollback import Restart
     d = decide_rollback(None, found, [Checkpoint(49, "a"), Checkpoint(99, "b")], restarts=[Restart(100, 99)])
     assert d.checkpoint.step == 99 and d.evidence["resumed_from"] == 99
 

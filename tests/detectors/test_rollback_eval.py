@@ -6,7 +6,7 @@ default corruption detectors (``healthsvc.monitor.suite.build_suite({})``: non_f
 gradient spikes, rank_outlier, divergence) watch it in 16-step blocks, as the aligner feeds them;
 the stream stops 100 steps after the first evidence (a warning or critical episode that did not
 recover as a transient) or at the horizon. The rollback is decided by the same function the
-service calls (:func:`detectors.offline.rollback.decide_rollback`) for checkpoints every 50, 200 and
+service calls (:func:`healthsvc_detectors.offline.rollback.decide_rollback`) for checkpoints every 50, 200 and
 1000 steps, a seeded few deleted. Nothing in the findings is hand-made.
 
 Kinds (x three magnitudes each):
@@ -39,12 +39,12 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from detectors.offline.bisection import Bisection
-from detectors.finding import Finding
-from detectors.frame import StepBlock
-from detectors.offline.onset import OnsetEstimate
-from detectors.kinds import corruption_kinds
-from detectors.offline.rollback import (Checkpoint, RollbackDecision, choose_rollback,
+from healthsvc_detectors.offline.bisection import Bisection
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.offline.onset import OnsetEstimate
+from healthsvc_detectors.kinds import corruption_kinds
+from healthsvc_detectors.offline.rollback import (Checkpoint, RollbackDecision, choose_rollback,
                                         decide_rollback, episodes)
 from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite,
                         iter_blocks, simulate_run)

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from detectors.frame import StepBlock
+from healthsvc_detectors.frame import StepBlock
 from simulation import Straggler, simulate_run
-from detectors.slowdown import SlowdownDetector
+from healthsvc_detectors.slowdown import SlowdownDetector
 
 
 def _shifted(seed: int, factor: float, at: int, n_steps: int = 3000, n_ranks: int = 64,

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from detectors.frame import StepBlock
+from healthsvc_detectors.frame import StepBlock
 from simulation import GradSpike, LossSpike, iter_blocks, simulate_run
-from detectors.spike import GradSpikeDetector, LossSpikeDetector, SpikeDetector
+from healthsvc_detectors.spike import GradSpikeDetector, LossSpikeDetector, SpikeDetector
 
 
 def feed(det, block, size=32):

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from detectors.frame import StepBlock
+from healthsvc_detectors.frame import StepBlock
 from simulation import Straggler, iter_blocks, simulate_run
-from detectors.straggler import StragglerDetector
+from healthsvc_detectors.straggler import StragglerDetector
 
 
 def _firing(findings):

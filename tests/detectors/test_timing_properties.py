@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.frame import StepBlock
-from detectors.hang import HangDetector
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.hang import HangDetector
 from simulation import Straggler, iter_blocks, simulate_run, split_at
-from detectors.slowdown import SlowdownDetector
-from detectors.straggler import StragglerDetector
+from healthsvc_detectors.slowdown import SlowdownDetector
+from healthsvc_detectors.straggler import StragglerDetector
 
 N_STEPS = 1500
 FAST = settings(max_examples=12, deadline=None, derandomize=True)

@@ -10,13 +10,13 @@ import json
 import numpy as np
 import pytest
 
-from detectors.divergence import DivergenceDetector
-from detectors.frame import StepBlock
-from detectors.non_finite import NonFiniteDetector
-from detectors.rank_outlier import RankOutlierDetector
+from healthsvc_detectors.divergence import DivergenceDetector
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.non_finite import NonFiniteDetector
+from healthsvc_detectors.rank_outlier import RankOutlierDetector
 from simulation import (CorruptRank, Divergence, GradSpike, LossSpike, NonFinite,
                         iter_blocks, simulate_run, split_at)
-from detectors.spike import GradSpikeDetector, LossSpikeDetector
+from healthsvc_detectors.spike import GradSpikeDetector, LossSpikeDetector
 
 FACTORIES = {
     "non_finite": NonFiniteDetector,

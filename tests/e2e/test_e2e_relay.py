@@ -1,5 +1,5 @@
 """End to end through the per-host relay: examples/train.py's 4 gloo rank processes find the relay
-by ``HEALTHSVC_RELAY`` (as a launcher would set it), a real ``python -m clients.relay`` process
+by ``HEALTHSVC_RELAY`` (as a launcher would set it), a real ``python -m healthsvc_client.relay`` process
 merges their pushes, a real server stores them. Every rank's every step arrives once, a NaN stays
 NaN, the finding names its rank, and the service gets fewer metrics requests than the ranks made."""
 from __future__ import annotations

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from detectors.offline.economics.advice import (MtbfPrior, advise_interval, checkpoint_cost_s,
+from healthsvc_detectors.offline.economics.advice import (MtbfPrior, advise_interval, checkpoint_cost_s,
                                                 count_failures, current_interval_steps, estimate_mtbf)
-from detectors.offline.economics.records import CheckpointWrite, Incident
+from healthsvc_detectors.offline.economics.records import CheckpointWrite, Incident
 
 PRIOR_4H = MtbfPrior(mtbf_s=14_400.0, pseudo_failures=2.0)
 

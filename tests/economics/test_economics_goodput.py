@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.offline.economics.goodput import compute_goodput
-from detectors.offline.economics.records import Attempt, CheckpointWrite, Corruption
+from healthsvc_detectors.offline.economics.goodput import compute_goodput
+from healthsvc_detectors.offline.economics.records import Attempt, CheckpointWrite, Corruption
 
 
 def _ckpt(step, at_s, duration_s=10.0):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 
-from detectors.offline.economics.intervals import (daly_interval_s, expected_overhead_fraction,
+from healthsvc_detectors.offline.economics.intervals import (daly_interval_s, expected_overhead_fraction,
                                                    expected_wall_per_work, young_interval_s)
 
 C_S = 60.0

@@ -4,8 +4,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.offline.economics.records import CheckpointWrite, Corruption
-from detectors.offline.economics.retention import (GUARANTEE_REASONS, RetentionPolicy, lag_window_steps,
+from healthsvc_detectors.offline.economics.records import CheckpointWrite, Corruption
+from healthsvc_detectors.offline.economics.retention import (GUARANTEE_REASONS, RetentionPolicy, lag_window_steps,
                                                    plan_retention)
 
 

@@ -2,9 +2,9 @@
 import json
 import random
 
-from detectors.finding import Finding
-from detectors.offline.economics.records import Attempt, CheckpointWrite, Incident, RunEvent
-from detectors.offline.economics.timeline import build_timeline
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.offline.economics.records import Attempt, CheckpointWrite, Incident, RunEvent
+from healthsvc_detectors.offline.economics.timeline import build_timeline
 
 
 def elastic_run():

@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.fsdp import fully_shard
 
-import clients as health
-from clients.digest import due
+import healthsvc_client as health
+from healthsvc_client.digest import due
 from tests.integrations.torchrun import job_parser
 
 

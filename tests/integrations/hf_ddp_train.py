@@ -3,13 +3,13 @@ torchrun with 2 processes. A randomly initialised one-layer GPT-2 (no download) 
 sequences, 4 per device, so an epoch is 8 steps; a checkpoint every 2 steps. ``--resume DIR``
 resumes from that ``checkpoint-N`` directory; with ``--ignore-data-skip`` the Trainer starts the
 epoch's data again instead of skipping the batches already trained on. Every rank reports through
-``clients.hf.attach``."""
+``healthsvc_client.hf.attach``."""
 from __future__ import annotations
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from clients.hf import attach
+from healthsvc_client.hf import attach
 from tests.integrations.torchrun import job_parser
 
 

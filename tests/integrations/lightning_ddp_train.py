@@ -1,14 +1,14 @@
 """A tiny Lightning DDP training (gloo, CPU) for tests/integrations: run it under torchrun with 2
 processes. Rank ``--nan-rank`` computes a NaN loss at step ``--nan-step``; ModelCheckpoint saves
 every 2 steps; ``--resume PATH`` resumes from that checkpoint (Lightning's ``ckpt_path``; a plain
-``DataLoader``, so a resume mid-epoch starts the epoch's data again). Every rank reports through ``clients.lightning.HealthCallback``."""
+``DataLoader``, so a resume mid-epoch starts the epoch's data again). Every rank reports through ``healthsvc_client.lightning.HealthCallback``."""
 from __future__ import annotations
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from clients.lightning import HealthCallback
+from healthsvc_client.lightning import HealthCallback
 from tests.integrations.torchrun import job_parser
 
 

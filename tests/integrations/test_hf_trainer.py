@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.timeout(300)]
 def test_trainer_checkpoints_are_registered_with_durations(shared_server, shared_http, tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-    from clients.hf import attach
+    from healthsvc_client.hf import attach
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from detectors import kinds
-from detectors.registry import REGISTRY, register, unregister
+from healthsvc_detectors import kinds
+from healthsvc_detectors.registry import REGISTRY, register, unregister
 from healthsvc.settings import Settings
 from tests.harness import ServedService
 from tests.kinds.toy_detector import ENTRY

@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import BlockDetector, Detector
-from detectors.finding import Finding
-from detectors.frame import StepBlock
-from detectors.kinds import Kind
-from detectors.registry import Registered
+from healthsvc_detectors.base import BlockDetector, Detector
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.kinds import Kind
+from healthsvc_detectors.registry import Registered
 
 
 class ToyDetector(Detector, BlockDetector):

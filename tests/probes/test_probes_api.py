@@ -1,13 +1,13 @@
 """Replay probes over HTTP against a real server: asked for, polled by the trainer's helper
-(``clients.probe``), reported by two ranks, decided; bad input named."""
+(``healthsvc_client.probe``), reported by two ranks, decided; bad input named."""
 from __future__ import annotations
 
 import pytest
 
 pytestmark = pytest.mark.both_stores
 
-import clients
-from clients.probe import next_probe, report_probe
+import healthsvc_client
+from healthsvc_client.probe import next_probe, report_probe
 from tests.barriers import wait_until
 
 
@@ -31,7 +31,7 @@ def test_a_probe_is_polled_reported_by_both_ranks_and_blames_the_suspects_host(s
     assert probe["host"] == "node-c" and probe["verdict"] is None
 
     # The trainer's side: rank 0 polls, the two ranks report.
-    run = clients.Run(shared_server.url, "pr-hw", rank=0, heartbeat_interval_s=0, flush_interval_s=0.05)
+    run = healthsvc_client.Run(shared_server.url, "pr-hw", rank=0, heartbeat_interval_s=0, flush_interval_s=0.05)
     taken = next_probe(run)
     assert taken["id"] == probe["id"]
     assert next_probe(run) is None                       # taken already: not handed out twice
@@ -62,7 +62,7 @@ def test_the_same_norm_on_both_ranks_points_at_the_data(http):
 def test_a_probe_from_a_finding_takes_its_rank_and_step(http):
     push(http, "pr-finding")
     records = [{"step": 3, "rank": r, "loss": float("nan") if r == 1 else 1.0} for r in range(3)]
-    http.post("/v1/runs/pr-finding/metrics", content=clients.encode.encode_json({"records": records}))
+    http.post("/v1/runs/pr-finding/metrics", content=healthsvc_client.encode.encode_json({"records": records}))
     finding = wait_until(lambda: http.get("/v1/runs/pr-finding/findings", params={"kind": "non_finite"}).json())[0]
     probe = http.post("/v1/runs/pr-finding/probes", json={"finding_id": finding["id"]}).json()
     assert (probe["suspect_rank"], probe["healthy_rank"], probe["step"], probe["finding_id"]) == (1, 0, 3, finding["id"])

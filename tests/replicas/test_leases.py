@@ -116,7 +116,7 @@ def test_a_push_accepted_elsewhere_reaches_the_owner_within_100_ms(dsn):
 def test_the_store_refuses_a_stale_owners_snapshot_and_findings(dsn):
     """The fence is checked in the write's own transaction: after a takeover, the old owner's
     snapshot and findings are refused (LeaseLost), the new owner's stored."""
-    from detectors.finding import Finding
+    from healthsvc_detectors.finding import Finding
 
     a, _ = replica(dsn, "a", ttl_s=30.0)
     b, b_events = replica(dsn, "b", ttl_s=30.0)

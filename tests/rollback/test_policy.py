@@ -1,6 +1,6 @@
 """The rollback policy, pinned: what counts as evidence, where the answer lands, restarts, margin.
 
-Pure (no server): :func:`detectors.offline.rollback.decide_rollback` on seeded histories and explicit
+Pure (no server): :func:`healthsvc_detectors.offline.rollback.decide_rollback` on seeded histories and explicit
 findings. The service calls the same function (tests/rollback/test_rollback_api.py drives it
 over HTTP with the real detectors).
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.finding import Finding
-from detectors.frame import StepBlock
-from detectors.offline.rollback import (RESTART_BLOWUP_STEPS, TRANSIENT_STEPS, Checkpoint, Restart,
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.offline.rollback import (RESTART_BLOWUP_STEPS, TRANSIENT_STEPS, Checkpoint, Restart,
                                         decide_rollback, episodes)
 from simulation import LossSpike, simulate_run
 
@@ -217,8 +217,8 @@ def test_a_divergence_whose_rise_began_with_a_jump_takes_the_abrupt_window(seed,
     # The LR x8 blow-up: the loss jumps within a few steps of the divergence's onset (its last
     # step at its best, 899), so the episode is dated as the abrupt event it is: its onset is
     # searched for 32 steps back, not 256 (issue #26 point 5).
-    from detectors.offline.rollback import evidence_episodes, onset_window
-    from detectors.offline.rollback.decision import _dated_by_history
+    from healthsvc_detectors.offline.rollback import evidence_episodes, onset_window
+    from healthsvc_detectors.offline.rollback.decision import _dated_by_history
     block = _lr_blowup(seed)
     finding = Finding("divergence", step=907, severity="warning", metric="loss", onset_step=899)
     d = decide_rollback(block, [finding], ckpts(*range(100, 1_800, 100)))
@@ -244,7 +244,7 @@ def test_a_divergence_that_crept_up_keeps_the_drift_window(seed):
 
 def test_a_jump_long_after_the_best_step_is_no_abrupt_start():
     # The rise began gradually; a jump 50 steps into it does not date the episode as abrupt.
-    from detectors.offline.onset_signals import rise_began_abruptly
+    from healthsvc_detectors.offline.onset_signals import rise_began_abruptly
     block = _lr_blowup(0)
     assert rise_began_abruptly(block, 899) == 901
     assert rise_began_abruptly(block, 850) is None and rise_began_abruptly(block, 892) is None

@@ -103,7 +103,7 @@ def test_tokens_are_listed_without_secrets_stored_hashed_and_revocable(secured, 
 
 def test_the_trainer_client_and_the_cli_send_healthsvc_token(secured, tokens, tmp_path):
     script = (
-        "import clients as health, time\n"
+        "import healthsvc_client as health, time\n"
         f"health.init({secured.url!r}, run_id='team-a-client', rank=0, world_size=1)\n"
         "for step in range(3): health.log(loss=1.0, step=step)\n"
         "health.finish()\n")

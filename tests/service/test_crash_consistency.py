@@ -9,7 +9,7 @@ import sqlite3
 import httpx
 import pytest
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.store.open import open_store
 from tests.server_process import ServerProcess
 from tests.alerting.receiver import Receiver

@@ -260,7 +260,7 @@ def test_aligner_state_round_trip_keeps_nan_apart_from_missing():
 
 
 def test_non_finite_evidence_is_stored_as_strings_not_null(tmp_path):
-    from detectors.finding import Finding
+    from healthsvc_detectors.finding import Finding
     from healthsvc.findings import FindingsService
     from healthsvc.store.sqlite import SQLiteStore
     store = SQLiteStore(str(tmp_path / "f.db"))

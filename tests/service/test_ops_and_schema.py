@@ -74,14 +74,15 @@ def _top_level_imports(module: str) -> set[str]:
 
 def test_import_direction():
     # detectors imports nothing of ours and no web/storage stack.
-    mods = _top_level_imports("detectors, detectors.finding, detectors.frame, detectors.base")
-    assert not mods & {"healthsvc", "clients", "fastapi", "starlette", "sqlite3", "httpx"}
+    mods = _top_level_imports("healthsvc_detectors, healthsvc_detectors.finding, healthsvc_detectors.frame, healthsvc_detectors.base")
+    assert not mods & {"healthsvc", "healthsvc_client", "fastapi", "starlette", "sqlite3", "httpx"}
     # the trainer-side client pulls in no FastAPI, pandas, numpy or torch.
-    mods = _top_level_imports("clients")
-    assert not mods & {"healthsvc", "detectors", "fastapi", "pandas", "numpy", "torch"}
+    import healthsvc_client
+    mods = _top_level_imports(healthsvc_client.__name__)
+    assert not mods & {"healthsvc", "healthsvc_detectors", "fastapi", "pandas", "numpy", "torch"}
     # every detector module is pure.
     import pkgutil
-    import detectors
-    for info in pkgutil.iter_modules(detectors.__path__):
-        mods = _top_level_imports(f"detectors.{info.name}")
-        assert not mods & {"healthsvc", "clients", "fastapi", "sqlite3", "httpx"}, info.name
+    import healthsvc_detectors
+    for info in pkgutil.iter_modules(healthsvc_detectors.__path__):
+        mods = _top_level_imports(f"{healthsvc_detectors.__name__}.{info.name}")
+        assert not mods & {"healthsvc", "healthsvc_client", "fastapi", "sqlite3", "httpx"}, info.name

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from detectors.finding import Finding
+from healthsvc_detectors.finding import Finding
 from healthsvc.app import create_app
 from healthsvc.identity import finding_fingerprint
 from healthsvc.settings import Settings

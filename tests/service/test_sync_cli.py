@@ -10,7 +10,7 @@ import math
 import subprocess
 import sys
 
-from clients.client import Run
+from healthsvc_client.client import Run
 
 
 def test_offline_spool_then_sync(server, http, tmp_path):

@@ -1,9 +1,9 @@
 """The store is the bottom layer of the service: it imports nothing above it.
 
 Every import in ``healthsvc/store/`` (at module level or inside a function) names the store
-itself, the few modules below it (what a finding is: ``detectors.finding``, ``detectors.kinds``,
+itself, the few modules below it (what a finding is: ``healthsvc_detectors.finding``, ``healthsvc_detectors.kinds``,
 ``healthsvc.identity``; how values become JSON: ``healthsvc.encode``; the wire contract's field
-names: ``clients.wire``), the standard library or a third-party package. The monitor, alerting, ingest, ownership and the features import the store,
+names: ``healthsvc_client.wire``), the standard library or a third-party package. The monitor, alerting, ingest, ownership and the features import the store,
 never the other way round, so the store can be read, tested and replaced on its own.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "healthsvc" / "store"
-BELOW_THE_STORE = ("healthsvc.store", "healthsvc.encode", "healthsvc.identity", "detectors.finding",
-                   "detectors.kinds", "clients.wire")
-OURS = ("healthsvc", "detectors", "clients", "simulation")
+BELOW_THE_STORE = ("healthsvc.store", "healthsvc.encode", "healthsvc.identity", "healthsvc_detectors.finding",
+                   "healthsvc_detectors.kinds", "healthsvc_client.wire")
+OURS = ("healthsvc", "healthsvc_detectors", "healthsvc_client", "simulation")
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

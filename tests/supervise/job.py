@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from clients.client import Run
+from healthsvc_client.client import Run
 
 HOSTS = ("node-a", "node-b")
 BATCH = 8

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from detectors.finding import SEVERITY_ORDER
-from detectors.registry import FINDING_KINDS
+from healthsvc_detectors.finding import SEVERITY_ORDER
+from healthsvc_detectors.registry import FINDING_KINDS
 from healthsvc.supervise.policy import (
     Cause,
     PastRestart,

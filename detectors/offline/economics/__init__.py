@@ -3,17 +3,17 @@
 Pure functions over typed records (:mod:`records`); no HTTP, no storage, no clock reads.
 The service builds the records from its store and serves the results (docs/economics.md).
 """
-from detectors.offline.economics.advice import (IntervalAdvice, MtbfEstimate, MtbfPrior, advise_interval,
+from healthsvc_detectors.offline.economics.advice import (IntervalAdvice, MtbfEstimate, MtbfPrior, advise_interval,
                                                 checkpoint_cost_s, count_failures,
                                                 current_interval_steps, estimate_mtbf)
-from detectors.offline.economics.goodput import Goodput, compute_goodput
-from detectors.offline.economics.intervals import (daly_interval_s, expected_overhead_fraction,
+from healthsvc_detectors.offline.economics.goodput import Goodput, compute_goodput
+from healthsvc_detectors.offline.economics.intervals import (daly_interval_s, expected_overhead_fraction,
                                                    expected_wall_per_work, young_interval_s)
-from detectors.offline.economics.records import (FAILURE_KINDS, Attempt, CheckpointWrite, Corruption,
+from healthsvc_detectors.offline.economics.records import (FAILURE_KINDS, Attempt, CheckpointWrite, Corruption,
                                                  Incident, RunEvent)
-from detectors.offline.economics.retention import (GUARANTEE_REASONS, RetentionDecision, RetentionPlan,
+from healthsvc_detectors.offline.economics.retention import (GUARANTEE_REASONS, RetentionDecision, RetentionPlan,
                                                    RetentionPolicy, lag_window_steps, plan_retention)
-from detectors.offline.economics.timeline import RunTimeline, build_timeline
+from healthsvc_detectors.offline.economics.timeline import RunTimeline, build_timeline
 
 __all__ = [
     "Attempt", "CheckpointWrite", "Corruption", "FAILURE_KINDS", "GUARANTEE_REASONS", "Goodput",

@@ -36,9 +36,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
-from detectors.offline.economics.intervals import (daly_interval_s, expected_overhead_fraction,
+from healthsvc_detectors.offline.economics.intervals import (daly_interval_s, expected_overhead_fraction,
                                                    young_interval_s)
-from detectors.offline.economics.records import FAILURE_KINDS, CheckpointWrite, Incident
+from healthsvc_detectors.offline.economics.records import FAILURE_KINDS, CheckpointWrite, Incident
 
 # Defaults, documented in docs/economics.md.
 DEFAULT_PRIOR_MTBF_S = 8 * 3600.0   # a large job without a fleet figure: failures every few hours

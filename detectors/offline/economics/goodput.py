@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from detectors.offline.economics.records import Attempt, CheckpointWrite, Corruption
+from healthsvc_detectors.offline.economics.records import Attempt, CheckpointWrite, Corruption
 
 
 @dataclass(frozen=True)

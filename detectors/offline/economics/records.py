@@ -154,7 +154,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class RunEvent:
-    """An event the trainer sent (``POST /v1/runs/{run}/events``), see ``clients.wire.EVENT_KINDS``.
+    """An event the trainer sent (``POST /v1/runs/{run}/events``), see ``healthsvc_client.wire.EVENT_KINDS``.
 
     ``step``: for ``rollback`` the checkpoint step resumed from; otherwise the step at the event.
     """

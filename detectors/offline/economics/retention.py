@@ -37,7 +37,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from detectors.offline.economics.records import CheckpointWrite, Corruption
+from healthsvc_detectors.offline.economics.records import CheckpointWrite, Corruption
 
 GUARANTEE_REASONS: tuple[str, ...] = (
     "rollback_target", "newest_verified_clean", "lag_coverage", "lag_coverage_oldest_available")

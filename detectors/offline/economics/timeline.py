@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence, Union
 
-from detectors.finding import Finding
-from detectors.offline.economics.records import Attempt, CheckpointWrite, Incident, RunEvent
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.offline.economics.records import Attempt, CheckpointWrite, Incident, RunEvent
 
 # A trainer's world_size_change event explains a detected change when it is this close in time.
 EVENT_MATCH_SLACK_S = 300.0

@@ -14,7 +14,7 @@ on replay; when it points at hardware (one rank disagrees) it names the ranks in
 
 Example:
 
->>> from detectors.offline.onset import OnsetEstimate
+>>> from healthsvc_detectors.offline.onset import OnsetEstimate
 >>> ckpts = [Checkpoint(1000, "s3://run/1000"), Checkpoint(2000, "s3://run/2000"),
 ...          Checkpoint(3000, "s3://run/3000")]
 >>> onset = OnsetEstimate(step=2400, low=2350, high=2410, confidence=0.9,
@@ -29,16 +29,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
-from detectors.finding import Finding
-from detectors.frame import StepBlock
-from detectors.offline.bisection import Bisection
-from detectors import kinds as kind_table
-from detectors.offline.onset import OnsetEstimate, OnsetParams, SignalEstimate, estimate_onset_near
-from detectors.offline.onset_signals import rise_began_abruptly
-from detectors.offline.rollback.evidence import (RESTART_BLOWUP_STEPS, Episode, ReplicaProof, episodes,
+from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.offline.bisection import Bisection
+from healthsvc_detectors import kinds as kind_table
+from healthsvc_detectors.offline.onset import OnsetEstimate, OnsetParams, SignalEstimate, estimate_onset_near
+from healthsvc_detectors.offline.onset_signals import rise_began_abruptly
+from healthsvc_detectors.offline.rollback.evidence import (RESTART_BLOWUP_STEPS, Episode, ReplicaProof, episodes,
                                                  evidence_episodes, onset_window, replica_proof,
                                                  restart_blowup)
-from detectors.offline.rollback.records import Checkpoint, Restart, RollbackDecision
+from healthsvc_detectors.offline.rollback.records import Checkpoint, Restart, RollbackDecision
 
 # Checkpoints the decision may pass over beyond the newest one before the point estimate, when
 # the onset interval is wide: the conservative direction, but one checkpoint of margin.
@@ -62,7 +62,7 @@ def decide_rollback(
     2. No evidence (and no probe verdict): the newest usable checkpoint, whatever the history's
        trend looks like; no change point search at all.
     3. Evidence: the onset is estimated from the history near it (:func:`onset_window`,
-       :func:`detectors.offline.onset.estimate_onset_near`); recorded non-evidence findings inside that
+       :func:`healthsvc_detectors.offline.onset.estimate_onset_near`); recorded non-evidence findings inside that
        window count as hints too (a leading gradient jump). A drift-kind episode whose rise the
        history shows began with a jump (:func:`rise_began_abruptly`) takes the abrupt window.
     4. Evidence in the first ``RESTART_BLOWUP_STEPS`` steps after a restart blames the restore:

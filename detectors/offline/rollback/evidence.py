@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from detectors import kinds as kind_table
-from detectors.finding import SEVERITY_ORDER, Finding
-from detectors.offline.rollback.records import Checkpoint, Restart
+from healthsvc_detectors import kinds as kind_table
+from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
+from healthsvc_detectors.offline.rollback.records import Checkpoint, Restart
 
 # Which findings mean that some update may be corrupted, whether an episode of one may heal as a
 # transient, whether its onset is a guess and which onset window it takes are each kind's own
-# (detectors.kinds: ``corruption``, ``heals``, ``onset_guessed``).
+# (healthsvc_detectors.kinds: ``corruption``, ``heals``, ``onset_guessed``).
 # An episode that recovered (resolved) within this many steps of its onset is a transient: the
 # run got back on its curve by itself, so it is recorded but is no reason to throw progress away.
 # 50 steps: well past a hard batch or a few garbage batches (1-10 steps), well short of a
@@ -33,7 +33,7 @@ TRANSIENT_STEPS = 50
 # to show, and their detectors' onset is the last step that looked healthy, not the first bad one.
 # Which window a kind takes is its ``corruption`` shape: ``abrupt`` or ``drift``; a drift-kind
 # episode whose rise the history shows began with a jump (``Episode.jump_step``, see
-# :func:`detectors.offline.onset_signals.rise_began_abruptly`) takes the abrupt one: a learning
+# :func:`healthsvc_detectors.offline.onset_signals.rise_began_abruptly`) takes the abrupt one: a learning
 # rate blown up for 20 steps is dated as the blow-up it is, not searched for 256 steps back.
 LOOKBACK_STEPS = {"abrupt": 32, "drift": 256}
 LOOKBACK_DELAY_FACTOR = {"abrupt": 2, "drift": 4}

@@ -2,14 +2,14 @@
 
 A checkpoint at step ``c`` holds the state after the update of step ``c`` (DESIGN.md); its
 ``verdict`` is a probe's answer when there was one. A restart says where training resumed.
-The decision says which checkpoint to resume from and why (:mod:`detectors.offline.rollback`).
+The decision says which checkpoint to resume from and why (:mod:`healthsvc_detectors.offline.rollback`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from detectors.offline.onset import OnsetEstimate
+from healthsvc_detectors.offline.onset import OnsetEstimate
 
 CheckpointStatus = Literal["ok", "deleted", "verified"]
 Verdict = Literal["good", "bad"]
