@@ -17,7 +17,10 @@ TEXT_LINES = 40          # a longer text output is cut (the notebook itself has 
 
 
 def _text(text: str) -> str:
-    """What a notebook shows of a stream: a carriage return redraws the line (a progress bar)."""
+    """What a notebook shows of a stream: a carriage return redraws the line (a progress bar).
+    The test's server listens on a random port: shown as the service's default one, so a re-run
+    changes the page only where the notebook's output really changed."""
+    text = re.sub(r"http://127\.0\.0\.1:\d+", "http://127.0.0.1:8080", text)
     lines = [line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").split("\n")]
     if len(lines) > TEXT_LINES:
         lines = lines[:TEXT_LINES] + [f"... ({len(lines) - TEXT_LINES} more lines)"]
