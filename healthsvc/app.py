@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     # (bound below; the lookup is called only once the service runs).
     alerting = AlertingService(Outbox(store), settings, clock, findings_after=findings.stored_after,
                                newest_finding_id=findings.newest_id,
-                               rollback_lookup=lambda run_id: rollback.rollback_target(ctx, run_id),
+                               rollback_lookup=lambda run_id, pending=None: rollback.rollback_target(ctx, run_id, pending),
                                onset_lookup=lambda run_id: rollback.incident_onset(ctx, run_id),
                                ownership=ownership,
                                run_findings_after=lambda run_id, after, conn=None: store.findings(
