@@ -365,7 +365,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
             )
             if reason.should_notify:
                 shown = [a for a in visible if a.status == "firing" or sub.send_resolved]
-                enqueued += self._enqueue(sub, run_id, reason, shown, now, wake=False)
+                enqueued += self._enqueue(sub, run_id, reason, shown, now)
                 if firing:
                     self._resent_at[key] = now  # every visible firing alert was just sent
             if reason.updates_log:
@@ -377,19 +377,18 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
             g.resolved_pending.clear()
             if not firing_members:
                 del self._groups[run_id]
-        if enqueued and self._on_enqueue is not None:
-            self.outbox.after_commit(self._on_enqueue)
         return enqueued
 
-    def _enqueue(self, sub: Subscription, run_id: str, reason: NotifyReason, alerts: list[Alert], now: float,
-                 wake: bool = True) -> list[str]:
+    def _enqueue(self, sub: Subscription, run_id: str, reason: NotifyReason, alerts: list[Alert],
+                 now: float) -> list[str]:
         """Render one notification for one subscription into the outbox (one row per body)."""
         alerts = sorted(alerts, key=lambda a: (-SEVERITY_ORDER[a.severity], a.starts_at, a.fingerprint))
         gkey = group_key(run_id)
         n = Notification(gkey, run_id, sub.receiver, reason, tuple(alerts), self.external_url, now,
                          resend_interval_s=sub.resend_interval_s, routing_key=sub.routing_key,
                          runbook_url=self.runbook_url)
-        ids = []
+        ids: list[str] = []
+        handed: list[str] = []
         for i, body in enumerate(render_all(sub.format, n)):
             # The first row goes to the delivery worker with this job (claimed in it, sent once it
             # is durable) when the worker has room for it: no pass of its own to claim it.
@@ -398,11 +397,25 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
             ids.append(self.outbox.enqueue(sub.id, sub.delivery_url, sub.secret, body, now, group_key=gkey,
                                            reason=reason.value, webhook_id=wid, claim_s=hold))
             if hold is not None:
-                self.outbox.after_commit(functools.partial(self._hand_off.take, wid))
+                handed.append(wid)
         self.counters.notifications[reason.value] = self.counters.notifications.get(reason.value, 0) + 1
-        if ids and wake and self._on_enqueue is not None:
-            self.outbox.after_commit(self._on_enqueue)
+        if ids:
+            self._when_durable(functools.partial(self._enqueued, handed))
         return ids
+
+    def _enqueued(self, handed: list[str]) -> None:
+        """Deliveries were enqueued by a job that is now durable: hand over those claimed in it
+        for the delivery worker, and wake it for the rest."""
+        if self._hand_off is not None:
+            for wid in handed:
+                self._hand_off.take(wid)
+        if self._on_enqueue is not None:
+            self._on_enqueue()
+
+    def _when_durable(self, callback: Callable[[], None]) -> None:
+        """The manager's one after-commit registration: ``callback`` runs once the current job
+        (the findings job, or a ``one_job`` method's) is durable."""
+        self.outbox.after_commit(callback)
 
     def _pass_through(self, now: float) -> list[str]:
         """Send pass-through subscriptions what changed in the runs touched since the last call:

@@ -11,7 +11,7 @@ Wiring (see INTEGRATION.md of the repository's notes for the extension points):
   run's owner (the monitor thread, recording the findings) looks it up *before* the job, with
   the new findings counted (:meth:`AlertingService.prepare`), so the page goes out with the job;
   the page's row is claimed in it for the delivery worker, which sends it once it is durable;
-- ``rollback`` events (``ctx.store.subscribe``), and the rollback-target look-up of a corruption
+- ``rollback`` events (the pipeline's ``alerting thread`` stage, ``healthsvc.pipeline``), and the rollback-target look-up of a corruption
   alert opened without one (findings stored by hand or replayed at start), are *queued* for the
   alerting thread, which also ticks the manager every ``alert_tick_s``; each change the manager
   makes is one store job (``healthsvc.alerting.admin.one_job``);
@@ -385,7 +385,6 @@ def install(app: Any, ctx: ServiceContext) -> None:
     app.include_router(router)
     app.include_router(runbook_router)
     ctx.findings.set_stage(service)
-    ctx.store.subscribe(service.on_store_results)
     ctx.on_startup.append(service.start)
     ctx.on_shutdown.append(service.stop)
     ctx.metrics.registry.register(_AlertingCollector(service))

@@ -1,5 +1,6 @@
 """Stored findings as the service uses them: recorded by the monitor, queried by the API, run
-health, rollback and economics, announced once to listeners (alerting) after they are committed.
+health, rollback and economics; folded into alerts by the stage alerting sets, in the job that
+stores them.
 
 The table and its SQL are the store's (:mod:`healthsvc.store.findings`); a finding's identity is
 :mod:`healthsvc.identity`'s, so a replay after a restart never stores or announces one twice.
@@ -37,9 +38,7 @@ class FindingsService:
     def __init__(self, store: Store, clock: Callable[[], float]) -> None:
         self.store = store
         self.clock = clock
-        self._listeners: list[Callable[[list[StoredFinding]], None]] = []
         self._stage: AlertStage | None = None
-        store.subscribe(self._after_commit)
 
     def set_stage(self, stage: AlertStage | None) -> None:
         """``stage`` folds findings into what they cause, in the job that stores them (alerting's:
@@ -47,11 +46,9 @@ class FindingsService:
         runs first on the recording thread (the run's owner), its ``in_job`` on the writer."""
         self._stage = stage
 
-    def subscribe(self, listener: Callable[[list[StoredFinding]], None]) -> None:
-        """``listener(findings)`` runs on the writer thread after commit; keep it quick (enqueue)."""
-        self._listeners.append(listener)
-
-    def _after_commit(self, results: list[Any]) -> None:
+    def committed(self, results: list[Any]) -> None:
+        """A group commit's results (the pipeline's stage, on the writer thread): run what each
+        findings job's stage asked for once it is durable (hand its pages to delivery)."""
         for res in results:
             if isinstance(res, FindingsRecorded):
                 for callback in res.after_commit:
@@ -59,12 +56,6 @@ class FindingsService:
                         callback()
                     except Exception:
                         log.exception("findings after-commit callback failed")
-            if isinstance(res, FindingsRecorded) and res.findings:
-                for listener in self._listeners:
-                    try:
-                        listener(res.findings)
-                    except Exception:
-                        log.exception("findings listener failed")
 
     def record(self, run_id: str, attempt: int, findings: list[Finding],
                hosts: dict[int, str] | None = None, fence: Any = None) -> Future:
