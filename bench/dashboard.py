@@ -55,6 +55,7 @@ def build(db: str, n_ranks: int, n_steps: int, slow_rank: int, nan_step: int) ->
     store = SQLiteStore(f"sqlite:///{db}")
     findings = FindingsService(store, time.time)
     hub = RollupHub(store, snapshot_every_s=1e9)  # one snapshot, at the end
+    store.subscribe(hub.committed)                # the service's pipeline feeds it the same way
     store.open()
     hub.start()
     store.submit_run_config(RUN, {"world_size": n_ranks}).result()

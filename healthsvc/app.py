@@ -3,8 +3,10 @@
 The services every feature builds on (store, findings, run health, alerting) are constructed
 here, in the order their dependencies dictate; then each feature (detection, economics,
 alerting, rollback, dashboard, run metrics) is installed by a plain call to its
-``install(app, ctx, ...)``, which includes its router and registers start/stop hooks, summary
-contributors and store listeners. Start hooks run in installation order, stop hooks in reverse.
+``install(app, ctx, ...)``, which includes its router and registers start/stop hooks and summary
+contributors, and puts its pipeline stage on ``ctx``; then :func:`healthsvc.pipeline.build`
+lists the stages in order (the store's one after-commit listener). Start hooks run in
+installation order, stop hooks in reverse.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
-from healthsvc import dashboard, economics, monitor, probes, rollback, run_metrics, supervise
+from healthsvc import dashboard, economics, monitor, pipeline, probes, rollback, run_metrics, supervise
 from healthsvc.alerting import service as alerting_feature
 from healthsvc.alerting.service import AlertingService
 from healthsvc.auth.guard import Guard
@@ -70,7 +72,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     # (bound below; the lookup is called only once the service runs).
     alerting = AlertingService(Outbox(store), settings, clock, findings_after=findings.stored_after,
                                newest_finding_id=findings.newest_id,
-                               rollback_lookup=lambda run_id: rollback.rollback_target(ctx, run_id),
+                               rollback_lookup=lambda run_id, pending=None: rollback.rollback_target(ctx, run_id, pending),
                                onset_lookup=lambda run_id: rollback.incident_onset(ctx, run_id),
                                ownership=ownership,
                                run_findings_after=lambda run_id, after, conn=None: store.findings(
@@ -134,6 +136,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     supervise.install(app, ctx)
     dashboard.install(app, ctx)
     run_metrics.install(app, ctx)
+    app.state.pipeline = pipeline.build(ctx)   # the stages a commit feeds, in order; drain() is its
     _install_openapi(app)
     return app
 

@@ -14,6 +14,8 @@ from healthsvc.ownership import RunOwnership, SoleOwner
 
 if TYPE_CHECKING:  # pragma: no cover - the services import features that import this module
     from healthsvc.alerting.service import AlertingService
+    from healthsvc.dashboard.hub import RollupHub
+    from healthsvc.monitor.hub import MonitorHub
     from healthsvc.findings import FindingsService
     from healthsvc.health import RunHealth
     from healthsvc.observability import ServiceMetrics
@@ -37,3 +39,8 @@ class ServiceContext:
     clock: Callable[[], float] = time.time
     on_startup: list[Hook] = field(default_factory=list)   # run after the store opens, in order
     on_shutdown: list[Hook] = field(default_factory=list)  # run before the store closes, in reverse
+    # The pipeline's stages a feature installs (``healthsvc.pipeline.build`` lists them in order).
+    monitor: MonitorHub | None = None
+    dashboard: RollupHub | None = None
+    run_series: tuple[Any, ...] = ()                        # per-run Prometheus series fed by commits
+    auto_probe: Callable[[list], None] | None = None        # asks for replay probes of new findings

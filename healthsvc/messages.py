@@ -4,7 +4,8 @@ Each stage runs on its own thread and is fed through a queue; what travels on a 
 these (or a store result, :mod:`healthsvc.store.results`), never a tuple tagged by a string::
 
     store writer ──IngestResult, RunEvent──▶ monitor hub ──findings job──▶ store writer
-        (the findings job also folds them into alerts and notifications: one transaction)
+        (the findings job also folds them into alerts, notifications and outbox rows: one
+        transaction; a corruption page's rollback target is looked up by the hub before it)
     store writer ──Annotate, RolledBack──▶ alerting ──one job each──▶ store (outbox)
     ticker ──Tick──▶ every stage;   tests, shutdown ──Drain, Stop──▶ every stage
 """
@@ -43,8 +44,10 @@ class Flush:
 
 @dataclass(frozen=True)
 class Annotate:
-    """A corruption alert of the run opened in a findings job that is now durable: look up its
-    rollback target (decided from the stored findings) and send what its group held back."""
+    """A corruption alert of the run opened without its rollback target (its findings were stored
+    by hand or replayed at start; the monitor looks the target up before a findings job) in a job
+    that is now durable: look it up (decided from the stored findings) and send what its group
+    held back."""
     run_id: str
 
 

@@ -14,8 +14,15 @@ made fresh, so a receiver's replay window holds for late retries):
 
 The worker is a thread with a small pool of sender threads and at most one attempt in flight
 per subscription, so a receiver that hangs holds one sender, never the ones other subscriptions'
-pages need (and a receiver gets its pages in order); :meth:`DeliveryWorker.wake` makes it look at the outbox at once (new rows), and
-:meth:`DeliveryWorker.stop` ends it cleanly, letting in-flight attempts finish.
+pages need (and a receiver gets its pages in order). The sender threads only send: each pass of
+the worker's thread is ONE writer job that records the attempts finished since the last pass
+(pulling a subscription's waiting rows forward when its receiver answered 2xx) and claims what
+is due for the free senders. A page enqueued by a findings job is claimed in that job for this
+worker when a sender is free and its subscription has no attempt in flight
+(:meth:`DeliveryWorker.reserve`), and sent as soon as the job is durable
+(:meth:`DeliveryWorker.take`): from a finding to its recorded delivery, the writer is crossed
+twice. :meth:`DeliveryWorker.wake` makes it look at the outbox at once (new rows), and
+:meth:`DeliveryWorker.stop` ends it cleanly, letting in-flight attempts finish (and recording them).
 
 Example::
 
@@ -38,12 +45,17 @@ import httpx
 
 from healthsvc.alerting.address_policy import AddressPolicy
 
-from healthsvc.store.outbox import Delivery, Outbox
+from healthsvc.store.outbox import Attempt, Delivery, Outbox
 from healthsvc.alerting.signing import sign_headers
 
 log = logging.getLogger(__name__)
 
 USER_AGENT = "healthsvc-alerting/1"
+
+# A page claimed in the job that enqueued it (``reserve``) is sent as soon as that job commits:
+# its claim needs to outlast one attempt (``timeout_s``) by this much, not more (after a crash
+# another worker takes it over once the claim ran out).
+HAND_OFF_MARGIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -149,6 +161,12 @@ class DeliveryWorker:
         # Held from a claim to its rows being in flight: between the two a claimed row is
         # neither due nor in flight, and drain() would take the worker for idle.
         self._claim_lock = threading.Lock()
+        # Attempts made and not recorded yet (each still in flight): the next pass records them.
+        self._finished: list[tuple[Delivery, AttemptResult, float]] = []
+        # Rows claimed for this worker in the job that enqueued them (``reserve``): webhook id ->
+        # when the claim runs out; handed over (``take``) once that job is durable.
+        self._reserved: dict[str, float] = {}
+        self._handed: list[str] = []
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
 
@@ -174,6 +192,14 @@ class DeliveryWorker:
             self._thread.join(timeout_s)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        with self._inflight_lock:
+            finished, self._finished = self._finished, []
+        if finished:   # the attempts that ended while stopping: recorded in one last job
+            try:
+                self.outbox.record_and_claim([self._outcome(d, r, at) for d, r, at in finished], self._clock(),
+                                             limit=0, hold_s=0.0, busy=lambda: (set(), set()), claimed=lambda ds: None)
+            except Exception:  # the store is gone: the rows stay pending (at least once)
+                log.exception("webhook delivery: %d attempts made while stopping were not recorded", len(finished))
         self._client.close()
 
     def wake(self) -> None:
@@ -208,9 +234,46 @@ class DeliveryWorker:
         """Send every due row synchronously in this thread (for tests and tools); returns count."""
         sent = 0
         for d in self.outbox.due(self._clock(), limit=1000):
-            self._attempt(d)
+            a = self._outcome(d, self._attempt(d), self._clock())
+            self.outbox.record_attempt(a.webhook_id, self._clock(), state=a.state, status=a.status, error=a.error,
+                                       next_attempt_at=a.next_attempt_at, pull_forward=a.pull_forward)
             sent += 1
         return sent
+
+    # -- hand-off: a page claimed in the job that enqueued it ---------------------------------
+
+    def reserve(self, subscription_id: str, webhook_id: str) -> float | None:
+        """In the writer job that enqueues a delivery: if a sender is free and the subscription
+        has no attempt in flight, the row is this worker's from that job on (claimed for the
+        returned seconds: the attempt starts as soon as the job is durable, :meth:`take`);
+        else None, and the worker claims it itself. A reservation whose job never committed
+        lapses with its claim."""
+        now = self._clock()
+        with self._inflight_lock:
+            self._expire(now)
+            if (self._pool is None or self._stopping.is_set() or len(self._inflight) >= self.concurrency
+                    or subscription_id in self._inflight.values()):
+                return None
+            hold = self.timeout_s + HAND_OFF_MARGIN_S
+            self._inflight[webhook_id] = subscription_id
+            self._reserved[webhook_id] = now + hold
+        return hold
+
+    def take(self, webhook_id: str) -> None:
+        """The job that reserved ``webhook_id`` is durable: send it now (called after its commit)."""
+        with self._inflight_lock:
+            if webhook_id not in self._reserved:
+                return   # lapsed: the row is claimed again once its claim runs out
+            self._handed.append(webhook_id)
+        self._wake.set()
+
+    def _expire(self, now: float) -> None:
+        """Forget reservations whose claim ran out (their job failed, or the hand-off came late)."""
+        for wid in [w for w, until in self._reserved.items() if until <= now]:
+            del self._reserved[wid]
+            self._inflight.pop(wid, None)
+
+    # -- the loop -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -224,27 +287,58 @@ class DeliveryWorker:
             self._wake.wait(wait_s)
 
     def _claim_and_send(self) -> float:
-        """Claim what is due and hand it to the senders; returns how long to wait before looking again."""
+        """One pass: send what was handed over, then ONE writer job that records the attempts
+        finished since the last pass (pulling their subscriptions' waiting rows forward) and
+        claims what is due for the free senders; returns how long to wait before looking again."""
         assert self._pool is not None
-        free = self.concurrency - self.inflight
-        if free > 0:
+        now = self._clock()
+        # Held from a claim to its rows being in flight: between the two a claimed row is
+        # neither due nor in flight, and drain() would take the worker for idle.
+        with self._claim_lock:
             with self._inflight_lock:
-                busy, busy_subs = set(self._inflight), set(self._inflight.values())
-            now = self._clock()
-            # Claimed, not just read: on a shared PostgreSQL database another replica's
-            # worker is never handed the same row (a read first: no write per idle poll).
-            # One row at a time, each of a subscription with none in flight yet.
-            due: list[Delivery] = []
-            with self._claim_lock:
-                while len(due) < free and self.outbox.due(now, limit=1, exclude=busy, skip_subscriptions=busy_subs):
-                    got = self.outbox.claim(now, limit=1, hold_s=self.claim_hold_s, exclude=busy,
-                                            skip_subscriptions=busy_subs)
-                    if not got:
-                        break
-                    due += got
-                    busy_subs.add(got[0].subscription_id)
+                self._expire(now)
+                handed = [(w, self._reserved.pop(w)) for w in self._handed if w in self._reserved]
+                self._handed.clear()
+                finished, self._finished = self._finished, []
+            for wid, until in handed:
+                d = self.outbox.get(wid)   # a read: the row was claimed in the job that wrote it
+                if d is None or d.state != "pending" or now + self.timeout_s > until:
+                    with self._inflight_lock:   # its claim would run out mid-attempt: claimed again later
+                        self._inflight.pop(wid, None)
+                    continue
+                self._pool.submit(self._attempt_and_release, d)
+            recording = {d.webhook_id for d, _, _ in finished}
+            with self._inflight_lock:
+                busy = {w: s for w, s in self._inflight.items() if w not in recording}
+            free = self.concurrency - len(busy)
+            if not finished and not (free > 0 and self.outbox.due(
+                    now, limit=1, exclude=set(busy), skip_subscriptions=set(busy.values()))):
+                # (A read first: no write per idle poll.)
+                return self._sleep_s()
+            taken: list[Delivery] = []
+
+            def busy_now() -> tuple[set[str], set[str]]:   # in the job: a reservation made before it counts
                 with self._inflight_lock:
-                    self._inflight.update((d.webhook_id, d.subscription_id) for d in due)
+                    now_busy = {w: s for w, s in self._inflight.items() if w not in recording}
+                return set(now_busy), set(now_busy.values())
+
+            def hold(claimed: list[Delivery]) -> None:
+                taken.extend(claimed)
+                with self._inflight_lock:
+                    self._inflight.update((d.webhook_id, d.subscription_id) for d in claimed)
+            try:
+                due = self.outbox.record_and_claim(
+                    [self._outcome(d, r, at) for d, r, at in finished], now, limit=max(free, 0),
+                    hold_s=self.claim_hold_s, busy=busy_now, claimed=hold)
+            except BaseException:
+                with self._inflight_lock:   # nothing of the job is durable: record them next time
+                    self._finished[:0] = finished
+                    for d in taken:
+                        self._inflight.pop(d.webhook_id, None)
+                raise
+            with self._inflight_lock:
+                for wid in recording:
+                    self._inflight.pop(wid, None)
             for d in due:
                 self._pool.submit(self._attempt_and_release, d)
             if not due and self.inflight:
@@ -262,19 +356,21 @@ class DeliveryWorker:
 
     def _attempt_and_release(self, d: Delivery) -> None:
         try:
-            self._attempt(d)
+            result = self._attempt(d)
         except Exception:  # never let one row kill the sender thread; the row stays pending
             log.exception("webhook attempt %s crashed", d.webhook_id)
-        finally:
             with self._inflight_lock:
                 self._inflight.pop(d.webhook_id, None)
-            self._wake.set()
+        else:
+            with self._inflight_lock:   # in flight until the next pass records it
+                self._finished.append((d, result, self._clock()))
+        self._wake.set()
 
     def _attempt(self, d: Delivery) -> AttemptResult:
+        """Send one delivery (nothing is written: the loop's next pass records the result)."""
         refused = self.address_policy.refusal(d.url, unresolvable_ok=True) if self.address_policy else None
         if refused:  # checked again at delivery: DNS may have changed since the subscription
             result = AttemptResult(False, False, None, refused)
-            self._record(d, result)
             if self._on_attempt is not None:
                 self._on_attempt(d, result)
             return result
@@ -292,34 +388,27 @@ class DeliveryWorker:
             result = AttemptResult(False, True, None, f"timeout after {self.timeout_s}s: {type(exc).__name__}")
         except httpx.TransportError as exc:
             result = AttemptResult(False, True, None, f"{type(exc).__name__}: {exc}")
-        self._record(d, result)
         if self._on_attempt is not None:
             self._on_attempt(d, result)
         return result
 
-    def _record(self, d: Delivery, r: AttemptResult) -> None:
-        now = self._clock()
+    def _outcome(self, d: Delivery, r: AttemptResult, now: float) -> Attempt:
+        """What to record of an attempt made at ``now``."""
         if r.delivered:
             # The receiver is back: what waits for it in backoff goes now, not minutes later
             # (made due in the same writer job that records this delivery).
-            if self.outbox.record_attempt(d.webhook_id, now, state="delivered", status=r.status, error=None,
-                                          pull_forward=d.subscription_id):
-                self._wake.set()
-            return
+            return Attempt(d.webhook_id, "delivered", r.status, None, pull_forward=d.subscription_id)
         if not r.retryable:
-            self.outbox.record_attempt(d.webhook_id, now, state="failed", status=r.status, error=r.error)
             log.warning("webhook %s to %s failed for good: %s", d.webhook_id, d.url, r.error)
-            return
+            return Attempt(d.webhook_id, "failed", r.status, r.error)
         deadline = d.created_at + self.max_age_s
         if now >= deadline:
-            self.outbox.record_attempt(d.webhook_id, now, state="dead", status=r.status, error=r.error)
             log.error("webhook %s to %s is dead after %d attempts: %s", d.webhook_id, d.url,
                       d.attempts + 1, r.error)
-            return
+            return Attempt(d.webhook_id, "dead", r.status, r.error)
         if r.retry_after_s is not None:
             delay = r.retry_after_s
         else:
             with self._rng_lock:
                 delay = self.backoff.delay_s(d.attempts + 1, self._rng)
-        self.outbox.record_attempt(d.webhook_id, now, state="pending", status=r.status, error=r.error,
-                                   next_attempt_at=min(now + delay, deadline))
+        return Attempt(d.webhook_id, "pending", r.status, r.error, next_attempt_at=min(now + delay, deadline))

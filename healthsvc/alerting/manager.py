@@ -17,7 +17,10 @@ subscription is sent an ``acknowledge`` event when an alert it was paged for is 
 Every method that changes state is one store job holding the manager's lock inside it
 (:func:`~healthsvc.alerting.admin.one_job`); the findings job calls :meth:`AlertManager.process`
 inside its own transaction, so a finding, its alert and its notification commit together (a new
-corruption alert's group waits for :meth:`AlertManager.annotate`, see ``process``).
+corruption alert takes the rollback target its run's owner looked up before the job; without
+one its group waits for :meth:`AlertManager.annotate`, see ``process``). A notification's first
+row is handed to the delivery worker with the job (``hand_off``): claimed in it, sent once it
+is durable.
 Every method takes ``now`` (unix seconds) from the caller. State that must survive a restart
 (alerts, silences, API subscriptions, the notification log) is written to the outbox's record
 table on change and read back by the constructor.
@@ -34,9 +37,10 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
 
@@ -45,7 +49,7 @@ from healthsvc.alerting.replicas import ReplicaAlerts
 from healthsvc.alerting.admin import AlertAdmin, AlertingError, NotFound, ReadOnly, one_job  # noqa: F401 - the package's errors
 from healthsvc.alerting.formats import Notification, render_all
 from healthsvc.alerting.model import Alert, LifecyclePolicy
-from healthsvc.store.outbox import Outbox
+from healthsvc.store.outbox import Outbox, new_webhook_id
 from healthsvc.alerting.policy import (
     NotificationLogEntry, NotifyReason, PolicyConfig, flush_due, group_key,
     group_timing, inhibited, needs_update, next_flush_at, resolution_due,
@@ -55,6 +59,17 @@ from healthsvc.alerting.subscription import Subscription
 from healthsvc.identity import alert_fingerprint
 
 RollbackLookup = Callable[[str], "dict[str, Any] | None"]
+# A rollback target not given (``process`` looks it up, or waits for ``annotate``).
+_NOT_GIVEN: Any = object()
+
+
+class HandOff(Protocol):
+    """The delivery worker's side of a page enqueued in a writer job: ``reserve`` (in the job)
+    says for how long to claim the row for this worker, or None to leave it to the worker's own
+    claim; ``take`` (once the job is durable) hands the claimed row over to be sent at once."""
+
+    def reserve(self, subscription_id: str, webhook_id: str) -> float | None: ...
+    def take(self, webhook_id: str) -> None: ...
 
 __all__ = ["AlertManager", "AlertingError", "NotFound", "ReadOnly"]
 
@@ -97,6 +112,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         external_url: str = "",
         runbook_url: str = "",
         on_enqueue: Callable[[], None] | None = None,
+        hand_off: HandOff | None = None,
         rollback_lookup: RollbackLookup | None = None,
         retention_s: float = 7 * 24 * 3600.0,
         owns: Callable[[str], bool] | None = None,
@@ -109,6 +125,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         self.retention_s = retention_s
         self.counters = ManagerCounters()
         self._on_enqueue = on_enqueue
+        self._hand_off = hand_off
         self._rollback_lookup = rollback_lookup
         self._lock = threading.RLock()
         self._settings_subs = {s.id: s for s in subscriptions}
@@ -143,19 +160,37 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
 
     @one_job
     def process(self, run_id: str, findings: Iterable[tuple[Finding, Sequence[str | None]]], now: float,
-                *, target_later: bool = False) -> list[str]:
+                *, target_later: bool = False, rollback_target: Any = _NOT_GIVEN) -> list[str]:
         """Fold findings into alerts and flush the run's group if due; returns enqueued webhook ids.
 
         Each finding comes with the host of each rank it blames (None where unknown), as it was
         stored (``StoredFinding.hosts``): the one shape hosts have from the store to the page.
 
-        ``target_later``: the findings are not committed yet (this runs in the job that stores
-        them), so the rollback target, which is decided from the stored findings, cannot be
-        looked up now: a run whose corruption alert opens waits (no flush) until
-        :meth:`annotate` brings it, once the job is durable."""
+        ``rollback_target``: the run's rollback target as its owner looked it up before the job
+        (with these findings counted: :meth:`opens_latched` says when it is needed), for a
+        corruption alert that opens here. Without it, ``target_later``: the findings are not
+        committed yet (this runs in the job that stores them), so the target, which is decided
+        from the stored findings, cannot be looked up now: a run whose corruption alert opens
+        waits (no flush) until :meth:`annotate` brings it, once the job is durable."""
         for f, hosts in findings:
-            self._apply(run_id, f, hosts, now, target_later)
+            self._apply(run_id, f, hosts, now, target_later, rollback_target)
         return self._flush(run_id, now) + self._pass_through(now)
+
+    def opens_latched(self, run_id: str, findings: Iterable[Finding]) -> bool:
+        """Whether folding ``findings`` would open (or re-open) a latched alert of the run, whose
+        page carries the rollback target: the run's owner then looks the target up before the
+        job (:meth:`process`'s ``rollback_target``)."""
+        if self._rollback_lookup is None:
+            return False
+        with self._lock:
+            alerts = [a for a in self._alerts.values() if a.run == run_id]
+            for f in findings:
+                if f.status != "firing" or not model.is_latched(f.kind):
+                    continue
+                existing = self._alerts.get(alert_fingerprint(run_id, f, alerts))
+                if existing is None or existing.status == "resolved":
+                    return True
+        return False
 
     @one_job
     def tick(self, now: float) -> list[str]:
@@ -253,7 +288,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
     # -- internals ----------------------------------------------------------------------------
 
     def _apply(self, run_id: str, f: Finding, hosts: Sequence[str | None], now: float,
-               target_later: bool = False) -> None:
+               target_later: bool = False, target: Any = _NOT_GIVEN) -> None:
         self.counters.findings += 1
         fp = alert_fingerprint(run_id, f, (a for a in self._alerts.values() if a.run == run_id))
         existing = self._alerts.get(fp)
@@ -265,7 +300,9 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         if existing is None or existing.status == "resolved":
             self.counters.alerts_opened[f.kind] = self.counters.alerts_opened.get(f.kind, 0) + 1
             if a.latched and self._rollback_lookup is not None:
-                if target_later:
+                if target is not _NOT_GIVEN:
+                    a = replace(a, rollback_target=target)
+                elif target_later:
                     self.awaiting_target.add(run_id)
                 else:
                     a = replace(a, rollback_target=self._safe_rollback(run_id))
@@ -328,7 +365,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
             )
             if reason.should_notify:
                 shown = [a for a in visible if a.status == "firing" or sub.send_resolved]
-                enqueued += self._enqueue(sub, run_id, reason, shown, now, wake=False)
+                enqueued += self._enqueue(sub, run_id, reason, shown, now)
                 if firing:
                     self._resent_at[key] = now  # every visible firing alert was just sent
             if reason.updates_log:
@@ -340,25 +377,45 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
             g.resolved_pending.clear()
             if not firing_members:
                 del self._groups[run_id]
-        if enqueued and self._on_enqueue is not None:
-            self.outbox.after_commit(self._on_enqueue)
         return enqueued
 
-    def _enqueue(self, sub: Subscription, run_id: str, reason: NotifyReason, alerts: list[Alert], now: float,
-                 wake: bool = True) -> list[str]:
+    def _enqueue(self, sub: Subscription, run_id: str, reason: NotifyReason, alerts: list[Alert],
+                 now: float) -> list[str]:
         """Render one notification for one subscription into the outbox (one row per body)."""
         alerts = sorted(alerts, key=lambda a: (-SEVERITY_ORDER[a.severity], a.starts_at, a.fingerprint))
         gkey = group_key(run_id)
         n = Notification(gkey, run_id, sub.receiver, reason, tuple(alerts), self.external_url, now,
                          resend_interval_s=sub.resend_interval_s, routing_key=sub.routing_key,
                          runbook_url=self.runbook_url)
-        ids = [self.outbox.enqueue(sub.id, sub.delivery_url, sub.secret, body, now, group_key=gkey,
-                                   reason=reason.value)
-               for body in render_all(sub.format, n)]
+        ids: list[str] = []
+        handed: list[str] = []
+        for i, body in enumerate(render_all(sub.format, n)):
+            # The first row goes to the delivery worker with this job (claimed in it, sent once it
+            # is durable) when the worker has room for it: no pass of its own to claim it.
+            wid = new_webhook_id()
+            hold = self._hand_off.reserve(sub.id, wid) if self._hand_off is not None and i == 0 else None
+            ids.append(self.outbox.enqueue(sub.id, sub.delivery_url, sub.secret, body, now, group_key=gkey,
+                                           reason=reason.value, webhook_id=wid, claim_s=hold))
+            if hold is not None:
+                handed.append(wid)
         self.counters.notifications[reason.value] = self.counters.notifications.get(reason.value, 0) + 1
-        if ids and wake and self._on_enqueue is not None:
-            self.outbox.after_commit(self._on_enqueue)
+        if ids:
+            self._when_durable(functools.partial(self._enqueued, handed))
         return ids
+
+    def _enqueued(self, handed: list[str]) -> None:
+        """Deliveries were enqueued by a job that is now durable: hand over those claimed in it
+        for the delivery worker, and wake it for the rest."""
+        if self._hand_off is not None:
+            for wid in handed:
+                self._hand_off.take(wid)
+        if self._on_enqueue is not None:
+            self._on_enqueue()
+
+    def _when_durable(self, callback: Callable[[], None]) -> None:
+        """The manager's one after-commit registration: ``callback`` runs once the current job
+        (the findings job, or a ``one_job`` method's) is durable."""
+        self.outbox.after_commit(callback)
 
     def _pass_through(self, now: float) -> list[str]:
         """Send pass-through subscriptions what changed in the runs touched since the last call:

@@ -59,6 +59,11 @@ from healthsvc.alerting.runbook import describe_kind, runbook_section
 def _resolves(kind_name: str) -> str:
     return kind_table.kind(kind_name).resolves if kind_table.known(kind_name) else "condition"
 
+
+def is_latched(kind_name: str) -> bool:
+    """An alert of this kind stays firing until resolved by hand or by a rollback (corruption)."""
+    return _resolves(kind_name) == "latched"
+
 # Who resolved an alert: the service itself ("condition": it cleared; "rollback": a rollback
 # past its onset) or the person named in POST .../resolve ("by"), "hand" when they gave no name.
 SERVICE_RESOLVERS: frozenset[str] = frozenset({"condition", "rollback"})
@@ -253,7 +258,7 @@ def fire(
             first_step=finding.step, last_step=finding.step, onset_step=finding.onset_step,
             ranks=tuple(ranks.tolist()), hosts=_known_hosts((), hosts),
             summary=summarize(finding, run_id, ranks), score=finding.score,
-            latched=_resolves(finding.kind) == "latched",
+            latched=is_latched(finding.kind),
             rollback_target=existing.rollback_target if existing else None,
             evidence=dict(finding.evidence),
         )

@@ -29,6 +29,7 @@ class ReplicaAlerts:
     _settings_subs: dict[str, Subscription]
     _groups: dict[str, Any]
     _rebuild_groups: Callable[..., None]   # the manager's
+    _when_durable: Callable[[Callable[[], None]], None]   # the manager's
     _changed_runs: set[str]
     _resent_at: dict[tuple[str, str], float]
 
@@ -53,9 +54,10 @@ class ReplicaAlerts:
     def _tell_owner(self, run_id: str) -> None:
         """An operator changed an alert of a run another replica owns (the request reached this
         one): once it is stored, the owner reloads the run's alerts (``on_changed_elsewhere``)."""
-        if self._owns is None or self._owns(run_id) or self.on_changed_elsewhere is None:
+        tell = self.on_changed_elsewhere
+        if self._owns is None or self._owns(run_id) or tell is None:
             return
-        self.outbox.after_commit(lambda: self.on_changed_elsewhere(run_id))
+        self._when_durable(lambda: tell(run_id))
 
     def _reload_shared(self) -> None:
         """Replicas: silences and API subscriptions may be changed through any replica; the

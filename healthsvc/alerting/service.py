@@ -5,12 +5,16 @@ Wiring (see INTEGRATION.md of the repository's notes for the extension points):
 - the outbox tables are registered with the store at install; the manager, the delivery worker
   and the alerting thread start after the store opens and stop before it closes;
 - newly stored findings are folded into alerts *inside the job that stores them*
-  (``ctx.findings.set_stage``): the findings, their alert changes, the notifications and the
-  cursor commit as one transaction, so a crash never leaves a finding without its alert;
-- ``rollback`` events (``ctx.store.subscribe``) and the rollback-target look-up of a new
-  corruption alert (which reads the committed findings) are *queued* for the alerting thread,
-  which also ticks the manager every ``alert_tick_s``; each change the manager makes is one
-  store job (``healthsvc.alerting.admin.one_job``);
+  (``ctx.findings.set_stage``): the findings, their alert changes, the notifications, the
+  outbox rows and the cursor commit as one transaction, so a crash never leaves a finding
+  without its alert or its page. A corruption alert's page carries the rollback target: the
+  run's owner (the monitor thread, recording the findings) looks it up *before* the job, with
+  the new findings counted (:meth:`AlertingService.prepare`), so the page goes out with the job;
+  the page's row is claimed in it for the delivery worker, which sends it once it is durable;
+- ``rollback`` events (the pipeline's ``alerting thread`` stage, ``healthsvc.pipeline``), and the rollback-target look-up of a corruption
+  alert opened without one (findings stored by hand or replayed at start), are *queued* for the
+  alerting thread, which also ticks the manager every ``alert_tick_s``; each change the manager
+  makes is one store job (``healthsvc.alerting.admin.one_job``);
 - routers: ``/v1/alerts``, ``/v1/silences``, ``/v1/webhooks`` (``healthsvc.alerting.api``), and
   the runbook page ``/runbook`` (``healthsvc.alerting.runbook_page``);
 - Prometheus: alerts by state, notifications by reason, webhook attempts by outcome, deliveries
@@ -63,7 +67,7 @@ class AlertingService:
     def __init__(self, outbox: Outbox, settings: Any, clock: Callable[[], float],
                  findings_after: Callable[[int], list] | None = None,
                  newest_finding_id: Callable[[], int] | None = None,
-                 rollback_lookup: Callable[[str], dict | None] | None = None,
+                 rollback_lookup: Callable[..., dict | None] | None = None,
                  onset_lookup: Callable[[str], int | None] | None = None,
                  ownership: Any = None, run_findings_after: Callable[..., list] | None = None) -> None:
         self.outbox = outbox
@@ -90,7 +94,8 @@ class AlertingService:
         self.settings_subscriptions = [Subscription.from_dict({**d, "source": "settings"})
                                        for d in settings.alert_webhooks]
         self.address_policy = AddressPolicy.parse(getattr(settings, "webhook_allowed_networks", ""))
-        # run_id -> {"step", "uri"} | None, for the annotations of corruption alerts.
+        # (run_id[, (attempt, findings not stored yet)]) -> {"step", "uri"} | None, for the
+        # annotations of corruption alerts.
         self.rollback_lookup = rollback_lookup
         # run_id -> the estimated first corrupted update (GET /rollback's onset.low) | None: the
         # one onset a rollback resolves latched alerts by.
@@ -103,24 +108,42 @@ class AlertingService:
 
     # -- listeners (store writer thread: enqueue only) ----------------------------------------
 
-    def in_job(self, conn: Any, stored: list) -> list[Callable[[], None]]:
+    def prepare(self, run_id: str, attempt: int, findings: list) -> dict[str, Any]:
+        """Before the findings job, on the run's owner's thread: when the findings open a
+        corruption alert, its rollback target, looked up with them counted (the page goes out
+        in the job, with its target; the writer thread never reads the history)."""
+        m = self.manager
+        if not self._live or m is None or self.rollback_lookup is None or not m.opens_latched(run_id, findings):
+            return {}
+        try:
+            return {run_id: self.rollback_lookup(run_id, (attempt, findings))}
+        except Exception:  # an annotation must never stop an alert
+            log.exception("alerting: no rollback target for run %s", run_id)
+            return {run_id: None}
+
+    def in_job(self, conn: Any, stored: list, prepared: dict[str, Any] | None = None) -> list[Callable[[], None]]:
         """The findings stage: inside the job that stored ``stored`` (on the writer thread), fold
-        every finding after the cursor into alerts, notifications and the cursor, on ``conn``.
-        Returns what to run once the job is durable (wake the sender, queue annotations)."""
+        every finding after the cursor into alerts, notifications, outbox rows and the cursor, on
+        ``conn``, with the rollback targets ``prepare`` looked up (by run). Returns what to run
+        once the job is durable (hand the pages to the delivery worker; a corruption alert
+        opened without a target, e.g. of a finding stored by hand, has it looked up)."""
         if not self._live:
             return []  # start() will: it processes everything after the cursor, as a job
         with self.outbox.bound(conn) as after:
-            self._process_pending(conn, stored)
-        return [*after, self._queue_annotations]
+            self._process_pending(conn, stored, prepared or {})
+        return [*after, self._queue_annotations] if self._awaiting() else after
 
-    def _process_pending(self, conn: Any, stored: list | None = None) -> None:
+    def _awaiting(self) -> bool:
+        return bool(self.manager is not None and self.manager.awaiting_target)
+
+    def _process_pending(self, conn: Any, stored: list | None = None, targets: dict[str, Any] | None = None) -> None:
         assert self.manager is not None
         if self.replicated:
             # Only a run's owner stores its findings (the monitor's writes are fenced), so the
             # runs of this job are this replica's to alert on, even before its lease shows here
             # (findings stored by hand, by tools and tests).
             for run_id in sorted({sf.run_id for sf in stored or ()}):
-                self._process_run(conn, run_id, stored)
+                self._process_run(conn, run_id, stored, targets)
             return
         # Without a way to read the findings table, only what this job stored is known.
         fetch = self._findings_after or (lambda after, conn: [sf for sf in stored or () if sf.id > after])
@@ -132,11 +155,12 @@ class AlertingService:
                 by_run.setdefault(sf.run_id, []).append(sf)
             now = self.clock()
             for run_id, of_run in by_run.items():
-                self._fold(run_id, of_run, now)
+                self._fold(run_id, of_run, now, targets)
             cursor = max(sf.id for sf in pending)
             self.outbox.put_record("cursor", "findings", {"id": cursor}, now)
 
-    def _process_run(self, conn: Any, run_id: str, stored: list | None = None) -> None:
+    def _process_run(self, conn: Any, run_id: str, stored: list | None = None,
+                     targets: dict[str, Any] | None = None) -> None:
         """Replicas: fold the run's findings after its own cursor into alerts, in the job."""
         assert self.manager is not None
         records = self.outbox.records("cursor", conn=conn)
@@ -151,12 +175,18 @@ class AlertingService:
         if not pending:
             return
         now = self.clock()
-        self._fold(run_id, pending, now)
+        self._fold(run_id, pending, now, targets)
         self.outbox.put_record("cursor", f"findings:{run_id}", {"id": max(sf.id for sf in pending)}, now)
 
-    def _fold(self, run_id: str, stored: list, now: float) -> None:
-        """Fold a run's stored findings (oldest first) into its alerts, in the current job."""
-        self.manager.process(run_id, [(sf.finding, sf.hosts) for sf in stored], now, target_later=True)
+    def _fold(self, run_id: str, stored: list, now: float, targets: dict[str, Any] | None = None) -> None:
+        """Fold a run's stored findings (oldest first) into its alerts, in the current job, with
+        the rollback target its owner looked up (``prepare``), if it did."""
+        assert self.manager is not None
+        found = [(sf.finding, sf.hosts) for sf in stored]
+        if targets is not None and run_id in targets:
+            self.manager.process(run_id, found, now, rollback_target=targets[run_id])
+        else:
+            self.manager.process(run_id, found, now, target_later=True)
 
     def on_ownership(self, run_id: str, gained: bool) -> None:
         """The monitor hub took the run over (or let it go), on its thread, before it records the
@@ -206,7 +236,8 @@ class AlertingService:
         self.manager = AlertManager(
             self.outbox, subscriptions=self.settings_subscriptions, policy=policy_from_settings(s),
             lifecycle=LifecyclePolicy(resolve_timeout_s=s.alert_resolve_timeout_s),
-            external_url=s.public_url(), runbook_url=s.runbook_url(), on_enqueue=self.worker.wake, rollback_lookup=self.rollback_lookup,
+            external_url=s.public_url(), runbook_url=s.runbook_url(), on_enqueue=self.worker.wake,
+            hand_off=self.worker, rollback_lookup=self.rollback_lookup,
             owns=self.ownership.owns if self.replicated else None)
         if self.replicated:
             self.manager.on_changed_elsewhere = lambda run_id: self.ownership.tell_owner(
@@ -353,8 +384,7 @@ def install(app: Any, ctx: ServiceContext) -> None:
     app.state.alerting = service
     app.include_router(router)
     app.include_router(runbook_router)
-    ctx.findings.set_stage(service.in_job)
-    ctx.store.subscribe(service.on_store_results)
+    ctx.findings.set_stage(service)
     ctx.on_startup.append(service.start)
     ctx.on_shutdown.append(service.stop)
     ctx.metrics.registry.register(_AlertingCollector(service))

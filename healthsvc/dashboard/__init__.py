@@ -24,7 +24,7 @@ def install(app: FastAPI, ctx: ServiceContext) -> None:
 
     hub = RollupHub(ctx.store, clock=ctx.clock, align_timeout_s=ctx.settings.align_timeout_s,
                     tick_interval_s=ctx.settings.tick_interval_s)
-    app.state.dashboard = hub
+    app.state.dashboard = ctx.dashboard = hub
     ctx.on_startup.append(hub.start)
     ctx.on_shutdown.append(hub.stop)
     app.include_router(api)

@@ -123,7 +123,6 @@ class RollupHub:
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-dashboard-ticker", daemon=True)
         self._stopping = threading.Event()
         self._last_snapshot: dict[str, float] = {}
-        store.subscribe(self._after_commit)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -160,7 +159,8 @@ class RollupHub:
             return fn(feed.rollup) if feed is not None else None
 
     # -- input ----------------------------------------------------------------------------
-    def _after_commit(self, results: list[Any]) -> None:
+    def committed(self, results: list[Any]) -> None:
+        """A group commit's results (the pipeline's stage, on the writer thread): queue ours."""
         for res in results:
             if isinstance(res, IngestResult) and not res.duplicate and res.batch is not None:
                 self._queue.put(res)

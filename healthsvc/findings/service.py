@@ -1,43 +1,54 @@
 """Stored findings as the service uses them: recorded by the monitor, queried by the API, run
-health, rollback and economics, announced once to listeners (alerting) after they are committed.
+health, rollback and economics; folded into alerts by the stage alerting sets, in the job that
+stores them.
 
 The table and its SQL are the store's (:mod:`healthsvc.store.findings`); a finding's identity is
 :mod:`healthsvc.identity`'s, so a replay after a restart never stores or announces one twice.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from healthsvc_detectors.finding import Finding
 from healthsvc.identity import condition_key
 from healthsvc.store.findings import FindingsRecorded, FindingsStage, StoredFinding
 from healthsvc.store.interface import Store
 
-__all__ = ["FindingsRecorded", "FindingsService", "StoredFinding"]
+__all__ = ["AlertStage", "FindingsRecorded", "FindingsService", "StoredFinding"]
 
 log = logging.getLogger(__name__)
+
+
+class AlertStage(Protocol):
+    """What new findings cause, decided with them (alerting's
+    :class:`~healthsvc.alerting.service.AlertingService`)."""
+
+    def prepare(self, run_id: str, attempt: int, findings: list[Finding]) -> Any:
+        """On the recording thread, before the job: what the job needs that the writer thread
+        must not spend its time on (a corruption page's rollback target)."""
+
+    def in_job(self, conn: Any, stored: list[StoredFinding], prepared: Any = None) -> list[Callable[[], None]]:
+        """In the job that stores the findings: returns what to run once it is durable."""
 
 
 class FindingsService:
     def __init__(self, store: Store, clock: Callable[[], float]) -> None:
         self.store = store
         self.clock = clock
-        self._listeners: list[Callable[[list[StoredFinding]], None]] = []
-        self._stage: FindingsStage | None = None
-        store.subscribe(self._after_commit)
+        self._stage: AlertStage | None = None
 
-    def set_stage(self, stage: FindingsStage | None) -> None:
-        """``stage(conn, stored)`` runs inside every job that stores findings, on the writer
-        thread (alerting's: the alerts and notifications the findings cause commit with them)."""
+    def set_stage(self, stage: AlertStage | None) -> None:
+        """``stage`` folds findings into what they cause, in the job that stores them (alerting's:
+        the alerts, notifications and outbox rows commit with the findings). Its ``prepare``
+        runs first on the recording thread (the run's owner), its ``in_job`` on the writer."""
         self._stage = stage
 
-    def subscribe(self, listener: Callable[[list[StoredFinding]], None]) -> None:
-        """``listener(findings)`` runs on the writer thread after commit; keep it quick (enqueue)."""
-        self._listeners.append(listener)
-
-    def _after_commit(self, results: list[Any]) -> None:
+    def committed(self, results: list[Any]) -> None:
+        """A group commit's results (the pipeline's stage, on the writer thread): run what each
+        findings job's stage asked for once it is durable (hand its pages to delivery)."""
         for res in results:
             if isinstance(res, FindingsRecorded):
                 for callback in res.after_commit:
@@ -45,19 +56,18 @@ class FindingsService:
                         callback()
                     except Exception:
                         log.exception("findings after-commit callback failed")
-            if isinstance(res, FindingsRecorded) and res.findings:
-                for listener in self._listeners:
-                    try:
-                        listener(res.findings)
-                    except Exception:
-                        log.exception("findings listener failed")
 
     def record(self, run_id: str, attempt: int, findings: list[Finding],
                hosts: dict[int, str] | None = None, fence: Any = None) -> Future:
         """Store findings (skipping ones already stored); resolves to the newly stored ones. The
         blamed ranks' hosts are the store's (the run's state), unless ``hosts`` names them.
         ``fence`` (replicas): stored only while this replica's lease of the run holds."""
-        return self.store.submit_findings(run_id, attempt, findings, hosts, then=self._stage, fence=fence)
+        then: FindingsStage | None = None
+        stage = self._stage
+        if stage is not None:
+            prepared = stage.prepare(run_id, attempt, findings)
+            then = functools.partial(stage.in_job, prepared=prepared)
+        return self.store.submit_findings(run_id, attempt, findings, hosts, then=then, fence=fence)
 
     def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
               since_step: int | None = None, since: float | None = None, min_severity: str | None = None,

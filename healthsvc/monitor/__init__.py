@@ -24,7 +24,7 @@ def install(app: FastAPI, ctx: ServiceContext) -> None:
     # Alerting follows the runs this replica owns (replicas; healthsvc.ownership).
     hub.ownership_listeners.append(ctx.alerting.on_ownership)
     hub.remote_event_listeners.append(ctx.alerting.on_store_results)
-    app.state.monitor = hub
+    app.state.monitor = ctx.monitor = hub
     # A run whose stored config was refused at start says so in its summary (GET /v1/runs/{id}).
     ctx.summaries.add_contributor(lambda run_id: {"config_error": hub.config_errors.get(run_id)})
     ctx.on_startup.append(hub.start)

@@ -1,8 +1,8 @@
 """The monitor thread: routes committed input to each run's :class:`RunMonitor`, drives the
 absence checks from a ticker, records findings, and snapshots detector state.
 
-Input reaches it from the store's after-commit hook (so detectors only ever see durable data) via
-a queue; the writer thread never waits on a detector. On start it restores each run's monitor from
+Input reaches it from the store's after-commit hook, through the pipeline (``healthsvc.pipeline``:
+so detectors only ever see durable data) via a queue; the writer thread never waits on a detector. On start it restores each run's monitor from
 its snapshot and replays the chunks stored after it, so a restarted service neither re-warms nor
 repeats findings (stored findings are unique by identity).
 
@@ -87,7 +87,6 @@ class MonitorHub:
         self.findings_recorded = 0
         # run_id -> why its stored config was refused (the run runs on default detectors).
         self.config_errors: dict[str, str] = {}
-        store.subscribe(self._after_commit)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -122,7 +121,8 @@ class MonitorHub:
         self._queue.put(Tick(self.clock()))
 
     # -- input ----------------------------------------------------------------------------
-    def _after_commit(self, results: list[Any]) -> None:
+    def committed(self, results: list[Any]) -> None:
+        """A group commit's results (the pipeline's stage, on the writer thread): queue ours."""
         for res in results:
             if isinstance(res, IngestResult):
                 if not res.duplicate and res.batch is not None:

@@ -25,4 +25,4 @@ def install(app: FastAPI, ctx: ServiceContext) -> None:
     from healthsvc.probes.service import auto_probe_listener
 
     app.include_router(router)
-    ctx.findings.subscribe(auto_probe_listener(ctx))
+    ctx.auto_probe = auto_probe_listener(ctx)   # a stage of the pipeline (healthsvc.pipeline)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from healthsvc.context import ServiceContext
+    from healthsvc.rollback.service import Pending
 
 
 if TYPE_CHECKING:  # the client-only install runs ``healthsvc rollback`` without FastAPI
@@ -24,11 +25,13 @@ def install(app: FastAPI, ctx: ServiceContext) -> None:
     ctx.summaries.add_contributor(lambda run_id: {"rollback": rollback_target(ctx, run_id)})
 
 
-def rollback_target(ctx: ServiceContext, run_id: str) -> dict | None:
-    """The checkpoint to resume from, as ``{"id", "step", "uri"}``, or None (no checkpoint)."""
+def rollback_target(ctx: ServiceContext, run_id: str, pending: Pending | None = None) -> dict | None:
+    """The checkpoint to resume from, as ``{"id", "step", "uri"}``, or None (no checkpoint);
+    ``pending``: findings ``(attempt, findings)`` counted as if they were stored already (the
+    run's owner asks before the job that stores them)."""
     from healthsvc.rollback.service import decide
 
-    return decide(ctx, run_id).to_dict(run_id)["checkpoint"]
+    return decide(ctx, run_id, pending).to_dict(run_id)["checkpoint"]
 
 
 def incident_onset(ctx: ServiceContext, run_id: str) -> int | None:

@@ -20,10 +20,11 @@ policy (what counts as evidence, the restart rule, the margin) is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TYPE_CHECKING
+from typing import Any, Sequence, TYPE_CHECKING
 
 import numpy as np
 
+from healthsvc_detectors.finding import Finding
 from healthsvc_detectors.offline.bisection import Bisection, BisectionError
 from healthsvc_detectors.offline.onset import OnsetParams
 from healthsvc_detectors.frame import StepBlock
@@ -31,13 +32,18 @@ from healthsvc_detectors.kinds import corruption_kinds
 from healthsvc_detectors.offline.rollback import (Checkpoint, Restart, RollbackDecision,
                                         decide_rollback, episodes, evidence_episodes, onset_window)
 from healthsvc.errors import Conflict, InvalidInput, NotFound
+from healthsvc.findings import StoredFinding
 from healthsvc.history import load_history
+from healthsvc.identity import occurrence_key
 from healthsvc.rollback.proof import proof_note, sent_fingerprints
 from healthsvc.store.bisections import CheckpointVerdict, NoBisection
 
 if TYPE_CHECKING:  # pragma: no cover
     from healthsvc.context import ServiceContext
 
+
+# Findings of one attempt found but not stored yet: ``(attempt, findings)``.
+Pending = tuple[int, Sequence[Finding]]
 
 HISTORY_FIELDS = ("loss", "grad_norm", "local_grad_norm", "lr")
 MAX_CELLS = 50_000_000  # steps x ranks pivoted for the estimate (~1.2 GB of float64 + masks, worst)
@@ -75,13 +81,26 @@ class RollbackAnswer:
         }
 
 
-def incident_findings(ctx: ServiceContext, run_id: str) -> tuple[list, int | None]:
-    """Corruption-kind findings (firing and resolved) of the newest attempt, and that attempt."""
+def incident_findings(ctx: ServiceContext, run_id: str,
+                      pending: Pending | None = None) -> tuple[list, int | None]:
+    """Corruption-kind findings (firing and resolved) of the newest attempt, and that attempt.
+
+    ``pending``: ``(attempt, findings)`` found but not stored yet (the run's owner asks before
+    the job that stores them, so the page they cause carries the answer); counted as if stored
+    (after every stored one), those already stored once only."""
     attempts = ctx.store.attempts(run_id)
     current = attempts[-1]["attempt"] if attempts else None
     corruption = corruption_kinds()
     found = [sf for sf in ctx.findings.query(run_id, limit=1_000_000)
              if sf.finding.kind in corruption and (current is None or sf.attempt == current)]
+    if pending is not None:
+        attempt, fresh = pending
+        if current is None or attempt == current:
+            stored = {occurrence_key(sf.attempt, sf.finding) for sf in found}
+            newest = max((sf.id for sf in found), default=0)
+            for i, f in enumerate(f for f in fresh if f.kind in corruption
+                                  and occurrence_key(attempt, f) not in stored):
+                found.append(StoredFinding(newest + 1 + i, run_id, attempt, (None,) * len(f.ranks), 0.0, f))
     found.sort(key=lambda sf: (sf.finding.step, sf.id))
     return found, current
 
@@ -179,11 +198,12 @@ def load_bisection(store, run_id: str) -> Bisection | None:
     return None if state is None else Bisection.from_dict(state)
 
 
-def decide(ctx: ServiceContext, run_id: str) -> RollbackAnswer:
-    """The rollback answer for a run."""
+def decide(ctx: ServiceContext, run_id: str, pending: Pending | None = None) -> RollbackAnswer:
+    """The rollback answer for a run (with ``pending`` findings not stored yet: see
+    :func:`incident_findings`)."""
     if not ctx.store.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
-    found, _ = incident_findings(ctx, run_id)
+    found, _ = incident_findings(ctx, run_id, pending)
     ckpts, ids, superseded = stored_checkpoints(ctx.store, run_id)
     restarts = restart_points(ctx.store, run_id, {c.step for c in ckpts})
     evidence = evidence_episodes(episodes(sf.finding for sf in found), restarts)

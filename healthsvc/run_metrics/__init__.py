@@ -126,6 +126,5 @@ class RunSeriesCollector:
 def install(app: Any, ctx: ServiceContext) -> None:
     """The feature hook (called by ``healthsvc.app.create_app``)."""
     parts = StepTimes(), StepsTrained(), RankTimes()
-    for part in parts:
-        ctx.store.subscribe(part.on_store_results)
+    ctx.run_series = parts   # fed every commit's results by the pipeline (healthsvc.pipeline)
     ctx.metrics.registry.register(RunSeriesCollector(ctx, *parts))

@@ -36,7 +36,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, Sequence, TypeVar
 
 from healthsvc.encode import jsonable
 from healthsvc.store import outbox_tables
@@ -99,6 +99,20 @@ class Delivery:
             "last_status": self.last_status, "last_error": self.last_error,
             "delivered_at": self.delivered_at,
         }
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The outcome of one attempt to record (``state="pending"`` with ``next_attempt_at``: a
+    retry); ``pull_forward``: the subscription whose waiting rows are made due now (its
+    receiver just answered 2xx)."""
+
+    webhook_id: str
+    state: DeliveryState
+    status: int | None
+    error: str | None
+    next_attempt_at: float | None = None
+    pull_forward: str | None = None
 
 
 @dataclass
@@ -232,16 +246,21 @@ class Outbox:
     def enqueue(
         self, subscription_id: str, url: str, secret: str, body: bytes, now: float, *,
         group_key: str = "", reason: str = "", content_type: str = "application/json",
-        webhook_id: str | None = None,
+        webhook_id: str | None = None, claim_s: float | None = None,
     ) -> str:
-        """Store a delivery, due at once; returns its ``webhook_id``. Durable when this returns."""
+        """Store a delivery, due at once; returns its ``webhook_id``. Durable when this returns.
+
+        ``claim_s``: claimed at once for that long (see :meth:`claim`), by the worker this job
+        hands it to once it is durable: the delivery needs no pass of its own to be claimed."""
         if webhook_id is None:
             webhook_id = new_webhook_id()
+        claimed_until = None if claim_s is None else now + claim_s
         self._write(lambda conn: conn.execute(
                 "INSERT INTO alert_outbox (webhook_id, subscription_id, url, secret, content_type,"
-                " body, group_key, reason, state, created_at, next_attempt_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-                (webhook_id, subscription_id, url, secret, content_type, body, group_key, reason, now, now)))
+                " body, group_key, reason, state, created_at, next_attempt_at, claimed_until)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+                (webhook_id, subscription_id, url, secret, content_type, body, group_key, reason, now, now,
+                 claimed_until)))
         return webhook_id
 
     def due(self, now: float, limit: int = 32, exclude: Iterable[str] = (),
@@ -265,20 +284,43 @@ class Outbox:
         claim runs out (its worker died). On PostgreSQL concurrent claimers skip each other's
         rows (``FOR UPDATE SKIP LOCKED``); SQLite's single writer serialises them. Neither
         ``exclude`` (webhook ids) nor rows of ``skip_subscriptions`` are claimed."""
-        exclude, skip = sorted(set(exclude)), sorted(set(skip_subscriptions))
-        holds = now + hold_s
-
-        def job(conn: Any) -> list[tuple]:
-            lock = " FOR UPDATE SKIP LOCKED" if getattr(conn, "dialect", "sqlite") == "postgresql" else ""
-            return conn.execute(
-                f"UPDATE alert_outbox SET claimed_until = ? WHERE seq IN (SELECT seq FROM alert_outbox"
-                f" WHERE state = 'pending' AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until <= ?)"
-                f"{_not_in('webhook_id', exclude)}{_not_in('subscription_id', skip)}"
-                f" ORDER BY next_attempt_at, seq LIMIT ?{lock}) RETURNING {', '.join(_COLUMNS)}",
-                (holds, now, now, *exclude, *skip, limit)).fetchall()
-        rows = self._write(job)
+        rows = self._write(lambda conn: self._claim(conn, now, limit, hold_s, exclude, skip_subscriptions))
         return sorted((_delivery(r) for r in rows), key=lambda d: (d.next_attempt_at, d.seq))
 
+    @staticmethod
+    def _claim(conn: Any, now: float, limit: int, hold_s: float, exclude: Iterable[str],
+               skip_subscriptions: Iterable[str]) -> list[tuple]:
+        exclude, skip = sorted(set(exclude)), sorted(set(skip_subscriptions))
+        lock = " FOR UPDATE SKIP LOCKED" if getattr(conn, "dialect", "sqlite") == "postgresql" else ""
+        return conn.execute(
+            f"UPDATE alert_outbox SET claimed_until = ? WHERE seq IN (SELECT seq FROM alert_outbox"
+            f" WHERE state = 'pending' AND next_attempt_at <= ? AND (claimed_until IS NULL OR claimed_until <= ?)"
+            f"{_not_in('webhook_id', exclude)}{_not_in('subscription_id', skip)}"
+            f" ORDER BY next_attempt_at, seq LIMIT ?{lock}) RETURNING {', '.join(_COLUMNS)}",
+            (now + hold_s, now, now, *exclude, *skip, limit)).fetchall()
+
+    def record_and_claim(self, attempts: Sequence[Attempt], now: float, *, limit: int, hold_s: float,
+                         busy: Callable[[], tuple[set[str], set[str]]],
+                         claimed: Callable[[list[Delivery]], None]) -> list[Delivery]:
+        """A delivery worker's pass as ONE job: record ``attempts`` (each as :meth:`record_attempt`,
+        pulling its subscription's waiting rows forward when it was delivered), then claim up to
+        ``limit`` due rows, one per subscription, none of ``busy()`` (webhook ids, subscriptions
+        with an attempt in flight, as they are when the job runs: a row claimed by a job before
+        this one counts). ``claimed(rows)`` is told in the job, so the next job sees them busy."""
+        def job(conn: Any) -> list[Delivery]:
+            for a in attempts:
+                self._record_attempt(conn, a, now)
+            exclude, skip = busy()
+            got: list[Delivery] = []
+            while len(got) < limit:
+                rows = self._claim(conn, now, 1, hold_s, exclude, skip)
+                if not rows:
+                    break
+                got.append(_delivery(rows[0]))
+                skip.add(got[-1].subscription_id)
+            claimed(got)
+            return got
+        return self._write(job)
     def next_due_at(self) -> float | None:
         """When the next unclaimed pending delivery falls due (a claimed one: when its claim ends)."""
         return self._read("SELECT MIN(CASE WHEN claimed_until > next_attempt_at THEN claimed_until"
@@ -293,15 +335,17 @@ class Outbox:
         ``pull_forward``: a subscription whose receiver just answered 2xx; its other pending
         deliveries are made due now in the same job (one pass through the writer, not two).
         Returns how many were pulled forward."""
-        def job(conn: Any) -> int:
-            conn.execute(
-                "UPDATE alert_outbox SET state = ?, attempts = attempts + 1, last_attempt_at = ?, claimed_until = NULL,"
-                " last_status = ?, last_error = ?, next_attempt_at = COALESCE(?, next_attempt_at),"
-                " delivered_at = CASE WHEN ? = 'delivered' THEN ? ELSE delivered_at END"
-                " WHERE webhook_id = ?",
-                (state, now, status, error, next_attempt_at, state, now, webhook_id))
-            return 0 if pull_forward is None else self._pull_forward(conn, pull_forward, now)
-        return self._write(job)
+        attempt = Attempt(webhook_id, state, status, error, next_attempt_at, pull_forward)
+        return self._write(lambda conn: self._record_attempt(conn, attempt, now))
+
+    def _record_attempt(self, conn: Any, a: Attempt, now: float) -> int:
+        conn.execute(
+            "UPDATE alert_outbox SET state = ?, attempts = attempts + 1, last_attempt_at = ?, claimed_until = NULL,"
+            " last_status = ?, last_error = ?, next_attempt_at = COALESCE(?, next_attempt_at),"
+            " delivered_at = CASE WHEN ? = 'delivered' THEN ? ELSE delivered_at END"
+            " WHERE webhook_id = ?",
+            (a.state, now, a.status, a.error, a.next_attempt_at, a.state, now, a.webhook_id))
+        return 0 if a.pull_forward is None else self._pull_forward(conn, a.pull_forward, now)
 
     def get(self, webhook_id: str) -> Delivery | None:
         rows = self._read(f"SELECT {', '.join(_COLUMNS)} FROM alert_outbox WHERE webhook_id = ?", (webhook_id,))

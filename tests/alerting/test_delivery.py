@@ -190,3 +190,46 @@ def test_down_then_back_across_a_restart_every_alert_arrives_once_per_id(tmp_pat
     for body in am:
         jsonschema.validate(body, ALERTMANAGER_V4)
         assert len(body["alerts"]) == 1 and body["alerts"][0]["annotations"]["rank_count"] == "512"
+
+
+def test_a_page_handed_over_in_its_job_is_sent_once_and_recorded():
+    """The manager's job claims the page's row for the worker (reserve) and hands it over once
+    durable (take): the receiver gets it once, and the worker's next pass records it."""
+    ob = Outbox(":memory:")
+    clock = FakeClock()
+    with Receiver() as rx:
+        w = DeliveryWorker(ob, **{**FAST, "clock": clock}).start()
+        m = AlertManager(ob, subscriptions=[Subscription("oncall", rx.url, format="json", secret=SECRET)],
+                         on_enqueue=w.wake, hand_off=w)
+        try:
+            (wid,) = m.process("r", [(Finding("non_finite", step=3, ranks=(0,), severity="critical",
+                                              metric="loss"), (None,))], clock())
+            claimed_until = ob._read("SELECT claimed_until FROM alert_outbox WHERE webhook_id = ?", (wid,))[0][0]
+            assert claimed_until is not None and claimed_until > clock()   # claimed by the job that wrote it
+            assert w.drain()
+        finally:
+            w.stop()
+    assert [r.headers["webhook-id"] for r in rx.requests] == [wid]
+    row = ob.get(wid)
+    assert (row.state, row.attempts) == ("delivered", 1)
+
+
+def test_a_reservation_whose_job_never_committed_lapses_with_its_claim():
+    """A page reserved in a job that rolled back is never handed over: once its claim would
+    have run out, its subscription is free again and the worker sends what is due for it."""
+    ob = Outbox(":memory:")
+    clock = FakeClock()
+    with Receiver() as rx:
+        w = DeliveryWorker(ob, **{**FAST, "clock": clock}).start()
+        try:
+            hold = w.reserve("sub", "msg_rolled_back")   # its job failed: no row, no take()
+            assert hold is not None and w.reserve("sub", "msg_second") is None   # one in flight a subscription
+            wid = ob.enqueue("sub", rx.url, SECRET, b'{"n":1}', now=clock())
+            w.wake()
+            assert not w.drain(0.3)            # held: the subscription has a reservation in flight
+            assert rx.requests == []
+            clock.advance(hold)
+            assert w.drain()
+        finally:
+            w.stop()
+    assert [r.headers["webhook-id"] for r in rx.requests] == [wid]
