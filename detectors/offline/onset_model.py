@@ -28,6 +28,11 @@ class OnsetParams:
     ``min_pre_ratio``: samples before the change per sample after it before the window is
     trusted (the earlier trend must be estimated from enough history).
     ``rank_score_min``: a rank's deviation from its peers (t-statistic) to be a suspect.
+    ``rank_min_excess_sigma``: ``min_excess_sigma`` for a suspect rank's deviation from its
+    peers. Smaller: the suspect already stands out by ``rank_score_min`` over many steps, so its
+    change point need only be significant and located, and a corrupted rank's disagreement often
+    steps up by about one per-step noise sd for good (gradient noise on a quarter of one rank's
+    elements: its local norm 1.115x its peers' against a per-step log sd of 0.07).
     ``located_significance``: the ``significance`` used when a finding vouches for a change the
     history alone does not show; the default accepts the likeliest change point whatever its LR.
     ``rank_history_steps``: how many recent steps the per-rank comparison looks at (its cost is
@@ -41,6 +46,7 @@ class OnsetParams:
     min_excess_sigma: float = 1.5
     min_pre_ratio: float = 0.5
     rank_score_min: float = 8.0
+    rank_min_excess_sigma: float = 0.75
     located_significance: float = -1e9
     rank_history_steps: int = 262_144
 

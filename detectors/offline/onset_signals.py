@@ -11,6 +11,8 @@ Each returns a :class:`~healthsvc_detectors.offline.onset_model.SignalEstimate` 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from healthsvc_detectors.frame import StepBlock
@@ -168,7 +170,9 @@ def rank_signal(block: StepBlock, anchor: int | None, params: OnsetParams,
         series = dev[:, suspect]
         ok = np.isfinite(series)
         change = scan(rank_steps[ok], series[ok], direction=direction, anchor=anchor,
-                       params=params, located=located)
+                       params=replace(params, min_excess_sigma=min(
+                           params.min_excess_sigma, params.rank_min_excess_sigma)),
+                       located=located)
         if change is None:
             continue
         tail_means, tail_counts = _column_means(dev[-tail:])

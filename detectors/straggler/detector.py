@@ -27,7 +27,9 @@ Maths, per step ``t`` and rank ``r`` (vectorised over ranks, sequential over ste
 
 A rank fires when ``S >= cusum_h`` and ``ratio_hat >= min_ratio``; the onset is the first step
 of that CUSUM run. A stricter CUSUM (allowance ``onset_k``) runs beside the sensitive one: when
-its run is at least 3 steps long it dates the onset and measures the reported ratio, because the
+its run is at least 3 steps long it dates the onset and measures the reported ratio (with fewer than 8
+steps, the sensitive run measures it when its earlier steps agree: a short strict run that began on
+a noisy high is biased up; see ``StragglerReplay._measure``), because the
 sensitive CUSUM (small ``cusum_k``, to name a 1.3x straggler within tens of steps against 20-30 %
 jitter) often starts its run on noise a few steps before the fault. **It must last to page**: when the records carry ``ts`` (the trainer's clock),
 that first finding is ``info`` (the rank is named at once, no page) and a ``warning`` (or
@@ -118,7 +120,8 @@ class StragglerDetector(StragglerReference, StragglerReplay, Detector, BlockDete
         self.max_reference_ranks = max_reference_ranks
         self.min_duration_s = min_duration_s
         self.onset_k = max(onset_k, cusum_k)
-        self.min_onset_steps = 3    # steps of the stricter run needed to trust its measure
+        self.min_onset_steps = 3    # steps of the stricter run needed to date the onset
+        self.min_measure_steps = 8  # ... and to measure the ratio on its own (see _measure)
         super().__init__()
 
     # ------------------------------------------------------------------------------ state
@@ -309,7 +312,7 @@ class StragglerDetector(StragglerReference, StragglerReplay, Detector, BlockDete
                 y_col *= okf[:, j]
             ok_col = np.ones(n, dtype=bool) if ok is None else ok[:, j]
             findings += self._replay(col, int(ids[j]), block.steps, y_col, v[:, j] * a_g,
-                                     ok_col, v64[:, j], med, src, ts)
+                                     ok_col, v64[:, j], med, scale, src, ts)
             cusum[j], level[j], run_count[j] = col.cusum, col.level, col.count
             mcusum[j], mlevel[j], mcount[j] = col.mcusum, col.mlevel, col.mcount
             self._firing[k], self._below[k] = col.firing, col.below

@@ -19,7 +19,7 @@ class StragglerReplay:
 
     def _replay(self, col: "_Column", rank: int, steps: np.ndarray, y: np.ndarray,
                 gain: np.ndarray, ok: np.ndarray, v: np.ndarray, med: np.ndarray,
-                src: np.ndarray | None, ts: np.ndarray) -> list[Finding]:
+                scale: np.ndarray, src: np.ndarray | None, ts: np.ndarray) -> list[Finding]:
         """The per-rank state machine over one block column: the same float32 arithmetic as the
         fast path (``col``'s recursion values are numpy float32 scalars, ``y`` and ``gain``
         float32, and Python floats combine with them as float32)."""
@@ -72,9 +72,10 @@ class StragglerReplay:
                 continue
             n_run = int(col.count)
             if col.mcount >= self.min_onset_steps:
-                # The stricter run: a sharper onset and an undiluted ratio.
+                # The stricter run: a sharper onset and an undiluted ratio, unless the sensitive
+                # run's earlier steps say the same (then the whole sensitive run measures it).
                 n_run = int(col.mcount)
-                magnitude = float(col.mlevel) / (1.0 - (1.0 - a) ** float(col.mcount))
+                magnitude = self._measure(col, magnitude, float(scale[i]))
             col.firing, col.below, col.recent = True, 0, magnitude
             col.source = 0 if src is None else int(src[i])
             col.onset = step - n_run + 1
@@ -84,6 +85,34 @@ class StragglerReplay:
             out.append(self._finding(step, rank, col, magnitude, n_run, v[i], med[i],
                                      self._severity(magnitude) if col.paged else "info", t))
         return out
+
+    def _measure(self, col: "_Column", sensitive: float, noise: float) -> float:
+        """The ratio a finding reports, when the stricter run is long enough to date the onset.
+
+        The stricter CUSUM's run dates the onset sharply, but it restarts whenever it touches
+        zero, so under heavy jitter its run may be a few steps that began on a noisy high (a
+        1.1x straggler under 6 % jitter: 3 steps measuring 1.17). When it is shorter than
+        ``min_measure_steps`` (8: from there its mean is within about 2 % under 6 % jitter),
+        the sensitive run's earlier steps (before the stricter run began) are looked at: their
+        weighted mean ``m_e`` is the two run levels' difference over its weights (the same EWMA
+        weights, so exact). When ``m_e`` agrees with the stricter run's ratio within 3 standard
+        errors of the per-step noise, the rank was as slow then and the sensitive run (more
+        steps) measures the ratio; otherwise (the sensitive run began on noise before the fault,
+        or a rank's hardware offset kept it running for long) the stricter run alone does.
+
+        The onset stays the stricter run's: agreeing within the noise is no proof that a mild
+        straggler's earlier steps were already slow.
+        """
+        d = 1.0 - self.level_alpha
+        m_n, c_n = float(col.mcount), float(col.count)
+        strict = float(col.mlevel) / (1.0 - d ** m_n)
+        earlier_n, earlier_w = c_n - m_n, d ** m_n - d ** c_n
+        if m_n >= self.min_measure_steps or earlier_n < 1.0 or earlier_w <= 0.0:
+            return strict
+        earlier = (float(col.level) - float(col.mlevel)) / earlier_w
+        if abs(earlier - strict) <= 3.0 * noise * (1.0 / m_n + 1.0 / earlier_n) ** 0.5:
+            return sensitive
+        return strict
 
     def _severity(self, ratio: float) -> str:
         return "critical" if ratio >= self.critical_ratio else "warning"

@@ -65,6 +65,20 @@ def test_silent_corruption_on_one_rank_is_pinned_and_blames_it():
     assert "rank_disagreement" in est.signals_used
 
 
+
+@pytest.mark.parametrize("seed, step", [(0, 602), (1, 600), (2, 603), (3, 603), (4, 600), (5, 600)])
+def test_a_rank_whose_disagreement_steps_up_by_about_one_noise_sd_is_dated_by_it(seed, step):
+    # Gradient noise on a quarter of one rank's elements (tests/quality/traces/
+    # sdc_slow_noise_s12_r2): its local norm is 1.115x its peers' for good, about one per-step
+    # noise sd (0.08 here). The rank stands out by its t-statistic; its change point is
+    # significant by LR but fell under the aggregate series' min_excess_sigma of 1.5.
+    block = simulate_run(n_steps=900, n_ranks=4, seed=seed, metrics=METRICS,
+                         faults=[CorruptRank(step=600, rank=2, local_grad_scale=1.115)]).block
+    sig = estimate_onset_from_block(block, finding_steps=[700]).per_signal["rank_disagreement"]
+    assert (sig.step, sig.ranks, sig.shape) == (step, (2,), "abrupt")
+    assert sig.low <= 600 <= sig.high and not sig.detail.get("located_after_finding")
+
+
 # --------------------------------------------------------------------------------- gradual
 
 def test_slow_drift_without_nan_is_bracketed():

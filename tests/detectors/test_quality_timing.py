@@ -268,10 +268,6 @@ def test_stragglers_are_named_at_once(results):
             assert first.ranks == sc.ranks and first.step >= sc.onset, sc.name
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DETECTOR REGRESSION (reported): with 6 % "
-                   "jitter (straggler1.1/noisy, fault at 5587) the stricter onset CUSUM's run starts at "
-                   "5615 and the 3 steps it has when the sensitive one fires (5617) measure 1.17 for a "
-                   "1.1x straggler: a short run that starts on a noisy high is biased up")
 def test_stragglers_are_named_with_their_magnitude(results):
     for sc, s in results:
         if sc.kind == "straggler":

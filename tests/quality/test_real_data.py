@@ -53,12 +53,6 @@ PENDING: dict[str, str] = {
     "rollback sdc_burst_offset_s1337_r3": (
         "issue #26 point 4: with no evidence the answer is the newest checkpoint (1000); the "
         "newest clean one is 500"),
-    "rollback sdc_slow_noise_s12_r2": (
-        "rank 2's local gradient norm is 1.115x its peers' from step 600 (per-step log sd 0.07) "
-        "and rank_outlier names it at 700 (onset 622); the onset estimate's rank comparison "
-        "picks rank 2 (t 10.7) but finds no significant change point in its deviation up to "
-        "764, so only the loss's and gradient norm's changes located before 622 remain: "
-        "310..530, and the answer is 400, one checkpoint older than the newest clean (500)"),
 }
 
 

@@ -43,6 +43,9 @@ from healthsvc_detectors.offline.rollback.records import Checkpoint, Restart, Ro
 # Checkpoints the decision may pass over beyond the newest one before the point estimate, when
 # the onset interval is wide: the conservative direction, but one checkpoint of margin.
 MAX_MARGIN_CHECKPOINTS = 1
+# How far before a drift's guessed onset, in detection delays, the onset is placed when the
+# history does not date the drift (:func:`_undated_drift`); the evidence window allows four.
+UNDATED_DRIFT_DELAYS = 2
 
 
 def decide_rollback(
@@ -102,6 +105,8 @@ def decide_rollback(
         if block is not None:
             onset = estimate_onset_near(block, finding_steps=hints, search_from=search_from,
                                         upto=upto, params=params)
+        if onset is not None and all(e.window == "drift" for e in evidence):
+            onset = _undated_drift(onset, evidence, search_from)
         if onset is None:  # no history to look at: the findings alone
             h = hints[0]
             onset = OnsetEstimate(step=max(search_from, h - 1), low=max(search_from, h - 1),
@@ -116,6 +121,27 @@ def decide_rollback(
         {**e.to_dict(), "evidence": True, "why": "evidence (right after a restart)"}
         for e in eps]
     return decision
+
+
+def _undated_drift(onset: OnsetEstimate, evidence: Sequence[Episode],
+                   search_from: int) -> OnsetEstimate:
+    """A drift the history does not date: the onset no later than ``UNDATED_DRIFT_DELAYS``
+    detection delays before the drift's guessed onset.
+
+    A drift is detected long after it began, and its detector's onset is a guess (the last step
+    its smoothed loss was at its best: on a falling curve a slow drift keeps the loss improving
+    for a while, so the guess comes after the first corrupted update, by about as much as the
+    detection then takes). When no history signal is significant either (the point rests on the
+    findings, the other signals are merely located), neither the detection step nor a located
+    change dates it; the estimate then reaches back within the evidence window (``search_from``,
+    four delays) to two delays before the guess, and is gradual (no margin from its point).
+    """
+    if any(not sig.detail.get("located_after_finding")
+           for name, sig in onset.per_signal.items() if name != "findings"):
+        return onset
+    reach = min(e.onset - UNDATED_DRIFT_DELAYS * max(0, e.first_step - e.onset) for e in evidence)
+    low = min(onset.low, max(search_from, reach))
+    return replace(onset, step=low, low=low, shape="gradual")
 
 
 def _dated_by_history(block: StepBlock, ep: Episode) -> Episode:
@@ -178,7 +204,11 @@ def choose_rollback(
     proven = chosen is not None and proof is not None and chosen.step <= proof.last_agreeing_step
     basis = ("probe" if chosen is not None and chosen.known_good else
              "restore" if restore else "proof" if proven else "interval")
-    if onset is not None and not restore and not proven and (chosen is None or not chosen.known_good):
+    # The margin trusts the point estimate, which an abrupt onset gives to within a few steps; a
+    # gradual one's point (where a fitted drift starts) comes late, since the first steps of a
+    # slow drift hide in the noise, so a gradual onset keeps the interval's low.
+    if (onset is not None and onset.shape == "abrupt" and not restore and not proven
+            and (chosen is None or not chosen.known_good)):
         # One checkpoint of margin: never further back than MAX_MARGIN_CHECKPOINTS before the
         # newest checkpoint that precedes the point estimate.
         before_point = [c for c in live if probe_ok(c) and c.step < onset.step]
