@@ -134,6 +134,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     supervise.install(app, ctx)
     dashboard.install(app, ctx)
     run_metrics.install(app, ctx)
+    from healthsvc.runs.held import RunsHeldCollector
+    ctx.metrics.registry.register(RunsHeldCollector(lambda: app))
     _install_openapi(app)
     return app
 

@@ -65,6 +65,17 @@ class ReplicaAlerts:
         self._api_subs = {k: Subscription.from_dict(v) for k, v in self.outbox.records("subscription").items()
                           if k not in self._settings_subs}
 
+    def runs_held(self) -> int:
+        """Runs whose alerts this manager holds in memory (``/metrics``)."""
+        with self._lock:
+            return len({a.run for a in self._alerts.values()})
+
+    def keeps_run(self, run_id: str) -> bool:
+        """The run has a group (firing alerts, or a resolution still owed) or awaits its
+        rollback target: its owner must keep it."""
+        with self._lock:
+            return run_id in self._groups or run_id in getattr(self, "awaiting_target", ())
+
     def forget_run(self, run_id: str) -> None:
         """Another replica owns the run now: keep nothing of it in memory (it is in the store)."""
         with self._lock:

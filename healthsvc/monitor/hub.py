@@ -57,7 +57,7 @@ def _dump_state(state: dict) -> bytes:
 class MonitorHub:
     def __init__(self, store: Store, findings: FindingsService, *, clock: Callable[[], float] = time.time,
                  tick_interval_s: float = 1.0, snapshot_every_s: float = 5.0, align_timeout_s: float = 5.0,
-                 ownership: RunOwnership | None = None) -> None:
+                 ownership: RunOwnership | None = None, release_after_s: float = 0.0) -> None:
         self.store = store
         self.ownership: RunOwnership = ownership or SoleOwner()
         # The sole owner restored every run at start, so a run it has no monitor for is new; a
@@ -86,6 +86,13 @@ class MonitorHub:
         self.findings_recorded = 0
         # run_id -> why its stored config was refused (the run runs on default detectors).
         self.config_errors: dict[str, str] = {}
+        # Letting go of finished runs (see _release_quiet): after this long without input (0: never).
+        self.release_after_s = release_after_s
+        # Asked before a released run's lease goes: True while something of the run's owner still
+        # needs the lease (alerting: a page or a resolution still owed to a receiver).
+        self.release_guards: list[Callable[[str], bool]] = []
+        self._parked: set[str] = set()   # monitors let go whose lease a guard still needs
+        self.runs_released = 0
         store.subscribe(self._after_commit)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -176,6 +183,7 @@ class MonitorHub:
                     self._pull(run_id)  # what a lost notification did not bring
                 self._record(mon, mon.tick(item.now))
                 self._snapshot(run_id)
+            self._release_quiet(item.now)
             return
         if isinstance(item, RunOwned):
             if not item.gained:
@@ -226,7 +234,8 @@ class MonitorHub:
         fresh = [p for p in pushes if p.chunk_id is None or not self._seen(p.run_id, mon, p.chunk_id)]
         if fresh:
             push = coalesce.merged(fresh, without=NOT_JUDGED)
-            self._record(mon, mon.on_metrics(push.batch, push.run, push.chunk_id, push.received_at))
+            self._record(mon, mon.on_metrics(push.batch, self._finish_known(mon, push.run), push.chunk_id,
+                                             push.received_at))
 
     # -- ownership ------------------------------------------------------------------------
     def _claim(self, item: IngestResult | RunEvent) -> bool:
@@ -240,8 +249,8 @@ class MonitorHub:
                 self.ownership.announce(run_id, {"event": item.kind, "data": item.data, "at": item.received_at})
             return False
         if run_id not in self.monitors:
-            if self._restore_on_claim:
-                self._adopt(run_id)
+            if self._restore_on_claim or self.store.snapshot(run_id, "monitor") is not None:
+                self._adopt(run_id)   # taken over, or let go here once it finished (_release_quiet)
             else:
                 self._monitor(run_id)
         return True
@@ -299,8 +308,8 @@ class MonitorHub:
             chunks = self.store.chunks_after(run_id, max(self._floor.get(run_id, 0), mon.watermark))
         for chunk in chunks:
             if not self._seen(run_id, mon, chunk.id):
-                self._record(mon, mon.on_metrics(chunk.batch, self._chunk_view(run_id, mon, chunk.attempt),
-                                                 chunk.id, chunk.received_at))
+                view = self._finish_known(mon, self._chunk_view(run_id, mon, chunk.attempt))
+                self._record(mon, mon.on_metrics(chunk.batch, view, chunk.id, chunk.received_at))
 
     def _chunk_view(self, run_id: str, mon: RunMonitor, attempt: int) -> RunView:
         """The run's state for a chunk read back from the store (a replay, or a push accepted by
@@ -309,6 +318,20 @@ class MonitorHub:
         st = self.store.run_view(run_id)
         seen = st.ranks_seen if st is not None and st.attempt == attempt else 0
         return RunView(attempt, -1, max(seen, mon.ranks_seen if mon.attempt == attempt else 0), False)
+
+    def _finish_known(self, mon: RunMonitor, view: RunView) -> RunView:
+        """The view a chunk is fed with, finished if the run still is. A chunk fed to a finished
+        run's monitor may have committed before the finish (accepted by another replica and
+        announced after the finish reached the owner; pulled by a tick), and this replica's own
+        view does not know of a finish accepted elsewhere: the database's status says whether
+        the run went on (an ingest that resumes a run sets it running in the chunk's own
+        transaction). Read only for a finished monitor: rare."""
+        if not mon.finished or view.finished or view.attempt != mon.attempt:
+            return view
+        row = self.store.get_run_row(mon.run_id)
+        if row is None or row["status"] != "finished":
+            return view
+        return RunView(view.attempt, view.start_step, view.ranks_seen, True)
 
     def _drop(self, run_id: str) -> None:
         """Forget a run another replica owns now (it writes the run's snapshots from here on)."""
@@ -330,19 +353,75 @@ class MonitorHub:
         self.findings_recorded += len(found)
 
     # -- snapshots ------------------------------------------------------------------------
-    def _snapshot(self, run_id: str, force: bool = False) -> None:
+    def _snapshot(self, run_id: str, force: bool = False) -> Any:
+        """Save the run's detector state now and then (``force``: now); the store's future, or
+        None when nothing was saved."""
         now = self.clock()
         if not force and now - self._last_snapshot.get(run_id, 0.0) < self.snapshot_every_s:
-            return
+            return None
         if not self.ownership.owns(run_id):
-            return
+            return None
         mon = self.monitors[run_id]
         state = mon.state_dict()
         state["saved_at"] = now
         blob = _dump_state(state)
         self._last_snapshot[run_id] = now
         # Fenced: a replica that lost the run meanwhile must not overwrite the new owner's snapshot.
-        self.store.save_snapshot(run_id, "monitor", mon.watermark, blob, fence=self.ownership.fence(run_id))
+        return self.store.save_snapshot(run_id, "monitor", mon.watermark, blob, fence=self.ownership.fence(run_id))
+
+    # -- letting go of finished runs --------------------------------------------------------
+    def _release_quiet(self, now: float) -> None:
+        """Let go of the runs that finished and had no input for ``release_after_s``: their
+        detector state is saved (a snapshot) and dropped, and their lease released once no guard
+        needs it (alerting: nothing owed to a receiver), so neither this replica nor a replica
+        taking over holds a finished run. A run pushed to again is restored from its snapshot
+        and the chunks after it, as a takeover is (``_claim``): finished is not hung, and a
+        push after the finish is the run going on (a new attempt, or new steps)."""
+        if self.release_after_s <= 0:
+            return
+        for run_id, mon in list(self.monitors.items()):
+            if mon.finished and now - mon.last_input_s >= self.release_after_s:
+                self._release(run_id)
+        for run_id in list(self._parked):
+            self._release_lease(run_id)
+
+    def _release(self, run_id: str) -> None:
+        saved = self._snapshot(run_id, force=True)
+        try:
+            if saved is not None:
+                saved.result(timeout=30)   # the next owner (or this one) restores from it
+        except Exception:  # noqa: BLE001 - fenced out, or the store is down: keep it, try again
+            log.warning("run %s: snapshot before letting go failed; kept", run_id, exc_info=True)
+            return
+        self.monitors.pop(run_id, None)
+        self._last_snapshot.pop(run_id, None)
+        self._fed.pop(run_id, None)
+        self._floor.pop(run_id, None)
+        self.config_errors.pop(run_id, None)
+        self.runs_released += 1
+        log.info("run %s finished and quiet: its detector state is let go (kept in the store)", run_id)
+        self._parked.add(run_id)
+        self._release_lease(run_id)
+
+    def _release_lease(self, run_id: str) -> None:
+        if run_id in self.monitors or not self.ownership.owns(run_id):
+            self._parked.discard(run_id)   # input came back, or the lease went elsewhere
+            return
+        if any(guard(run_id) for guard in self.release_guards):
+            return   # asked again at the next tick
+        self._parked.discard(run_id)
+        if self._restore_on_claim:
+            # Replicas: alerting keeps the alerts of owned runs only (a single server keeps all of
+            # them, for its reads, until their retention ends).
+            for listener in self.ownership_listeners:
+                listener(run_id, False)
+        self.ownership.release(run_id)
+
+    def held(self) -> dict[str, int]:
+        """Per-run state this hub holds, by kind: monitors, leases kept for alerting after the
+        monitor was let go, and the chunk bookkeeping of replicas (the memory test counts them)."""
+        return {"monitors": len(self.monitors), "parked": len(self._parked), "fed": len(self._fed),
+                "snapshot_times": len(self._last_snapshot), "config_errors": len(self.config_errors)}
 
     def _restore(self) -> None:
         """At start: restore every run this replica owns (the sole owner: all of them)."""
@@ -356,7 +435,7 @@ class MonitorHub:
         row = self.store.get_run_row(run_id)
         if row is None:
             return
-        self._restore_run(row, self.store.snapshots("monitor").get(run_id))
+        self._restore_run(row, self.store.snapshot(run_id, "monitor"))
 
     def _restore_run(self, row: dict, snapshot: Any) -> None:
         now = self.clock()

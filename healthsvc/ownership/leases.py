@@ -165,6 +165,19 @@ class PgLeases:
             self._others[run_id] = (owner, time.monotonic() + max(0.0, remaining))
         return False
 
+    def release(self, run_id: str) -> None:
+        """Let go of a finished, quiet run (the hub saved its state): nobody owns it, no sweep
+        takes it while it stays finished, and its next activity on any replica claims it."""
+        with self._lock:
+            held = self._held.pop(run_id, None)
+            if held is None:
+                return
+            try:
+                self._execute(lease_table.RELEASE_FINISHED, {"run": run_id, "token": held[0], "me": self.replica_id})
+            except Exception:  # it expires within ttl_s and is swept, restored and let go again
+                log.exception("leases: release of run %s failed", run_id)
+        log.info("leases: %s let go of finished run %s", self.replica_id, run_id)
+
     def tell_owner(self, run_id: str, message: RemoteMessage) -> None:
         """Hand ``message`` to the run's owner, whoever holds the lease now (none: nobody to tell,
         the next owner reads the store)."""

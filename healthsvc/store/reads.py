@@ -26,6 +26,10 @@ class StoreReads:
         thread reads :meth:`run_view`."""
         return self._runs.get(run_id)
 
+    def runs_held(self) -> int:
+        """Runs whose ingest state is in memory (``/metrics``)."""
+        return len(self._runs)
+
     def run_view(self, run_id: str) -> RunSnapshot | None:
         """The run's state as of now, copied: for any thread (API handlers, the monitor, the
         dashboard, scrapes); None for a run that has no state (never pushed to)."""
