@@ -29,15 +29,22 @@ class ReplicaAlerts:
     _settings_subs: dict[str, Subscription]
     _groups: dict[str, Any]
     _rebuild_groups: Callable[..., None]   # the manager's
+    _flush: Callable[[str, float], list[str]]   # the manager's
     _changed_runs: set[str]
     _resent_at: dict[tuple[str, str], float]
 
     @one_job
-    def adopt_run(self, run_id: str) -> None:
+    def adopt_run(self, run_id: str, now: float | None = None) -> list[str]:
         """This replica took the run over: load its alerts and notification log as the previous
         owner left them (what it sent is not sent again), and the silences and API subscriptions
         as they are now (any replica may have changed them). One job: ordered with the findings
-        jobs, so the run's next findings meet its loaded alerts."""
+        jobs, so the run's next findings meet its loaded alerts.
+
+        With ``now``, a group whose notification fell due while the run had no owner (the owner
+        died between storing a finding and its group's flush) is sent here, before the findings
+        of the run's restore are folded in: those may resolve it (the run finished meanwhile),
+        and a group resolved before its first notification is never sent. Returns the webhook
+        ids enqueued."""
         self.forget_run(run_id)
         for k, v in self.outbox.records("alert").items():
             if v.get("run") == run_id:
@@ -49,6 +56,7 @@ class ReplicaAlerts:
         self._reload_shared()
         self._rebuild_groups(only=run_id)
         self._changed_runs.add(run_id)
+        return self._flush(run_id, now) if now is not None else []
 
     def _tell_owner(self, run_id: str) -> None:
         """An operator changed an alert of a run another replica owns (the request reached this

@@ -177,7 +177,7 @@ class AlertingService:
 
     def _adopt(self, run_id: str) -> None:
         assert self.manager is not None
-        self.manager.adopt_run(run_id)
+        self.manager.adopt_run(run_id, self.clock())   # what fell due meanwhile is sent now
 
         def job(conn: Any) -> None:
             self._process_run(conn, run_id)
