@@ -92,6 +92,7 @@ class MonitorHub:
         # needs the lease (alerting: a page or a resolution still owed to a receiver).
         self.release_guards: list[Callable[[str], bool]] = []
         self._parked: set[str] = set()   # monitors let go whose lease a guard still needs
+        self._store_released_at = 0.0
         self.runs_released = 0
         store.subscribe(self._after_commit)
 
@@ -379,6 +380,11 @@ class MonitorHub:
         push after the finish is the run going on (a new attempt, or new steps)."""
         if self.release_after_s <= 0:
             return
+        if now - self._store_released_at >= min(10.0, self.release_after_s / 2):
+            # The store's ingest state of the finished runs this replica stored pushes of (owned
+            # here or not): let go by the store, on its writer, by the same rule.
+            self._store_released_at = now
+            self.store.release_run_states(self.release_after_s)
         for run_id, mon in list(self.monitors.items()):
             if mon.finished and now - mon.last_input_s >= self.release_after_s:
                 self._release(run_id)

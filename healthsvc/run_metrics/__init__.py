@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from healthsvc.run_metrics.ranks import RankTimes, named_ranks
 from healthsvc.run_metrics.step_times import STEP_TIME_WINDOW, StepTimes
 from healthsvc.run_metrics.steps import StepsTrained
+from healthsvc.store.results import RunsReleased
 
 if TYPE_CHECKING:  # pragma: no cover
     from healthsvc.context import ServiceContext
@@ -57,8 +58,10 @@ class RunSeriesCollector:
         s, store = self.ctx.settings, self.ctx.store
         out = []
         for row in store.list_run_rows():
+            if row["status"] != "running":
+                continue   # first: a finished run's state may have to be read back (run_view)
             st = store.run_view(row["run_id"])
-            if row["status"] != "running" or st is None or st.last_push is None:
+            if st is None or st.last_push is None:
                 continue
             if now - st.last_push <= s.metrics_run_window_s:
                 out.append((row["run_id"], st))
@@ -128,4 +131,11 @@ def install(app: Any, ctx: ServiceContext) -> None:
     parts = StepTimes(), StepsTrained(), RankTimes()
     for part in parts:
         ctx.store.subscribe(part.on_store_results)
+
+    def forget_released(results: list[Any]) -> None:
+        for r in results:
+            if isinstance(r, RunsReleased):
+                for part in parts:
+                    part.forget(r.run_ids)
+    ctx.store.subscribe(forget_released)
     ctx.metrics.registry.register(RunSeriesCollector(ctx, *parts))

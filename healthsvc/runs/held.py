@@ -26,7 +26,7 @@ def holders(app: Any) -> dict[str, int]:
     if dashboard is not None:
         out["dashboard_feeds"] = len(dashboard.feeds)
     store = getattr(st, "store", None)
-    if store is not None and hasattr(store, "runs_held"):
+    if store is not None:
         out["store_run_states"] = store.runs_held()
     return out
 

@@ -1,7 +1,8 @@
 """Finished runs are let go from memory (the soak's memory growth, ``docs/reliability.md``): a run
-that finished and had no input for ``run_release_after_s`` keeps no detector state, no lease and
-(replicas) no alerts in memory; its state stays in the store, and a push after the finish restores
-it (the detectors go on from where they were: a hang after it is found).
+that finished and had no input for ``run_release_after_s`` keeps no detector state, no lease,
+(replicas) no alerts, no ingest state and no dashboard rollups in memory; its state stays in the
+store (reads of it answer as before), and a push after the finish restores it (the detectors go on
+from where they were: a hang after it is found).
 
 Counted, not measured: the held per-run entries (``healthsvc.runs.held``, what ``/metrics``
 serves as ``healthsvc_runs_held``). In process on a fake clock, both stores (PostgreSQL with run
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.both_stores
 RANKS = 4
 RUNS = 12
 RELEASE_S = 60.0
+READS = ("/v1/runs/r3", "/v1/runs/r3/dashboard/series", "/v1/runs/r3/dashboard/heatmap")
 
 
 def push(http, run: str, step: int, ranks=range(RANKS), loss: float = 1.0):
@@ -44,7 +46,10 @@ def test_finished_quiet_runs_are_let_go_and_restored_when_pushed_again(svc):
     push(http, "alive", 0)   # a run that goes on is kept
     svc.drain()
     held = holders(svc.app)
-    assert held["monitor_monitors"] == RUNS + 1
+    assert held["monitor_monitors"] == held["store_run_states"] == held["dashboard_feeds"] == RUNS + 1
+    assert all(http.get(path).status_code == 200 for path in READS)
+    before = {path: http.get(path).json() for path in READS}
+    assert before[READS[1]]["step_max"] == 19 and "loss" in before[READS[1]]["fields"]
     svc.advance(RELEASE_S / 2)
     push(http, "alive", 1)
     svc.drain()
@@ -58,7 +63,11 @@ def test_finished_quiet_runs_are_let_go_and_restored_when_pushed_again(svc):
         "monitor_snapshot_times": 1, "monitor_config_errors": 0}
     assert held["leases"] == (1 if svc.monitor.ownership.takes_over else 0)
     assert held["alerting_runs"] == 0
+    assert held["store_run_states"] == held["dashboard_feeds"] == 1
     assert svc.monitor.runs_released == RUNS
+    # What a reader sees of a run let go is what it saw before (read back from the store).
+    assert {path: http.get(path).json() for path in READS} == before
+    assert holders(svc.app)["store_run_states"] == holders(svc.app)["dashboard_feeds"] == 1   # and not kept
 
     # Pushed again (the job goes on, without rank 3 from step 80): restored, and its detectors go on.
     for step in range(20, 170):
