@@ -18,6 +18,7 @@ import pytest
 
 from healthsvc.monitor.run_monitor import RunMonitor
 from healthsvc.store.batch import MetricBatch
+from healthsvc.store.open import open_store
 from healthsvc.store.runstate import RunView
 from tests.harness import InProcessService
 
@@ -76,6 +77,36 @@ def test_a_push_that_resumes_a_finished_run_reopens_it(svc):
     assert http.get("/v1/runs/resumed").json()["status"] == "running"
     assert [kind for kind, _, ranks in silence_findings(http, "resumed")] == ["hang"]
     assert silence_findings(http, "resumed")[0][2] == [RANKS - 1]
+
+
+def test_records_another_replica_stored_before_the_finish_and_fed_after_it_raise_no_stall(svc, db_uri):
+    """The soak's race, made certain: the job's last step is stored by another replica before the
+    finish (here a second store on the same database, which tells nobody), and the owner's
+    monitor feeds it only after the finish (at its next tick, which pulls what notifications did
+    not bring). Neither replica's view knows both, so the owner asks the database: the run is
+    finished. The step is still judged: its NaN is found (the barrier that it was fed)."""
+    if not str(db_uri).startswith("postgresql"):
+        pytest.skip("a run is fed records stored elsewhere only with replicas (PostgreSQL)")
+    http = svc.http
+    assert http.put("/v1/runs/raced", json={"world_size": RANKS}).status_code == 200
+    for step in range(30):
+        push(http, "raced", step)
+        svc.advance(1.0)
+    elsewhere = open_store(str(db_uri))
+    elsewhere.open()
+    try:
+        loss = np.ones(RANKS)
+        loss[1] = np.nan
+        last = MetricBatch(np.full(RANKS, 30), np.arange(RANKS), {"loss": loss}, {"loss": np.ones(RANKS, dtype=bool)})
+        elsewhere.submit_metrics("raced", last, "the-last-step").result(10)
+    finally:
+        elsewhere.close()
+    assert http.post("/v1/runs/raced/finish", json={}).status_code == 200
+    svc.drain()
+    svc.advance(QUIET_S, step_s=30.0)
+    found = [(f["kind"], f["step"]) for f in http.get("/v1/runs/raced/findings").json()]
+    assert ("non_finite", 30) in found
+    assert silence_findings(http, "raced") == []
 
 
 def batch(step: int) -> MetricBatch:
