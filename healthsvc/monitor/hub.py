@@ -433,6 +433,8 @@ class MonitorHub:
         """At start: restore every run this replica owns (the sole owner: all of them)."""
         snapshots = self.store.snapshots("monitor")
         for row in self.store.list_run_rows():
+            if row["status"] == "finished" and row["run_id"] in snapshots and self.release_after_s > 0:
+                continue   # let go (or to be): restored on its next input, from its snapshot (_claim)
             if self.ownership.owns(row["run_id"]):
                 self._restore_run(row, snapshots.get(row["run_id"]))
 

@@ -94,3 +94,27 @@ def test_a_finished_run_whose_alert_still_fires_keeps_its_lease_not_its_detector
     assert held["monitor_monitors"] == 0
     if svc.monitor.ownership.takes_over:
         assert held["monitor_parked"] == 1 and held["leases"] == 1 and held["alerting_runs"] == 1
+
+
+def test_a_restart_does_not_bring_finished_runs_back_into_memory(tmp_path, db_uri):
+    with InProcessService(tmp_path, db=db_uri, run_release_after_s=RELEASE_S) as svc:
+        for run in ("done", "going"):
+            assert svc.http.put(f"/v1/runs/{run}", json={"world_size": RANKS}).status_code == 200
+            for step in range(20):
+                push(svc.http, run, step)
+        assert svc.http.post("/v1/runs/done/finish", json={}).status_code == 200
+        svc.drain()
+    with InProcessService(tmp_path, db=db_uri, run_release_after_s=RELEASE_S) as svc:
+        svc.drain()
+        # A single server restores the running runs only; a replica takes its leases back (its
+        # finished runs among them are let go again after the window).
+        if not svc.monitor.ownership.takes_over:
+            assert holders(svc.app)["monitor_monitors"] == 1
+        svc.advance(RELEASE_S + 15)   # the store loaded every run; a release pass lets "done" go again
+        held = holders(svc.app)
+        assert held["monitor_monitors"] == 1
+        assert held["store_run_states"] == held["dashboard_feeds"] == 1
+        push(svc.http, "done", 20)   # pushed again: restored on demand
+        svc.drain()
+        assert holders(svc.app)["monitor_monitors"] >= 1
+        assert svc.http.get("/v1/runs/done").json()["status"] == "running"
