@@ -406,8 +406,9 @@ class MonitorHub:
         self.config_errors.pop(run_id, None)
         self.runs_released += 1
         log.info("run %s finished and quiet: its detector state is let go (kept in the store)", run_id)
-        self._parked.add(run_id)
-        self._release_lease(run_id)
+        if self._restore_on_claim:   # replicas: a lease to give up (a single server has none)
+            self._parked.add(run_id)
+            self._release_lease(run_id)
 
     def _release_lease(self, run_id: str) -> None:
         if run_id in self.monitors or not self.ownership.owns(run_id):
@@ -416,11 +417,8 @@ class MonitorHub:
         if any(guard(run_id) for guard in self.release_guards):
             return   # asked again at the next tick
         self._parked.discard(run_id)
-        if self._restore_on_claim:
-            # Replicas: alerting keeps the alerts of owned runs only (a single server keeps all of
-            # them, for its reads, until their retention ends).
-            for listener in self.ownership_listeners:
-                listener(run_id, False)
+        for listener in self.ownership_listeners:   # alerting forgets the run's alerts
+            listener(run_id, False)
         self.ownership.release(run_id)
 
     def held(self) -> dict[str, int]:
