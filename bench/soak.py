@@ -255,6 +255,21 @@ class RssSampler:
                 self.samples[pid].append((now, kb * 1024))
 
 
+START_S = 120.0   # a replica's start on the loaded machine (restoring what it owns) may take a while
+
+
+def start_again(s: ServerProcess, i: int, clock, log: list[str], stop: threading.Event | None = None) -> None:
+    """Start a killed replica again, trying until it is ready (a start that times out is logged
+    and tried again: the chaos must go on, and the read-back needs every replica)."""
+    while stop is None or not stop.is_set():
+        try:
+            s.start(timeout_s=START_S)
+            log.append(f"{clock():7.1f} s: replica {i} started again")
+            return
+        except (TimeoutError, RuntimeError) as exc:
+            log.append(f"{clock():7.1f} s: replica {i} did not start ({type(exc).__name__}); trying again")
+
+
 def chaos(servers: list[ServerProcess], receiver: FlappingReceiver, args, stop: threading.Event, log: list[str]) -> None:
     """Replica kills and receiver flaps on their own clocks until ``stop``."""
     t0 = time.monotonic()
@@ -267,8 +282,7 @@ def chaos(servers: list[ServerProcess], receiver: FlappingReceiver, args, stop: 
             s.kill()
             log.append(f"{now:7.1f} s: replica {servers.index(s)} SIGKILLed")
             if not stop.wait(args.down):
-                s.start()
-                log.append(f"{time.monotonic() - t0:7.1f} s: replica {servers.index(s)} started again")
+                start_again(s, servers.index(s), lambda: time.monotonic() - t0, log, stop)
             next_kill = now + args.kill_every
         if now >= next_flap:
             receiver.down()
@@ -391,9 +405,9 @@ def main() -> int:
         rss.thread.join(10)
         if receiver.current is None:
             receiver.up()
-        for s in servers:          # every replica up for the read-back and the outbox to drain
+        for i, s in enumerate(servers):   # every replica up for the read-back and the outbox to drain
             if s.proc.poll() is not None:
-                s.start()
+                start_again(s, i, lambda: time.monotonic() - t_start, events)
         settled = settle(dsn, receiver, timeout_s=60 if not args.smoke else 30)
         # Per-run state held at the end, once the last run had time to be let go (a count: RSS over
         # a short run says nothing).
