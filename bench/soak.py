@@ -23,9 +23,13 @@ At the end (after the outbox has nothing pending), what must hold:
   receiver with a 2xx, every fault whose finding is a warning or worse was paged (info findings
   are recorded, never paged), and one notification body never arrived
   under two ids (a receiver deduplicating on webhook-id sees each page once);
-- memory flat after warm-up: the RSS (from /proc) of every server process that lived through the
-  last two thirds of the run (after at least its first minute) grew less than 5 % over them;
-- 0 acknowledged records lost: every (run, step, rank) acknowledged with a 202 is read back.
+- memory flat after warm-up (runs of 10 minutes or more): the RSS (from /proc) of every server
+  process that lived through the last two thirds of the run (after at least its first minute) grew
+  less than 5 % over them;
+- 0 acknowledged records lost: every (run, step, rank) acknowledged with a 202 is read back;
+- finished runs let go: after the last episode and ``--release-after`` (plus the release pass),
+  no replica holds a run's detector state, ingest state or dashboard rollups
+  (``healthsvc_runs_held`` on /metrics: a count, which a short run can check where RSS cannot).
 
     .venv/bin/python bench/soak.py [--minutes 30] [--ranks 1024] [--replicas 3] [--smoke]
 
@@ -42,7 +46,6 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +68,8 @@ FAULTS = ("non_finite", "loss_spike", "straggler", "hang")
 PER_HOST = 8
 HANG_S = 5.0
 PUSH_GIVE_UP_S = 60.0      # a push not acknowledged within this is counted as not acknowledged
+# The holders (healthsvc_runs_held) that must hold nothing of a finished run after the release window.
+HELD_PER_RUN = ("monitor_monitors", "store_run_states", "dashboard_feeds")
 
 
 def wire(x: float) -> float | str:
@@ -250,6 +255,21 @@ class RssSampler:
                 self.samples[pid].append((now, kb * 1024))
 
 
+START_S = 120.0   # a replica's start on the loaded machine (restoring what it owns) may take a while
+
+
+def start_again(s: ServerProcess, i: int, clock, log: list[str], stop: threading.Event | None = None) -> None:
+    """Start a killed replica again, trying until it is ready (a start that times out is logged
+    and tried again: the chaos must go on, and the read-back needs every replica)."""
+    while stop is None or not stop.is_set():
+        try:
+            s.start(timeout_s=START_S)
+            log.append(f"{clock():7.1f} s: replica {i} started again")
+            return
+        except (TimeoutError, RuntimeError) as exc:
+            log.append(f"{clock():7.1f} s: replica {i} did not start ({type(exc).__name__}); trying again")
+
+
 def chaos(servers: list[ServerProcess], receiver: FlappingReceiver, args, stop: threading.Event, log: list[str]) -> None:
     """Replica kills and receiver flaps on their own clocks until ``stop``."""
     t0 = time.monotonic()
@@ -262,8 +282,7 @@ def chaos(servers: list[ServerProcess], receiver: FlappingReceiver, args, stop: 
             s.kill()
             log.append(f"{now:7.1f} s: replica {servers.index(s)} SIGKILLed")
             if not stop.wait(args.down):
-                s.start()
-                log.append(f"{time.monotonic() - t0:7.1f} s: replica {servers.index(s)} started again")
+                start_again(s, servers.index(s), lambda: time.monotonic() - t0, log, stop)
             next_kill = now + args.kill_every
         if now >= next_flap:
             receiver.down()
@@ -273,6 +292,20 @@ def chaos(servers: list[ServerProcess], receiver: FlappingReceiver, args, stop: 
             receiver.up()
             log.append(f"{time.monotonic() - t0:7.1f} s: receiver up")
             next_flap = now + args.flap_every
+
+
+def runs_held(url: str) -> dict[str, int]:
+    """A replica's ``healthsvc_runs_held`` gauge (/metrics), by holder."""
+    out: dict[str, int] = {}
+    try:
+        text = httpx.get(url + "/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("healthsvc_runs_held{"):
+            holder = line.split('holder="', 1)[1].split('"', 1)[0]
+            out[holder] = int(float(line.rsplit(" ", 1)[1]))
+    return out
 
 
 def outbox(dsn: str) -> list[tuple[str, str]]:
@@ -319,11 +352,14 @@ def main() -> int:
     ap.add_argument("--down", type=float, default=10.0, help="seconds a killed replica stays down")
     ap.add_argument("--flap-every", type=float, default=75.0, help="seconds between receiver outages")
     ap.add_argument("--flap-down", type=float, default=15.0, help="seconds the receiver stays down")
+    ap.add_argument("--release-after", type=float, default=30.0,
+                    help="seconds a finished run stays in memory without input (run_release_after_s)")
     ap.add_argument("--smoke", action="store_true", help="a few seconds, 16 ranks: proves it runs (tests)")
     args = ap.parse_args()
     if args.smoke:
         args.minutes, args.ranks, args.step_rate, args.episode_steps, args.workers = 0.2, 16, 8.0, 24, 2
         args.kill_every, args.down, args.flap_every, args.flap_down = 4.0, 1.0, 3.0, 1.0
+        args.release_after = 2.0
     if args.step_rate <= 0:
         args.step_rate = min(4.0, 128 * PER_HOST / args.ranks)
     seconds = args.minutes * 60
@@ -337,8 +373,13 @@ def main() -> int:
                "HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8", "HEALTHSVC_ALERT_RETRY_CAP_S": "5",
                # Every group sent within a second of its first finding and of each change: a loss spike
                # (a warning) resolves within seconds, before the default group wait would send it.
+               # Critical keeps its default wait of 0: its page is enqueued in the job that stores the
+               # finding. (With a wait, a critical alert that resolves before its group's first flush
+               # is never sent, by design: a hang found late, after a takeover, and resolved by the
+               # run's finish within the wait was stored and never paged.)
                "HEALTHSVC_ALERT_TIMINGS": json.dumps({s: {"group_wait_s": 1.0, "group_interval_s": 1.0}
-                                                      for s in ("info", "warning", "critical")}),
+                                                      for s in ("info", "warning")}),
+               "HEALTHSVC_RUN_RELEASE_AFTER_S": str(args.release_after),
                "HEALTHSVC_ALERT_WEBHOOKS": json.dumps([{"id": "soak", "url": receiver.url, "format": "json"}])}
         servers = [ServerProcess(dsn, env=env, log_path=Path(tmp) / f"replica{i}.log") for i in range(args.replicas)]
         for s in servers:
@@ -364,10 +405,14 @@ def main() -> int:
         rss.thread.join(10)
         if receiver.current is None:
             receiver.up()
-        for s in servers:          # every replica up for the read-back and the outbox to drain
+        for i, s in enumerate(servers):   # every replica up for the read-back and the outbox to drain
             if s.proc.poll() is not None:
-                s.start()
+                start_again(s, i, lambda: time.monotonic() - t_start, events)
         settled = settle(dsn, receiver, timeout_s=60 if not args.smoke else 30)
+        # Per-run state held at the end, once the last run had time to be let go (a count: RSS over
+        # a short run says nothing).
+        time.sleep(args.release_after + 15.0)   # the store's release pass runs every 10 s at most
+        held = {i: runs_held(s.url) for i, s in enumerate(servers)}
 
         http = stack.enter_context(httpx.Client(base_url=lb.url, timeout=120))
         findings, lost, acked_total = {}, 0, 0
@@ -455,6 +500,12 @@ def main() -> int:
         if inside:
             print(f"| pid {pid}{'' if g is not None else ' (restarted within the window)'} | {inside[0] / 2**20:.1f} "
                   f"| {inside[-1] / 2**20:.1f} | {'' if g is None else f'{100 * g:.2f}'} |")
+    holder_names = sorted({h for counts in held.values() for h in counts})
+    print("\n| runs held in memory at the end | " + " | ".join(f"replica {i}" for i in held) + " |\n|---|"
+          + "---:|" * len(held))
+    for h in holder_names:
+        print(f"| {h} | " + " | ".join(str(held[i].get(h, "")) for i in held) + " |")
+    print(f"| episodes run | {n_episodes} |" + " |" * (len(held) - 1))
     print("\nother findings:", "; ".join(other_list) or "none")
     print("events:", "; ".join(e.strip() for e in events) or "none")
 
@@ -465,7 +516,14 @@ def main() -> int:
         failures.append(f"pages: {len(undelivered)} not delivered, {two_ids} bodies under two ids, settled {settled}")
     if lost or ledger.given_up:
         failures.append(f"records: {lost} acknowledged lost, {ledger.given_up} pushes given up")
-    if not args.smoke and (not lived or any(g >= 0.05 for g in lived.values())):
+    # Finished runs are let go: once every episode finished and the release window passed, no
+    # replica holds a run's detector state, ingest state or dashboard rollups, whatever the number
+    # of episodes. (A run whose latched alert still fires keeps its lease and alerts on its owner:
+    # its reminders are owed; "monitor_parked" counts them.)
+    kept = {i: {h: held[i].get(h, 0) for h in HELD_PER_RUN} for i in held}
+    if any(any(counts.values()) for counts in kept.values()) or any(not counts for counts in held.values()):
+        failures.append(f"per-run state still held after the release window: {held}")
+    if not args.smoke and args.minutes >= 10 and (not lived or any(g >= 0.05 for g in lived.values())):
         failures.append(f"memory: growth {lived}")
     for f in failures:
         print("FAILED:", f)

@@ -137,6 +137,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     dashboard.install(app, ctx)
     run_metrics.install(app, ctx)
     app.state.pipeline = pipeline.build(ctx)   # the stages a commit feeds, in order; drain() is its
+    from healthsvc.runs.held import RunsHeldCollector
+    ctx.metrics.registry.register(RunsHeldCollector(lambda: app))
     _install_openapi(app)
     return app
 

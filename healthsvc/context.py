@@ -42,5 +42,5 @@ class ServiceContext:
     # The pipeline's stages a feature installs (``healthsvc.pipeline.build`` lists them in order).
     monitor: MonitorHub | None = None
     dashboard: RollupHub | None = None
-    run_series: tuple[Any, ...] = ()                        # per-run Prometheus series fed by commits
+    run_series: Any = None                                  # per-run Prometheus series fed by commits
     auto_probe: Callable[[list], None] | None = None        # asks for replay probes of new findings

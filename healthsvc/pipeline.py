@@ -54,7 +54,7 @@ def build(ctx: ServiceContext) -> Pipeline:
         # outbox rows, the page's rollback target looked up before it).
         Stage("monitor", committed=monitor.committed, drain=_ticked(monitor)) if monitor else None,
         Stage("dashboard rollups", committed=dashboard.committed, drain=_ticked(dashboard)) if dashboard else None,
-        *(Stage("run metrics", committed=part.on_store_results) for part in ctx.run_series),
+        Stage("run metrics", committed=ctx.run_series.committed) if ctx.run_series else None,
         # Ticks (group intervals, resolve timeouts), rollbacks, alerts changed on another replica.
         Stage("alerting thread", committed=alerting.on_store_results,
               drain=lambda timeout_s, tick: alerting.drain(timeout_s, tick=tick)),

@@ -37,6 +37,9 @@ class Settings(BaseSettings):
                                                                        "a push that would take a run beyond is a 422.")
     dedupe_window_s: float = Field(3600.0, gt=0, description="How long a re-sent batch is recognised as a duplicate, seconds.")
     snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
+    run_release_after_s: float = Field(600.0, ge=0, description="A finished run with no input for this long "
+                                       "is let go from memory (its state stays in the store and is restored if "
+                                       "it is pushed to again), seconds; 0 keeps every run in memory.")
     lease_ttl_s: float = Field(10.0, gt=0, description="Replicas (a postgresql:// store): a run's owner renews its lease every third of this; "
                                                        "when the owner dies another replica takes the run over within it, seconds.")
     replica_id: str = Field("", description="Replicas: this replica's name in the leases table (default: host:port, so a replica "

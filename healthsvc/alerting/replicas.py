@@ -30,15 +30,22 @@ class ReplicaAlerts:
     _groups: dict[str, Any]
     _rebuild_groups: Callable[..., None]   # the manager's
     _when_durable: Callable[[Callable[[], None]], None]   # the manager's
+    _flush: Callable[[str, float], list[str]]   # the manager's
     _changed_runs: set[str]
     _resent_at: dict[tuple[str, str], float]
 
     @one_job
-    def adopt_run(self, run_id: str) -> None:
+    def adopt_run(self, run_id: str, now: float | None = None) -> list[str]:
         """This replica took the run over: load its alerts and notification log as the previous
         owner left them (what it sent is not sent again), and the silences and API subscriptions
         as they are now (any replica may have changed them). One job: ordered with the findings
-        jobs, so the run's next findings meet its loaded alerts."""
+        jobs, so the run's next findings meet its loaded alerts.
+
+        With ``now``, a group whose notification fell due while the run had no owner (the owner
+        died between storing a finding and its group's flush) is sent here, before the findings
+        of the run's restore are folded in: those may resolve it (the run finished meanwhile),
+        and a group resolved before its first notification is never sent. Returns the webhook
+        ids enqueued."""
         self.forget_run(run_id)
         for k, v in self.outbox.records("alert").items():
             if v.get("run") == run_id:
@@ -50,6 +57,7 @@ class ReplicaAlerts:
         self._reload_shared()
         self._rebuild_groups(only=run_id)
         self._changed_runs.add(run_id)
+        return self._flush(run_id, now) if now is not None else []
 
     def _tell_owner(self, run_id: str) -> None:
         """An operator changed an alert of a run another replica owns (the request reached this
@@ -66,6 +74,17 @@ class ReplicaAlerts:
         self._silences.reload(self.outbox.records("silence"))   # compiles only new or changed ones
         self._api_subs = {k: Subscription.from_dict(v) for k, v in self.outbox.records("subscription").items()
                           if k not in self._settings_subs}
+
+    def runs_held(self) -> int:
+        """Runs whose alerts this manager holds in memory (``/metrics``)."""
+        with self._lock:
+            return len({a.run for a in self._alerts.values()})
+
+    def keeps_run(self, run_id: str) -> bool:
+        """The run has a group (firing alerts, or a resolution still owed) or awaits its
+        rollback target: its owner must keep it."""
+        with self._lock:
+            return run_id in self._groups or run_id in getattr(self, "awaiting_target", ())
 
     def forget_run(self, run_id: str) -> None:
         """Another replica owns the run now: keep nothing of it in memory (it is in the store)."""

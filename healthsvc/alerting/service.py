@@ -199,9 +199,15 @@ class AlertingService:
             return
         self._adopt(run_id)
 
+    def keeps_run(self, run_id: str) -> bool:
+        """Whether the run's alerts still need their owner (the monitor hub asks before letting a
+        finished run go): a group open (a page, a reminder or a resolution owed), or a rollback
+        target awaited."""
+        return self.manager is not None and self.manager.keeps_run(run_id)
+
     def _adopt(self, run_id: str) -> None:
         assert self.manager is not None
-        self.manager.adopt_run(run_id)
+        self.manager.adopt_run(run_id, self.clock())   # what fell due meanwhile is sent now
 
         def job(conn: Any) -> None:
             self._process_run(conn, run_id)

@@ -25,7 +25,7 @@ from healthsvc.store.batch import MetricBatch
 from healthsvc.messages import Drain, Flush, Stop, Tick, handle_in_order
 from healthsvc.monitor.aligner import StepAligner
 from healthsvc.store.interface import Store
-from healthsvc.store.results import IngestResult, RunEvent
+from healthsvc.store.results import IngestResult, RunEvent, RunsReleased
 from healthsvc.store.runstate import RunView
 from healthsvc.store.snapshots import replaying_past
 from healthsvc.dashboard.rollup import HEAT_FIELDS, LINE_FIELDS, RunRollup
@@ -118,7 +118,7 @@ class RollupHub:
         self.feeds: dict[str, RunFeed] = {}
         self.lock = threading.Lock()  # readers (HTTP threads) vs the hub thread
         self.catching_up = True
-        self._queue: queue.Queue[IngestResult | RunEvent | Tick | Flush | Drain | Stop] = queue.Queue()
+        self._queue: queue.Queue[IngestResult | RunEvent | RunsReleased | Tick | Flush | Drain | Stop] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="healthsvc-dashboard", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-dashboard-ticker", daemon=True)
         self._stopping = threading.Event()
@@ -153,16 +153,27 @@ class RollupHub:
 
     # -- reading --------------------------------------------------------------------------
     def read(self, run_id: str, fn: Callable[[RunRollup], Any]) -> Any:
-        """``fn(rollup)`` under the lock (None for an unknown run); keep ``fn`` to array slicing."""
+        """``fn(rollup)`` under the lock (None for an unknown run); keep ``fn`` to array slicing.
+        A finished run let go from memory (see ``_handle``) is read back from its snapshot for
+        this read and not kept."""
         with self.lock:
             feed = self.feeds.get(run_id)
-            return fn(feed.rollup) if feed is not None else None
+            if feed is not None:
+                return fn(feed.rollup)
+        row = self.store.get_run_row(run_id)
+        snap = self.store.snapshot(run_id, "dashboard") if row is not None and row["status"] == "finished" else None
+        if snap is None:
+            return None
+        feed = self._restored(row, snap.state)
+        return fn(feed.rollup)
 
     # -- input ----------------------------------------------------------------------------
     def committed(self, results: list[Any]) -> None:
         """A group commit's results (the pipeline's stage, on the writer thread): queue ours."""
         for res in results:
             if isinstance(res, IngestResult) and not res.duplicate and res.batch is not None:
+                self._queue.put(res)
+            elif isinstance(res, RunsReleased):
                 self._queue.put(res)
             elif isinstance(res, RunEvent) and res.kind in ("finish", "config"):
                 self._queue.put(res)
@@ -180,7 +191,7 @@ class RollupHub:
         while handle_in_order([self._queue.get()], self._handle_locked, log, "dashboard rollup"):
             pass
 
-    def _handle_locked(self, item: IngestResult | RunEvent | Tick | Flush) -> None:
+    def _handle_locked(self, item: IngestResult | RunEvent | RunsReleased | Tick | Flush) -> None:
         with self.lock:
             self._handle(item)
 
@@ -191,7 +202,17 @@ class RollupHub:
             feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, (row or {}).get("config", {}).get("world_size"))
         return feed
 
-    def _handle(self, item: IngestResult | RunEvent | Tick | Flush) -> None:
+    def _handle(self, item: IngestResult | RunEvent | Tick | Flush | RunsReleased) -> None:
+        if isinstance(item, RunsReleased):
+            # The store let go of these finished, quiet runs: so does the dashboard, once their
+            # rollups are in a snapshot (a read brings them back from it: read()).
+            for run_id in item.run_ids:
+                if run_id in self.feeds:
+                    self.feeds[run_id].flush_all()
+                    self._snapshot(run_id, force=True)
+                    del self.feeds[run_id]
+                self._last_snapshot.pop(run_id, None)
+            return
         if isinstance(item, Tick):
             for rid, feed in list(self.feeds.items()):
                 feed.tick(item.now)
@@ -228,24 +249,28 @@ class RollupHub:
     def _restore(self) -> None:
         snapshots = {r: snap.state for r, snap in self.store.snapshots("dashboard").items()}
         for row in self.store.list_run_rows():
-            run_id = row["run_id"]
+            feed = self._restored(row, snapshots.get(row["run_id"]))
             with self.lock:
-                feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, row["config"].get("world_size"))
-                if run_id in snapshots:
-                    try:
-                        feed.load_bytes(snapshots[run_id])
-                    except Exception as exc:
-                        replaying_past("dashboard", run_id, exc)
-                        feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, row["config"].get("world_size"))
-            # As the monitor's replay: the store's run state is what the chunks led to (see
-            # MonitorHub._restore); each attempt's first step is in its attempts table.
-            starts = {a["attempt"]: int(a["start_step"]) for a in self.store.attempts(run_id)}
-            st = self.store.run_view(run_id)
-            seen = st.ranks_seen if st is not None else 0
-            for chunk in self.store.chunks_after(run_id, feed.watermark, FIELDS):
-                with self.lock:
-                    feed.add(chunk.batch, RunView(chunk.attempt, starts.get(chunk.attempt, -1), seen, False),
-                             chunk.id, chunk.received_at)
-            with self.lock:
-                if row["status"] == "finished":
-                    feed.flush_all()
+                self.feeds[row["run_id"]] = feed
+
+    def _restored(self, row: dict, snapshot: bytes | None) -> RunFeed:
+        """A run's feed from its snapshot and the chunks stored after it."""
+        run_id = row["run_id"]
+        feed = RunFeed(self.align_timeout_s, row["config"].get("world_size"))
+        if snapshot is not None:
+            try:
+                feed.load_bytes(snapshot)
+            except Exception as exc:
+                replaying_past("dashboard", run_id, exc)
+                feed = RunFeed(self.align_timeout_s, row["config"].get("world_size"))
+        # As the monitor's replay: the store's run state is what the chunks led to (see
+        # MonitorHub._restore); each attempt's first step is in its attempts table.
+        starts = {a["attempt"]: int(a["start_step"]) for a in self.store.attempts(run_id)}
+        st = self.store.run_view(run_id)
+        seen = st.ranks_seen if st is not None else 0
+        for chunk in self.store.chunks_after(run_id, feed.watermark, FIELDS):
+            feed.add(chunk.batch, RunView(chunk.attempt, starts.get(chunk.attempt, -1), seen, False),
+                     chunk.id, chunk.received_at)
+        if row["status"] == "finished":
+            feed.flush_all()
+        return feed

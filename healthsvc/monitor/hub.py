@@ -58,7 +58,7 @@ def _dump_state(state: dict) -> bytes:
 class MonitorHub:
     def __init__(self, store: Store, findings: FindingsService, *, clock: Callable[[], float] = time.time,
                  tick_interval_s: float = 1.0, snapshot_every_s: float = 5.0, align_timeout_s: float = 5.0,
-                 ownership: RunOwnership | None = None) -> None:
+                 ownership: RunOwnership | None = None, release_after_s: float = 0.0) -> None:
         self.store = store
         self.ownership: RunOwnership = ownership or SoleOwner()
         # The sole owner restored every run at start, so a run it has no monitor for is new; a
@@ -87,6 +87,14 @@ class MonitorHub:
         self.findings_recorded = 0
         # run_id -> why its stored config was refused (the run runs on default detectors).
         self.config_errors: dict[str, str] = {}
+        # Letting go of finished runs (see _release_quiet): after this long without input (0: never).
+        self.release_after_s = release_after_s
+        # Asked before a released run's lease goes: True while something of the run's owner still
+        # needs the lease (alerting: a page or a resolution still owed to a receiver).
+        self.release_guards: list[Callable[[str], bool]] = []
+        self._parked: set[str] = set()   # monitors let go whose lease a guard still needs
+        self._store_released_at = 0.0
+        self.runs_released = 0
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -177,6 +185,7 @@ class MonitorHub:
                     self._pull(run_id)  # what a lost notification did not bring
                 self._record(mon, mon.tick(item.now))
                 self._snapshot(run_id)
+            self._release_quiet(item.now)
             return
         if isinstance(item, RunOwned):
             if not item.gained:
@@ -237,7 +246,7 @@ class MonitorHub:
         if mon.attempt and run.attempt > mon.attempt:
             ended = mon.attempt
             self._record(mon, mon.new_attempt(run.attempt, at), attempt=ended)
-        self._record(mon, mon.on_metrics(batch, run, chunk_id, at))
+        self._record(mon, mon.on_metrics(batch, self._finish_known(mon, run), chunk_id, at))
 
     # -- ownership ------------------------------------------------------------------------
     def _claim(self, item: IngestResult | RunEvent) -> bool:
@@ -251,8 +260,8 @@ class MonitorHub:
                 self.ownership.announce(run_id, {"event": item.kind, "data": item.data, "at": item.received_at})
             return False
         if run_id not in self.monitors:
-            if self._restore_on_claim:
-                self._adopt(run_id)
+            if self._restore_on_claim or self.store.snapshot(run_id, "monitor") is not None:
+                self._adopt(run_id)   # taken over, or let go here once it finished (_release_quiet)
             else:
                 self._monitor(run_id)
         return True
@@ -321,6 +330,20 @@ class MonitorHub:
         seen = st.ranks_seen if st is not None and st.attempt == attempt else 0
         return RunView(attempt, -1, max(seen, mon.ranks_seen if mon.attempt == attempt else 0), False)
 
+    def _finish_known(self, mon: RunMonitor, view: RunView) -> RunView:
+        """The view a chunk is fed with, finished if the run still is. A chunk fed to a finished
+        run's monitor may have committed before the finish (accepted by another replica and
+        announced after the finish reached the owner; pulled by a tick), and this replica's own
+        view does not know of a finish accepted elsewhere: the database's status says whether
+        the run went on (an ingest that resumes a run sets it running in the chunk's own
+        transaction). Read only for a finished monitor: rare."""
+        if not mon.finished or view.finished or view.attempt != mon.attempt:
+            return view
+        row = self.store.get_run_row(mon.run_id)
+        if row is None or row["status"] != "finished":
+            return view
+        return RunView(view.attempt, view.start_step, view.ranks_seen, True)
+
     def _drop(self, run_id: str) -> None:
         """Forget a run another replica owns now (it writes the run's snapshots from here on)."""
         if self.monitors.pop(run_id, None) is not None:
@@ -343,24 +366,85 @@ class MonitorHub:
         self.findings_recorded += len(found)
 
     # -- snapshots ------------------------------------------------------------------------
-    def _snapshot(self, run_id: str, force: bool = False) -> None:
+    def _snapshot(self, run_id: str, force: bool = False) -> Any:
+        """Save the run's detector state now and then (``force``: now); the store's future, or
+        None when nothing was saved."""
         now = self.clock()
         if not force and now - self._last_snapshot.get(run_id, 0.0) < self.snapshot_every_s:
-            return
+            return None
         if not self.ownership.owns(run_id):
-            return
+            return None
         mon = self.monitors[run_id]
         state = mon.state_dict()
         state["saved_at"] = now
         blob = _dump_state(state)
         self._last_snapshot[run_id] = now
         # Fenced: a replica that lost the run meanwhile must not overwrite the new owner's snapshot.
-        self.store.save_snapshot(run_id, "monitor", mon.watermark, blob, fence=self.ownership.fence(run_id))
+        return self.store.save_snapshot(run_id, "monitor", mon.watermark, blob, fence=self.ownership.fence(run_id))
+
+    # -- letting go of finished runs --------------------------------------------------------
+    def _release_quiet(self, now: float) -> None:
+        """Let go of the runs that finished and had no input for ``release_after_s``: their
+        detector state is saved (a snapshot) and dropped, and their lease released once no guard
+        needs it (alerting: nothing owed to a receiver), so neither this replica nor a replica
+        taking over holds a finished run. A run pushed to again is restored from its snapshot
+        and the chunks after it, as a takeover is (``_claim``): finished is not hung, and a
+        push after the finish is the run going on (a new attempt, or new steps)."""
+        if self.release_after_s <= 0:
+            return
+        if now - self._store_released_at >= min(10.0, self.release_after_s / 2):
+            # The store's ingest state of the finished runs this replica stored pushes of (owned
+            # here or not): let go by the store, on its writer, by the same rule.
+            self._store_released_at = now
+            self.store.release_run_states(self.release_after_s)
+        for run_id, mon in list(self.monitors.items()):
+            if mon.finished and now - mon.last_input_s >= self.release_after_s:
+                self._release(run_id)
+        for run_id in list(self._parked):
+            self._release_lease(run_id)
+
+    def _release(self, run_id: str) -> None:
+        saved = self._snapshot(run_id, force=True)
+        try:
+            if saved is not None:
+                saved.result(timeout=30)   # the next owner (or this one) restores from it
+        except Exception:  # noqa: BLE001 - fenced out, or the store is down: keep it, try again
+            log.warning("run %s: snapshot before letting go failed; kept", run_id, exc_info=True)
+            return
+        self.monitors.pop(run_id, None)
+        self._last_snapshot.pop(run_id, None)
+        self._fed.pop(run_id, None)
+        self._floor.pop(run_id, None)
+        self.config_errors.pop(run_id, None)
+        self.runs_released += 1
+        log.info("run %s finished and quiet: its detector state is let go (kept in the store)", run_id)
+        if self._restore_on_claim:   # replicas: a lease to give up (a single server has none)
+            self._parked.add(run_id)
+            self._release_lease(run_id)
+
+    def _release_lease(self, run_id: str) -> None:
+        if run_id in self.monitors or not self.ownership.owns(run_id):
+            self._parked.discard(run_id)   # input came back, or the lease went elsewhere
+            return
+        if any(guard(run_id) for guard in self.release_guards):
+            return   # asked again at the next tick
+        self._parked.discard(run_id)
+        for listener in self.ownership_listeners:   # alerting forgets the run's alerts
+            listener(run_id, False)
+        self.ownership.release(run_id)
+
+    def held(self) -> dict[str, int]:
+        """Per-run state this hub holds, by kind: monitors, leases kept for alerting after the
+        monitor was let go, and the chunk bookkeeping of replicas (the memory test counts them)."""
+        return {"monitors": len(self.monitors), "parked": len(self._parked), "fed": len(self._fed),
+                "snapshot_times": len(self._last_snapshot), "config_errors": len(self.config_errors)}
 
     def _restore(self) -> None:
         """At start: restore every run this replica owns (the sole owner: all of them)."""
         snapshots = self.store.snapshots("monitor")
         for row in self.store.list_run_rows():
+            if row["status"] == "finished" and row["run_id"] in snapshots and self.release_after_s > 0:
+                continue   # let go (or to be): restored on its next input, from its snapshot (_claim)
             if self.ownership.owns(row["run_id"]):
                 self._restore_run(row, snapshots.get(row["run_id"]))
 
@@ -369,7 +453,7 @@ class MonitorHub:
         row = self.store.get_run_row(run_id)
         if row is None:
             return
-        self._restore_run(row, self.store.snapshots("monitor").get(run_id))
+        self._restore_run(row, self.store.snapshot(run_id, "monitor"))
 
     def _restore_run(self, row: dict, snapshot: Any) -> None:
         now = self.clock()

@@ -39,6 +39,11 @@ class RunMonitor:
         self.world_size: int | None = config.get("world_size")
         self.ranks_seen = 0           # the store's count for the attempt, as last committed
         self.last_input_s = 0.0       # service clock of the last input (for restarts)
+        # The run said finish (the store's word): silence is normal, and only data that the store
+        # took as the run going on (a resume, a new attempt) re-opens it. Records committed before
+        # the finish but fed after it (accepted by another replica, announced late; a gap filled)
+        # and heartbeats (the store never resumes a run on them) leave it finished.
+        self.finished = False
 
     def __repr__(self) -> str:
         return f"RunMonitor({self.run_id!r}, attempt={self.attempt}, detectors={list(self.suite.all())})"
@@ -64,6 +69,9 @@ class RunMonitor:
                 raise ValueError(f"run {self.run_id}: a batch of attempt {run.attempt} reached the "
                                  f"monitor of attempt {self.attempt}: call new_attempt first")
             self.new_attempt(run.attempt, now)
+        elif self.finished and run.finished:
+            return out + self._after_finish(batch, run, now)
+        self.finished = False
         self.last_input_s = now
         self.ranks_seen = run.ranks_seen
         if "world_size" in batch.values:
@@ -78,6 +86,22 @@ class RunMonitor:
                 out += det.update(arrival_block)
         for det in self.suite.absence.values():
             out += det.observe(batch.ranks, batch.steps, now)
+        for block in self.aligner.add(batch, now, self.expected_ranks()):
+            out += self._aligned(block)
+        return out
+
+    def _after_finish(self, batch: MetricBatch, run: RunView, now: float) -> list[Finding]:
+        """Records the store committed before the run's finish (or filling a gap), fed after it:
+        the value detectors judge them (a NaN in the last step is still a NaN); the absence
+        detectors do not see them, so the run stays finished and no silence after it is judged."""
+        self.ranks_seen = run.ranks_seen
+        self.last_input_s = max(self.last_input_s, now)
+        batch = with_label_codes(batch)
+        out: list[Finding] = []
+        if self.suite.arrival:
+            arrival_block = batch_to_block(batch.steps, batch.ranks, batch.values, batch.present)
+            for det in self.suite.arrival.values():
+                out += det.update(arrival_block)
         for block in self.aligner.add(batch, now, self.expected_ranks()):
             out += self._aligned(block)
         return out
@@ -105,10 +129,13 @@ class RunMonitor:
             det.new_attempt()
         self.aligner.reset()
         self.attempt = attempt
+        self.finished = False   # a new attempt is the run going on
         return out
 
     def on_heartbeat(self, rank: int, step: int | None, phase: str | None, now: float) -> list[Finding]:
         self.last_input_s = now
+        if self.finished:
+            return []   # a heartbeat after finish (a rank's last, late) does not resume the run
         out: list[Finding] = []
         for det in self.suite.absence.values():
             out += det.heartbeat(rank, -1 if step is None else step, phase or "other", now)
@@ -120,6 +147,8 @@ class RunMonitor:
             out += self._aligned(block)
         for det in self.suite.absence.values():
             out += det.finish(now)
+        self.finished = True
+        self.last_input_s = max(self.last_input_s, now)   # quiet from here on (the hub lets go)
         return out
 
     def on_world_size(self, new_size: int, now: float) -> list[Finding]:
@@ -154,6 +183,7 @@ class RunMonitor:
     # -- snapshot -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "watermark": self.watermark, "world_size": self.world_size,
+                "finished": self.finished,
                 "ranks_seen": self.ranks_seen, "last_input_s": self.last_input_s,
                 "aligner": self.aligner.state_dict(),
                 "detectors": {name: det.state_dict() for name, det in self.suite.all().items()}}
@@ -165,6 +195,7 @@ class RunMonitor:
         seen = state["ranks_seen"]  # a list of ranks in snapshots of earlier versions
         self.ranks_seen = len(seen) if isinstance(seen, list) else int(seen)
         self.last_input_s = state["last_input_s"]
+        self.finished = bool(state.get("finished", False))   # absent in snapshots of earlier versions
         self.aligner.load_state_dict(state["aligner"])
         for name, det in self.suite.all().items():
             if name in state["detectors"]:

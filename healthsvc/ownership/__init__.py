@@ -13,6 +13,8 @@ those:
   ran out or was taken (drop the run's in-memory state, write nothing more for it), or this
   replica took an abandoned run over (restore it from its snapshot and the chunks after it).
 - ``on_remote(run_id, message)``: a push to the run was accepted by another replica.
+- :meth:`~RunOwnership.release`: the hub let go of a finished, quiet run; nobody holds it until
+  its next activity claims it.
 
 Two implementations:
 
@@ -49,6 +51,7 @@ class RunOwnership(Protocol):
     def owns(self, run_id: str) -> bool: ...
     def fence(self, run_id: str) -> Fence | None: ...
     def announce(self, run_id: str, message: RemoteMessage) -> None: ...
+    def release(self, run_id: str) -> None: ...
     def tell_owner(self, run_id: str, message: RemoteMessage) -> None: ...
     def held(self) -> dict[str, int]: ...
 
@@ -77,6 +80,9 @@ class SoleOwner:
 
     def announce(self, run_id: str, message: RemoteMessage) -> None:
         raise AssertionError("the sole owner never hands a push on")  # claim() is always True
+
+    def release(self, run_id: str) -> None:
+        pass  # no lease: the run is this process's whenever it is active again
 
     def tell_owner(self, run_id: str, message: RemoteMessage) -> None:
         pass  # this process is the owner

@@ -165,6 +165,19 @@ class PgLeases:
             self._others[run_id] = (owner, time.monotonic() + max(0.0, remaining))
         return False
 
+    def release(self, run_id: str) -> None:
+        """Let go of a finished, quiet run (the hub saved its state): nobody owns it, no sweep
+        takes it while it stays finished, and its next activity on any replica claims it."""
+        with self._lock:
+            held = self._held.pop(run_id, None)
+            if held is None:
+                return
+            try:
+                self._execute(lease_table.RELEASE_FINISHED, {"run": run_id, "token": held[0], "me": self.replica_id})
+            except Exception:  # it expires within ttl_s and is swept, restored and let go again
+                log.exception("leases: release of run %s failed", run_id)
+        log.info("leases: %s let go of finished run %s", self.replica_id, run_id)
+
     def tell_owner(self, run_id: str, message: RemoteMessage) -> None:
         """Hand ``message`` to the run's owner, whoever holds the lease now (none: nobody to tell,
         the next owner reads the store)."""
@@ -209,9 +222,7 @@ class PgLeases:
             if held:
                 if self._conn is None or self._conn.closed:
                     self._conn = self._connect()
-                rows = self._conn.execute(lease_table.RENEW, {"runs": list(held), "tokens": [t for t, _ in held.values()],
-                                                   "ttl": self.ttl_s, "me": self.replica_id}).fetchall()
-                kept = {r for (r,) in rows}
+                kept = self._renewed(held)
             gained = []
             if not self._stopping.is_set():
                 self._conn.execute(lease_table.ADOPT_ORPHANS)
@@ -234,6 +245,24 @@ class PgLeases:
                 self.takeovers += 1
                 log.info("leases: %s took run %s over", self.replica_id, run_id)
             self._on_gained(run_id)
+
+    def _renewed(self, held: dict[str, tuple[int, float]]) -> set[str]:
+        """RENEW the held leases; the runs whose lease is still this replica's. A deadlock is
+        retried at once: the renewal updates many lease rows, while a store's group commit
+        holds some of them ``FOR SHARE`` (its fenced writes, in the jobs' order) and waits for
+        another; PostgreSQL breaks the cycle by failing one side, and a renewal that failed
+        lets every lease run out here (the soak saw runs lost and taken over for it)."""
+        import psycopg
+
+        args = {"runs": list(held), "tokens": [t for t, _ in held.values()], "ttl": self.ttl_s, "me": self.replica_id}
+        for attempt in range(3):
+            try:
+                return {r for (r,) in self._conn.execute(lease_table.RENEW, args).fetchall()}
+            except psycopg.errors.DeadlockDetected:
+                if attempt == 2:
+                    raise
+                log.warning("leases: renewal deadlocked with a fenced write; renewing again")
+        return set()
 
     def _listen_loop(self) -> None:
         while not self._stopping.is_set():

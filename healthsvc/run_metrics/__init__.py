@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from healthsvc.run_metrics.ranks import RankTimes, named_ranks
 from healthsvc.run_metrics.step_times import STEP_TIME_WINDOW, StepTimes
 from healthsvc.run_metrics.steps import StepsTrained
+from healthsvc.store.results import RunsReleased
 
 if TYPE_CHECKING:  # pragma: no cover
     from healthsvc.context import ServiceContext
@@ -57,8 +58,10 @@ class RunSeriesCollector:
         s, store = self.ctx.settings, self.ctx.store
         out = []
         for row in store.list_run_rows():
+            if row["status"] != "running":
+                continue   # first: a finished run's state may have to be read back (run_view)
             st = store.run_view(row["run_id"])
-            if row["status"] != "running" or st is None or st.last_push is None:
+            if st is None or st.last_push is None:
                 continue
             if now - st.last_push <= s.metrics_run_window_s:
                 out.append((row["run_id"], st))
@@ -123,8 +126,24 @@ class RunSeriesCollector:
         yield from (health, last_step, steps, last_push, step_time, findings, ratio, seconds, rank_findings, exported)
 
 
+class RunSeries:
+    """The per-run series ``/metrics`` exports, fed every commit's results by the pipeline; a
+    run let go (``RunsReleased``: finished and quiet) is forgotten by each."""
+
+    def __init__(self, parts: tuple[Any, ...]) -> None:
+        self.parts = parts
+
+    def committed(self, results: list[Any]) -> None:
+        for part in self.parts:
+            part.on_store_results(results)
+        released = [run_id for r in results if isinstance(r, RunsReleased) for run_id in r.run_ids]
+        if released:
+            for part in self.parts:
+                part.forget(released)
+
+
 def install(app: Any, ctx: ServiceContext) -> None:
     """The feature hook (called by ``healthsvc.app.create_app``)."""
     parts = StepTimes(), StepsTrained(), RankTimes()
-    ctx.run_series = parts   # fed every commit's results by the pipeline (healthsvc.pipeline)
+    ctx.run_series = RunSeries(parts)   # fed every commit's results by the pipeline (healthsvc.pipeline)
     ctx.metrics.registry.register(RunSeriesCollector(ctx, *parts))

@@ -159,6 +159,14 @@ class RankTimes:
                                     counts.get(rank, 0)))
             return out
 
+    def forget(self, run_ids: Iterable[str]) -> None:
+        """Let go of runs the store let go of (finished and quiet)."""
+        with self._lock:
+            for run_id in run_ids:
+                self._tables.pop(run_id, None)
+                self._pending.pop(run_id, None)
+                self._held.pop(run_id, None)
+
     def keep_only(self, run_ids: set[str]) -> None:
         """Forget runs that are no longer exported (bounded memory)."""
         with self._lock:

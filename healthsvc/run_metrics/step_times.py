@@ -3,7 +3,7 @@ newest finite ``step_time`` values, all ranks together."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -47,6 +47,13 @@ class StepTimes:
                 return None
             v = self._compact(run_id)
         return float(np.median(v)) if v.size else None
+
+    def forget(self, run_ids: Iterable[str]) -> None:
+        """Let go of runs the store let go of (finished and quiet)."""
+        with self._lock:
+            for run_id in run_ids:
+                self._parts.pop(run_id, None)
+                self._held.pop(run_id, None)
 
     def keep_only(self, run_ids: set[str]) -> None:
         """Forget runs that are no longer exported (bounded memory)."""

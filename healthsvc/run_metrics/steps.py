@@ -18,7 +18,7 @@ first batch of an attempt that began before this process saw the run only sets t
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Iterable
 
 from healthsvc.run_metrics.feed import new_batches
 
@@ -54,6 +54,13 @@ class StepsTrained:
     def total(self, run_id: str) -> int | None:
         with self._lock:
             return self._total.get(run_id)
+
+    def forget(self, run_ids: Iterable[str]) -> None:
+        """Let go of runs the store let go of (finished and quiet)."""
+        with self._lock:
+            for run_id in run_ids:
+                self._total.pop(run_id, None)
+                self._highest.pop(run_id, None)
 
     def keep_only(self, run_ids: set[str]) -> None:
         """Forget runs that are no longer exported (bounded memory): one that comes back starts

@@ -170,6 +170,10 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
     def snapshots(self, kind: SnapshotKind) -> dict[str, Snapshot]:
         return snapshots.read_snapshots(self.read_conn(), kind)
 
+    def snapshot(self, run_id: str, kind: SnapshotKind) -> Snapshot | None:
+        """One run's snapshot of ``kind`` (one indexed read), or None."""
+        return snapshots.read_snapshots(self.read_conn(), kind, run_id).get(run_id)
+
     def chunks_after(self, run_id: str, watermark: int, fields: set[str] | None = None) -> Iterator[StoredChunk]:
         """The run's stored chunks after ``watermark`` (a chunk id), oldest first: what replay feeds."""
         return snapshots.chunks_after(self.read_conn(), run_id, watermark, fields)

@@ -23,7 +23,7 @@ from healthsvc.store import snapshots
 from healthsvc.store.codec import encode_chunk
 from healthsvc.store.errors import STORE_ERRORS
 from healthsvc.store.quotas import Quotas, TooManyMetricNames, TooManyRuns, TooManyRunsOfToken, creator
-from healthsvc.store.results import IngestResult
+from healthsvc.store.results import IngestResult, RunsReleased
 from healthsvc.store.runstate import INCARNATION, RunState, RunView
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,9 @@ class MetricsIngest:
     def _ensure_run(self, conn: sqlite3.Connection, run_id: str, now: float) -> RunState:
         st = self._runs.get(run_id)
         if st is None:
-            if len(self._runs) >= self.quotas.max_runs and not conn.execute(
-                    "SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone():
+            # Counted in the database: finished runs are let go from memory (release_run_states).
+            if not conn.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() and \
+                    conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= self.quotas.max_runs:
                 raise TooManyRuns(run_id, self.quotas.max_runs)   # before anything is written
             who = creator.get()
             self._check_token_runs(conn, run_id, who)
@@ -323,6 +324,10 @@ class MetricsIngest:
             self._load_run_state(conn, run_id, status)
 
     def _load_run_state(self, conn: sqlite3.Connection, run_id: str, status: str) -> None:
+        self._runs[run_id] = self._built_run_state(conn, run_id, status)
+
+    def _built_run_state(self, conn: sqlite3.Connection, run_id: str, status: str) -> RunState:
+        """A run's ingest state as the database has it: its snapshot, then the chunks after it."""
         snap = snapshots.read_snapshots(conn, "ingest", run_id).get(run_id)
         attempts: dict[int, int] = {}
 
@@ -354,7 +359,30 @@ class MetricsIngest:
             st.attempt_progress[attempt] = [last_step, n_records]
             st.last_push = max(st.last_push or 0.0, last_push)
         st.metric_names = _stored_names(conn, run_id, st.metric_names, snap.watermark if snap else 0)
-        self._runs[run_id] = st
+        return st
+
+    def release_run_states(self, quiet_s: float) -> Future:
+        """Let go of the ingest state of runs that are finished (the database's status: a
+        finish accepted by another replica counts) and had no push here for ``quiet_s``: a
+        snapshot is written first, so the next push (or a read, :meth:`run_view`) rebuilds the
+        state from it at the cost of one read. The future's value, also handed to the store's
+        listeners (the other holders of per-run memory): :class:`RunsReleased`."""
+        def job(conn: sqlite3.Connection) -> RunsReleased:
+            now = self._clock()
+            quiet = [r for r, st in self._runs.items() if now - (st.last_push or 0.0) >= quiet_s]
+            released: list[str] = []
+            for at in range(0, len(quiet), 500):
+                part = quiet[at:at + 500]
+                finished = {r for (r,) in conn.execute(
+                    f"SELECT run_id FROM runs WHERE status='finished' AND run_id IN ({', '.join('?' * len(part))})", part)}
+                for run_id in part:
+                    if run_id in finished:
+                        self._write_snapshot(conn, run_id, self._runs[run_id])
+                        del self._runs[run_id]
+                        self._last_snapshot.pop(run_id, None)
+                        released.append(run_id)
+            return RunsReleased(tuple(released))
+        return self.write(job)
 
 
 def _stored_names(conn: sqlite3.Connection, run_id: str, known: set[str] | None, watermark: int) -> set[str]:

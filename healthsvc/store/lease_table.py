@@ -28,12 +28,23 @@ FROM unnest(%(runs)s::text[], %(tokens)s::bigint[]) AS h(run_id, token)
 WHERE l.run_id = h.run_id AND l.token = h.token AND l.owner = %(me)s
 RETURNING l.run_id
 """
-# Other replicas sweep at the same time: SKIP LOCKED spreads a dead owner's runs over them.
+# Other replicas sweep at the same time: SKIP LOCKED spreads a dead owner's runs over them. A
+# lease let go (owner '', see RELEASE_FINISHED) of a run still finished is nobody's to take: the
+# run's next activity claims it (CLAIM); one that runs again (resumed elsewhere) is swept.
 SWEEP = f"""
 UPDATE leases l SET owner = %(me)s, token = l.token + 1, expires_at = {_NOW} + %(ttl)s
-WHERE l.run_id IN (SELECT run_id FROM leases WHERE expires_at < {_NOW}
-                   ORDER BY expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+WHERE l.run_id IN (SELECT s.run_id FROM leases s WHERE s.expires_at < {_NOW}
+                   AND (s.owner <> '' OR NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = s.run_id
+                                                     AND r.status = 'finished'))
+                   ORDER BY s.expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING l.run_id, l.token
+"""
+# The owner lets go of a finished, quiet run: the row stays (its token goes on counting at the next
+# claim, so fencing tokens only grow), expired and owned by nobody.
+RELEASE_FINISHED = f"""
+UPDATE leases SET owner = '', expires_at = {_NOW} - 0.001
+WHERE run_id = %(run)s AND token = %(token)s AND owner = %(me)s
+RETURNING run_id
 """
 # A run can exist with no lease at all: the replica that stored its first push died before its
 # monitor claimed it (the claim follows the commit). Nobody would sweep it, and a job that then

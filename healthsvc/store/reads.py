@@ -19,6 +19,7 @@ class StoreReads:
     """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: everything that only reads."""
 
     _runs: dict[str, RunState]
+    _built_run_state: Any   # MetricsIngest's
 
 
     def run_state(self, run_id: str) -> RunState | None:
@@ -26,11 +27,24 @@ class StoreReads:
         thread reads :meth:`run_view`."""
         return self._runs.get(run_id)
 
+    def runs_held(self) -> int:
+        """Runs whose ingest state is in memory (``/metrics``)."""
+        return len(self._runs)
+
     def run_view(self, run_id: str) -> RunSnapshot | None:
         """The run's state as of now, copied: for any thread (API handlers, the monitor, the
         dashboard, scrapes); None for a run that has no state (never pushed to)."""
-        st = self._runs.get(run_id)
+        st = self._runs.get(run_id) or self._released_state(run_id)
         return None if st is None else st.snapshot()
+
+    def _released_state(self, run_id: str) -> RunState | None:
+        """The state of a run let go from memory (``release_run_states``: it has an ingest
+        snapshot), rebuilt from the database on this thread's connection and not kept; None
+        for a run never pushed to."""
+        row = self.read_conn().execute(
+            "SELECT status FROM runs WHERE run_id=? AND EXISTS (SELECT 1 FROM run_state WHERE run_id=? AND kind='ingest')",
+            (run_id, run_id)).fetchone()
+        return None if row is None else self._built_run_state(self.read_conn(), run_id, row[0])
 
     def newest_time(self) -> float:
         """The newest service-clock time the store holds of the runs' activity (pushes,
@@ -61,7 +75,7 @@ class StoreReads:
                 "status": r[4], "finished_at": r[5]}
 
     def attempts(self, run_id: str) -> list[dict]:
-        st = self._runs.get(run_id)
+        st = self._runs.get(run_id) or self._released_state(run_id)
         progress = dict(st.attempt_progress) if st else {}
         rows = self.read_conn().execute(
             "SELECT attempt, start_step, opened_at FROM attempts WHERE run_id=? ORDER BY attempt", (run_id,))

@@ -26,6 +26,13 @@ class IngestResult:
     payload: bytes | None = None   # the chunk as stored (``codec.encode_chunk``)
 
 
+@dataclass(frozen=True)
+class RunsReleased:
+    """The store let go of these runs' ingest state (finished and quiet here; see
+    ``release_run_states``): the other holders of per-run memory let go of theirs."""
+    run_ids: tuple[str, ...]
+
+
 @dataclass
 class RunEvent:
     """A non-metrics write that listeners (the run monitor) care about."""

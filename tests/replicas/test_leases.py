@@ -168,3 +168,35 @@ def test_a_running_run_that_nobody_claimed_is_taken_by_the_sweep(dsn):
         assert a.owns("orphan") and not a.owns("done")
     finally:
         a.stop()
+
+
+def test_a_renewal_that_deadlocks_with_a_fenced_write_is_retried_and_keeps_every_lease(dsn, caplog):
+    """A store's group commit holds a lease row ``FOR SHARE`` for each fenced write (in its jobs'
+    order) while the renewal updates every held row: each can wait for the other. PostgreSQL
+    fails one of them (the first to have waited its ``deadlock_timeout``: the renewal here); the
+    renewal is retried, so no lease runs out for it (the soak saw runs lost and taken over)."""
+    a, _ = replica(dsn, "a", ttl_s=60.0)   # its own renewals every 20 s: this test calls renew()
+    writer = psycopg.connect(dsn)
+    try:
+        assert a.claim("r1") and a.claim("r2")
+        writer.execute("SELECT 1 FROM leases WHERE run_id = 'r2' FOR SHARE")   # a fenced write of r2
+        errors: list[Exception] = []
+
+        def renew() -> None:
+            try:
+                a.renew()
+            except Exception as exc:  # noqa: BLE001 - what the renewal thread would log and lose leases for
+                errors.append(exc)
+        renewing = threading.Thread(target=renew)
+        renewing.start()                   # updates r1, then waits for r2
+        time.sleep(0.3)
+        with caplog.at_level("WARNING", logger="healthsvc.ownership.leases"):
+            writer.execute("SELECT 1 FROM leases WHERE run_id = 'r1' FOR SHARE")   # then one of r1: a cycle
+            writer.commit()
+            renewing.join(30)
+        assert not renewing.is_alive() and errors == []
+        assert "renewal deadlocked" in caplog.text   # the cycle happened (and was retried)
+        assert a.owns("r1") and a.owns("r2") and set(a.held()) == {"r1", "r2"}
+    finally:
+        writer.close()
+        a.stop()
