@@ -23,6 +23,7 @@ import numpy as np
 
 from healthsvc.store.batch import MetricBatch
 from healthsvc.messages import Drain, Flush, Stop, Tick, handle_in_order
+from healthsvc.monitor import coalesce
 from healthsvc.monitor.aligner import StepAligner
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent
@@ -61,11 +62,22 @@ class RunFeed:
         if chunk_id is not None:
             self.watermark = max(self.watermark, chunk_id)
         self.ranks_seen = run.ranks_seen
-        wanted = {f: v for f, v in batch.values.items() if f in FIELDS}
-        slim = MetricBatch(batch.steps, batch.ranks, wanted, {f: batch.present[f] for f in wanted})
-        for block in self.aligner.add(slim, now, self.expected_ranks()):
+        for block in self.aligner.add(_slim(batch), now, self.expected_ranks()):
             self.rollup.add_block(block)
         self.dirty = True
+
+    def add_pushes(self, pushes: list[IngestResult]) -> None:
+        """A run's consecutive committed pushes of one attempt, fed as one batch (see
+        ``healthsvc.monitor.coalesce``): the aligner joins a step's ranks whichever push brought
+        them, so the rollup is the same, and its fixed cost per call is paid once. Pushes already
+        replayed from the store on start are passed by."""
+        fresh = [p for p in pushes if p.chunk_id is None or p.chunk_id > self.watermark]
+        if not fresh:
+            return
+        chunk_ids = [p.chunk_id for p in fresh if p.chunk_id is not None]
+        last = fresh[-1]
+        self.add(MetricBatch.concat([_slim(p.batch) for p in fresh]), last.run,
+                 max(chunk_ids) if chunk_ids else None, last.received_at)
 
     def tick(self, now: float) -> None:
         for block in self.aligner.flush_due(now, self.expected_ranks()):
@@ -107,6 +119,12 @@ class RunFeed:
             self.ranks_seen = int(seen) if seen.ndim == 0 else len(seen)
 
 
+def _slim(batch: MetricBatch) -> MetricBatch:
+    """The batch's columns the rollups draw (no hosts or labels: nothing to merge by name)."""
+    wanted = {f: v for f, v in batch.values.items() if f in FIELDS}
+    return MetricBatch(batch.steps, batch.ranks, wanted, {f: batch.present[f] for f in wanted})
+
+
 class RollupHub:
     def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, align_timeout_s: float = 5.0,
                  tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0) -> None:
@@ -118,7 +136,7 @@ class RollupHub:
         self.feeds: dict[str, RunFeed] = {}
         self.lock = threading.Lock()  # readers (HTTP threads) vs the hub thread
         self.catching_up = True
-        self._queue: queue.Queue[IngestResult | RunEvent | Tick | Flush | Drain | Stop] = queue.Queue()
+        self._queue: queue.Queue[list[IngestResult | RunEvent] | Tick | Flush | Drain | Stop] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="healthsvc-dashboard", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-dashboard-ticker", daemon=True)
         self._stopping = threading.Event()
@@ -161,11 +179,13 @@ class RollupHub:
 
     # -- input ----------------------------------------------------------------------------
     def _after_commit(self, results: list[Any]) -> None:
-        for res in results:
-            if isinstance(res, IngestResult) and not res.duplicate and res.batch is not None:
-                self._queue.put(res)
-            elif isinstance(res, RunEvent) and res.kind in ("finish", "config"):
-                self._queue.put(res)
+        # One hand-off per group commit, not one per push: a queue put wakes this thread (a
+        # lock and a condition) and costs the writer thread more than the rest of this loop.
+        wanted = [res for res in results
+                  if (isinstance(res, IngestResult) and not res.duplicate and res.batch is not None)
+                  or (isinstance(res, RunEvent) and res.kind in ("finish", "config"))]
+        if wanted:
+            self._queue.put(wanted)
 
     def _tick_loop(self) -> None:
         while not self._stopping.wait(self.tick_interval_s):
@@ -177,10 +197,11 @@ class RollupHub:
         except Exception:
             log.exception("dashboard rollups could not be restored; they fill from new data")
         self.catching_up = False
-        while handle_in_order([self._queue.get()], self._handle_locked, log, "dashboard rollup"):
+        while handle_in_order(coalesce.group_pushes(coalesce.unpacked(coalesce.take(self._queue))), self._handle_locked,
+                              log, "dashboard rollup"):
             pass
 
-    def _handle_locked(self, item: IngestResult | RunEvent | Tick | Flush) -> None:
+    def _handle_locked(self, item: list[IngestResult] | RunEvent | Tick | Flush) -> None:
         with self.lock:
             self._handle(item)
 
@@ -191,7 +212,7 @@ class RollupHub:
             feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, (row or {}).get("config", {}).get("world_size"))
         return feed
 
-    def _handle(self, item: IngestResult | RunEvent | Tick | Flush) -> None:
+    def _handle(self, item: list[IngestResult] | RunEvent | Tick | Flush) -> None:
         if isinstance(item, Tick):
             for rid, feed in list(self.feeds.items()):
                 feed.tick(item.now)
@@ -201,11 +222,8 @@ class RollupHub:
             if item.run_id in self.feeds:
                 self.feeds[item.run_id].flush_all()
             return
-        if isinstance(item, IngestResult):
-            feed = self._feed(item.run_id)
-            if item.chunk_id is not None and item.chunk_id <= feed.watermark:
-                return  # already replayed from the store on start
-            feed.add(item.batch, item.run, item.chunk_id, item.received_at)
+        if isinstance(item, list):   # a run's pushes (coalesce.group_pushes)
+            self._feed(item[0].run_id).add_pushes(item)
         elif item.kind == "finish":
             self._feed(item.run_id).flush_all()
         elif item.kind == "config":
@@ -249,3 +267,4 @@ class RollupHub:
             with self.lock:
                 if row["status"] == "finished":
                     feed.flush_all()
+
