@@ -38,14 +38,22 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
     u_steps, si = _unique_inverse(steps)
     u_ranks, ri = _unique_inverse(ranks)
     shape = (len(u_steps), len(u_ranks))
+    flat = si * shape[1] + ri          # each record's cell, row-major
     block_values, block_present = {}, {}
-    for f, v in values.items():
-        mat = np.full(shape, np.nan)
-        pres = np.zeros(shape, dtype=bool)
-        p = present[f]
-        mat[si[p], ri[p]] = v[p]
-        pres[si[p], ri[p]] = True
-        block_values[f], block_present[f] = mat, pres
+    if len(flat) == shape[0] * shape[1] and bool((flat == np.arange(len(flat))).all()):
+        # Every cell once, step by step in rank order (one-step pushes of all ranks joined):
+        # the records already are the block.
+        for f, v in values.items():
+            block_values[f] = np.where(present[f], v, np.nan).reshape(shape)
+            block_present[f] = present[f].reshape(shape)
+    else:
+        for f, v in values.items():
+            mat = np.full(shape[0] * shape[1], np.nan)
+            pres = np.zeros(shape[0] * shape[1], dtype=bool)
+            p = present[f]
+            mat[flat[p]] = v[p]
+            pres[flat[p]] = True
+            block_values[f], block_present[f] = mat.reshape(shape), pres.reshape(shape)
     return StepBlock(steps=u_steps, ranks=u_ranks, values=block_values, present=block_present)
 
 
