@@ -127,8 +127,9 @@ def _slim(batch: MetricBatch) -> MetricBatch:
 
 class RollupHub:
     def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, align_timeout_s: float = 5.0,
-                 tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0) -> None:
+                 tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0, fold_every_s: float = 0.1) -> None:
         self.store = store
+        self.fold_every_s = fold_every_s
         self.clock = clock
         self.align_timeout_s = align_timeout_s
         self.tick_interval_s = tick_interval_s
@@ -199,7 +200,11 @@ class RollupHub:
         self.catching_up = False
         while handle_in_order(coalesce.group_pushes(coalesce.unpacked(coalesce.take(self._queue))), self._handle_locked,
                               log, "dashboard rollup"):
-            pass
+            # The run page needs no fresher data than this: pushes gather meanwhile and are
+            # folded in one go (one wake-up, one aligned block for many pushes), instead of this
+            # thread waking per group commit and contending with the event loop and the writer
+            # for the GIL. A Drain waits at most this much longer; Stop ends the wait.
+            self._stopping.wait(self.fold_every_s)
 
     def _handle_locked(self, item: list[IngestResult] | RunEvent | Tick | Flush) -> None:
         with self.lock:
