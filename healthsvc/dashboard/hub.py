@@ -23,6 +23,7 @@ import numpy as np
 
 from healthsvc.store.batch import MetricBatch
 from healthsvc.messages import Drain, Flush, Stop, Tick, handle_in_order
+from healthsvc.monitor import coalesce
 from healthsvc.monitor.aligner import StepAligner
 from healthsvc.store.interface import Store
 from healthsvc.store.results import IngestResult, RunEvent, RunsReleased
@@ -61,11 +62,22 @@ class RunFeed:
         if chunk_id is not None:
             self.watermark = max(self.watermark, chunk_id)
         self.ranks_seen = run.ranks_seen
-        wanted = {f: v for f, v in batch.values.items() if f in FIELDS}
-        slim = MetricBatch(batch.steps, batch.ranks, wanted, {f: batch.present[f] for f in wanted})
-        for block in self.aligner.add(slim, now, self.expected_ranks()):
+        for block in self.aligner.add(_slim(batch), now, self.expected_ranks()):
             self.rollup.add_block(block)
         self.dirty = True
+
+    def add_pushes(self, pushes: list[IngestResult]) -> None:
+        """A run's consecutive committed pushes of one attempt, fed as one batch (see
+        ``healthsvc.monitor.coalesce``): the aligner joins a step's ranks whichever push brought
+        them, so the rollup is the same, and its fixed cost per call is paid once. Pushes already
+        replayed from the store on start are passed by."""
+        fresh = [p for p in pushes if p.chunk_id is None or p.chunk_id > self.watermark]
+        if not fresh:
+            return
+        chunk_ids = [p.chunk_id for p in fresh if p.chunk_id is not None]
+        last = fresh[-1]
+        self.add(MetricBatch.concat([_slim(p.batch) for p in fresh]), last.run,
+                 max(chunk_ids) if chunk_ids else None, last.received_at)
 
     def tick(self, now: float) -> None:
         for block in self.aligner.flush_due(now, self.expected_ranks()):
@@ -107,9 +119,16 @@ class RunFeed:
             self.ranks_seen = int(seen) if seen.ndim == 0 else len(seen)
 
 
+def _slim(batch: MetricBatch) -> MetricBatch:
+    """The batch's columns the rollups draw (no hosts or labels: nothing to merge by name)."""
+    wanted = {f: v for f, v in batch.values.items() if f in FIELDS}
+    return MetricBatch(batch.steps, batch.ranks, wanted, {f: batch.present[f] for f in wanted})
+
+
 class RollupHub:
     def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, align_timeout_s: float = 5.0,
-                 tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0) -> None:
+                 tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0, fold_every_s: float = 0.1) -> None:
+        self.fold_every_s = fold_every_s
         self.store = store
         self.clock = clock
         self.align_timeout_s = align_timeout_s
@@ -118,7 +137,8 @@ class RollupHub:
         self.feeds: dict[str, RunFeed] = {}
         self.lock = threading.Lock()  # readers (HTTP threads) vs the hub thread
         self.catching_up = True
-        self._queue: queue.Queue[IngestResult | RunEvent | RunsReleased | Tick | Flush | Drain | Stop] = queue.Queue()
+        self._queue: queue.Queue[list[IngestResult | RunEvent | RunsReleased] | Tick | Flush | Drain | Stop] = \
+            queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="healthsvc-dashboard", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-dashboard-ticker", daemon=True)
         self._stopping = threading.Event()
@@ -170,13 +190,14 @@ class RollupHub:
     # -- input ----------------------------------------------------------------------------
     def committed(self, results: list[Any]) -> None:
         """A group commit's results (the pipeline's stage, on the writer thread): queue ours."""
-        for res in results:
-            if isinstance(res, IngestResult) and not res.duplicate and res.batch is not None:
-                self._queue.put(res)
-            elif isinstance(res, RunsReleased):
-                self._queue.put(res)
-            elif isinstance(res, RunEvent) and res.kind in ("finish", "config"):
-                self._queue.put(res)
+        # One hand-off per group commit, not one per push: a queue put wakes this thread (a
+        # lock and a condition) and costs the writer thread more than the rest of this loop.
+        wanted = [res for res in results
+                  if (isinstance(res, IngestResult) and not res.duplicate and res.batch is not None)
+                  or isinstance(res, RunsReleased)
+                  or (isinstance(res, RunEvent) and res.kind in ("finish", "config"))]
+        if wanted:
+            self._queue.put(wanted)
 
     def _tick_loop(self) -> None:
         while not self._stopping.wait(self.tick_interval_s):
@@ -188,10 +209,15 @@ class RollupHub:
         except Exception:
             log.exception("dashboard rollups could not be restored; they fill from new data")
         self.catching_up = False
-        while handle_in_order([self._queue.get()], self._handle_locked, log, "dashboard rollup"):
-            pass
+        while handle_in_order(coalesce.group_pushes(coalesce.unpacked(coalesce.take(self._queue))), self._handle_locked,
+                              log, "dashboard rollup"):
+            # The run page needs no fresher data than this: pushes gather meanwhile and are
+            # folded in one go (one wake-up, one aligned block for many pushes), instead of this
+            # thread waking per group commit and contending with the event loop and the writer
+            # for the GIL. A Drain waits at most this much longer; Stop ends the wait.
+            self._stopping.wait(self.fold_every_s)
 
-    def _handle_locked(self, item: IngestResult | RunEvent | RunsReleased | Tick | Flush) -> None:
+    def _handle_locked(self, item: list[IngestResult] | RunEvent | RunsReleased | Tick | Flush) -> None:
         with self.lock:
             self._handle(item)
 
@@ -202,7 +228,7 @@ class RollupHub:
             feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, (row or {}).get("config", {}).get("world_size"))
         return feed
 
-    def _handle(self, item: IngestResult | RunEvent | Tick | Flush | RunsReleased) -> None:
+    def _handle(self, item: list[IngestResult] | RunEvent | Tick | Flush | RunsReleased) -> None:
         if isinstance(item, RunsReleased):
             # The store let go of these finished, quiet runs: so does the dashboard, once their
             # rollups are in a snapshot (a read brings them back from it: read()).
@@ -222,11 +248,8 @@ class RollupHub:
             if item.run_id in self.feeds:
                 self.feeds[item.run_id].flush_all()
             return
-        if isinstance(item, IngestResult):
-            feed = self._feed(item.run_id)
-            if item.chunk_id is not None and item.chunk_id <= feed.watermark:
-                return  # already replayed from the store on start
-            feed.add(item.batch, item.run, item.chunk_id, item.received_at)
+        if isinstance(item, list):   # a run's pushes (coalesce.group_pushes)
+            self._feed(item[0].run_id).add_pushes(item)
         elif item.kind == "finish":
             self._feed(item.run_id).flush_all()
         elif item.kind == "config":

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.offline.onset_signals import row_median
 
 LINE_FIELDS = ("loss", "grad_norm", "step_time")
 HEAT_FIELDS = ("compute_time", "step_time")
@@ -142,13 +143,15 @@ class RunRollup:
 
     def _add_line(self, f: str, steps: np.ndarray, v: np.ndarray, p: np.ndarray) -> None:
         finite = p & np.isfinite(v)
-        x = np.where(finite, v, np.nan)
-        has = finite.any(axis=1)
         st = self.lines[f]
-        with np.errstate(all="ignore"):  # rows are finite-only here: no all-NaN warning
+        if finite.all():   # the usual block: plain reductions, one vectorised median
+            st["median"][steps] = np.median(v, axis=1)
+            st["min"][steps], st["max"][steps] = v.min(axis=1), v.max(axis=1)
+        else:
+            has = finite.any(axis=1)
             if has.any():
-                xs = x[has]
-                st["median"][steps[has]] = np.nanmedian(xs, axis=1)
+                xs = np.where(finite, v, np.nan)[has]
+                st["median"][steps[has]] = row_median(v[has], finite[has])
                 st["min"][steps[has]] = np.nanmin(xs, axis=1)
                 st["max"][steps[has]] = np.nanmax(xs, axis=1)
         st["nonfinite"][steps] = (p & ~np.isfinite(v)).sum(axis=1)
@@ -159,12 +162,13 @@ class RunRollup:
         if grid is None:
             grid = self.heat[f] = HeatGrid(rank_width=_pow2_at_least(-(-(self.max_rank + 1) // MAX_RANK_BINS)))
         grid.fit_ranks(self.max_rank + 1)
-        finite = p & np.isfinite(v) & (v > 0)
+        with np.errstate(invalid="ignore"):
+            finite = p & np.isfinite(v) & (v > 0)
         x = np.where(finite, v, np.nan)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a step where no rank reported: NaN
-            med = np.nanmedian(x, axis=1, keepdims=True)
-            ratio = x / med
+        # np.nanmedian loops over the rows in Python; a step where no rank reported has NaN.
+        med = np.median(v, axis=1) if finite.all() else row_median(v, finite)
+        with np.errstate(all="ignore"):
+            ratio = x / med[:, None]
         # Scatter ranks (ids, maybe sparse) into full-width rows, then max over each bin.
         width = grid.rank_width * MAX_RANK_BINS
         full = np.full((len(steps), width), np.nan, np.float32)

@@ -9,8 +9,8 @@ step's ranks whichever push brought them, and a (step, rank) repeated keeps the 
 both ways. The one difference is for the better: the non-finite check judges each batch as it
 arrives, so a NaN gradient norm that every rank reports names its origin rank at once when the
 origin's record comes in the same batch, where the ranks' pushes judged one by one first raise it
-run-wide (``tests/service/test_coalesce.py``). The dashboard's rollups cost little per push and
-are fed one by one.
+run-wide (``tests/service/test_coalesce.py``). The dashboard's rollups are fed the same way:
+one by one, they cost a 1-record push about as much as its parse.
 
 :func:`take` empties a queue without waiting beyond the first item; :func:`group_pushes` merges
 its pushes per run. Anything else on the queue (an event, a tick, a barrier) is a fence: no push
@@ -36,6 +36,18 @@ def take(q: "queue.Queue[Any]", at_most: int = TAKE_AT_MOST) -> list[Any]:
     except queue.Empty:
         pass
     return items
+
+
+def unpacked(items: list[Any]) -> list[Any]:
+    """A queue's items with each list spread out, in order: the writer thread hands a stage the
+    results of one group commit as one list (one queue put, one wake-up, not one per push)."""
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, list):
+            out.extend(item)
+        else:
+            out.append(item)
+    return out
 
 
 def group_pushes(items: list[Any]) -> list[Any]:

@@ -80,7 +80,7 @@ class MonitorHub:
         self._fed: dict[str, dict[int, None]] = {}
         self._floor: dict[str, int] = {}
         self._fed_kept = 4096
-        self._queue: queue.Queue[MonitorInput] = queue.Queue()
+        self._queue: queue.Queue[MonitorInput | list[IngestResult | RunEvent]] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="healthsvc-monitor", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-ticker", daemon=True)
         self._stopping = threading.Event()
@@ -130,20 +130,20 @@ class MonitorHub:
 
     # -- input ----------------------------------------------------------------------------
     def committed(self, results: list[Any]) -> None:
-        """A group commit's results (the pipeline's stage, on the writer thread): queue ours."""
-        for res in results:
-            if isinstance(res, IngestResult):
-                if not res.duplicate and res.batch is not None:
-                    self._queue.put(res)
-            elif isinstance(res, RunEvent):
-                self._queue.put(res)
+        """A group commit's results (the pipeline's stage, on the writer thread): queue ours, in
+        one queue put per group commit (``coalesce.unpacked`` spreads it out again)."""
+        wanted = [res for res in results if isinstance(res, RunEvent)
+                  or (isinstance(res, IngestResult) and not res.duplicate and res.batch is not None)]
+        if wanted:
+            self._queue.put(wanted)
 
     def _tick_loop(self) -> None:
         while not self._stopping.wait(self.tick_interval_s):
             self.tick()
 
     def _loop(self) -> None:
-        while handle_in_order(coalesce.group_pushes(coalesce.take(self._queue)), self._route, log, "monitor"):
+        while handle_in_order(coalesce.group_pushes(coalesce.unpacked(coalesce.take(self._queue))), self._route,
+                              log, "monitor"):
             pass
 
     def _route(self, item: "MonitorInput | list[IngestResult]") -> None:

@@ -88,3 +88,18 @@ def test_after_a_rollback_the_new_attempts_timings_replace_the_old_and_a_late_sp
     rt.on_store_results([result("r", [40, 40], [0, 1], 2, compute_time=[1.0, 3.0])])   # rolled back
     rt.on_store_results([result("r", [95], [0], 1, compute_time=[7.0])])               # spooled late
     assert [(line.rank, line.value) for line in rt.top("r", 1)] == [(1, 3.0)]
+
+
+def test_a_ranks_newest_reported_value_stands_when_a_later_record_lacks_or_botches_it():
+    """Pending pushes are folded together: per field, the newest *reported finite* value of a rank
+    counts, whether the records came in one push or several."""
+    for split in (False, True):
+        rt = RankTimes()
+        steps, ranks, value = [5, 6, 7, 5, 6, 7], [0, 0, 0, 1, 1, 1], [2.0, 3.0, np.nan, 1.0, 1.0, 1.0]
+        present = np.array([True, True, True, True, True, False])
+        parts = [slice(0, 3), slice(3, 6)] if split else [slice(0, 6)]
+        for part in parts:
+            r = result("r", steps[part], ranks[part], 1, compute_time=value[part])
+            r.batch.present["compute_time"] = present[part]
+            rt.on_store_results([r])
+        assert [(line.rank, line.value) for line in rt.top("r", 2)] == [(0, 3.0), (1, 1.0)]
