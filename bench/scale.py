@@ -31,7 +31,9 @@ and 64 jobs of 1,024 ranks, every host's 8 ranks in one relay push (``--per-push
 loop for ``--seconds`` a cell after one warm-up step of every rank (the runs exist, each rank has
 a step): a job of 16,384 ranks at one step a second is more than two shared cores answer, so the
 cells measure cost per record, not whether a real-time rate is kept. The 16,384 x 64 corner
-(a million ranks) is left out: its warm-up step alone is 131,072 pushes.
+(a million ranks) is left out: its warm-up step alone is 131,072 pushes. ``idle CPU-s / s`` is
+what the replica spends with no push (its tickers over the runs it watches): the part of a job's
+cost that does not come with its records, subtracted from the per-record figures.
 """
 from __future__ import annotations
 
@@ -276,8 +278,8 @@ def grid(args, tmp: Path) -> None:
     """CPU per record along the ranks-per-job and the jobs axes, one SQLite replica, closed loop."""
     per_push = int(args.per_push.split(",")[-1])
     print("\n| ranks / job | jobs | records / push | acked requests / s | records / s | service us / record "
-          "| service us / request | x first row (per record) |")
-    print("|---|---|---|" + "---:|" * 5)
+          "| service us / request | x first row (per record) | idle CPU-s / s |")
+    print("|---|---|---|" + "---:|" * 6)
     first = None
     for ranks, jobs in (SMOKE_GRID if args.smoke else GRID):
         cell = argparse.Namespace(**{**vars(args), "ranks": ranks, "jobs": jobs, "step_rate": 0.0})
@@ -286,7 +288,7 @@ def grid(args, tmp: Path) -> None:
         us_per_record = r["service_us_per_req"] / per_push
         first = first or us_per_record
         print(f"| {ranks:,} | {jobs} | {per_push} | {r['acked_rps']:,.0f} | {records:,.0f} | {us_per_record:.1f} "
-              f"| {r['service_us_per_req']:.0f} | {us_per_record / first:.2f} |", flush=True)
+              f"| {r['service_us_per_req']:.0f} | {us_per_record / first:.2f} | {r['idle_cpu_per_s']:.3f} |", flush=True)
 
 
 def main() -> None:
