@@ -157,11 +157,11 @@ def main() -> int:
     print(f"alert latency, push of a NaN record -> Alertmanager webhook received "
           f"({len(alert_s)} trials, world {W}, loopback, 2-core shared machine{under})\n")
     if load is not None:
-        target = args.load_jobs * -(-args.load_ranks // args.load_per_push)
+        due = args.load_jobs * -(-args.load_ranks // args.load_per_push)   # relay pushes a step
         print("| load | pushes / s due | offered / s | acked / s | failed | p50 push ms | p99 push ms |\n"
               "|---|---:|---:|---:|---:|---:|---:|")
         lat = load.latencies or [float("nan")]
-        print(f"| {args.load_jobs} x {args.load_ranks:,} ranks, relays of {args.load_per_push} | {target:,} "
+        print(f"| {args.load_jobs} x {args.load_ranks:,} ranks, relays of {args.load_per_push} | {due:,} "
               f"| {load.offered / load.wall:,.0f} | {load.acked / load.wall:,.0f} | {load.failed} "
               f"| {pct(lat, 50):.1f} | {pct(lat, 99):.1f} |\n")
     print("| path | p50 ms | p90 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|")
