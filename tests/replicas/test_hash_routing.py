@@ -50,8 +50,9 @@ def counter(replica: ServerProcess, name: str) -> float:
 @pytest.fixture
 def cluster(tmp_path):
     with fresh_database() as dsn:
-        replicas = [ServerProcess(dsn, env={"HEALTHSVC_LEASE_TTL_S": "2"}, log_path=tmp_path / f"replica{i}.log")
-                    for i in range(3)]
+        # The default lease TTL (10 s): another replica's sweep leaves a new run to its creator
+        # for that long, however slowly a loaded machine lets the creator claim it.
+        replicas = [ServerProcess(dsn, log_path=tmp_path / f"replica{i}.log") for i in range(3)]
         replicas[0].start()          # the first one migrates the fresh database
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda r: r.start(), replicas[1:]))
