@@ -9,6 +9,15 @@ ratio on a noisy machine: the bad push's own round trip (POST -> 202, i.e. durab
 bare loopback POST to the receiver.
 
     .venv/bin/python bench/alert_latency.py [--trials 200] [--world 8] [--smoke]
+    .venv/bin/python bench/alert_latency.py --load [--load-jobs 1] [--load-ranks 2048] [--trials 100]
+
+``--load`` times the pages under the fleet load of ``bench/scale.py`` (its open-loop pushers and
+its healthy per-rank records): ``--load-jobs`` jobs of ``--load-ranks`` ranks, each host's 8 ranks
+pushed by one relay (one columnar push per host and step) at one step a second, to the same
+server, started before the first trial and running until the last. The issue asks for a
+16,384-rank job: 2,048 relay pushes a second, about 6 service cores by the sizing in
+docs/scale-out.md, more than this 2-core machine has; the default is what one replica here keeps
+up with. The load's own row (offered and acknowledged pushes a second) says whether it did.
 
 The receiver listens on loopback, which the service refuses as a webhook target by default (the
 address policy); the bench opens 127.0.0.0/8 for its server with
@@ -33,6 +42,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from healthsvc.alerting.signing import generate_secret  # noqa: E402
+from bench.scale import Load  # noqa: E402  (the fleet's pushers; after healthsvc: it puts bench/ on the path)
 from tests.server_process import ServerProcess  # noqa: E402
 
 
@@ -87,10 +97,16 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--world", type=int, default=8, help="ranks per run")
     ap.add_argument("--clean-steps", type=int, default=3)
+    ap.add_argument("--load", action="store_true", help="time the pages under bench/scale.py's fleet load")
+    ap.add_argument("--load-jobs", type=int, default=1, help="jobs of the load")
+    ap.add_argument("--load-ranks", type=int, default=2048, help="ranks per job of the load")
+    ap.add_argument("--load-per-push", type=int, default=8, help="ranks per relay push of the load")
+    ap.add_argument("--load-workers", type=int, default=16, help="pushing threads of the load")
     ap.add_argument("--smoke", action="store_true", help="3 trials of 2 ranks: proves it runs (tests)")
     args = ap.parse_args()
     if args.smoke:
         args.trials, args.world, args.clean_steps = 3, 2, 1
+        args.load_ranks, args.load_workers = 16, 2
 
     log = ArrivalLog()
     rx = start_receiver(log)
@@ -100,8 +116,17 @@ def main() -> int:
         "HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8"}
     W = args.world
     alert_s, push_s, bare_s, missed = [], [], [], 0
+    load: Load | None = None
     with tempfile.TemporaryDirectory() as tmp, ServerProcess(os.path.join(tmp, "svc.db"), env=env) as srv, \
             httpx.Client(base_url=srv.url, timeout=30) as c, httpx.Client(timeout=5) as bare:
+        if args.load:
+            load = Load(srv.url, args.load_jobs, args.load_ranks, 1.0, args.load_per_push, args.load_workers)
+            load.run(1.0)                     # the load's runs exist before anything is timed
+            load = Load(srv.url, args.load_jobs, args.load_ranks, 1.0, args.load_per_push, args.load_workers,
+                        first_step=1)
+            stop_load = threading.Event()
+            loaded = threading.Thread(target=load.run, args=(float("inf"), stop_load), daemon=True)
+            loaded.start()
         for t in range(args.trials):
             run = f"lat-{t}"
             c.put(f"/v1/runs/{run}", json={"world_size": W}).raise_for_status()
@@ -122,10 +147,23 @@ def main() -> int:
             t1 = time.perf_counter()
             bare.post(url, content=b"{}").raise_for_status()
             bare_s.append(time.perf_counter() - t1)
+        if load is not None:
+            stop_load.set()                   # the load stops at its next step
+            loaded.join()
 
     rx.shutdown()
+    under = (f", under {args.load_jobs} x {args.load_ranks:,} ranks pushing through relays of "
+             f"{args.load_per_push} at 1 step/s" if load is not None else "")
     print(f"alert latency, push of a NaN record -> Alertmanager webhook received "
-          f"({len(alert_s)} trials, world {W}, loopback, 2-core shared machine)\n")
+          f"({len(alert_s)} trials, world {W}, loopback, 2-core shared machine{under})\n")
+    if load is not None:
+        due = args.load_jobs * -(-args.load_ranks // args.load_per_push)   # relay pushes a step
+        print("| load | pushes / s due | offered / s | acked / s | failed | p50 push ms | p99 push ms |\n"
+              "|---|---:|---:|---:|---:|---:|---:|")
+        lat = load.latencies or [float("nan")]
+        print(f"| {args.load_jobs} x {args.load_ranks:,} ranks, relays of {args.load_per_push} | {due:,} "
+              f"| {load.offered / load.wall:,.0f} | {load.acked / load.wall:,.0f} | {load.failed} "
+              f"| {pct(lat, 50):.1f} | {pct(lat, 99):.1f} |\n")
     print("| path | p50 ms | p90 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|")
     for name, xs in (("push -> webhook received", alert_s), ("baseline: push -> 202 (durable)", push_s),
                      ("baseline: bare loopback POST", bare_s)):

@@ -1,7 +1,7 @@
 """Where a single-record push's CPU goes: per-thread CPU of the replicas, per acknowledged push.
 
 Starts ``--replicas`` replicas (detectors on) on a fresh PostgreSQL database, or one on a fresh
-SQLite file (``--store sqlite``), nginx round-robin in front when there are several, and the
+SQLite file (``--store sqlite``), the shipped nginx in front when there are several, and the
 open-loop single-record load of ``bench/scale.py`` (2 jobs of 128 ranks, 2 steps per second).
 Reads each thread's CPU from ``/proc/<pid>/task`` before and after, and names the threads with
 ``py-spy dump`` when py-spy is installed (``pip install py-spy``; else by thread id). With several

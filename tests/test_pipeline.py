@@ -35,8 +35,8 @@ def test_the_stages_in_order_are_the_stores_one_listener_and_the_drain_order(tmp
     with InProcessService(tmp_path) as svc:
         pipeline = svc.app.state.pipeline
         assert [s.name for s in pipeline.stages] == [
-            "findings", "replay probes", "monitor", "dashboard rollups", "run metrics", "run metrics",
-            "run metrics", "alerting thread", "webhook delivery worker"]
+            "findings", "replay probes", "monitor", "dashboard rollups", "run metrics", "alerting thread",
+            "webhook delivery worker"]
         assert svc.app.state.store._listeners == [pipeline._committed]
         drained: list[str] = []
         for i, stage in enumerate(pipeline.stages):

@@ -225,7 +225,7 @@ class PgLeases:
                 kept = self._renewed(held)
             gained = []
             if not self._stopping.is_set():
-                self._conn.execute(lease_table.ADOPT_ORPHANS)
+                self._conn.execute(lease_table.ADOPT_ORPHANS, {"ttl": self.ttl_s})
                 gained = self._conn.execute(
                     lease_table.SWEEP, {"me": self.replica_id, "ttl": self.ttl_s, "limit": self.sweep_limit}).fetchall()
             until = sent + self.ttl_s - self._margin_s

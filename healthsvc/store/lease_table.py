@@ -49,11 +49,15 @@ RETURNING run_id
 # A run can exist with no lease at all: the replica that stored its first push died before its
 # monitor claimed it (the claim follows the commit). Nobody would sweep it, and a job that then
 # hangs would never be watched; so each sweep first gives such running runs an expired lease row,
-# which the sweep then takes like any other.
-ADOPT_ORPHANS = """
+# which the sweep then takes like any other. Only runs created a TTL ago or more: a younger one's
+# creator is still claiming it, and a sweep elsewhere would take the run from the replica its
+# pushes go to (the balancer hashes a run's pushes to one replica: docs/scale-out.md), making
+# every later push remote. A creator that died is then replaced within two TTLs, not one.
+ADOPT_ORPHANS = f"""
 INSERT INTO leases (run_id, owner, token, expires_at)
 SELECT r.run_id, '', 0, 0 FROM runs r
-WHERE r.status = 'running' AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.run_id = r.run_id)
+WHERE r.status = 'running' AND r.created_at < {_NOW} - %(ttl)s
+  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.run_id = r.run_id)
 ON CONFLICT (run_id) DO NOTHING
 """
 # A restarted replica (the same id: host and port) takes its previous life's leases back at once.

@@ -24,6 +24,9 @@ from bench.tables import cells, parse
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 
+# Second forms of a script, run with their flags and --smoke too: each is a bench of its own.
+FORMS = ["alert_latency.py --load", "scale.py --grid"]
+
 # Scripts that have no smoke mode of their own, and why.
 NO_SMOKE = {
     "ab.py": "runs another script on two trees, not a bench: tests/bench/test_ab.py runs it on a scratch repository",
@@ -44,7 +47,8 @@ def user_env() -> dict[str, str]:
 
 
 def smoke(script: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCH / script), "--smoke"], cwd=ROOT, env=user_env(),
+    name, *flags = script.split()
+    return subprocess.run([sys.executable, str(BENCH / name), "--smoke", *flags], cwd=ROOT, env=user_env(),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -57,7 +61,7 @@ def smoke_runs(request):
         yield {s: pool.submit(smoke, s) for s in selected}
 
 
-@pytest.mark.parametrize("script", [s for s in scripts() if s not in NO_SMOKE])
+@pytest.mark.parametrize("script", [s for s in scripts() if s not in NO_SMOKE] + FORMS)
 def test_bench_runs_and_prints_its_table(script, smoke_runs: dict[str, Future]):
     proc = smoke_runs[script].result()
     assert proc.returncode == 0, f"{script} --smoke exited {proc.returncode}:\n{proc.stderr[-3000:]}"
@@ -66,6 +70,7 @@ def test_bench_runs_and_prints_its_table(script, smoke_runs: dict[str, Future]):
 
 def test_every_exemption_names_a_script():
     assert set(NO_SMOKE) <= set(scripts())
+    assert {form.split()[0] for form in FORMS} <= set(scripts())
 
 
 @pytest.mark.parametrize("script", ["recovery.py"])

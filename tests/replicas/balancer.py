@@ -1,5 +1,10 @@
 """nginx (Debian's package) in front of the test's replicas, from the shipped configuration
-``examples/scale_out/nginx.conf`` with the test's ports in place of 8080..8083."""
+``examples/scale_out/nginx.conf`` with the test's ports in place of 8080..8083.
+
+``access_log=True`` turns on an access log of each request's path and the replica(s) nginx sent
+it to (``$upstream_addr``: a comma list when a replica refused and the next one took it), read
+back with :meth:`Balancer.routed`. ``round_robin=True`` takes the shipped run hash out (the
+benches' comparison: nginx's default balancing)."""
 from __future__ import annotations
 
 import os
@@ -14,8 +19,10 @@ CONF = Path(__file__).resolve().parents[2] / "examples" / "scale_out" / "nginx.c
 
 
 class Balancer:
-    def __init__(self, prefix: Path, port: int, upstreams: list[int]) -> None:
-        self.prefix, self.port, self.upstreams = Path(prefix), port, upstreams
+    def __init__(self, prefix: Path, port: int, upstreams: list[int], access_log: bool = False,
+                 round_robin: bool = False) -> None:
+        self.prefix, self.port, self.upstreams, self.access_log = Path(prefix), port, upstreams, access_log
+        self.round_robin = round_robin
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -29,6 +36,12 @@ class Balancer:
         lines = [servers[0].replace(servers[0].split()[1], f"127.0.0.1:{p}") for p in self.upstreams]
         text = text.replace("\n".join(servers), "\n".join(lines))
         text = text.replace("listen 127.0.0.1:8080;", f"listen 127.0.0.1:{self.port};")
+        if self.round_robin:
+            assert "hash $run_key consistent;" in text, "the shipped config hashes on the run"
+            text = text.replace("hash $run_key consistent;", "")
+        if self.access_log:
+            text = text.replace("access_log off;", "log_format routed '$uri $upstream_addr';\n"
+                                                   "    access_log access.log routed;")
         if os.geteuid() == 0:  # nginx started by root drops its workers to nobody otherwise
             text = "user root;\n" + text
         return text
@@ -43,6 +56,15 @@ class Balancer:
         wait_until(lambda: self.proc.poll() is not None or answers_ok(self.url + "/healthz"), 10, "nginx up")
         assert self.proc.poll() is None, (self.prefix / "stderr.log").read_text()
         return self
+
+    def routed(self) -> list[tuple[str, list[int]]]:
+        """(path, ports nginx tried in order) of each request so far (nginx writes a request's
+        line when it has answered it, unbuffered)."""
+        out = []
+        for line in (self.prefix / "access.log").read_text().splitlines():
+            path, _, addrs = line.partition(" ")
+            out.append((path, [int(a.strip().rsplit(":", 1)[1]) for a in addrs.split(",")]))
+        return out
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -143,7 +143,8 @@ def test_the_store_refuses_a_stale_owners_snapshot_and_findings(dsn):
 
 def test_a_running_run_that_nobody_claimed_is_taken_by_the_sweep(dsn):
     # The replica that stored a run's first push died before its monitor claimed the run: the
-    # run has no lease row. The next sweep of any replica takes it (a finished run stays unowned).
+    # run has no lease row. The next sweep of any replica a TTL after the run was created takes
+    # it (a finished run stays unowned); a younger run is left to the replica claiming it.
     import numpy as np
     from healthsvc.store.batch import MetricBatch
 
@@ -160,9 +161,13 @@ def test_a_running_run_that_nobody_claimed_is_taken_by_the_sweep(dsn):
         store.submit_finish("done").result(10)
     finally:
         store.close()
-    a, events = replica(dsn, "a", ttl_s=30.0)   # a long TTL: the only sweep is the one called below
+    a, events = replica(dsn, "a", ttl_s=30.0)   # a long TTL: the only sweeps are the ones called below
     try:
         assert a.held() == {}
+        a.renew()                                # created just now: its creator may still claim it
+        assert a.held() == {} and events.gained == []
+        with psycopg.connect(dsn, autocommit=True) as conn:   # ... and now created a TTL ago
+            conn.execute("UPDATE runs SET created_at = created_at - 31")
         a.renew()
         assert events.wait(events.gained, 1, 5) and events.gained == ["orphan"]
         assert a.owns("orphan") and not a.owns("done")

@@ -1,4 +1,4 @@
-"""Three replicas on one PostgreSQL database behind nginx (round robin), concurrent pushers, and
+"""Three replicas on one PostgreSQL database behind nginx (the shipped config), concurrent pushers, and
 the replica that owns the run killed (SIGKILL) in the middle of the load.
 
 What must hold: every acknowledged record is stored; the findings go on after the takeover, none
