@@ -260,3 +260,71 @@ def test_only_the_corrupted_rank_is_ever_named(n_ranks, scale):
         block = _small(n_ranks, seed, [CorruptRank(step=800, rank=2, local_grad_scale=scale)], n_steps=2_000)
         named = {f.ranks for f in feed(RankOutlierDetector(), block) if f.status == "firing"}
         assert named == {(2,)}, (seed, named)
+
+
+# ------------------------------------------------- a lasting offset after a jump (replica bit flip)
+def _bit_flip(n_ranks, seed, lasting=1.01):
+    """A replica's weight bit-flipped at step 900: its loss 1.65x for that step, then ``lasting``
+    x its peers' for good (replicas never re-sync). A larger batch than ``_small``'s (per-rank
+    loss spread 2 %), as in a training where the 1.65x step stands out as a per-rank spike."""
+    block = simulate_run(n_steps=2_000, n_ranks=n_ranks, seed=seed, loss_rank_sigma=0.02).block
+    block.values["loss"][900, 1] *= 1.65
+    block.values["loss"][901:, 1] *= lasting
+    return block
+
+
+def test_a_lasting_offset_after_a_jump_is_evidence_dated_at_the_jump():
+    from detectors.offline.rollback.decision import decide_rollback
+    from detectors.offline.rollback.records import Checkpoint
+    from detectors.spike import LossSpikeDetector
+    block = _bit_flip(4, 0)
+    found, spike = feed(RankOutlierDetector(), block), feed(LossSpikeDetector(), block)
+    # The jump alone is a transient per-rank spike (info); the 1 % that stays after it is not
+    # enough for the weighted mean (z ~ 0.2), but after the jump it is evidence, dated at it.
+    assert [(f.step, f.severity, f.evidence["reason"]) for f in spike] == [
+        (900, "info", "transient"), (901, "info", "recovered")]
+    assert summary(found) == [("loss", 931, "warning", "firing", (1,), 900)]
+    assert found[0].evidence["reason"] == "lasting offset after a jump"
+    assert found[0].evidence["jump_step"] == 900 and found[0].evidence["offset_stat"] >= 4.0
+    # So the rollback answer goes before the jump, not to the newest checkpoint (1,900).
+    ckpts = [Checkpoint(step=s) for s in range(100, 2_000, 100)]
+    assert decide_rollback(block, spike, ckpts).checkpoint.step == 1_900
+    decision = decide_rollback(block, found + spike, ckpts)
+    assert decision.checkpoint.step < 900
+    assert [e["onset"] for e in decision.evidence["episodes"] if e["evidence"]] == [900]
+
+
+@pytest.mark.parametrize("n_ranks, seed", [(4, 1), (4, 2), (8, 0), (8, 3)])
+def test_a_lasting_offset_after_a_jump_is_found_at_other_seeds_and_sizes(n_ranks, seed):
+    found = feed(RankOutlierDetector(), _bit_flip(n_ranks, seed))
+    assert [(f.metric, f.ranks, f.severity, f.onset_step) for f in found] == [("loss", (1,), "warning", 900)]
+    assert found[0].step - 900 <= 300
+
+
+def test_a_jump_that_leaves_no_offset_is_forgotten():
+    # The same jump with no lasting offset (a hard batch), and five garbage batches on one rank:
+    # every replica applied the same update, so nothing stays and nothing is named.
+    for seed in range(4):
+        assert feed(RankOutlierDetector(), _bit_flip(4, seed, lasting=1.0)) == [], seed
+        block = simulate_run(n_steps=2_000, n_ranks=4, seed=seed, loss_rank_sigma=0.02).block
+        block.values["loss"][900:905, 1] *= 3.0
+        assert feed(RankOutlierDetector(), block) == [], seed
+
+
+def test_in_a_two_rank_job_a_lasting_offset_after_a_jump_names_the_pair():
+    from detectors.peers import PAIR_NOTE
+    found = feed(RankOutlierDetector(), _bit_flip(2, 1))
+    assert summary(found) == [("loss", 1_004, "warning", "firing", (0, 1), 900)]
+    assert found[0].evidence["pair"] is True and found[0].evidence["note"] == PAIR_NOTE
+    assert found[0].evidence["jumped"] == [1] and found[0].evidence["direction"] == "apart"
+
+
+def test_a_lasting_offset_after_a_jump_is_the_same_however_the_input_is_split():
+    block = _bit_flip(4, 0)
+    whole = feed(RankOutlierDetector(), block, size=2_000)
+    first = RankOutlierDetector()
+    head = feed(first, block.slice_steps(0, 910), size=7)
+    restored = RankOutlierDetector()
+    restored.load_state_dict(json.loads(json.dumps(first.state_dict(), allow_nan=False)))
+    assert head + feed(restored, block.slice_steps(910, 2_000), size=13) == whole
+    assert summary(whole) == [("loss", 931, "warning", "firing", (1,), 900)]
