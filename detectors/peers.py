@@ -18,7 +18,10 @@ with its own history of deviating from its peers instead:
   ``offset_alpha`` per step). Over its first ``warmup_steps`` values it is the mean of those
   within ``clip`` sds of their median (the sd from their median absolute deviation), and its
   scale their mean absolute deviation, so a burst during warm-up (a few garbage batches, a
-  hiccup of its host) does not become the rank's usual place;
+  hiccup of its host) does not become the rank's usual place. After warm-up the offset goes on
+  as a running mean of the learned values for as long as that learns faster than the EWMA (a
+  few hundred values), so a rank is not left for a thousand steps with the sampling error of
+  its first 50 values (a healthy rank's weighted mean z sat near the warning level that way);
 - ``scale[r]``: an exponentially weighted mean of ``|d - offset|`` (gain ``scale_alpha`` per step)
   turned into a standard deviation (x sqrt(pi/2)), floored at ``min_scale``;
 - ``z[t, r] = (d - offset) / scale``: how unusual this step is *for this rank*, judged from its
@@ -52,7 +55,7 @@ split into blocks.
 >>> y[250, 2] += 0.7                                                       # one rank jumps 2x
 >>> z, rise = PeerDeviation().update(y.astype(np.float32), None, np.arange(300))
 >>> int(np.argmax(z[250])), round(float(z[250, 2]), 1), bool(np.abs(z[200]).max() < 4)
-(2, 14.7, True)
+(2, 14.9, True)
 """
 from __future__ import annotations
 
@@ -378,6 +381,8 @@ class PeerDeviation:
             kw = k_min * self.learn_stride
             g_off = 1.0 - (1.0 - self.offset_alpha) ** kw
             g_sc = 1.0 - (1.0 - self.scale_alpha) ** kw
+            # A running mean for as long as it learns faster than the EWMA (see the module doc).
+            g_off = np.maximum(g_off, k_min / (t["n"] + k_min))
             t["offset"] += g_off / k_min * t["acc_e"]
             t["mean_abs"] += g_sc * (t["acc_abs"] / k_min - t["mean_abs"])
             t["n_scale"] += k
@@ -398,7 +403,8 @@ class PeerDeviation:
             # After warm-up a learned value stands for learn_stride steps: the memories stay the
             # same in steps.
             kw = kf * self.learn_stride
-            g_off = np.where(warm, 1.0 - (1.0 - self.offset_alpha) ** kw, kf / np.maximum(total, 1.0))
+            g_off = np.where(warm, np.maximum(1.0 - (1.0 - self.offset_alpha) ** kw, kf / np.maximum(total, 1.0)),
+                             kf / np.maximum(total, 1.0))
             n_sc = t["n_scale"].astype(np.float64)
             g_sc = np.where(warm, 1.0 - (1.0 - self.scale_alpha) ** kw,
                             np.where(cnt > 0, kf / np.maximum(n_sc + kf, 1.0), 0.0))
