@@ -55,7 +55,7 @@ split into blocks.
 >>> y[250, 2] += 0.7                                                       # one rank jumps 2x
 >>> z, rise = PeerDeviation().update(y.astype(np.float32), None, np.arange(300))
 >>> int(np.argmax(z[250])), round(float(z[250, 2]), 1), bool(np.abs(z[200]).max() < 4)
-(2, 14.9, True)
+(2, 14.8, True)
 """
 from __future__ import annotations
 
@@ -454,39 +454,29 @@ class PeerDeviation:
     def _settle_warm_up(self, cold: np.ndarray, warm: np.ndarray, offset: np.ndarray,
                         mean_abs_before: np.ndarray) -> None:
         """After a period, the ranks that were warming up (``cold``; ``warm``: the ranks warm
-        before it; ``offset``, ``mean_abs_before``: the statistics before it): offset and scale
-        from the median and median absolute deviation of their values so far. A newcomer judged
-        by its peers keeps their statistics until its warm-up is done; its own offset is then
-        kept within the band of its warm peers' offsets."""
+        before it; ``offset``, ``mean_abs_before``: the statistics before it). Those that have
+        now learned ``warmup_steps`` values take the robust place of them (:func:`_robust_place`);
+        a newcomer's is kept within the band of its warm peers' offsets. Until then a newcomer
+        judged by its peers keeps their statistics, and the others the running means (they are
+        not judged yet; computed once per rank, the robust place costs nothing per step)."""
         t = self.table
         if cold.any() and self._warm_values is not None:
-            vals = self._warm_values[:, cold].astype(np.float64)
-            with np.errstate(invalid="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)   # a rank with no value yet
-                med = np.nanmedian(vals, axis=0)
-                sd = np.maximum(np.nanmedian(np.abs(vals - med), axis=0) * MAD_TO_SD, self.min_scale)
-                # The mean and mean absolute deviation of the values within ``clip`` sds of the
-                # median: as steady as a mean, and what lies beyond (a burst) is not learned,
-                # as after warm-up.
-                vals[~(np.abs(vals - med) <= self.clip * sd)] = np.nan
-                mean = np.nanmean(vals, axis=0)
-                spread = np.nanmean(np.abs(vals - mean), axis=0)
-            seen = np.isfinite(mean)
-            done = t["n"][cold] >= self.warmup_steps
-            prior = t["prior"][cold]
-            off = np.where(seen, mean, offset[cold])
-            mean_abs = np.where(seen, spread, mean_abs_before[cold])
-            peers = warm & ~t["suspect"] & ~cold
-            if (prior & done).any() and peers.any():
-                centre = float(np.median(t["offset"][peers]))
-                sd = np.maximum(t["mean_abs"][peers] * MEAN_ABS_TO_SD, self.min_scale)
-                half = float(np.abs(t["offset"][peers] - centre).max()) + self.clip * float(np.median(sd))
-                off = np.where(prior & done, np.clip(off, centre - half, centre + half), off)
-            keep = prior & ~done        # still judged by its peers' statistics
-            t["offset"][cold] = np.where(keep, offset[cold], off)
-            t["mean_abs"][cold] = np.where(keep, mean_abs_before[cold], mean_abs)
-            t["n_scale"][cold] = t["n"][cold]
-            t["prior"][cold] = keep
+            prior = t["prior"]
+            keep = cold & prior & (t["n"] < self.warmup_steps)    # still judged by its peers
+            t["offset"][keep], t["mean_abs"][keep] = offset[keep], mean_abs_before[keep]
+            done = np.flatnonzero(cold & (t["n"] >= self.warmup_steps))
+            if len(done):
+                mean, spread = _robust_place(self._warm_values[:, done], self.clip, self.min_scale)
+                peers = warm & ~t["suspect"] & ~cold
+                newcomer = prior[done]
+                if newcomer.any() and peers.any():
+                    centre = float(np.median(t["offset"][peers]))
+                    sd = np.maximum(t["mean_abs"][peers] * MEAN_ABS_TO_SD, self.min_scale)
+                    half = float(np.abs(t["offset"][peers] - centre).max()) + self.clip * float(np.median(sd))
+                    mean = np.where(newcomer, np.clip(mean, centre - half, centre + half), mean)
+                t["offset"][done], t["mean_abs"][done] = mean, spread
+                t["n_scale"][done] = t["n"][done]
+                t["prior"][done] = False
         if self._warm_values is not None and bool((t["n"] >= self.warmup_steps).all()):
             self._warm_values = None
 
@@ -533,6 +523,30 @@ class PeerDeviation:
         self._warm_values = (None if rows is None else
                              np.array([array_from_json(r, np.dtype(np.float32)) for r in rows],
                                       dtype=np.float32).reshape(len(rows), len(self.table)))
+
+
+def _robust_place(values: np.ndarray, clip: float, min_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per column of ``values`` (a rank's warm-up deviations; NaN: none): the mean of the values
+    within ``clip`` sds of their median (the sd from their median absolute deviation, floored at
+    ``min_scale``) and their mean absolute deviation from it. As steady as a mean, and what lies
+    beyond (a burst) is not learned, as after warm-up.
+
+    >>> v = np.array([[0.0], [0.1], [-0.1], [0.05], [3.0]])
+    >>> [round(float(a[0]), 3) for a in _robust_place(v, 3.0, 0.01)]
+    [0.013, 0.062]
+    """
+    v = values.astype(np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # a column with no value at all
+        median = np.nanmedian if np.isnan(v).any() else np.median
+        med = median(v, axis=0)
+        sd = np.maximum(median(np.abs(v - med), axis=0) * MAD_TO_SD, min_scale)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        near = np.abs(v - med) <= clip * sd          # NaN compares False
+        count = near.sum(axis=0)
+        mean = np.where(near, v, 0.0).sum(axis=0) / count
+        spread = np.where(near, np.abs(v - mean), 0.0).sum(axis=0) / count
+    return mean, spread
 
 
 def _as_slice(cols: np.ndarray) -> np.ndarray | slice:

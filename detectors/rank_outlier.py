@@ -53,7 +53,7 @@ the weighted share of disagreeing steps; both clipped to [0, 1].
 >>> from simulation import simulate_run, CorruptRank
 >>> run = simulate_run(n_steps=1_000, n_ranks=32, seed=2, faults=[CorruptRank(step=600, rank=9)])
 >>> [(f.metric, f.step, f.ranks, f.severity, f.onset_step) for f in RankOutlierDetector().update(run.block)]
-[('local_grad_norm', 614, (9,), 'warning', 608), ('local_grad_norm', 644, (9,), 'critical', 608)]
+[('local_grad_norm', 614, (9,), 'warning', 608), ('local_grad_norm', 643, (9,), 'critical', 608)]
 """
 from __future__ import annotations
 
