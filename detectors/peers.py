@@ -15,11 +15,26 @@ with its own history of deviating from its peers instead:
   half of it, never more than a minority of the ranks. So one corrupted rank, seen or
   being learned, cannot move its healthy peers' centre and make them look low;
 - ``offset[r]``: the rank's normal offset, an exponentially weighted mean of ``d`` (gain
-  ``offset_alpha`` per step; a plain running mean over the first ``warmup_steps`` values);
+  ``offset_alpha`` per step). Over its first ``warmup_steps`` values it is the mean of those
+  within ``clip`` sds of their median (the sd from their median absolute deviation), and its
+  scale their mean absolute deviation, so a burst during warm-up (a few garbage batches, a
+  hiccup of its host) does not become the rank's usual place. After warm-up the offset goes on
+  as a running mean of the learned values for as long as that learns faster than the EWMA (a
+  few hundred values), so a rank is not left for a thousand steps with the sampling error of
+  its first 50 values (a healthy rank's weighted mean z sat near the warning level that way);
 - ``scale[r]``: an exponentially weighted mean of ``|d - offset|`` (gain ``scale_alpha`` per step)
   turned into a standard deviation (x sqrt(pi/2)), floored at ``min_scale``;
 - ``z[t, r] = (d - offset) / scale``: how unusual this step is *for this rank*, judged from its
   first ``warmup_steps`` values on.
+
+A rank that *joins* a job whose peers are warm (elastic growth, a replaced host) is judged from
+its first value against its peers' spread: until its own warm-up is done its offset and scale are
+the medians of the warm peers' (not suspects), and then its own median offset is kept only within
+the band its peers' offsets span (widened by ``clip`` of their median sds). So a rank that
+disagrees from the moment it joins is named, and stays named, instead of learning its
+disagreement as its normal place; a newcomer whose offset is like its peers' is not. Ranks that
+start together (a new job or attempt) have no warm peers and learn their places from their own
+values.
 
 Both statistics learn every value within ``learn_limit`` of the rank's own sds, clipped at ``clip``
 (Huber): a moderately unusual value still counts, so the scale cannot collapse to its floor, and a
@@ -40,10 +55,11 @@ split into blocks.
 >>> y[250, 2] += 0.7                                                       # one rank jumps 2x
 >>> z, rise = PeerDeviation().update(y.astype(np.float32), None, np.arange(300))
 >>> int(np.argmax(z[250])), round(float(z[250, 2]), 1), bool(np.abs(z[200]).max() < 4)
-(2, 14.5, True)
+(2, 14.8, True)
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, NamedTuple
 
@@ -52,7 +68,11 @@ import numpy as np
 from healthsvc_detectors.frame import StepBlock
 from healthsvc_detectors.stats.cross_section import peer_centres
 from healthsvc_detectors.stats.rank_table import RankTable
+from healthsvc_detectors.stats.state_json import array_from_json, array_to_json
 from healthsvc_detectors.stats.trend import MEAN_ABS_TO_SD
+
+# The median absolute deviation of a normal sample times this is its standard deviation.
+MAD_TO_SD = 1.4826
 
 
 # What a finding about a two-rank job says: each rank's only peer is the other, so a deviation
@@ -94,7 +114,11 @@ class PeerDeviation:
         """Forget everything learned (a new attempt); a shared tracker stays shared."""
         self.table = RankTable({"n": 0, "n_scale": 0, "offset": 0.0, "mean_abs": 0.0,
                                 "acc_e": 0.0, "acc_abs": 0.0, "acc_n": 0,
-                                "suspicion": 0.0, "suspect": False, "acc_z": 0.0, "acc_zn": 0})
+                                "suspicion": 0.0, "suspect": False, "acc_z": 0.0, "acc_zn": 0,
+                                "prior": False})
+        # The deviations of ranks still warming up (warmup_steps x known ranks, by the rank's
+        # value count), for their median; None while every rank is warm.
+        self._warm_values: np.ndarray | None = None
         self._period: int | None = None      # period (step // period_steps) being accumulated
         self._stats_key: tuple | None = None
         self._stats: tuple[np.ndarray, ...] = ()
@@ -166,7 +190,10 @@ class PeerDeviation:
         the median of the centre ranks and their count."""
         n, r = y.shape
         ranks = np.arange(r) if ranks is None else ranks
+        known = self.table.ids
         pos = self.table.positions(ranks)
+        if len(self.table) != len(known):
+            self._joined(known)
         periods = np.asarray(steps, dtype=np.int64) // self.period_steps
         cuts = np.flatnonzero(periods[1:] != periods[:-1]) + 1
         z, rise = out if out is not None else (np.empty((n, r), dtype=np.float32),
@@ -191,12 +218,16 @@ class PeerDeviation:
         centre ranks and their count."""
         t = self.table
         n, r = y.shape
-        warm, off32, inv32, lim32, suspect = self._period_statistics()
+        # warm: the rank has learned its place (its statistics are its own); judge: it is judged
+        # (warm, or a newcomer judged by its peers' statistics meanwhile).
+        warm, judge, off32, inv32, lim32, suspect = self._period_statistics()
         if len(pos) == len(t) and bool((pos[1:] > pos[:-1]).all()):   # every known rank, in order
             pos = slice(None)             # views instead of gathers and scatters below
         else:
-            warm, off32, inv32, lim32, suspect = warm[pos], off32[pos], inv32[pos], lim32[pos], suspect[pos]
+            warm, judge, off32, inv32, lim32, suspect = (warm[pos], judge[pos], off32[pos], inv32[pos],
+                                                         lim32[pos], suspect[pos])
         all_warm = bool(warm.all())
+        all_judged = all_warm or bool(judge.all())
         # The centre ranks: the reference ranks but the current suspects, so one corrupted rank
         # cannot move its healthy peers' centre; each of them is judged against the others.
         cols = np.arange(r) if ref is None else np.asarray(ref)
@@ -212,10 +243,10 @@ class PeerDeviation:
         # peers in a small job: where a row has wild cells, the centre is taken again without
         # them. Two reductions find the rows with a wild cell (NaN, not judged, never counts).
         with np.errstate(invalid="ignore"):
-            if ok is None and all_warm:   # no NaN possible: plain reductions
+            if ok is None and all_judged:   # no NaN possible: plain reductions
                 hi, lo = z.max(axis=1), z.min(axis=1)
             else:
-                z_hi = np.where(warm[None, :], z, 0.0) if not all_warm else z
+                z_hi = np.where(judge[None, :], z, 0.0) if not all_judged else z
                 hi = np.nanmax(z_hi, axis=1, initial=-np.inf)
                 lo = np.nanmin(z_hi, axis=1, initial=np.inf)
             hot_rows = np.flatnonzero((hi > self.learn_limit) | (lo < -self.learn_limit))
@@ -226,8 +257,8 @@ class PeerDeviation:
             wild = np.abs(z_all) > self.learn_limit
             if ok is not None:
                 wild &= ok[hot_rows]
-            if not all_warm:
-                wild &= warm[None, :]
+            if not all_judged:
+                wild &= judge[None, :]
             keep = ~wild if ok is None else ok[hot_rows] & ~wild
             rise_h = np.empty((len(hot_rows), r), dtype=np.float32)
             _, n2 = self._deviation(y[hot_rows], keep, cols, off32, rise_h, keep_only=True)
@@ -251,6 +282,8 @@ class PeerDeviation:
                 learn |= ~warm[None, :]
             if ok_l is not None:
                 learn &= ok_l
+            if not all_warm:
+                self._keep_warm_values(e_l, learn, off32, warm, pos)
             ec = np.minimum(np.maximum(e_l, -lim32), lim32)
             ec[~learn] = 0.0
             acc_e, acc_abs = t["acc_e"][pos], t["acc_abs"][pos]
@@ -261,10 +294,10 @@ class PeerDeviation:
                 acc_abs += row
             t["acc_e"][pos], t["acc_abs"][pos] = acc_e, acc_abs
             t["acc_n"][pos] += np.count_nonzero(learn, axis=0)
-        # Not judged: invalid cells, and ranks still warming up.
+        # Not judged: invalid cells, and ranks still warming up (but newcomers judged by their peers).
         judged = None
-        if ok is not None or not all_warm:
-            judged = np.broadcast_to(warm[None, :], z.shape) if ok is None else ok & warm[None, :]
+        if ok is not None or not all_judged:
+            judged = np.broadcast_to(judge[None, :], z.shape) if ok is None else ok & judge[None, :]
             z[~judged] = np.nan
             rise[~judged] = np.nan
         # Only the reference ranks can be centre ranks, so only they need a suspicion.
@@ -317,14 +350,15 @@ class PeerDeviation:
         t["acc_z"][pos] += zq.sum(axis=0) / 1024.0
 
     def _period_statistics(self) -> tuple[np.ndarray, ...]:
-        """Per known rank, fixed for the period: warm, and the float32 offset, 1/sd and learning
-        clip (computed once per period and rank set, not per block)."""
+        """Per known rank, fixed for the period: warm, judged, and the float32 offset, 1/sd and
+        learning clip (computed once per period and rank set, not per block)."""
         key = (self._period, len(self.table))
         if self._stats_key != key:
             t = self.table
             warm = t["n"] >= self.warmup_steps
             sd = np.maximum(t["mean_abs"] * MEAN_ABS_TO_SD, self.min_scale)
-            self._stats = (warm, t["offset"].astype(np.float32), (1.0 / sd).astype(np.float32),
+            self._stats = (warm, warm | t["prior"], t["offset"].astype(np.float32),
+                           (1.0 / sd).astype(np.float32),
                            np.where(warm, self.clip * sd, np.inf).astype(np.float32),
                            t["suspect"].copy())
             self._stats_key = key
@@ -347,6 +381,8 @@ class PeerDeviation:
             kw = k_min * self.learn_stride
             g_off = 1.0 - (1.0 - self.offset_alpha) ** kw
             g_sc = 1.0 - (1.0 - self.scale_alpha) ** kw
+            # A running mean for as long as it learns faster than the EWMA (see the module doc).
+            g_off = np.maximum(g_off, k_min / (t["n"] + k_min))
             t["offset"] += g_off / k_min * t["acc_e"]
             t["mean_abs"] += g_sc * (t["acc_abs"] / k_min - t["mean_abs"])
             t["n_scale"] += k
@@ -367,11 +403,13 @@ class PeerDeviation:
             # After warm-up a learned value stands for learn_stride steps: the memories stay the
             # same in steps.
             kw = kf * self.learn_stride
-            g_off = np.where(warm, 1.0 - (1.0 - self.offset_alpha) ** kw, kf / np.maximum(total, 1.0))
+            g_off = np.where(warm, np.maximum(1.0 - (1.0 - self.offset_alpha) ** kw, kf / np.maximum(total, 1.0)),
+                             kf / np.maximum(total, 1.0))
             n_sc = t["n_scale"].astype(np.float64)
             g_sc = np.where(warm, 1.0 - (1.0 - self.scale_alpha) ** kw,
                             np.where(cnt > 0, kf / np.maximum(n_sc + kf, 1.0), 0.0))
         g_off, g_sc = np.where(has, g_off, 0.0), np.where(has, g_sc, 0.0)
+        before = (t["offset"].copy(), t["mean_abs"].copy())
         # The scale of a rank's very first period is measured from an offset of 0; it starts
         # counting from the next one (the offset is known by then).
         t["mean_abs"] = t["mean_abs"] + g_sc * (mean_abs_e - t["mean_abs"])
@@ -380,6 +418,67 @@ class PeerDeviation:
         t["n"] = (cnt + kf).astype(t["n"].dtype)
         t["acc_e"], t["acc_abs"] = np.zeros_like(t["acc_e"]), np.zeros_like(t["acc_abs"])
         t["acc_n"] = np.zeros_like(t["acc_n"])
+        self._settle_warm_up(has & ~warm, warm, *before)
+
+    # --------------------------------------------------------------------------- warm-up
+    def _joined(self, known: np.ndarray) -> None:
+        """Ranks just added to the table (``known``: the ids before): make room for their warm-up
+        values, and when warm peers exist judge them by their peers' statistics until their own
+        warm-up is done."""
+        t = self.table
+        new = ~np.isin(t.ids, known)
+        if self._warm_values is not None:
+            at = np.searchsorted(known, t.ids[new])
+            self._warm_values = np.insert(self._warm_values, at, np.nan, axis=1)
+        peers = ~new & (t["n"] >= self.warmup_steps) & ~t["suspect"]
+        if peers.any():
+            t["offset"][new] = np.median(t["offset"][peers])
+            t["mean_abs"][new] = np.median(t["mean_abs"][peers])
+            t["prior"][new] = True
+        self._stats_key = None
+
+    def _keep_warm_values(self, e: np.ndarray, learn: np.ndarray, off32: np.ndarray,
+                          warm: np.ndarray, pos: np.ndarray | slice) -> None:
+        """Store the learned deviations (``e`` beyond the offset, plus it) of the ranks still
+        warming up at their value count: up to ``warmup_steps`` values a rank, for the median."""
+        cold = np.flatnonzero(~warm)
+        rows = cold if isinstance(pos, slice) else pos[cold]
+        t = self.table
+        if self._warm_values is None:
+            self._warm_values = np.full((self.warmup_steps, len(t)), np.nan, dtype=np.float32)
+        lc = learn[:, cold]
+        index = (t["n"][rows] + t["acc_n"][rows])[None, :] + np.cumsum(lc, axis=0) - 1
+        i, j = np.nonzero(lc & (index < self.warmup_steps))
+        self._warm_values[index[i, j], rows[j]] = e[i, cold[j]] + off32[cold[j]]
+
+    def _settle_warm_up(self, cold: np.ndarray, warm: np.ndarray, offset: np.ndarray,
+                        mean_abs_before: np.ndarray) -> None:
+        """After a period, the ranks that were warming up (``cold``; ``warm``: the ranks warm
+        before it; ``offset``, ``mean_abs_before``: the statistics before it). Those that have
+        now learned ``warmup_steps`` values take the robust place of them (:func:`_robust_place`);
+        a newcomer's is kept within the band of its warm peers' offsets. Until then a newcomer
+        judged by its peers keeps their statistics, and the others the running means (they are
+        not judged yet; computed once per rank, the robust place costs nothing per step)."""
+        t = self.table
+        if cold.any() and self._warm_values is not None:
+            prior = t["prior"]
+            keep = cold & prior & (t["n"] < self.warmup_steps)    # still judged by its peers
+            t["offset"][keep], t["mean_abs"][keep] = offset[keep], mean_abs_before[keep]
+            done = np.flatnonzero(cold & (t["n"] >= self.warmup_steps))
+            if len(done):
+                mean, spread = _robust_place(self._warm_values[:, done], self.clip, self.min_scale)
+                peers = warm & ~t["suspect"] & ~cold
+                newcomer = prior[done]
+                if newcomer.any() and peers.any():
+                    centre = float(np.median(t["offset"][peers]))
+                    sd = np.maximum(t["mean_abs"][peers] * MEAN_ABS_TO_SD, self.min_scale)
+                    half = float(np.abs(t["offset"][peers] - centre).max()) + self.clip * float(np.median(sd))
+                    mean = np.where(newcomer, np.clip(mean, centre - half, centre + half), mean)
+                t["offset"][done], t["mean_abs"][done] = mean, spread
+                t["n_scale"][done] = t["n"][done]
+                t["prior"][done] = False
+        if self._warm_values is not None and bool((t["n"] >= self.warmup_steps).all()):
+            self._warm_values = None
 
     def _update_suspects(self) -> None:
         """Fold the closed period's mean z into each rank's suspicion (an exponentially weighted
@@ -410,13 +509,44 @@ class PeerDeviation:
             self._stats_key = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"period": self._period, **self.table.state_dict()}
+        out: dict[str, Any] = {"period": self._period, **self.table.state_dict()}
+        if self._warm_values is not None:
+            out["warm_values"] = [array_to_json(row) for row in self._warm_values]
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._last = None
         self._stats_key = None
         self._period = state.get("period")
-        self.table.load_state_dict({k: v for k, v in state.items() if k != "period"})
+        self.table.load_state_dict({k: v for k, v in state.items() if k not in ("period", "warm_values")})
+        rows = state.get("warm_values")
+        self._warm_values = (None if rows is None else
+                             np.array([array_from_json(r, np.dtype(np.float32)) for r in rows],
+                                      dtype=np.float32).reshape(len(rows), len(self.table)))
+
+
+def _robust_place(values: np.ndarray, clip: float, min_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per column of ``values`` (a rank's warm-up deviations; NaN: none): the mean of the values
+    within ``clip`` sds of their median (the sd from their median absolute deviation, floored at
+    ``min_scale``) and their mean absolute deviation from it. As steady as a mean, and what lies
+    beyond (a burst) is not learned, as after warm-up.
+
+    >>> v = np.array([[0.0], [0.1], [-0.1], [0.05], [3.0]])
+    >>> [round(float(a[0]), 3) for a in _robust_place(v, 3.0, 0.01)]
+    [0.013, 0.062]
+    """
+    v = values.astype(np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # a column with no value at all
+        median = np.nanmedian if np.isnan(v).any() else np.median
+        med = median(v, axis=0)
+        sd = np.maximum(median(np.abs(v - med), axis=0) * MAD_TO_SD, min_scale)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        near = np.abs(v - med) <= clip * sd          # NaN compares False
+        count = near.sum(axis=0)
+        mean = np.where(near, v, 0.0).sum(axis=0) / count
+        spread = np.where(near, np.abs(v - mean), 0.0).sum(axis=0) / count
+    return mean, spread
 
 
 def _as_slice(cols: np.ndarray) -> np.ndarray | slice:

@@ -21,6 +21,23 @@ no majority tells which one moved: both ranks are named in one finding whose evi
 below ``z_warning / 2``. A 3x local gradient norm (z ~ 10) fires within ~10 steps; a loss biased by
 5 % with a 4 % micro-batch spread (z ~ 1.2) within ~70.
 
+**A lasting offset after a jump** (distribution metrics): a replica whose weights were corrupted
+at one step (a bit flip) shows it as a jump of its own loss, and then, since data-parallel
+replicas never re-sync their weights, as an offset against its peers that stays, often far too
+small (1 %) for the weighted mean above. So a rank whose value jumps above ``jump_z`` of its own
+sds (6: a value its tracker refuses to learn) is watched: from its first step back below 3 sds,
+the n steps' z (each clipped to +-3, so one later hard batch cannot make an offset) are summed,
+and ``sum / sqrt(n)`` (about N(0, 1) for a rank back at its usual place) at ``offset_z`` (4) or
+more, after at least ``offset_min_steps``, is a ``warning`` with ``onset_step`` at the jump
+(``evidence.reason`` "lasting offset after a jump"), so the rollback answer goes before the jump.
+A jump that leaves no offset within ``offset_watch_steps`` (a garbage batch, whose gradient went
+to every replica alike) is forgotten. A 1 % offset against a per-rank spread of 4 % is found
+~250 steps after the jump; the jump itself stays the spike detector's ``info``. It is looked for
+in ``offset_metrics``, the loss by default: that is what a replica's own weights change directly,
+while a rank's local gradient norm after a job-wide disturbance (a peer's garbage batch, whose
+gradient every replica applied) settles back with a lag of its own, seen on real trainings as a
+healthy rank's lasting offset.
+
 **Global metrics** (``global_metrics``, default ``grad_norm``): a rank whose value differs from the
 step's cross-rank median by more than ``rel_tol`` (relative) disagrees. The per-rank weighted
 share of disagreeing steps fires ``warning`` once it equals ``patience_steps`` consecutive
@@ -36,7 +53,7 @@ the weighted share of disagreeing steps; both clipped to [0, 1].
 >>> from simulation import simulate_run, CorruptRank
 >>> run = simulate_run(n_steps=1_000, n_ranks=32, seed=2, faults=[CorruptRank(step=600, rank=9)])
 >>> [(f.metric, f.step, f.ranks, f.severity, f.onset_step) for f in RankOutlierDetector().update(run.block)]
-[('local_grad_norm', 613, (9,), 'warning', 608), ('local_grad_norm', 643, (9,), 'critical', 608)]
+[('local_grad_norm', 614, (9,), 'warning', 608), ('local_grad_norm', 643, (9,), 'critical', 608)]
 """
 from __future__ import annotations
 
@@ -55,7 +72,10 @@ from healthsvc_detectors.stats.machines import ewma_rows, hysteresis, last_step_
 from healthsvc_detectors.stats.rank_table import RankTable
 from healthsvc_detectors.stats.scales import excess_score
 
-_NEVER = -(2 ** 62)   # "no quiet step seen yet"
+_NEVER = -(2 ** 62)   # "no quiet step seen yet", "no jump watched"
+# After a jump, a rank is back from it once its z is below this, and each later step counts at
+# most this many sds towards a lasting offset (one hard batch cannot make one).
+_SETTLE_Z = 3.0
 
 
 class RankOutlierDetector(Detector, BlockDetector):
@@ -83,6 +103,10 @@ class RankOutlierDetector(Detector, BlockDetector):
         ceil(ranks / 2048), so 16k ranks are judged every 8th step). The window and the
         patience count judged steps (so detection takes ``stride`` times longer), escalate_steps
         counts steps; firing steps are multiples of the stride.
+    offset_metrics, jump_z, offset_z, offset_min_steps, offset_watch_steps: a lasting offset
+        after a jump (see the module doc): the metrics it is looked for in (of ``metrics``), the
+        z of the jump, the level of the offset statistic, the fewest steps after the jump it
+        needs, and how long after a jump it is looked for.
     """
 
     kind = "rank_outlier"
@@ -97,7 +121,9 @@ class RankOutlierDetector(Detector, BlockDetector):
                  min_scale: float = 0.01, rel_tol: float = 1e-3, patience_steps: int = 3,
                  global_critical_share: float = 0.5, escalate_steps: int = 300,
                  max_reference_ranks: int = 256, min_ranks: int = 2, warmup_steps: int = 50,
-                 stride_steps: int | None = None) -> None:
+                 stride_steps: int | None = None, offset_metrics: tuple[str, ...] = ("loss",),
+                 jump_z: float = 6.0, offset_z: float = 4.0, offset_min_steps: int = 30,
+                 offset_watch_steps: int = 500) -> None:
         if min_ranks < 2:
             raise ValueError(f"min_ranks must be >= 2 (a rank needs a peer), got {min_ranks}")
         self.metrics, self.global_metrics = tuple(metrics), tuple(global_metrics)
@@ -109,12 +135,18 @@ class RankOutlierDetector(Detector, BlockDetector):
         self.max_reference_ranks, self.min_ranks = max_reference_ranks, min_ranks
         self.stride_steps = stride_steps
         self.warmup_steps = warmup_steps
+        self.offset_metrics = tuple(offset_metrics)
+        self.jump_z, self.offset_z = jump_z, offset_z
+        self.offset_min_steps, self.offset_watch_steps = offset_min_steps, offset_watch_steps
         self._alpha, self._escalate_rows = 1.0 / window_steps, escalate_steps
         super().__init__()
 
     def _reset(self) -> None:
         self._reference = ReferenceRanks(self.max_reference_ranks)
-        fields = {"mean": np.float32(0.0), "active": False, "critical": False, "run": 0, "quiet": _NEVER}
+        fields = {"mean": np.float32(0.0), "active": False, "critical": False, "run": 0, "quiet": _NEVER,
+                  # a jump being watched for a lasting offset: its step, whether the rank came back
+                  # below _SETTLE_Z since, and the sum and count of its clipped z since then
+                  "watch": _NEVER, "settled": False, "wsum": 0.0, "wn": 0}
         self._tables = {m: RankTable(fields) for m in (*self.metrics, *self.global_metrics)}
         old = getattr(self, "_peers", {})
         self._peers = {}
@@ -172,7 +204,8 @@ class RankOutlierDetector(Detector, BlockDetector):
                 z = v.z[rows] if v is not None else None
                 count = v.count[rows] if v is not None else None
                 centre = v.centre[rows] if v is not None else None
-                findings += self._distribution(block, m, ref, z, centre, count)
+                top = v.z_row_max[rows] if v is not None else None
+                findings += self._distribution(block, m, ref, z, centre, count, top)
         for m in self.global_metrics:
             if m in block.values:
                 findings += self._global(block, m, ref)
@@ -180,10 +213,12 @@ class RankOutlierDetector(Detector, BlockDetector):
         return findings
 
     def _distribution(self, block: StepBlock, metric: str, ref: np.ndarray, z: np.ndarray | None,
-                      centre: np.ndarray | None, count: np.ndarray | None) -> list[Finding]:
+                      centre: np.ndarray | None, count: np.ndarray | None,
+                      top: np.ndarray | None) -> list[Finding]:
         if z is None:
             v = self._peers[metric].view(block, metric, ref)
-            z, centre, count = v.z, v.centre, v.count
+            z, centre, count, top = v.z, v.centre, v.count, v.z_row_max
+        jumps = self._jumps(block, metric, z, top, centre) if metric in self.offset_metrics else []
         # Each rank against its peers, in its own sds of deviating from them: normal offsets are
         # learned, and a 2-rank job is judged as well as a 16k-rank one. (A copy: the view is
         # shared and read-only.)
@@ -205,8 +240,72 @@ class RankOutlierDetector(Detector, BlockDetector):
             # Two ranks mirror each other (each one's centre is the other): a disagreement is of
             # the pair, and both are named together, never one of them on a guess.
             size = np.broadcast_to(size.max(axis=1, keepdims=True), size.shape).copy()
-        return self._judge(block, metric, pos, size, means, np.arange(block.n_ranks), judged_mask,
-                           self.z_warning, self.z_critical, centre=centre, signed=True)
+        return jumps + self._judge(block, metric, pos, size, means, np.arange(block.n_ranks),
+                                   judged_mask, self.z_warning, self.z_critical, centre=centre,
+                                   signed=True)
+
+    def _jumps(self, block: StepBlock, metric: str, z: np.ndarray, top: np.ndarray,
+               centre: np.ndarray) -> list[Finding]:
+        """A lasting offset after a jump: a rank whose value jumped past ``jump_z`` of its own
+        sds (a value its tracker will not learn) is watched for ``offset_watch_steps`` steps;
+        once back below ``_SETTLE_Z`` sds, the sum of its z (each clipped to +-``_SETTLE_Z``)
+        over the n steps since, divided by sqrt(n), past ``offset_z`` (and n at least
+        ``offset_min_steps``) is a ``warning`` dated at the jump. ``z`` are the raw (unclipped)
+        z of the block, ``top`` an upper bound of each row's largest."""
+        table = self._tables[metric]
+        pos = table.positions(block.ranks)
+        watching = table["watch"][pos] != _NEVER
+        hot = np.flatnonzero(top > self.jump_z)
+        if len(hot) == 0 and not watching.any():
+            return []          # the usual case: nothing jumped, nobody is watched
+        with np.errstate(invalid="ignore"):
+            jumped = (z[hot] > self.jump_z).any(axis=0) if len(hot) else np.zeros(len(pos), dtype=bool)
+        out: list[Finding] = []
+        for c in np.flatnonzero(jumped | watching):    # a few columns at most: a loop is fine
+            p = pos[c]
+            watch, settled = int(table["watch"][p]), bool(table["settled"][p])
+            total, n = float(table["wsum"][p]), int(table["wn"][p])
+            for i, zi in enumerate(z[:, c].tolist()):
+                step = int(block.steps[i])
+                if not math.isfinite(zi):
+                    continue
+                if watch != _NEVER and step - watch > self.offset_watch_steps:
+                    watch = _NEVER                       # no lasting offset after this jump
+                if watch == _NEVER:
+                    if zi > self.jump_z:
+                        watch, settled, total, n = step, False, 0.0, 0
+                    continue
+                if not settled:
+                    if zi >= _SETTLE_Z:
+                        continue                         # still the jump itself
+                    settled = True
+                total += min(max(zi, -_SETTLE_Z), _SETTLE_Z)
+                n += 1
+                stat = total / math.sqrt(n)
+                if n >= self.offset_min_steps and stat >= self.offset_z:
+                    out.append(self._offset_finding(block, c, metric, step, watch, total / n, stat, n,
+                                                    float(centre[i])))
+                    watch = _NEVER
+            table["watch"][p], table["settled"][p] = watch, settled
+            table["wsum"][p], table["wn"][p] = total, n
+        return out
+
+    def _offset_finding(self, block: StepBlock, col: int, metric: str, step: int, jump: int,
+                        mean_z: float, stat: float, n: int, centre: float) -> Finding:
+        rank = int(block.ranks[col])
+        pair = block.n_ranks == 2
+        evidence: dict[str, Any] = {
+            "reason": "lasting offset after a jump", "jump_step": jump, "direction": "high",
+            "mean_z": {rank: mean_z}, "offset_sds": mean_z, "offset_stat": stat, "steps_after": n,
+            "warning_level": self.offset_z,
+            "peer_median": math.exp(centre) if math.isfinite(centre) else None,
+        }
+        if pair:
+            evidence.update(direction="apart", pair=True, jumped=[rank], note=PAIR_NOTE)
+        ranks = tuple(sorted(int(r) for r in block.ranks)) if pair else (rank,)
+        return Finding(kind=self.kind, step=step, ranks=ranks, severity="warning",
+                       score=float(excess_score(stat, self.offset_z, 2 * self.offset_z)),
+                       metric=metric, onset_step=jump, evidence=evidence)
 
     def _global(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
         x, present = block.values[metric], block.present[metric]
