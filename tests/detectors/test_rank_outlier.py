@@ -290,8 +290,11 @@ def test_a_lasting_offset_after_a_jump_is_evidence_dated_at_the_jump():
     ckpts = [Checkpoint(step=s) for s in range(100, 2_000, 100)]
     assert decide_rollback(block, spike, ckpts).checkpoint.step == 1_900
     decision = decide_rollback(block, found + spike, ckpts)
-    assert decision.checkpoint.step < 900
-    assert [e["onset"] for e in decision.evidence["episodes"] if e["evidence"]] == [900]
+    # The detector saw the jump: the episode takes the abrupt window, and the answer is the
+    # newest checkpoint before it.
+    assert decision.checkpoint.step == 800
+    assert [(e["onset"], e["window"], e["jump_step"]) for e in decision.evidence["episodes"] if e["evidence"]] == \
+        [(900, "abrupt", 900)]
 
 
 @pytest.mark.parametrize("n_ranks, seed, step", [(4, 1, 1_101), (4, 2, 976), (8, 0, 952), (8, 3, 1_219)])

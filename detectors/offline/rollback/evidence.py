@@ -49,9 +49,9 @@ class Episode:
 
     ``onset`` is the earliest ``onset_step`` (else ``step``) of its firing findings, ``severity``
     the highest it reached, ``resolved_step`` the step of the resolved finding that cleared it
-    (None while it is still firing). ``jump_step``: for a drift kind, the step at which the
-    history shows its rise began with a jump (None: gradual, or not looked at); the episode then
-    takes the abrupt onset window.
+    (None while it is still firing). ``jump_step``: for a drift kind, the step at which its rise
+    began with a jump, as its findings' evidence says (``jump_step``) or the history shows (None:
+    gradual, or not looked at); the episode then takes the abrupt onset window.
     """
 
     kind: str
@@ -134,6 +134,10 @@ def episodes(findings: Iterable[Finding]) -> list[Episode]:
                                "onset": _finding_onset(f), "first_step": int(f.step),
                                "severity": f.severity, "findings": []}
         ep["onset"] = min(ep["onset"], _finding_onset(f))
+        # A detector that saw the jump itself says so (rank_outlier's lasting offset after a jump).
+        jump = (f.evidence or {}).get("jump_step")
+        if jump is not None:
+            ep["jump_step"] = min(int(jump), ep.get("jump_step") or int(jump))
         if SEVERITY_ORDER.get(f.severity, 0) > SEVERITY_ORDER.get(ep["severity"], 0):
             ep["severity"] = f.severity
         ep["findings"].append(f)
