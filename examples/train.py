@@ -217,8 +217,9 @@ class CharGPT(nn.Module):
 
 # ---- data ------------------------------------------------------------------------------------------
 
-def encode_corpus(cfg: Config) -> tuple[torch.Tensor, int]:
-    text = Path(cfg.text).read_text(encoding="utf-8") if cfg.text else TEXT
+def encode_corpus(cfg: Config | None = None) -> tuple[torch.Tensor, int]:
+    # The built-in paragraph unless --text names a larger corpus (the recorder's bigger model).
+    text = Path(cfg.text).read_text(encoding="utf-8") if cfg is not None and cfg.text else TEXT
     chars = sorted(set(text))
     index = {c: i for i, c in enumerate(chars)}
     return torch.tensor([index[c] for c in text], dtype=torch.long), len(chars)
