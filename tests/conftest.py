@@ -99,3 +99,27 @@ def shared_server(tmp_path_factory, db_kind):
 def shared_http(shared_server):
     """A client of the shared server that can also ``drain()`` it."""
     return shared_server.http
+
+
+# -- running the suite on several workers (pytest-xdist; ``./dev test`` passes -n and --dist) ----
+# ``--dist loadfile``: a module's tests run on one worker, so a module fixture (a server, a
+# training, the quality corpus's replay) is set up once, not once per worker. (``loadgroup`` would
+# group finer, but its markers do not reach the scheduler under pytest 9: xdist 3.8 renames
+# ``item._nodeid``, which pytest 9 no longer reads.)
+# The slowest modules go first so the run's tail is short (measured with --durations on the
+# 2-core machine: each holds a test or a module fixture of a minute or more).
+SLOW_FIRST = (
+    "tests/supervise/test_supervise_trainer.py", "tests/replicas/test_soak_short.py",
+    "tests/quality/test_real_data.py", "tests/bench/test_smoke.py", "tests/e2e/test_e2e_training.py",
+    "tests/integrations/", "tests/e2e/", "tests/service/test_monitor.py", "tests/notebooks/",
+    "tests/detectors/test_quality_timing.py", "tests/detectors/test_quality_values.py",
+    "tests/detectors/test_rollback_eval.py", "tests/service/test_run_release.py", "tests/supervise/",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slowest modules first (stable: collection order otherwise, a module's tests together)."""
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0]
+        return next((i for i, prefix in enumerate(SLOW_FIRST) if path.startswith(prefix)), len(SLOW_FIRST))
+    items.sort(key=rank)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
+import psycopg
 import pytest
 
 from tests.alerting.receiver import Receiver
@@ -32,6 +32,22 @@ from tests.server_process import ServerProcess
 pytestmark = pytest.mark.e2e
 
 HANG_S = 3.0
+
+
+def newest_chunk(dsn: str, run_id: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT coalesce(max(id), 0) FROM chunks WHERE run_id=%s", (run_id,)).fetchone()[0]
+
+
+def monitor_watermark(dsn: str, run_id: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT watermark FROM run_state WHERE run_id=%s AND kind='monitor'", (run_id,)).fetchone()
+    return row[0] if row else -1
+
+
+def resolved_hangs(rep: ServerProcess) -> list[dict] | None:
+    found = httpx.get(f"{rep.url}/v1/runs/hung/findings", params={"kind": "hang"}).json()
+    return found if {f["status"] for f in found} >= {"resolved"} else None
 
 
 def test_a_hang_whose_owner_died_before_its_first_page_is_paged_by_the_next_owner(tmp_path):
@@ -54,19 +70,24 @@ def test_a_hang_whose_owner_died_before_its_first_page_is_paged_by_the_next_owne
             steady.start()
             try:
                 wait_until(lambda: hangs(other, "hung"), HANG_S + 5, "the owner's hang finding")
-                time.sleep(1.5)          # the owner snapshots the run with its hang open (every 1 s)
             finally:
                 stop.set()
                 steady.join(10)
+            # The owner snapshots the run (every 1 s) with its hang open: wait for a snapshot that
+            # includes the last chunk stored, which came after the hang was found.
+            last_chunk = newest_chunk(dsn, "hung")
+            wait_until(lambda: monitor_watermark(dsn, "hung") >= last_chunk, 15,
+                       "the owner's snapshot of the run with its hang open")
             assert pages(receiver, "hung", "hang") == []   # its alerting never ticked: not sent
             owner.kill()
             with httpx.Client(base_url=other.url, timeout=10, headers=JSON) as http:
                 assert http.post("/v1/runs/hung/finish", content=b"{}").status_code == 200
             wait_until(lambda: owns([other], "hung"), 3 * TTL_S + 2, "the other replica taking the run over")
             wait_until(lambda: pages(receiver, "hung", "hang"), 10, "the hang paged by the new owner")
-            findings = httpx.get(f"{other.url}/v1/runs/hung/findings", params={"kind": "hang"}).json()
             # The restore resolved the hang (the run finished): the case the page used to be lost in.
-            assert {f["status"] for f in findings} >= {"resolved"} and all(f["ranks"] == [3] for f in findings)
+            # (The page goes out when the run is adopted, before the restore's resolution is stored.)
+            findings = wait_until(lambda: resolved_hangs(other), 10, "the restore resolving the hang")
+            assert all(f["ranks"] == [3] for f in findings)
             assert len(set(pages(receiver, "hung", "hang"))) == 1
         finally:
             owner.stop()
