@@ -328,3 +328,37 @@ def test_a_lasting_offset_after_a_jump_is_the_same_however_the_input_is_split():
     restored.load_state_dict(json.loads(json.dumps(first.state_dict(), allow_nan=False)))
     assert head + feed(restored, block.slice_steps(910, 2_000), size=13) == whole
     assert summary(whole) == [("loss", 931, "warning", "firing", (1,), 900)]
+
+
+# ---------------------------------------------- a replica's weight bit flip, on real recordings
+def _recorded(name: str) -> StepBlock:
+    """One of our real recordings (tests/quality/traces, examples/record_trace.py): the values."""
+    import gzip
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "quality" / "traces" / name / "records.jsonl.gz"
+    recs = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
+    steps, ranks = sorted({r["step"] for r in recs}), sorted({r["rank"] for r in recs})
+    fields = {"loss": "loss", "grad_norm": "grad_norm", "grad_norm_local": "local_grad_norm"}
+    values = {f: np.full((len(steps), len(ranks)), np.nan) for f in fields.values()}
+    for r in recs:
+        for src, dst in fields.items():
+            values[dst][r["step"] - steps[0], r["rank"]] = r[src]
+    return StepBlock(steps=np.array(steps), ranks=np.array(ranks), values=values,
+                     present={f: np.isfinite(v) for f, v in values.items()})
+
+
+def test_a_real_replica_bit_flip_that_jumps_and_stays_above_its_peers_is_named():
+    # 4 gloo ranks; x256 on one element of the space's embedding row in rank 3's replica after the
+    # update of step 600: its loss 1.34x its peers' at 601 (3.9 of its own sds: below jump_z, so
+    # not the jump path), ~1.28x for 20 steps, then 1.16x, 1.14x and 1.08x for good. Found by the
+    # weighted mean, rank 3 alone, 22 steps after the flip; critical once it lasted.
+    found = feed(RankOutlierDetector(), _recorded("sdc_burst_embed_s1337_r3"), size=16)
+    assert summary(found) == [("loss", 622, "warning", "firing", (3,), 608),
+                              ("loss", 921, "critical", "firing", (3,), 608)]
+
+
+def test_a_real_replica_bit_flip_within_the_noise_is_not_seen():
+    # x16 on one output-head weight of rank 3's replica at 600: its loss 1.08x and 1.14x its
+    # peers' for two steps, then 1.008x against a per-step log sd of 0.099. Nothing statistical
+    # can see it (only replica fingerprints would); nothing is named.
+    assert feed(RankOutlierDetector(), _recorded("sdc_silent_head_s1337_r3"), size=16) == []
