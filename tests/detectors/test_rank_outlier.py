@@ -352,9 +352,19 @@ def test_a_real_replica_bit_flip_that_jumps_and_stays_above_its_peers_is_named()
     # update of step 600: its loss 1.34x its peers' at 601 (3.9 of its own sds: below jump_z, so
     # not the jump path), ~1.28x for 20 steps, then 1.16x, 1.14x and 1.08x for good. Found by the
     # weighted mean, rank 3 alone, 22 steps after the flip; critical once it lasted.
-    found = feed(RankOutlierDetector(), _recorded("sdc_burst_embed_s1337_r3"), size=16)
+    from healthsvc_detectors.offline.rollback.decision import decide_rollback
+    from healthsvc_detectors.offline.rollback.records import Checkpoint
+    block = _recorded("sdc_burst_embed_s1337_r3")
+    found = feed(RankOutlierDetector(), block, size=16)
     assert summary(found) == [("loss", 622, "warning", "firing", (3,), 608),
                               ("loss", 921, "critical", "firing", (3,), 608)]
+    # The rollback answer finds the jump in rank 3's loss against its peers' (601, the first loss
+    # of the corrupted replica), takes the abrupt window, and resumes from the newest clean
+    # checkpoint: 500 (600 holds the flipped update).
+    decision = decide_rollback(block, found, [Checkpoint(step=s) for s in range(100, 1_001, 100)])
+    assert [(e["onset"], e["window"], e["jump_step"]) for e in decision.evidence["episodes"] if e["evidence"]] == \
+        [(608, "abrupt", 601)]
+    assert decision.checkpoint.step == 500
 
 
 def test_a_real_replica_bit_flip_within_the_noise_is_not_seen():
