@@ -21,7 +21,13 @@ with its own history of deviating from its peers instead:
   hiccup of its host) does not become the rank's usual place. After warm-up the offset goes on
   as a running mean of the learned values for as long as that learns faster than the EWMA (a
   few hundred values), so a rank is not left for a thousand steps with the sampling error of
-  its first 50 values (a healthy rank's weighted mean z sat near the warning level that way);
+  its first 50 values (a healthy rank's weighted mean z sat near the warning level that way).
+  While a rank is a *suspect* (below) its offset does not follow a move: it only goes on
+  refining its long-run mean (the running mean of every value it learned), so a lasting fault
+  (one rank's loss biased by 5 %) is absorbed at most as m / (n + m) after m more values on n
+  learned (about half after as many again: thousands of steps), not within the EWMA's ~1,000
+  steps, and the rank stays named while it is corrupted; a healthy rank made a suspect by the
+  sampling error of its offset still has that error refined away as before;
 - ``scale[r]``: an exponentially weighted mean of ``|d - offset|`` (gain ``scale_alpha`` per step)
   turned into a standard deviation (x sqrt(pi/2)), floored at ``min_scale``;
 - ``z[t, r] = (d - offset) / scale``: how unusual this step is *for this rank*, judged from its
@@ -369,8 +375,11 @@ class PeerDeviation:
         if self._period == period:
             return
         self._period = period
-        self._update_suspects()
         t = self.table
+        # The period's suspects (before the closed period names the next ones): their offset
+        # only refines its long-run mean, it does not follow the move (module doc).
+        held = t["suspect"].copy() if len(t) else t["suspect"]
+        self._update_suspects()
         k = t["acc_n"]
         if not len(k) or k.max() == 0:
             return
@@ -381,8 +390,10 @@ class PeerDeviation:
             kw = k_min * self.learn_stride
             g_off = 1.0 - (1.0 - self.offset_alpha) ** kw
             g_sc = 1.0 - (1.0 - self.scale_alpha) ** kw
-            # A running mean for as long as it learns faster than the EWMA (see the module doc).
-            g_off = np.maximum(g_off, k_min / (t["n"] + k_min))
+            # A running mean for as long as it learns faster than the EWMA (see the module doc);
+            # only the running mean for a suspect.
+            running = k_min / (t["n"] + k_min)
+            g_off = np.where(held, running, np.maximum(g_off, running))
             t["offset"] += g_off / k_min * t["acc_e"]
             t["mean_abs"] += g_sc * (t["acc_abs"] / k_min - t["mean_abs"])
             t["n_scale"] += k
@@ -403,8 +414,8 @@ class PeerDeviation:
             # After warm-up a learned value stands for learn_stride steps: the memories stay the
             # same in steps.
             kw = kf * self.learn_stride
-            g_off = np.where(warm, np.maximum(1.0 - (1.0 - self.offset_alpha) ** kw, kf / np.maximum(total, 1.0)),
-                             kf / np.maximum(total, 1.0))
+            running = kf / np.maximum(total, 1.0)
+            g_off = np.where(warm & ~held, np.maximum(1.0 - (1.0 - self.offset_alpha) ** kw, running), running)
             n_sc = t["n_scale"].astype(np.float64)
             g_sc = np.where(warm, 1.0 - (1.0 - self.scale_alpha) ** kw,
                             np.where(cnt > 0, kf / np.maximum(n_sc + kf, 1.0), 0.0))

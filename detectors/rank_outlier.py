@@ -19,7 +19,10 @@ no majority tells which one moved: both ranks are named in one finding whose evi
 ``sqrt(1 / (2 window_steps))`` sds of zero (0.07 for 100 steps); a rank whose mean passes
 ``z_warning`` in either direction fires ``warning``, past ``z_critical`` ``critical``; it resolves
 below ``z_warning / 2``. A 3x local gradient norm (z ~ 10) fires within ~10 steps; a loss biased by
-5 % with a 4 % micro-batch spread (z ~ 1.2) within ~70.
+5 % with a 4 % micro-batch spread (z ~ 1.2) within ~70. A rank whose z has averaged past the
+tracker's ``suspect_z`` is a suspect, and a suspect's usual offset stops following its values
+(only its long-run mean is refined), so a lasting bias is not learned as the rank's normal and
+its episode does not resolve while the rank is still off.
 
 **A lasting offset after a jump** (distribution metrics): a replica whose weights were corrupted
 at one step (a bit flip) shows it as a jump of its own loss, and then, since data-parallel

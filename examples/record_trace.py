@@ -80,11 +80,29 @@ SHAPES: dict[str, dict] = {
         "args": ["--jitter", "2", "--fault", "straggler", "--fault-rank", "1", "--slow-factor", "1.2"],
         "onset": 500, "rank": 1, "persistent": True, "dirty": False,
         "detail": {"extra_frac": 0.2, "jitter": 2.0}},
-    "sdc_burst_offset_s1337_r3": {
-        "scenario": "sdc_burst", "variant": "replica_offset", "seed": 1337, "steps": 1000, "model": BASE,
+    # A bit flip of an output-head weight (x16) in rank 3's replica, recorded for the jump-and-offset
+    # shape; its effect turned out to be within the per-step noise (labels: derived), so it is
+    # judged as sdc_silent: the answer must say it rests on no proof. (Recorded under the name
+    # sdc_burst_offset_s1337_r3, scenario sdc_burst; the corpus sha256 in its labels is of the
+    # docs of that day.)
+    "sdc_silent_head_s1337_r3": {
+        "scenario": "sdc_silent", "variant": "head_weight", "seed": 1337, "steps": 1000, "model": BASE,
         "args": ["--fault", "weight_bitflip", "--fault-rank", "3", "--flip-bit", "25", "--flip-index", "3229"],
         "onset": 600, "end": 600, "rank": 3, "dirty": True,
         "detail": {"param": "head.weight", "flat_index": 3229, "bit": 25,
+                   "note": "flip is in this rank's replica only; data-parallel replicas never re-sync"}},
+    # The shape of a replica's weight bit flip that its own loss shows: an exponent bit of one
+    # element of the most frequent character's embedding row (x256: the row becomes that one
+    # channel, every later layer norm sees little else at those positions) in rank 3's replica
+    # only. Its local loss jumps at once and then stays above its peers' for good, smaller, as
+    # the shared weights (trained on the average of all ranks' gradients) adapt a quarter of the
+    # way to it. Flat index 54 = row 1 (the space in the docs' text), column 6.
+    "sdc_burst_embed_s1337_r3": {
+        "scenario": "sdc_burst", "variant": "replica_jump_offset", "seed": 1337, "steps": 1000, "model": BASE,
+        "args": ["--fault", "weight_bitflip", "--fault-rank", "3", "--flip-param", "tok.weight",
+                 "--flip-bit", "26", "--flip-index", "54"],
+        "onset": 600, "end": 600, "rank": 3, "dirty": True,
+        "detail": {"param": "tok.weight", "flat_index": 54, "bit": 26,
                    "note": "flip is in this rank's replica only; data-parallel replicas never re-sync"}},
     "sdc_silent_s1337_r1": {
         "scenario": "sdc_silent", "variant": "mlp_bias", "seed": 1337, "steps": 1000, "model": BASE,

@@ -152,6 +152,9 @@ class Config:
     lr_factor: float = 8.0           # lr_spike: the learning rate's factor
     flip_bit: int = 22               # the top mantissa bit of a float32: the value moves by up to 2x
     flip_index: int = 7              # which element of the tensor flips
+    # weight_bitflip: which parameter (its name in model.named_parameters()); the output head by
+    # default, e.g. "ln_f.weight" (the final layer norm's gain: every token's logits go through it)
+    flip_param: str = "head.weight"
     # the machine: each step's compute takes 1 to --jitter times longer on every rank at once
     jitter: float = 1.0
     # reporting: rank 0 gathers all ranks' records and sends them as one columnar batch per step
@@ -305,7 +308,7 @@ class Faults:
         # matter only to batches that hold its character).
         head = model.head.weight
         if self.hits("weight_bitflip", step):
-            _flip(head.data, self.cfg.flip_index, self.cfg.flip_bit)
+            _flip(dict(model.named_parameters())[self.cfg.flip_param].data, self.cfg.flip_index, self.cfg.flip_bit)
         if self.hits("optim_bitflip", step):
             _flip(opt.state[head]["exp_avg_sq"], self.cfg.flip_index, self.cfg.flip_bit)
         if self.hits("bias_bitflip", step):  # the first MLP's output bias: one residual channel shifts

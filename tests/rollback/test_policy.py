@@ -250,6 +250,40 @@ def test_a_jump_long_after_the_best_step_is_no_abrupt_start():
     assert rise_began_abruptly(block, 850) is None and rise_began_abruptly(block, 892) is None
 
 
+def _one_rank(seed, jump):
+    """4 ranks; from step 900 rank 2's loss either jumps (1.3x its peers' for 20 steps, then 1.1x
+    for good: a replica's weights corrupted at one step) or creeps up (4e-4 log units a step).
+    Its episode as RankOutlierDetector names it, and the rollback decision on it."""
+    from healthsvc_detectors.rank_outlier import RankOutlierDetector
+    from simulation import iter_blocks
+    block = simulate_run(n_steps=1_600, n_ranks=4, seed=seed).block
+    late = block.steps >= 900
+    if jump:
+        block.values["loss"][late, 2] *= np.where(block.steps[late] < 920, 1.3, 1.1)
+    else:
+        block.values["loss"][:, 2] *= np.exp(np.maximum(0, block.steps - 900) * 4e-4)
+    det = RankOutlierDetector()
+    found = [f for b in iter_blocks(block, 16) for f in det.update(b)]
+    return decide_rollback(block, found, ckpts(*range(100, 1_600, 100)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_rank_whose_own_loss_jumped_takes_the_abrupt_window(seed):
+    # One rank of four jumps: the aggregate (the median over ranks) hardly moves, and the
+    # detector's onset is a few steps after the jump (its weighted mean needed them), so the rise
+    # is looked for in that rank's loss against its peers', from 16 steps before the onset.
+    d = _one_rank(seed, jump=True)
+    assert [(e["window"], e["jump_step"]) for e in d.evidence["episodes"] if e["evidence"]][0] == ("abrupt", 900)
+    assert chosen(d) == 800
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_rank_whose_own_loss_crept_up_keeps_the_drift_window(seed):
+    d = _one_rank(seed, jump=False)
+    assert [(e["window"], e["jump_step"]) for e in d.evidence["episodes"] if e["evidence"]] == [("drift", None)]
+    assert chosen(d) < 900
+
+
 # ----------------------------------------------- a slow drift: never an answer after its onset
 
 def _slow_drift_answer(seed):

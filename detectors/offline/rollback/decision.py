@@ -34,7 +34,7 @@ from healthsvc_detectors.frame import StepBlock
 from healthsvc_detectors.offline.bisection import Bisection
 from healthsvc_detectors import kinds as kind_table
 from healthsvc_detectors.offline.onset import OnsetEstimate, OnsetParams, SignalEstimate, estimate_onset_near
-from healthsvc_detectors.offline.onset_signals import rise_began_abruptly
+from healthsvc_detectors.offline.onset_signals import rank_rise_began_abruptly, rise_began_abruptly
 from healthsvc_detectors.offline.rollback.evidence import (RESTART_BLOWUP_STEPS, Episode, ReplicaProof, episodes,
                                                  evidence_episodes, onset_window, replica_proof,
                                                  restart_blowup)
@@ -67,7 +67,9 @@ def decide_rollback(
     3. Evidence: the onset is estimated from the history near it (:func:`onset_window`,
        :func:`healthsvc_detectors.offline.onset.estimate_onset_near`); recorded non-evidence findings inside that
        window count as hints too (a leading gradient jump). A drift-kind episode whose rise the
-       history shows began with a jump (:func:`rise_began_abruptly`) takes the abrupt window.
+       history shows began with a jump (:func:`rise_began_abruptly`; for an episode naming some
+       ranks, also their own loss against their peers': :func:`rank_rise_began_abruptly`) takes
+       the abrupt window.
     4. Evidence in the first ``RESTART_BLOWUP_STEPS`` steps after a restart blames the restore:
        the answer is the checkpoint the run resumed from (such an episode counts even when it
        recovered, see :func:`evidence_episodes`).
@@ -145,10 +147,15 @@ def _undated_drift(onset: OnsetEstimate, evidence: Sequence[Episode],
 
 
 def _dated_by_history(block: StepBlock, ep: Episode) -> Episode:
-    """A drift-kind episode with the step its rise jumped at, when the history shows one."""
+    """A drift-kind episode with the step its rise jumped at, when the history shows one: the
+    aggregate loss's jump after its onset, or for an episode that names some of the ranks, their
+    own loss's jump against their peers' shortly before or after it (a replica's bit flip,
+    :func:`rank_rise_began_abruptly`)."""
     if kind_table.kind(ep.kind).corruption != "drift":
         return ep
     jump = rise_began_abruptly(block, ep.onset)
+    if jump is None and ep.ranks:
+        jump = rank_rise_began_abruptly(block, ep.ranks, ep.onset)
     return ep if jump is None else replace(ep, jump_step=jump)
 
 
