@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 M_ARENA_MAX = -8
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
 def _glibc() -> Any:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -53,6 +58,7 @@ def _glibc() -> Any:
         libc.malloc_info.argtypes, libc.malloc_info.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_int
         libc.fclose.argtypes, libc.fclose.restype = [ctypes.c_void_p], ctypes.c_int
         libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
+        libc.mallinfo2.restype = _Mallinfo2
         return libc
     except (OSError, AttributeError):
         return None
@@ -99,6 +105,15 @@ def arenas() -> int:
     finally:
         _LIBC.free(ctypes.cast(buf, ctypes.c_void_p))
     return len(re.findall(r"<heap nr=", text))
+
+
+def heap() -> tuple[int, int]:
+    """(bytes malloc holds from the system in its arenas and big mappings, bytes of it free),
+    summed over every arena (``mallinfo2``); (0, 0) when not glibc."""
+    if _LIBC is None:
+        return 0, 0
+    m = _LIBC.mallinfo2()
+    return m.arena + m.hblkhd, m.fordblks + m.fsmblks
 
 
 class Trimmer:
@@ -158,5 +173,10 @@ class AllocatorCollector:
                                   value=self.trimmer.returned_bytes)
         yield GaugeMetricFamily("healthsvc_malloc_trim_last_seconds", "How long the last trim took, seconds.",
                                 value=self.trimmer.last_s)
+        held, free = heap()
+        yield GaugeMetricFamily("healthsvc_malloc_held_bytes", "Bytes glibc malloc holds from the system (mallinfo2).",
+                                value=held)
+        yield GaugeMetricFamily("healthsvc_malloc_free_bytes", "Bytes of them in free chunks (some of their pages "
+                                "already given back by a trim).", value=free)
         yield GaugeMetricFamily("healthsvc_malloc_arenas", "glibc malloc arenas of the process (0: not glibc).",
                                 value=arenas())
