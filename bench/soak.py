@@ -324,6 +324,16 @@ def runs_held(url: str) -> dict[str, int]:
     return out
 
 
+def allocator_figures(url: str) -> dict[str, float]:
+    """A replica's C allocator figures (``healthsvc_malloc_*`` on /metrics: healthsvc.ops.allocator)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return {}
+    return {name: float(value) for name, value in
+            (line.split(" ", 1) for line in text.splitlines() if line.startswith("healthsvc_malloc_"))}
+
+
 def outbox(dsn: str) -> list[tuple[str, str]]:
     import psycopg
     with psycopg.connect(dsn) as conn:
@@ -429,6 +439,7 @@ def main() -> int:
         # a short run says nothing).
         time.sleep(args.release_after + 15.0)   # the store's release pass runs every 10 s at most
         held = {i: runs_held(s.url) for i, s in enumerate(servers)}
+        malloc = {i: allocator_figures(s.url) for i, s in enumerate(servers)}
 
         http = stack.enter_context(httpx.Client(base_url=lb.url, timeout=120))
         findings, lost, acked_total = {}, 0, 0
@@ -522,6 +533,12 @@ def main() -> int:
     for h in holder_names:
         print(f"| {h} | " + " | ".join(str(held[i].get(h, "")) for i in held) + " |")
     print(f"| episodes run | {n_episodes} |" + " |" * (len(held) - 1))
+    print("\n| allocator at the end (MiB) | " + " | ".join(f"replica {i}" for i in malloc) + " |\n|---|" + "---:|" * len(malloc))
+    for label, name in (("malloc holds", "healthsvc_malloc_held_bytes"), ("of it free", "healthsvc_malloc_free_bytes"),
+                        ("given back by trims", "healthsvc_malloc_trimmed_bytes_total")):
+        print(f"| {label} | " + " | ".join(f"{malloc[i].get(name, 0) / 2**20:.1f}" for i in malloc) + " |")
+    for label, name in (("trims", "healthsvc_malloc_trims_total"), ("arenas", "healthsvc_malloc_arenas")):
+        print(f"| {label} | " + " | ".join(f"{malloc[i].get(name, 0):.0f}" for i in malloc) + " |")
     print("\nother findings:", "; ".join(other_list) or "none")
     print("events:", "; ".join(e.strip() for e in events) or "none")
 
