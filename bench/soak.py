@@ -128,17 +128,24 @@ class Ledger:
 
 
 class Job:
-    """The simulated job: ``workers`` threads share the hosts; a global step clock at
-    ``step_rate``; episodes follow one another, each created (PUT) before its first push and
-    finished when every worker has pushed its last step."""
+    """The simulated job: ``workers`` threads share the hosts and step in lockstep, as a
+    data-parallel job does (its all-reduce waits for every rank): a barrier after each step, so no
+    worker's ranks start step g+1 before every rank pushed step g, and a step clock at
+    ``step_rate`` (a step late under load delays every rank alike). Episodes follow one another,
+    each created (PUT) before its first push and finished once every rank pushed its last step.
+
+    (Workers on their own clocks drift apart under a load near 30: one that pushed a run's last
+    step while the others were still more than the hang timeout behind is a hang by the
+    detector's definition, ranks silent while their peers progress, which no synchronous job
+    shows: 256 such hangs in one soak.)"""
 
     def __init__(self, url: str, ranks: int, steps: int, step_rate: float, workers: int, ledger: Ledger) -> None:
         self.url, self.ranks, self.steps, self.step_rate, self.workers = url, ranks, steps, step_rate, workers
         self.ledger = ledger
         self.episodes: dict[int, Episode] = {}
-        self.left: dict[int, int] = {}        # episode -> workers yet to push its last step
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.barrier = threading.Barrier(workers)
 
     def episode(self, k: int, http: httpx.Client) -> Episode:
         with self.lock:
@@ -147,7 +154,7 @@ class Job:
                 config = {"world_size": self.ranks,
                           "detectors": {"hang": {"timeout_floor_s": HANG_S, "startup_timeout_s": 30.0}}}
                 self._until_ok(http, "PUT", f"/v1/runs/{ep.run_id}", orjson.dumps(config))
-                self.episodes[k], self.left[k] = ep, self.workers
+                self.episodes[k] = ep
             return self.episodes[k]
 
     def _until_ok(self, http: httpx.Client, method: str, path: str, content: bytes) -> bool:
@@ -167,6 +174,15 @@ class Job:
         return False
 
     def worker(self, w: int, start: float, total_steps: int) -> None:
+        done = False
+        try:
+            self._steps(w, start, total_steps)
+            done = not self.stop.is_set()
+        finally:
+            if not done:              # a worker that stops (or fails) releases the others' wait
+                self.barrier.abort()
+
+    def _steps(self, w: int, start: float, total_steps: int) -> None:
         with httpx.Client(base_url=self.url, timeout=30, headers={"content-type": "application/json"}) as http:
             for g in range(total_steps):
                 if self.stop.is_set():
@@ -190,12 +206,12 @@ class Job:
                             self.ledger.acked[ep.run_id].update((local, int(r)) for r in sent)
                         else:
                             self.ledger.given_up += 1
-                if local == self.steps - 1:
-                    with self.lock:
-                        self.left[ep.index] -= 1
-                        last = self.left[ep.index] == 0
-                    if last:
-                        self._until_ok(http, "POST", f"/v1/runs/{ep.run_id}/finish", b"{}")
+                try:
+                    self.barrier.wait()          # every rank pushed step g before any pushes g+1
+                except threading.BrokenBarrierError:
+                    break
+                if local == self.steps - 1 and w == 0:
+                    self._until_ok(http, "POST", f"/v1/runs/{ep.run_id}/finish", b"{}")
 
     def run(self, seconds: float) -> int:
         total = max(self.steps, int(seconds * self.step_rate) // self.steps * self.steps)  # whole episodes
@@ -308,6 +324,16 @@ def runs_held(url: str) -> dict[str, int]:
     return out
 
 
+def allocator_figures(url: str) -> dict[str, float]:
+    """A replica's C allocator figures (``healthsvc_malloc_*`` on /metrics: healthsvc.ops.allocator)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return {}
+    return {name: float(value) for name, value in
+            (line.split(" ", 1) for line in text.splitlines() if line.startswith("healthsvc_malloc_"))}
+
+
 def outbox(dsn: str) -> list[tuple[str, str]]:
     import psycopg
     with psycopg.connect(dsn) as conn:
@@ -413,6 +439,7 @@ def main() -> int:
         # a short run says nothing).
         time.sleep(args.release_after + 15.0)   # the store's release pass runs every 10 s at most
         held = {i: runs_held(s.url) for i, s in enumerate(servers)}
+        malloc = {i: allocator_figures(s.url) for i, s in enumerate(servers)}
 
         http = stack.enter_context(httpx.Client(base_url=lb.url, timeout=120))
         findings, lost, acked_total = {}, 0, 0
@@ -506,6 +533,12 @@ def main() -> int:
     for h in holder_names:
         print(f"| {h} | " + " | ".join(str(held[i].get(h, "")) for i in held) + " |")
     print(f"| episodes run | {n_episodes} |" + " |" * (len(held) - 1))
+    print("\n| allocator at the end (MiB) | " + " | ".join(f"replica {i}" for i in malloc) + " |\n|---|" + "---:|" * len(malloc))
+    for label, name in (("malloc holds", "healthsvc_malloc_held_bytes"), ("of it free", "healthsvc_malloc_free_bytes"),
+                        ("given back by trims", "healthsvc_malloc_trimmed_bytes_total")):
+        print(f"| {label} | " + " | ".join(f"{malloc[i].get(name, 0) / 2**20:.1f}" for i in malloc) + " |")
+    for label, name in (("trims", "healthsvc_malloc_trims_total"), ("arenas", "healthsvc_malloc_arenas")):
+        print(f"| {label} | " + " | ".join(f"{malloc[i].get(name, 0):.0f}" for i in malloc) + " |")
     print("\nother findings:", "; ".join(other_list) or "none")
     print("events:", "; ".join(e.strip() for e in events) or "none")
 

@@ -38,6 +38,7 @@ from healthsvc.ingest import api as ingest_api
 from healthsvc.ingest.fast_path import IngestFastPath
 from healthsvc.ownership import LeasesCollector, ownership_for
 from healthsvc.observability import ServiceMetrics
+from healthsvc.ops import allocator
 from healthsvc.ops import api as ops_api
 from healthsvc.runs import api as runs_api
 from healthsvc.runs import RunSummaries
@@ -83,6 +84,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
 
     tokens = TokenStore(store, clock, admin_token=settings.admin_token, exposed=not is_loopback(settings.host))
     metrics.registry.register(LeasesCollector(ownership))
+    trimmer = allocator.Trimmer(settings.malloc_trim_every_s)
+    metrics.registry.register(allocator.AllocatorCollector(trimmer))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -92,6 +95,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
         _check_exposure(settings, tokens)
         for hook in ctx.on_startup:
             await _call(hook)
+        trimmer.start()
         app.state.ready = True
         log.info("healthsvc ready on store %s", store.path)
         try:
@@ -104,6 +108,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
                 except Exception:
                     log.exception("shutdown hook %r failed", hook)
             store.close()
+            trimmer.stop()
 
     app = FastAPI(
         title="healthsvc",

@@ -60,6 +60,10 @@ def serve(args: argparse.Namespace) -> int:
         print(f"healthsvc: cannot open the store {where}: {redact(str(exc))}".rstrip(), file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Before the service's threads start (each would take an arena of its own): the allocator's
+    # arenas capped, freed memory trimmed by the app (healthsvc.ops.allocator says why).
+    from healthsvc.ops import allocator
+    allocator.tune(settings.malloc_arena_max)
     print(f"healthsvc: serving on http://{settings.host}:{settings.port} (store {where}); "
           f"API docs at /docs", file=sys.stderr, flush=True)
     uvicorn.run(create_asgi(settings), host=settings.host, port=settings.port, log_level=settings.log_level,

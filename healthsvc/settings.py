@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     run_release_after_s: float = Field(600.0, ge=0, description="A finished run with no input for this long "
                                        "is let go from memory (its state stays in the store and is restored if "
                                        "it is pushed to again), seconds; 0 keeps every run in memory.")
+    malloc_arena_max: int = Field(2, ge=0, le=1024, description="healthsvc serve on glibc: most malloc arenas (mallopt M_ARENA_MAX, "
+                                  "set at start-up); 0 keeps glibc's default of 8 per core (healthsvc.ops.allocator).")
+    malloc_trim_every_s: float = Field(30.0, ge=0, description="On glibc: give the memory malloc freed back to the system "
+                                       "(malloc_trim) this often, seconds; 0 never (healthsvc.ops.allocator).")
     lease_ttl_s: float = Field(10.0, gt=0, description="Replicas (a postgresql:// store): a run's owner renews its lease every third of this; "
                                                        "when the owner dies another replica takes the run over within it, seconds.")
     replica_id: str = Field("", description="Replicas: this replica's name in the leases table (default: host:port, so a replica "

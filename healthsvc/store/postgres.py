@@ -302,7 +302,23 @@ class PooledReader:
         with self._pool.connection() as conn, conn.cursor() as cur:
             cur.execute(st.sql, _params(args))
             rows = cur.fetchall() if _has_rows(cur) else []
+            if _big(rows):
+                conn.close()      # the pool replaces it (see _big)
             return PgCursor(rows, cur.rowcount, None)
+
+
+# libpq keeps its input buffer as large as the largest message the connection ever received
+# (a row of a snapshot blob: its hex text, rounded up to a power of two) until the connection
+# closes, in malloc memory Python does not see. Measured: one 8 MiB bytea row leaves 32 MiB in use
+# on its connection; with 8 pooled connections each of which once read a large snapshot (a
+# takeover, a release) that is the soak's replica growing in steps (docs/reliability.md). A
+# connection that read a large row is closed instead of going back to the pool, which opens a
+# fresh one: a reconnect per large read (restores are rare) for memory that stays bounded.
+BIG_READ_BYTES = 1 << 20
+
+
+def _big(rows: list) -> bool:
+    return any(len(v) >= BIG_READ_BYTES for row in rows for v in row if isinstance(v, (bytes, str, memoryview)))
 
 
 # Reads of chunk payloads (an export, a replay) can be the whole of a long run: they stream when
@@ -332,7 +348,10 @@ class StreamedRows:
         cursor takes a transaction and a round trip per batch (``snapshots.chunks_by_id``)."""
         with self._pool.connection() as conn, conn.cursor() as cur:
             cur.execute(self._sql, self._args)
-            return cur.fetchall()
+            rows = cur.fetchall()
+            if _big(rows):
+                conn.close()
+            return rows
 
     def fetchone(self) -> tuple | None:
         return next(iter(self.fetchall()), None)
