@@ -76,6 +76,7 @@ from healthsvc_detectors.stats.rank_table import RankTable
 from healthsvc_detectors.stats.scales import excess_score
 
 _NEVER = -(2 ** 62)   # "no quiet step seen yet", "no jump watched"
+_MIN_STEP = np.iinfo(np.int64).min
 # After a jump, a rank is back from it once its z is below this, and each later step counts at
 # most this many sds towards a lasting offset (one hard batch cannot make one).
 _SETTLE_Z = 3.0
@@ -151,6 +152,7 @@ class RankOutlierDetector(Detector, BlockDetector):
                   # below _SETTLE_Z since, and the sum and count of its clipped z since then
                   "watch": _NEVER, "settled": False, "wsum": 0.0, "wn": 0}
         self._tables = {m: RankTable(fields) for m in (*self.metrics, *self.global_metrics)}
+        self._buffers: dict[str, np.ndarray] = {}
         old = getattr(self, "_peers", {})
         self._peers = {}
         for m in self.metrics:
@@ -225,9 +227,9 @@ class RankOutlierDetector(Detector, BlockDetector):
         # Each rank against its peers, in its own sds of deviating from them: normal offsets are
         # learned, and a 2-rank job is judged as well as a 16k-rank one. (A copy: the view is
         # shared and read-only.)
-        # Clipped into a copy in one pass (NaN stays NaN); one sum tells whether any cell is
-        # not judged (clipped values cannot overflow it), the usual case being none.
-        z = np.clip(z, -self.z_clip, self.z_clip, out=np.empty(z.shape, dtype=np.float32))
+        # Clipped into a work array in one pass (NaN stays NaN); one sum tells whether any cell
+        # is not judged (clipped values cannot overflow it), the usual case being none.
+        z = np.clip(z, -self.z_clip, self.z_clip, out=self._buffer("z", z.shape))
         if count.min() < self.min_ranks:
             z[count < self.min_ranks] = np.nan
         judged_mask = None
@@ -235,17 +237,23 @@ class RankOutlierDetector(Detector, BlockDetector):
             judged_mask = np.isfinite(z)
             z[~judged_mask] = 0.0
         table = self._tables[metric]
-        pos = table.positions(block.ranks)
-        means = ewma_rows(z, judged_mask, self._alpha, table["mean"][pos])
-        table["mean"][pos] = means[-1]
-        size = np.abs(means)
+        at = table.index(block.ranks)
+        means = ewma_rows(z, judged_mask, self._alpha, table["mean"][at], out=self._buffer("means", z.shape))
+        table["mean"][at] = means[-1]
+        size = np.abs(means, out=self._buffer("size", z.shape))
         if block.n_ranks == 2:
             # Two ranks mirror each other (each one's centre is the other): a disagreement is of
             # the pair, and both are named together, never one of them on a guess.
             size = np.broadcast_to(size.max(axis=1, keepdims=True), size.shape).copy()
-        return jumps + self._judge(block, metric, pos, size, means, np.arange(block.n_ranks),
-                                   judged_mask, self.z_warning, self.z_critical, centre=centre,
-                                   signed=True)
+        return jumps + self._judge(block, metric, at, size, means, None, judged_mask,
+                                   self.z_warning, self.z_critical, centre=centre, signed=True)
+
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A float32 work array reused from block to block (nothing in it outlives a block)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape != shape:
+            buf = self._buffers[name] = np.empty(shape, dtype=np.float32)
+        return buf
 
     def _jumps(self, block: StepBlock, metric: str, z: np.ndarray, top: np.ndarray,
                centre: np.ndarray) -> list[Finding]:
@@ -256,26 +264,29 @@ class RankOutlierDetector(Detector, BlockDetector):
         ``offset_min_steps``) is a ``warning`` dated at the jump. ``z`` are the raw (unclipped)
         z of the block, ``top`` an upper bound of each row's largest."""
         table = self._tables[metric]
-        pos = table.positions(block.ranks)
-        watching = table["watch"][pos] != _NEVER
+        at = table.index(block.ranks)
+        watching = table["watch"][at] != _NEVER
         hot = np.flatnonzero(top > self.jump_z)
         if len(hot) == 0 and not watching.any():
             return []          # the usual case: nothing jumped, nobody is watched
         with np.errstate(invalid="ignore"):
-            jumped = (z[hot] > self.jump_z).any(axis=0) if len(hot) else np.zeros(len(pos), dtype=bool)
+            jumped = (z[hot] > self.jump_z).any(axis=0) if len(hot) else np.zeros(len(watching), dtype=bool)
         out: list[Finding] = []
-        for c in np.flatnonzero(jumped | watching):    # a few columns at most: a loop is fine
-            p = pos[c]
+        steps = block.steps.tolist()
+        jump_z, watch_steps = self.jump_z, self.offset_watch_steps
+        min_steps, offset_z = self.offset_min_steps, self.offset_z
+        isfinite, sqrt = math.isfinite, math.sqrt
+        for c in np.flatnonzero(jumped | watching).tolist():   # a few columns at most: a loop is fine
+            p = c if isinstance(at, slice) else int(at[c])
             watch, settled = int(table["watch"][p]), bool(table["settled"][p])
             total, n = float(table["wsum"][p]), int(table["wn"][p])
-            for i, zi in enumerate(z[:, c].tolist()):
-                step = int(block.steps[i])
-                if not math.isfinite(zi):
+            for i, (step, zi) in enumerate(zip(steps, z[:, c].tolist())):
+                if not isfinite(zi):
                     continue
-                if watch != _NEVER and step - watch > self.offset_watch_steps:
+                if watch != _NEVER and step - watch > watch_steps:
                     watch = _NEVER                       # no lasting offset after this jump
                 if watch == _NEVER:
-                    if zi > self.jump_z:
+                    if zi > jump_z:
                         watch, settled, total, n = step, False, 0.0, 0
                     continue
                 if not settled:
@@ -284,8 +295,8 @@ class RankOutlierDetector(Detector, BlockDetector):
                     settled = True
                 total += min(max(zi, -_SETTLE_Z), _SETTLE_Z)
                 n += 1
-                stat = total / math.sqrt(n)
-                if n >= self.offset_min_steps and stat >= self.offset_z:
+                stat = total / sqrt(n)
+                if n >= min_steps and stat >= offset_z:
                     out.append(self._offset_finding(block, c, metric, step, watch, total / n, stat, n,
                                                     float(centre[i])))
                     watch = _NEVER
@@ -313,13 +324,12 @@ class RankOutlierDetector(Detector, BlockDetector):
     def _global(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
         x, present = block.values[metric], block.present[metric]
         table = self._tables[metric]
-        pos = table.positions(block.ranks)
-        if present.all():
-            hi, lo = x.max(axis=1), x.min(axis=1)
-            if bool((hi == lo).all()) and not (table["mean"][pos] > 0).any():
-                # The usual case: every rank holds the very same finite value at every step and
-                # none has a share left to decay; nothing disagrees (NaN fails hi == lo).
-                table["quiet"][pos] = int(block.steps[-1])
+        at = table.index(block.ranks)
+        if x.shape[1] and present.all():
+            if bool((x == x[:, :1]).all()) and not (table["mean"][at] > 0).any():
+                # The usual case: every rank holds the very same value at every step and none
+                # has a share left to decay; nothing disagrees (NaN is not equal to itself).
+                table["quiet"][at] = int(block.steps[-1])
                 return []
         ref_valid = present[:, ref] & np.isfinite(x[:, ref])
         centre = cross_section(x[:, ref], ref_valid, None, self.min_ranks,
@@ -329,62 +339,65 @@ class RankOutlierDetector(Detector, BlockDetector):
             # NaN compares False: a missing or non-finite cell never "differs".
             differs = (x > (centre + tol)[:, None]) | (x < (centre - tol)[:, None])
         # The shares are exactly zero for ranks that never disagreed: update only the others.
-        sub = np.flatnonzero(differs.any(axis=0) | (table["mean"][pos] > 0))
+        sub = np.flatnonzero(differs.any(axis=0) | (table["mean"][at] > 0))
         if len(sub) == 0:
-            table["quiet"][pos] = int(block.steps[-1])
+            table["quiet"][at] = int(block.steps[-1])
             return []
         with np.errstate(invalid="ignore"):
             judged = present[:, sub] & np.isfinite(x[:, sub]) & np.isfinite(centre)[:, None]
-        means = ewma_rows(differs[:, sub].astype(np.float32), judged, self._alpha, table["mean"][pos[sub]],
-                      zero_below=1e-12)
-        table["mean"][pos[sub]] = means[-1]
-        return self._judge(block, metric, pos, means, means, sub, judged,
+        p = _rows(at, sub)
+        means = ewma_rows(differs[:, sub].astype(np.float32), judged, self._alpha, table["mean"][p],
+                          zero_below=1e-12)
+        table["mean"][p] = means[-1]
+        return self._judge(block, metric, at, means, means, sub, judged,
                            # the weighted share after patience_steps straight disagreements
                            1.0 - (1.0 - self._alpha) ** self.patience_steps - 1e-6,
                            self.global_critical_share, centre=centre,
                            signed=False)
 
     # ----------------------------------------------------------------------- shared machine
-    def _judge(self, block: StepBlock, metric: str, pos: np.ndarray, size: np.ndarray,
-               means: np.ndarray, sub: np.ndarray, judged: np.ndarray | None, warn: float,
+    def _judge(self, block: StepBlock, metric: str, at: np.ndarray | slice, size: np.ndarray,
+               means: np.ndarray, sub: np.ndarray | None, judged: np.ndarray | None, warn: float,
                crit: float, centre: np.ndarray, signed: bool) -> list[Finding]:
-        """Episodes of ranks ``sub`` (block columns) from their statistic ``size``; ``size``,
-        ``means`` and ``judged`` have one column per entry of ``sub``. Ranks outside ``sub`` are
-        known to sit at zero."""
+        """Episodes of ranks ``sub`` (block columns; None: every column) from their statistic
+        ``size``; ``size``, ``means`` and ``judged`` have one column per entry of ``sub``. Ranks
+        outside ``sub`` are known to sit at zero. ``at``: the block's rows in the tables
+        (:meth:`RankTable.index`)."""
         table = self._tables[metric]
-        carry_active = table["active"][pos]
-        # Only ranks that come near the warning level (or are in an episode) need the machine.
-        near = size > warn / 2
-        local = np.flatnonzero(near.any(axis=0) | carry_active[sub])
-        quiet_carry = table["quiet"][pos]
-        # Ranks quiet on the last row were last unremarkable at the block's last step.
-        quiet_last = np.full(len(pos), int(block.steps[-1]), dtype=np.int64)
-        quiet_last[sub] = np.where(near[-1], quiet_carry[sub], quiet_last[sub])
-        table["quiet"][pos] = quiet_last
+        # Only ranks that come near the warning level (or are in an episode) need the machine:
+        # a column's largest statistic tells (fmax: a NaN is never near, as in the comparison).
+        local = np.fmax.reduce(size, axis=0) > warn / 2
+        local |= table["active"][at if sub is None else _rows(at, sub)]
+        local = np.flatnonzero(local)
+        cols = local if sub is None else sub[local]
+        p = _rows(at, cols)
+        quiet_carry = table["quiet"][p]
+        # Every other rank (not near the level at the last row, since that makes it local) was
+        # last unremarkable at the block's last step; the local ones are set below.
+        table["quiet"][at] = int(block.steps[-1])
         if len(local) == 0:
             return []
-        cols = sub[local]
-        p = pos[cols]
         s = size[:, local]
-        near = near[:, local]
+        near = s > warn / 2
         means = means[:, local]
         ok = np.ones_like(near) if judged is None else judged[:, local]   # judged is aligned with sub
-        if not carry_active[cols].any() and not (s > warn).any():
+        carry_active = table["active"][p]
+        if not carry_active.any() and not (s > warn).any():
             # Near the warning level but never past it, and no episode open (the usual case for
             # the few such ranks): nothing starts, escalates or ends. Only the run lengths and the
             # last unremarkable step move, to what the machine below would give them.
             table["run"][p] = np.where(ok.any(axis=0), 0, table["run"][p])
-            calm_step = np.where(~near, block.steps[:, None], np.iinfo(np.int64).min).max(axis=0)
-            table["quiet"][p] = np.maximum(calm_step, quiet_carry[cols])
+            calm_step = np.where(~near, block.steps[:, None], _MIN_STEP).max(axis=0)
+            table["quiet"][p] = np.maximum(calm_step, quiet_carry)
             table["active"][p] = False
             table["critical"][p] = False
             return []
-        active = hysteresis(s > warn, ~near, carry_active[cols])
+        active = hysteresis(s > warn, ~near, carry_active)
         runs = run_length(active, ok, table["run"][p])
         long = active & ok & (runs >= self._escalate_rows)
         critical = hysteresis((s > crit) | long, ~active, table["critical"][p])
-        quiet = last_step_where(~near, block.steps, quiet_carry[cols])
-        prev_active = np.vstack([carry_active[cols][None, :], active[:-1]])
+        quiet = last_step_where(~near, block.steps, quiet_carry)
+        prev_active = np.vstack([carry_active[None, :], active[:-1]])
         prev_crit = np.vstack([table["critical"][p][None, :], critical[:-1]])
         table["active"][p], table["critical"][p] = active[-1], critical[-1]
         table["run"][p], table["quiet"][p] = runs[-1], quiet[-1]
@@ -447,3 +460,8 @@ class RankOutlierDetector(Detector, BlockDetector):
         for m, p in self._peers.items():
             if m in state.get("peers", {}):
                 p.load_state_dict(state["peers"][m])
+
+
+def _rows(at: np.ndarray | slice, cols: np.ndarray) -> np.ndarray:
+    """The table rows of block columns ``cols`` (``at`` from :meth:`RankTable.index`)."""
+    return cols if isinstance(at, slice) else at[cols]
