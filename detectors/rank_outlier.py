@@ -69,7 +69,7 @@ from healthsvc_detectors.base import BlockDetector, Detector
 from healthsvc_detectors.finding import Finding
 from healthsvc_detectors.kinds import Kind
 from healthsvc_detectors.frame import StepBlock
-from healthsvc_detectors.peers import PAIR_NOTE, PeerDeviation
+from healthsvc_detectors.peers import PAIR_NOTE, PeerDeviation, PeerView
 from healthsvc_detectors.stats.cross_section import ReferenceRanks, cross_section
 from healthsvc_detectors.stats.machines import ewma_rows, hysteresis, last_step_where, run_length
 from healthsvc_detectors.stats.rank_table import RankTable
@@ -203,53 +203,70 @@ class RankOutlierDetector(Detector, BlockDetector):
         self._alpha = 1.0 / self.window_steps
         self._escalate_rows = max(1, -(-self.escalate_steps // stride))
         findings: list[Finding] = []
-        for m in self.metrics:
-            if m in block.values:
-                v = views.get(m)
-                z = v.z[rows] if v is not None else None
-                count = v.count[rows] if v is not None else None
-                centre = v.centre[rows] if v is not None else None
-                top = v.z_row_max[rows] if v is not None else None
-                findings += self._distribution(block, m, ref, z, centre, count, top)
+        present = [m for m in self.metrics if m in block.values]
+        if present:
+            findings += self._distributions(block, present, ref, views, rows)
         for m in self.global_metrics:
             if m in block.values:
                 findings += self._global(block, m, ref)
         findings.sort(key=lambda f: (f.step, f.status != "firing", f.metric or "", f.severity, f.ranks))
         return findings
 
-    def _distribution(self, block: StepBlock, metric: str, ref: np.ndarray, z: np.ndarray | None,
-                      centre: np.ndarray | None, count: np.ndarray | None,
-                      top: np.ndarray | None) -> list[Finding]:
-        if z is None:
-            v = self._peers[metric].view(block, metric, ref)
-            z, centre, count, top = v.z, v.centre, v.count, v.z_row_max
-        jumps = self._jumps(block, metric, z, top, centre) if metric in self.offset_metrics else []
-        # Each rank against its peers, in its own sds of deviating from them: normal offsets are
-        # learned, and a 2-rank job is judged as well as a 16k-rank one. (A copy: the view is
-        # shared and read-only.)
-        # Clipped into a work array in one pass (NaN stays NaN); one sum tells whether any cell
-        # is not judged (clipped values cannot overflow it), the usual case being none.
-        z = np.clip(z, -self.z_clip, self.z_clip, out=self._buffer("z", z.shape))
-        if count.min() < self.min_ranks:
-            z[count < self.min_ranks] = np.nan
+    def _distributions(self, block: StepBlock, metrics: list[str], ref: np.ndarray,
+                       views: dict[str, PeerView], rows: slice | np.ndarray) -> list[Finding]:
+        """The distribution metrics of a block side by side in one work array: the weighted
+        means' loop over the rows costs per call, not per cell, so it runs once for all of them;
+        each metric is then judged on its own columns (its findings in the order of
+        ``metrics``)."""
+        n, r = block.n_steps, block.n_ranks
+        zs = self._buffer("z", (n, len(metrics) * r))
+        m0 = self._buffer("m0", (len(metrics) * r,))
+        parts = []
+        for i, metric in enumerate(metrics):
+            v = views.get(metric)
+            if v is None:
+                v = self._peers[metric].view(block, metric, ref)   # a private tracker: this block
+                z, centre, count, top = v.z, v.centre, v.count, v.z_row_max
+            else:
+                z, centre, count, top = v.z[rows], v.centre[rows], v.count[rows], v.z_row_max[rows]
+            jumps = self._jumps(block, metric, z, top, centre) if metric in self.offset_metrics else []
+            # Each rank against its peers, in its own sds of deviating from them: normal offsets
+            # are learned, and a 2-rank job is judged as well as a 16k-rank one. Clipped into the
+            # work array in one pass (NaN stays NaN; the view is shared and read-only).
+            cols = slice(i * r, (i + 1) * r)
+            zc = np.clip(z, -self.z_clip, self.z_clip, out=zs[:, cols])
+            if count.min() < self.min_ranks:
+                zc[count < self.min_ranks] = np.nan
+            table = self._tables[metric]
+            at = table.index(block.ranks)
+            m0[cols] = table["mean"][at]
+            parts.append((metric, cols, centre, jumps, table, at))
+        # One sum tells whether any cell is not judged (clipped values cannot overflow it), the
+        # usual case being none. (A metric whose cells all are is then masked by an all-true
+        # mask: the masked path rounds as the unmasked one, and judges the same.)
         judged_mask = None
-        if not np.isfinite(z.sum()):
-            judged_mask = np.isfinite(z)
-            z[~judged_mask] = 0.0
-        table = self._tables[metric]
-        at = table.index(block.ranks)
-        means = ewma_rows(z, judged_mask, self._alpha, table["mean"][at], out=self._buffer("means", z.shape))
-        table["mean"][at] = means[-1]
-        size = np.abs(means, out=self._buffer("size", z.shape))
-        if block.n_ranks == 2:
-            # Two ranks mirror each other (each one's centre is the other): a disagreement is of
-            # the pair, and both are named together, never one of them on a guess.
-            size = np.broadcast_to(size.max(axis=1, keepdims=True), size.shape).copy()
-        return jumps + self._judge(block, metric, at, size, means, None, judged_mask,
-                                   self.z_warning, self.z_critical, centre=centre, signed=True)
+        if not np.isfinite(zs.sum()):
+            judged_mask = np.isfinite(zs)
+            zs[~judged_mask] = 0.0
+        means = ewma_rows(zs, judged_mask, self._alpha, m0, out=self._buffer("means", zs.shape))
+        sizes = np.abs(means, out=self._buffer("size", zs.shape))
+        findings: list[Finding] = []
+        for metric, cols, centre, jumps, table, at in parts:
+            table["mean"][at] = means[-1, cols]
+            size = sizes[:, cols]
+            if r == 2:
+                # Two ranks mirror each other (each one's centre is the other): a disagreement
+                # is of the pair, and both are named together, never one of them on a guess.
+                size = np.broadcast_to(size.max(axis=1, keepdims=True), size.shape).copy()
+            findings += jumps + self._judge(block, metric, at, size, means[:, cols], None,
+                                            None if judged_mask is None else judged_mask[:, cols],
+                                            self.z_warning, self.z_critical, centre=centre,
+                                            signed=True)
+        return findings
 
     def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A float32 work array reused from block to block (nothing in it outlives a block)."""
+        """A float32 work array reused from block to block (nothing in it outlives a block): a
+        fresh one per block would cost page faults and allocations, not arithmetic."""
         buf = self._buffers.get(name)
         if buf is None or buf.shape != shape:
             buf = self._buffers[name] = np.empty(shape, dtype=np.float32)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+_MIN_INT64 = np.iinfo(np.int64).min
+
 
 def hysteresis(enter: np.ndarray, leave: np.ndarray, carry: np.ndarray) -> np.ndarray:
     """State per (row, column): on after an ``enter`` row, off after a ``leave`` row.
@@ -15,7 +17,11 @@ def hysteresis(enter: np.ndarray, leave: np.ndarray, carry: np.ndarray) -> np.nd
     idx = np.arange(n)[:, None]
     last_on = np.maximum.accumulate(np.where(enter, idx, -1), axis=0)
     last_off = np.maximum.accumulate(np.where(leave & ~enter, idx, -1), axis=0)
-    return np.where(last_on > last_off, True, np.where(last_off > last_on, False, carry[None, :]))
+    # On since the last enter if it is the later; the carried state while neither happened yet
+    # (a row cannot be both, so the two are equal only at -1).
+    state = last_on > last_off
+    state |= (last_off < 0) & carry[None, :]
+    return state
 
 
 def run_length(active: np.ndarray, observed: np.ndarray, carry: np.ndarray) -> np.ndarray:
@@ -25,16 +31,18 @@ def run_length(active: np.ndarray, observed: np.ndarray, carry: np.ndarray) -> n
     nor resets (missing is not evidence either way).
     """
     hits = (active & observed).astype(np.int64)
-    cum = np.cumsum(hits, axis=0) + carry[None, :]
+    cum = np.add.accumulate(hits, axis=0)
+    cum += carry[None, :]
     reset = observed & ~active
     base = np.maximum.accumulate(np.where(reset, cum, 0), axis=0)
-    return cum - base
+    cum -= base
+    return cum
 
 
 def last_step_where(mask: np.ndarray, steps: np.ndarray, carry: np.ndarray) -> np.ndarray:
     """Per (row, column): the latest step at or before the row where ``mask`` held (else carry)."""
-    marked = np.where(mask, steps[:, None], np.iinfo(np.int64).min)
-    return np.maximum(np.maximum.accumulate(marked, axis=0), carry[None, :])
+    marked = np.maximum.accumulate(np.where(mask, steps[:, None], _MIN_INT64), axis=0)
+    return np.maximum(marked, carry[None, :], out=marked)
 
 
 def ewma_rows(x: np.ndarray, observed: np.ndarray | None, alpha: float, m0: np.ndarray,
