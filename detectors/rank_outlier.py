@@ -399,23 +399,33 @@ class RankOutlierDetector(Detector, BlockDetector):
         means = means[:, local]
         ok = np.ones_like(near) if judged is None else judged[:, local]   # judged is aligned with sub
         carry_active = table["active"][p]
-        if not carry_active.any() and not (s > warn).any():
-            # Near the warning level but never past it, and no episode open (the usual case for
-            # the few such ranks): nothing starts, escalates or ends. Only the run lengths and the
-            # last unremarkable step move, to what the machine below would give them.
-            table["run"][p] = np.where(ok.any(axis=0), 0, table["run"][p])
-            calm_step = np.where(~near, block.steps[:, None], _MIN_STEP).max(axis=0)
-            table["quiet"][p] = np.maximum(calm_step, quiet_carry)
-            table["active"][p] = False
-            table["critical"][p] = False
-            return []
+        # Near the warning level but never past it, and no episode open (the usual case for the
+        # few such ranks): nothing starts, escalates or ends. Only the run lengths and the last
+        # unremarkable step move, to what the machine below would give them. (When the
+        # critical level is not below the warning level, that holds rank by rank, so only the
+        # others need the machine; otherwise it is taken for all or none, as it always was.)
+        hot = carry_active | (s > warn).any(axis=0)
+        calm = ~hot if crit >= warn else np.broadcast_to(~hot.any(), hot.shape)
+        if calm.any():
+            q = p[calm]
+            table["run"][q] = np.where(ok[:, calm].any(axis=0), 0, table["run"][q])
+            calm_step = np.where(~near[:, calm], block.steps[:, None], _MIN_STEP).max(axis=0)
+            table["quiet"][q] = np.maximum(calm_step, quiet_carry[calm])
+            table["active"][q] = False
+            table["critical"][q] = False
+            if calm.all():
+                return []
+            keep = ~calm
+            cols, p, s, near, means, ok = cols[keep], p[keep], s[:, keep], near[:, keep], means[:, keep], ok[:, keep]
+            quiet_carry, carry_active = quiet_carry[keep], carry_active[keep]
         active = hysteresis(s > warn, ~near, carry_active)
         runs = run_length(active, ok, table["run"][p])
         long = active & ok & (runs >= self._escalate_rows)
         critical = hysteresis((s > crit) | long, ~active, table["critical"][p])
         quiet = last_step_where(~near, block.steps, quiet_carry)
-        prev_active = np.vstack([carry_active[None, :], active[:-1]])
-        prev_crit = np.vstack([table["critical"][p][None, :], critical[:-1]])
+        prev_active, prev_crit = np.empty_like(active), np.empty_like(critical)
+        prev_active[0], prev_active[1:] = carry_active, active[:-1]
+        prev_crit[0], prev_crit[1:] = table["critical"][p], critical[:-1]
         table["active"][p], table["critical"][p] = active[-1], critical[-1]
         table["run"][p], table["quiet"][p] = runs[-1], quiet[-1]
 
