@@ -249,19 +249,22 @@ class RankOutlierDetector(Detector, BlockDetector):
             judged_mask = np.isfinite(zs)
             zs[~judged_mask] = 0.0
         means = ewma_rows(zs, judged_mask, self._alpha, m0, out=self._buffer("means", zs.shape))
-        sizes = np.abs(means, out=self._buffer("size", zs.shape))
+        # (Into the work array of the z, spent by now: a smaller footprint in the cache.)
+        sizes = np.abs(means, out=zs)
+        peaks = np.fmax.reduce(sizes, axis=0)
         findings: list[Finding] = []
         for metric, cols, centre, jumps, table, at in parts:
             table["mean"][at] = means[-1, cols]
-            size = sizes[:, cols]
+            size, peak = sizes[:, cols], peaks[cols]
             if r == 2:
                 # Two ranks mirror each other (each one's centre is the other): a disagreement
                 # is of the pair, and both are named together, never one of them on a guess.
                 size = np.broadcast_to(size.max(axis=1, keepdims=True), size.shape).copy()
+                peak = None
             findings += jumps + self._judge(block, metric, at, size, means[:, cols], None,
                                             None if judged_mask is None else judged_mask[:, cols],
                                             self.z_warning, self.z_critical, centre=centre,
-                                            signed=True)
+                                            signed=True, peak=peak)
         return findings
 
     def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -375,15 +378,16 @@ class RankOutlierDetector(Detector, BlockDetector):
     # ----------------------------------------------------------------------- shared machine
     def _judge(self, block: StepBlock, metric: str, at: np.ndarray | slice, size: np.ndarray,
                means: np.ndarray, sub: np.ndarray | None, judged: np.ndarray | None, warn: float,
-               crit: float, centre: np.ndarray, signed: bool) -> list[Finding]:
+               crit: float, centre: np.ndarray, signed: bool,
+               peak: np.ndarray | None = None) -> list[Finding]:
         """Episodes of ranks ``sub`` (block columns; None: every column) from their statistic
         ``size``; ``size``, ``means`` and ``judged`` have one column per entry of ``sub``. Ranks
         outside ``sub`` are known to sit at zero. ``at``: the block's rows in the tables
-        (:meth:`RankTable.index`)."""
+        (:meth:`RankTable.index`); ``peak``, if given: ``np.fmax.reduce(size, axis=0)``."""
         table = self._tables[metric]
         # Only ranks that come near the warning level (or are in an episode) need the machine:
         # a column's largest statistic tells (fmax: a NaN is never near, as in the comparison).
-        local = np.fmax.reduce(size, axis=0) > warn / 2
+        local = (np.fmax.reduce(size, axis=0) if peak is None else peak) > warn / 2
         local |= table["active"][at if sub is None else _rows(at, sub)]
         local = np.flatnonzero(local)
         cols = local if sub is None else sub[local]
@@ -397,7 +401,7 @@ class RankOutlierDetector(Detector, BlockDetector):
         s = size[:, local]
         near = s > warn / 2
         means = means[:, local]
-        ok = np.ones_like(near) if judged is None else judged[:, local]   # judged is aligned with sub
+        ok = np.ones(near.shape, dtype=bool) if judged is None else judged[:, local]   # judged is aligned with sub
         carry_active = table["active"][p]
         # Near the warning level but never past it, and no episode open (the usual case for the
         # few such ranks): nothing starts, escalates or ends. Only the run lengths and the last
