@@ -69,13 +69,14 @@ from healthsvc_detectors.base import BlockDetector, Detector
 from healthsvc_detectors.finding import Finding
 from healthsvc_detectors.kinds import Kind
 from healthsvc_detectors.frame import StepBlock
-from healthsvc_detectors.peers import PAIR_NOTE, PeerDeviation
+from healthsvc_detectors.peers import PAIR_NOTE, PeerDeviation, PeerView
 from healthsvc_detectors.stats.cross_section import ReferenceRanks, cross_section
 from healthsvc_detectors.stats.machines import ewma_rows, hysteresis, last_step_where, run_length
 from healthsvc_detectors.stats.rank_table import RankTable
 from healthsvc_detectors.stats.scales import excess_score
 
 _NEVER = -(2 ** 62)   # "no quiet step seen yet", "no jump watched"
+_MIN_STEP = np.iinfo(np.int64).min
 # After a jump, a rank is back from it once its z is below this, and each later step counts at
 # most this many sds towards a lasting offset (one hard batch cannot make one).
 _SETTLE_Z = 3.0
@@ -151,6 +152,7 @@ class RankOutlierDetector(Detector, BlockDetector):
                   # below _SETTLE_Z since, and the sum and count of its clipped z since then
                   "watch": _NEVER, "settled": False, "wsum": 0.0, "wn": 0}
         self._tables = {m: RankTable(fields) for m in (*self.metrics, *self.global_metrics)}
+        self._buffers: dict[str, np.ndarray] = {}
         old = getattr(self, "_peers", {})
         self._peers = {}
         for m in self.metrics:
@@ -201,51 +203,77 @@ class RankOutlierDetector(Detector, BlockDetector):
         self._alpha = 1.0 / self.window_steps
         self._escalate_rows = max(1, -(-self.escalate_steps // stride))
         findings: list[Finding] = []
-        for m in self.metrics:
-            if m in block.values:
-                v = views.get(m)
-                z = v.z[rows] if v is not None else None
-                count = v.count[rows] if v is not None else None
-                centre = v.centre[rows] if v is not None else None
-                top = v.z_row_max[rows] if v is not None else None
-                findings += self._distribution(block, m, ref, z, centre, count, top)
+        present = [m for m in self.metrics if m in block.values]
+        if present:
+            findings += self._distributions(block, present, ref, views, rows)
         for m in self.global_metrics:
             if m in block.values:
                 findings += self._global(block, m, ref)
         findings.sort(key=lambda f: (f.step, f.status != "firing", f.metric or "", f.severity, f.ranks))
         return findings
 
-    def _distribution(self, block: StepBlock, metric: str, ref: np.ndarray, z: np.ndarray | None,
-                      centre: np.ndarray | None, count: np.ndarray | None,
-                      top: np.ndarray | None) -> list[Finding]:
-        if z is None:
-            v = self._peers[metric].view(block, metric, ref)
-            z, centre, count, top = v.z, v.centre, v.count, v.z_row_max
-        jumps = self._jumps(block, metric, z, top, centre) if metric in self.offset_metrics else []
-        # Each rank against its peers, in its own sds of deviating from them: normal offsets are
-        # learned, and a 2-rank job is judged as well as a 16k-rank one. (A copy: the view is
-        # shared and read-only.)
-        # Clipped into a copy in one pass (NaN stays NaN); one sum tells whether any cell is
-        # not judged (clipped values cannot overflow it), the usual case being none.
-        z = np.clip(z, -self.z_clip, self.z_clip, out=np.empty(z.shape, dtype=np.float32))
-        if count.min() < self.min_ranks:
-            z[count < self.min_ranks] = np.nan
+    def _distributions(self, block: StepBlock, metrics: list[str], ref: np.ndarray,
+                       views: dict[str, PeerView], rows: slice | np.ndarray) -> list[Finding]:
+        """The distribution metrics of a block side by side in one work array: the weighted
+        means' loop over the rows costs per call, not per cell, so it runs once for all of them;
+        each metric is then judged on its own columns (its findings in the order of
+        ``metrics``)."""
+        n, r = block.n_steps, block.n_ranks
+        zs = self._buffer("z", (n, len(metrics) * r))
+        m0 = self._buffer("m0", (len(metrics) * r,))
+        parts = []
+        for i, metric in enumerate(metrics):
+            v = views.get(metric)
+            if v is None:
+                v = self._peers[metric].view(block, metric, ref)   # a private tracker: this block
+                z, centre, count, top = v.z, v.centre, v.count, v.z_row_max
+            else:
+                z, centre, count, top = v.z[rows], v.centre[rows], v.count[rows], v.z_row_max[rows]
+            jumps = self._jumps(block, metric, z, top, centre) if metric in self.offset_metrics else []
+            # Each rank against its peers, in its own sds of deviating from them: normal offsets
+            # are learned, and a 2-rank job is judged as well as a 16k-rank one. Clipped into the
+            # work array in one pass (NaN stays NaN; the view is shared and read-only).
+            cols = slice(i * r, (i + 1) * r)
+            zc = np.clip(z, -self.z_clip, self.z_clip, out=zs[:, cols])
+            if count.min() < self.min_ranks:
+                zc[count < self.min_ranks] = np.nan
+            table = self._tables[metric]
+            at = table.index(block.ranks)
+            m0[cols] = table["mean"][at]
+            parts.append((metric, cols, centre, jumps, table, at))
+        # One sum tells whether any cell is not judged (clipped values cannot overflow it), the
+        # usual case being none. (A metric whose cells all are is then masked by an all-true
+        # mask: the masked path rounds as the unmasked one, and judges the same.)
         judged_mask = None
-        if not np.isfinite(z.sum()):
-            judged_mask = np.isfinite(z)
-            z[~judged_mask] = 0.0
-        table = self._tables[metric]
-        pos = table.positions(block.ranks)
-        means = ewma_rows(z, judged_mask, self._alpha, table["mean"][pos])
-        table["mean"][pos] = means[-1]
-        size = np.abs(means)
-        if block.n_ranks == 2:
-            # Two ranks mirror each other (each one's centre is the other): a disagreement is of
-            # the pair, and both are named together, never one of them on a guess.
-            size = np.broadcast_to(size.max(axis=1, keepdims=True), size.shape).copy()
-        return jumps + self._judge(block, metric, pos, size, means, np.arange(block.n_ranks),
-                                   judged_mask, self.z_warning, self.z_critical, centre=centre,
-                                   signed=True)
+        if not np.isfinite(zs.sum()):
+            judged_mask = np.isfinite(zs)
+            zs[~judged_mask] = 0.0
+        means = ewma_rows(zs, judged_mask, self._alpha, m0, out=self._buffer("means", zs.shape))
+        # (Into the work array of the z, spent by now: a smaller footprint in the cache.)
+        sizes = np.abs(means, out=zs)
+        peaks = np.fmax.reduce(sizes, axis=0)
+        findings: list[Finding] = []
+        for metric, cols, centre, jumps, table, at in parts:
+            table["mean"][at] = means[-1, cols]
+            size, peak = sizes[:, cols], peaks[cols]
+            if r == 2:
+                # Two ranks mirror each other (each one's centre is the other): a disagreement
+                # is of the pair, and both are named together, never one of them on a guess.
+                size = np.broadcast_to(size.max(axis=1, keepdims=True), size.shape).copy()
+                peak = None
+            findings += jumps + self._judge(block, metric, at, size, means[:, cols], None,
+                                            None if judged_mask is None else judged_mask[:, cols],
+                                            self.z_warning, self.z_critical, centre=centre,
+                                            signed=True, peak=peak)
+        return findings
+
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A float32 work array reused from block to block (nothing in it outlives a block): a
+        fresh one per block would cost page faults and allocations, not arithmetic."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape != shape:
+            buf = self._buffers[name] = np.empty(shape, dtype=np.float32)
+        return buf
 
     def _jumps(self, block: StepBlock, metric: str, z: np.ndarray, top: np.ndarray,
                centre: np.ndarray) -> list[Finding]:
@@ -256,26 +284,29 @@ class RankOutlierDetector(Detector, BlockDetector):
         ``offset_min_steps``) is a ``warning`` dated at the jump. ``z`` are the raw (unclipped)
         z of the block, ``top`` an upper bound of each row's largest."""
         table = self._tables[metric]
-        pos = table.positions(block.ranks)
-        watching = table["watch"][pos] != _NEVER
+        at = table.index(block.ranks)
+        watching = table["watch"][at] != _NEVER
         hot = np.flatnonzero(top > self.jump_z)
         if len(hot) == 0 and not watching.any():
             return []          # the usual case: nothing jumped, nobody is watched
         with np.errstate(invalid="ignore"):
-            jumped = (z[hot] > self.jump_z).any(axis=0) if len(hot) else np.zeros(len(pos), dtype=bool)
+            jumped = (z[hot] > self.jump_z).any(axis=0) if len(hot) else np.zeros(len(watching), dtype=bool)
         out: list[Finding] = []
-        for c in np.flatnonzero(jumped | watching):    # a few columns at most: a loop is fine
-            p = pos[c]
+        steps = block.steps.tolist()
+        jump_z, watch_steps = self.jump_z, self.offset_watch_steps
+        min_steps, offset_z = self.offset_min_steps, self.offset_z
+        isfinite, sqrt = math.isfinite, math.sqrt
+        for c in np.flatnonzero(jumped | watching).tolist():   # a few columns at most: a loop is fine
+            p = c if isinstance(at, slice) else int(at[c])
             watch, settled = int(table["watch"][p]), bool(table["settled"][p])
             total, n = float(table["wsum"][p]), int(table["wn"][p])
-            for i, zi in enumerate(z[:, c].tolist()):
-                step = int(block.steps[i])
-                if not math.isfinite(zi):
+            for i, (step, zi) in enumerate(zip(steps, z[:, c].tolist())):
+                if not isfinite(zi):
                     continue
-                if watch != _NEVER and step - watch > self.offset_watch_steps:
+                if watch != _NEVER and step - watch > watch_steps:
                     watch = _NEVER                       # no lasting offset after this jump
                 if watch == _NEVER:
-                    if zi > self.jump_z:
+                    if zi > jump_z:
                         watch, settled, total, n = step, False, 0.0, 0
                     continue
                 if not settled:
@@ -284,8 +315,8 @@ class RankOutlierDetector(Detector, BlockDetector):
                     settled = True
                 total += min(max(zi, -_SETTLE_Z), _SETTLE_Z)
                 n += 1
-                stat = total / math.sqrt(n)
-                if n >= self.offset_min_steps and stat >= self.offset_z:
+                stat = total / sqrt(n)
+                if n >= min_steps and stat >= offset_z:
                     out.append(self._offset_finding(block, c, metric, step, watch, total / n, stat, n,
                                                     float(centre[i])))
                     watch = _NEVER
@@ -313,13 +344,12 @@ class RankOutlierDetector(Detector, BlockDetector):
     def _global(self, block: StepBlock, metric: str, ref: np.ndarray) -> list[Finding]:
         x, present = block.values[metric], block.present[metric]
         table = self._tables[metric]
-        pos = table.positions(block.ranks)
-        if present.all():
-            hi, lo = x.max(axis=1), x.min(axis=1)
-            if bool((hi == lo).all()) and not (table["mean"][pos] > 0).any():
-                # The usual case: every rank holds the very same finite value at every step and
-                # none has a share left to decay; nothing disagrees (NaN fails hi == lo).
-                table["quiet"][pos] = int(block.steps[-1])
+        at = table.index(block.ranks)
+        if x.shape[1] and present.all():
+            if bool((x == x[:, :1]).all()) and not (table["mean"][at] > 0).any():
+                # The usual case: every rank holds the very same value at every step and none
+                # has a share left to decay; nothing disagrees (NaN is not equal to itself).
+                table["quiet"][at] = int(block.steps[-1])
                 return []
         ref_valid = present[:, ref] & np.isfinite(x[:, ref])
         centre = cross_section(x[:, ref], ref_valid, None, self.min_ranks,
@@ -329,63 +359,77 @@ class RankOutlierDetector(Detector, BlockDetector):
             # NaN compares False: a missing or non-finite cell never "differs".
             differs = (x > (centre + tol)[:, None]) | (x < (centre - tol)[:, None])
         # The shares are exactly zero for ranks that never disagreed: update only the others.
-        sub = np.flatnonzero(differs.any(axis=0) | (table["mean"][pos] > 0))
+        sub = np.flatnonzero(differs.any(axis=0) | (table["mean"][at] > 0))
         if len(sub) == 0:
-            table["quiet"][pos] = int(block.steps[-1])
+            table["quiet"][at] = int(block.steps[-1])
             return []
         with np.errstate(invalid="ignore"):
             judged = present[:, sub] & np.isfinite(x[:, sub]) & np.isfinite(centre)[:, None]
-        means = ewma_rows(differs[:, sub].astype(np.float32), judged, self._alpha, table["mean"][pos[sub]],
-                      zero_below=1e-12)
-        table["mean"][pos[sub]] = means[-1]
-        return self._judge(block, metric, pos, means, means, sub, judged,
+        p = _rows(at, sub)
+        means = ewma_rows(differs[:, sub].astype(np.float32), judged, self._alpha, table["mean"][p],
+                          zero_below=1e-12)
+        table["mean"][p] = means[-1]
+        return self._judge(block, metric, at, means, means, sub, judged,
                            # the weighted share after patience_steps straight disagreements
                            1.0 - (1.0 - self._alpha) ** self.patience_steps - 1e-6,
                            self.global_critical_share, centre=centre,
                            signed=False)
 
     # ----------------------------------------------------------------------- shared machine
-    def _judge(self, block: StepBlock, metric: str, pos: np.ndarray, size: np.ndarray,
-               means: np.ndarray, sub: np.ndarray, judged: np.ndarray | None, warn: float,
-               crit: float, centre: np.ndarray, signed: bool) -> list[Finding]:
-        """Episodes of ranks ``sub`` (block columns) from their statistic ``size``; ``size``,
-        ``means`` and ``judged`` have one column per entry of ``sub``. Ranks outside ``sub`` are
-        known to sit at zero."""
+    def _judge(self, block: StepBlock, metric: str, at: np.ndarray | slice, size: np.ndarray,
+               means: np.ndarray, sub: np.ndarray | None, judged: np.ndarray | None, warn: float,
+               crit: float, centre: np.ndarray, signed: bool,
+               peak: np.ndarray | None = None) -> list[Finding]:
+        """Episodes of ranks ``sub`` (block columns; None: every column) from their statistic
+        ``size``; ``size``, ``means`` and ``judged`` have one column per entry of ``sub``. Ranks
+        outside ``sub`` are known to sit at zero. ``at``: the block's rows in the tables
+        (:meth:`RankTable.index`); ``peak``, if given: ``np.fmax.reduce(size, axis=0)``."""
         table = self._tables[metric]
-        carry_active = table["active"][pos]
-        # Only ranks that come near the warning level (or are in an episode) need the machine.
-        near = size > warn / 2
-        local = np.flatnonzero(near.any(axis=0) | carry_active[sub])
-        quiet_carry = table["quiet"][pos]
-        # Ranks quiet on the last row were last unremarkable at the block's last step.
-        quiet_last = np.full(len(pos), int(block.steps[-1]), dtype=np.int64)
-        quiet_last[sub] = np.where(near[-1], quiet_carry[sub], quiet_last[sub])
-        table["quiet"][pos] = quiet_last
+        # Only ranks that come near the warning level (or are in an episode) need the machine:
+        # a column's largest statistic tells (fmax: a NaN is never near, as in the comparison).
+        local = (np.fmax.reduce(size, axis=0) if peak is None else peak) > warn / 2
+        local |= table["active"][at if sub is None else _rows(at, sub)]
+        local = np.flatnonzero(local)
+        cols = local if sub is None else sub[local]
+        p = _rows(at, cols)
+        quiet_carry = table["quiet"][p]
+        # Every other rank (not near the level at the last row, since that makes it local) was
+        # last unremarkable at the block's last step; the local ones are set below.
+        table["quiet"][at] = int(block.steps[-1])
         if len(local) == 0:
             return []
-        cols = sub[local]
-        p = pos[cols]
         s = size[:, local]
-        near = near[:, local]
+        near = s > warn / 2
         means = means[:, local]
-        ok = np.ones_like(near) if judged is None else judged[:, local]   # judged is aligned with sub
-        if not carry_active[cols].any() and not (s > warn).any():
-            # Near the warning level but never past it, and no episode open (the usual case for
-            # the few such ranks): nothing starts, escalates or ends. Only the run lengths and the
-            # last unremarkable step move, to what the machine below would give them.
-            table["run"][p] = np.where(ok.any(axis=0), 0, table["run"][p])
-            calm_step = np.where(~near, block.steps[:, None], np.iinfo(np.int64).min).max(axis=0)
-            table["quiet"][p] = np.maximum(calm_step, quiet_carry[cols])
-            table["active"][p] = False
-            table["critical"][p] = False
-            return []
-        active = hysteresis(s > warn, ~near, carry_active[cols])
+        ok = np.ones(near.shape, dtype=bool) if judged is None else judged[:, local]   # judged is aligned with sub
+        carry_active = table["active"][p]
+        # Near the warning level but never past it, and no episode open (the usual case for the
+        # few such ranks): nothing starts, escalates or ends. Only the run lengths and the last
+        # unremarkable step move, to what the machine below would give them. (When the
+        # critical level is not below the warning level, that holds rank by rank, so only the
+        # others need the machine; otherwise it is taken for all or none, as it always was.)
+        hot = carry_active | (s > warn).any(axis=0)
+        calm = ~hot if crit >= warn else np.broadcast_to(~hot.any(), hot.shape)
+        if calm.any():
+            q = p[calm]
+            table["run"][q] = np.where(ok[:, calm].any(axis=0), 0, table["run"][q])
+            calm_step = np.where(~near[:, calm], block.steps[:, None], _MIN_STEP).max(axis=0)
+            table["quiet"][q] = np.maximum(calm_step, quiet_carry[calm])
+            table["active"][q] = False
+            table["critical"][q] = False
+            if calm.all():
+                return []
+            keep = ~calm
+            cols, p, s, near, means, ok = cols[keep], p[keep], s[:, keep], near[:, keep], means[:, keep], ok[:, keep]
+            quiet_carry, carry_active = quiet_carry[keep], carry_active[keep]
+        active = hysteresis(s > warn, ~near, carry_active)
         runs = run_length(active, ok, table["run"][p])
         long = active & ok & (runs >= self._escalate_rows)
         critical = hysteresis((s > crit) | long, ~active, table["critical"][p])
-        quiet = last_step_where(~near, block.steps, quiet_carry[cols])
-        prev_active = np.vstack([carry_active[cols][None, :], active[:-1]])
-        prev_crit = np.vstack([table["critical"][p][None, :], critical[:-1]])
+        quiet = last_step_where(~near, block.steps, quiet_carry)
+        prev_active, prev_crit = np.empty_like(active), np.empty_like(critical)
+        prev_active[0], prev_active[1:] = carry_active, active[:-1]
+        prev_crit[0], prev_crit[1:] = table["critical"][p], critical[:-1]
         table["active"][p], table["critical"][p] = active[-1], critical[-1]
         table["run"][p], table["quiet"][p] = runs[-1], quiet[-1]
 
@@ -447,3 +491,8 @@ class RankOutlierDetector(Detector, BlockDetector):
         for m, p in self._peers.items():
             if m in state.get("peers", {}):
                 p.load_state_dict(state["peers"][m])
+
+
+def _rows(at: np.ndarray | slice, cols: np.ndarray) -> np.ndarray:
+    """The table rows of block columns ``cols`` (``at`` from :meth:`RankTable.index`)."""
+    return cols if isinstance(at, slice) else at[cols]

@@ -29,6 +29,7 @@ class RankTable:
         self.arrays = {k: np.zeros(0, dtype=np.asarray(v).dtype) for k, v in fields.items()}
         self._cache_key: bytes | None = None
         self._cache_pos: np.ndarray | None = None
+        self._cache_index: np.ndarray | slice | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -45,7 +46,23 @@ class RankTable:
                 self.arrays[k] = np.insert(arr, at, self.defaults[k])
         pos = np.searchsorted(self.ids, ranks)
         self._cache_key, self._cache_pos = key, pos
+        # Every known rank in order (the usual block): a slice, whose reads are views and whose
+        # writes go straight into the arrays instead of a gather and a scatter.
+        ordered = len(pos) == len(self.ids) and bool((pos == np.arange(len(pos))).all())
+        self._cache_index = slice(None) if ordered else pos
         return pos
+
+    def index(self, ranks: np.ndarray) -> np.ndarray | slice:
+        """:meth:`positions`, or ``slice(None)`` when they are every row in order (reads through
+        it are views, not copies).
+
+        >>> t = RankTable({"count": 0})
+        >>> t.index(np.array([1, 2])), t.index(np.array([2])).tolist()
+        (slice(None, None, None), [1])
+        """
+        self.positions(ranks)
+        assert self._cache_index is not None
+        return self._cache_index
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]
@@ -63,4 +80,4 @@ class RankTable:
             # A field added since the state was saved starts at its default for every rank.
             self.arrays[k] = (array_from_json(state[k], dtype) if k in state
                               else np.full(len(self.ids), default, dtype=dtype))
-        self._cache_key, self._cache_pos = None, None
+        self._cache_key, self._cache_pos, self._cache_index = None, None, None
