@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
                                rollback_lookup=lambda run_id, pending=None: rollback.rollback_target(ctx, run_id, pending),
                                onset_lookup=lambda run_id: rollback.incident_onset(ctx, run_id),
                                ownership=ownership,
-                               run_findings_after=lambda run_id, after, conn=None: store.findings(
+                               run_findings_after=lambda run_id, after, conn=None: store.findings.query(
                                    run_id, since_id=after, limit=100_000, conn=conn))
     ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store),
                          findings=findings, health=RunHealth(findings, alerting.alert_states),

@@ -75,6 +75,6 @@ def report_probe(run_id: RunId, body: ProbeReportIn, request: Request, store: St
                summary="Abandon the bisection (checkpoint verdicts stay)")
 def delete_bisection(run_id: RunId, store: StoreDep) -> dict:
     _require_run(store, run_id)
-    if not store.submit_bisection_delete(run_id).result():
+    if not store.bisections.submit_delete(run_id).result():
         raise NotFound(f"run {run_id!r} has no bisection", loc=("path", "run_id"))
     return {"ok": True}

@@ -194,7 +194,7 @@ def history_block(store, run_id: str, step_min: int | None = None,
 
 
 def load_bisection(store, run_id: str) -> Bisection | None:
-    state = store.bisection_state(run_id)
+    state = store.bisections.state(run_id)
     return None if state is None else Bisection.from_dict(state)
 
 
@@ -280,7 +280,7 @@ def start_bisection(ctx: ServiceContext, run_id: str, steps: list[int] | None, k
     except BisectionError as exc:
         raise Conflict(str(exc), loc=("body",)) from None
     b.next_probe()  # propose the first probe now, so GET shows it
-    ctx.store.submit_bisection(run_id, b.to_dict()).result()
+    ctx.store.bisections.submit(run_id, b.to_dict()).result()
     return b, ids, {c.step: c.uri for c in ckpts}
 
 
@@ -298,7 +298,7 @@ def report_probe(ctx: ServiceContext, run_id: str, step: int, good: bool, value:
             ids[step], "verified" if good else "bad", f"bisection probe{'' if value is None else f' value={value:g}'}")
         return b.to_dict(), verdict
     try:
-        return Bisection.from_dict(ctx.store.submit_bisection_update(run_id, update).result())
+        return Bisection.from_dict(ctx.store.bisections.submit_update(run_id, update).result())
     except NoBisection:
         raise NotFound(f"run {run_id!r} has no bisection", loc=("path", "run_id"),
                        hint="start one with POST /v1/runs/{run_id}/bisection") from None

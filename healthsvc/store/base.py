@@ -1,10 +1,13 @@
 """What both stores share: the writer thread with group commit, listeners, migrations on open,
-snapshot and replay, and every table's mixin.
+snapshot and replay, and the tables it is composed of.
 
 :class:`~healthsvc.store.sqlite.SQLiteStore` and :class:`~healthsvc.store.postgres.PostgresStore`
 differ only in how they connect (and in the SQL dialect, which ``dialect`` translates): each
 implements ``_writer_connection``, ``_migrate``, ``_run_script``, ``read_conn``, ``size_bytes``
-and ``check_schema``. Everything else, ingest included, is this class's and its mixins'.
+and ``check_schema``. Everything else, ingest included, is this class's and its mixins' (ingest,
+control writes, run reads) or one of its tables': ``store.findings``, ``store.bisections``,
+``store.probes``, ``store.tokens`` and ``store.audit`` are objects, each built with the store's
+writer and reader (:class:`~healthsvc.store.seam.TableAccess`) and what else it needs by name.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 from healthsvc.store import snapshots
 from healthsvc.store.bisections import BisectionsTable
 from healthsvc.store.control import ControlWrites
+from healthsvc.store.fencing import Fence
 from healthsvc.store.findings import FindingsTable
 from healthsvc.store.ingest import MetricsIngest
 from healthsvc.store.probes import ProbesTable
@@ -24,15 +28,20 @@ from healthsvc.store.quotas import Quotas
 from healthsvc.store.reads import StoreReads
 from healthsvc.store.runstate import RunState
 from healthsvc.store.snapshots import Snapshot, SnapshotKind, StoredChunk
-from healthsvc.store.tokens import TokensTable
+from healthsvc.store.tokens import AuditLog, TokensTable
 from healthsvc.store.writer import GroupCommitWriter
 
 log = logging.getLogger(__name__)
 
 
-class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, BisectionsTable,
-                ProbesTable, TokensTable):
+class StoreBase(MetricsIngest, ControlWrites, StoreReads):
     path: str
+    # The tables, each its own object (see ``interface``: FindingsStore, BisectionStore, ...).
+    findings: FindingsTable
+    bisections: BisectionsTable
+    probes: ProbesTable
+    tokens: TokensTable
+    audit: AuditLog
     # Other processes (replicas) write the same runs: the ingest reads their restarts (attempts)
     # from the database before each batch. SQLite serves one process; PostgreSQL shares.
     shared_database: bool = False
@@ -53,6 +62,11 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
         self._writer: GroupCommitWriter | None = None
         self._write_conn: Any = None
         self._schemas: list[str] = []   # features' own idempotent DDL (register_schema)
+        self.findings = FindingsTable(self, clock, self._hosts_of)
+        self.bisections = BisectionsTable(self, clock)
+        self.probes = ProbesTable(self)
+        self.tokens = TokensTable(self, self._watch_tokens)
+        self.audit = AuditLog(self)
 
     # -- what each store implements ---------------------------------------------------------
     def _writer_connection(self) -> Any:
@@ -74,6 +88,16 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
         """The database's schema version, without changing it; raises
         :class:`~healthsvc.store.migrations.SchemaTooNew` if the code is older than the database."""
         raise NotImplementedError
+
+    def _watch_tokens(self, on_change: Callable[[], None]) -> None:
+        """The tokens table's watcher: one process holds a SQLite file, and its own changes go
+        through it, so there is nothing to watch (PostgreSQL's store listens)."""
+
+    # -- what the tables are given ----------------------------------------------------------
+    def _hosts_of(self, run_id: str, ranks: Sequence[int]) -> tuple[str | None, ...]:
+        """The findings table's: each rank's host as the run's state knows it (writer thread)."""
+        st = self._runs.get(run_id)
+        return st.hosts_of(ranks) if st is not None else (None,) * len(ranks)
 
     # -- lifecycle ------------------------------------------------------------------------
     def open(self) -> None:
@@ -125,7 +149,7 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
         for listener in self._listeners:
             listener(results)
 
-    def write(self, job: Callable[[Any], Any], fence: Any = None) -> Future:
+    def write(self, job: Callable[[Any], Any], fence: Fence | None = None) -> Future:
         """Run ``job(conn)`` on the writer thread in the next group commit; with a ``fence``
         (replicas: :class:`~healthsvc.ownership.Fence`) only while that lease holds
         (else the job fails alone with :class:`~healthsvc.ownership.leases.LeaseLost`)."""
@@ -139,7 +163,7 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
                 return inner(conn)
         return self._writer.submit(job)
 
-    def _check_fence(self, conn: Any, fence: Any) -> None:
+    def _check_fence(self, conn: Any, fence: Fence) -> None:
         """A store whose runs can change hands checks the lease (PostgreSQL); one process owns
         every run of a SQLite file, so there is nothing to check."""
 
@@ -163,7 +187,7 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
 
     # -- snapshot and replay (see ``snapshots``) -------------------------------------------
     def save_snapshot(self, run_id: str, kind: SnapshotKind, watermark: int, state: bytes,
-                      fence: Any = None) -> Future:
+                      fence: Fence | None = None) -> Future:
         """Replace the run's snapshot of ``kind`` (in the next group commit; see ``write`` for ``fence``)."""
         return self.write(lambda conn: snapshots.write_snapshot(conn, run_id, kind, watermark, state), fence)
 

@@ -421,7 +421,7 @@ class PostgresStore(StoreBase):
                                     configure=_configure, name="healthsvc-read")
         self._reader = PooledReader(self._pool, self.catalog)
 
-    def watch_tokens(self, on_change: Callable[[], None]) -> None:
+    def _watch_tokens(self, on_change: Callable[[], None]) -> None:
         """Other replicas create and revoke tokens too: ``on_change`` runs when one does
         (:class:`~healthsvc.store.token_watch.TokenWatch`), until the store closes."""
         from healthsvc.store.token_watch import TokenWatch

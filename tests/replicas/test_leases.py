@@ -134,8 +134,8 @@ def test_the_store_refuses_a_stale_owners_snapshot_and_findings(dsn):
         assert store.snapshots("monitor")["r1"].state == b"new owner"
         f = Finding("non_finite", step=3, ranks=(1,), severity="critical", metric="loss")
         with pytest.raises(LeaseLost):
-            store.submit_findings("r1", 1, [f], {}, fence=stale).result(10)
-        assert store.submit_findings("r1", 1, [f], {}, fence=b.fence("r1")).result(10).findings
+            store.findings.submit("r1", 1, [f], {}, fence=stale).result(10)
+        assert store.findings.submit("r1", 1, [f], {}, fence=b.fence("r1")).result(10).findings
     finally:
         store.close()
         b.stop()
