@@ -31,7 +31,7 @@ async def put_run(run_id: RunId, config: RunConfig, store: StoreDep, summaries: 
     # A bad detector parameter is a 422 now, not a monitor failing on every push later: types and
     # ranges first, then a probe block through each detector (healthsvc.detector_config).
     probe_suite(build_suite(config.model_dump()))
-    await committed(store.submit_run_config(run_id, config.model_dump()))
+    await committed(store.control.submit_run_config(run_id, config.model_dump()))
     return summaries.summary(run_id)
 
 
@@ -115,7 +115,7 @@ def list_checkpoints(run_id: RunId, store: StoreDep) -> list[dict]:
               summary="Mark a checkpoint verified, bad or deleted")
 async def patch_checkpoint(run_id: RunId, body: CheckpointStatusIn, store: StoreDep,
                            checkpoint_id: Annotated[int, Path(ge=0, le=INT64_MAX, description="The checkpoint's id (from GET .../checkpoints).")]) -> dict:
-    changed = await committed(store.submit_checkpoint_status(run_id, checkpoint_id, body.status, body.note))
+    changed = await committed(store.control.submit_checkpoint_status(run_id, checkpoint_id, body.status, body.note))
     if not changed:
         raise NotFound(f"run {run_id!r} has no checkpoint {checkpoint_id}", loc=("path", "checkpoint_id"))
     return {"ok": True}

@@ -5,9 +5,10 @@ snapshot and replay, and the tables it is composed of.
 differ only in how they connect (and in the SQL dialect, which ``dialect`` translates): each
 implements ``_writer_connection``, ``_migrate``, ``_run_script``, ``read_conn``, ``size_bytes``
 and ``check_schema``. Everything else, ingest included, is this class's and its mixins' (ingest,
-control writes, run reads) or one of its tables': ``store.findings``, ``store.bisections``,
-``store.probes``, ``store.tokens`` and ``store.audit`` are objects, each built with the store's
-writer and reader (:class:`~healthsvc.store.seam.TableAccess`) and what else it needs by name.
+run reads) or one of the objects it holds: ``store.control`` (the writes that are not metrics),
+``store.findings``, ``store.bisections``, ``store.probes``, ``store.tokens`` and ``store.audit``,
+each built with the store's writer and reader (:class:`~healthsvc.store.seam.TableAccess`) and
+what else it needs by name (the ingest's runs, a clock).
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ from healthsvc.store.writer import GroupCommitWriter
 log = logging.getLogger(__name__)
 
 
-class StoreBase(MetricsIngest, ControlWrites, StoreReads):
+class StoreBase(MetricsIngest, StoreReads):
     path: str
     # The tables, each its own object (see ``interface``: FindingsStore, BisectionStore, ...).
+    control: ControlWrites
     findings: FindingsTable
     bisections: BisectionsTable
     probes: ProbesTable
@@ -62,6 +64,7 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads):
         self._writer: GroupCommitWriter | None = None
         self._write_conn: Any = None
         self._schemas: list[str] = []   # features' own idempotent DDL (register_schema)
+        self.control = ControlWrites(self, self, clock, shared_database=self.shared_database)
         self.findings = FindingsTable(self, clock, self._hosts_of)
         self.bisections = BisectionsTable(self, clock)
         self.probes = ProbesTable(self)

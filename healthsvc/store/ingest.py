@@ -64,9 +64,9 @@ class MetricsIngest:
 
 
     def submit_metrics(self, run_id: str, batch: MetricBatch, digest: str) -> Future:
-        return self._run_job(run_id, lambda conn: self._ingest(conn, run_id, batch, digest))
+        return self.run_job(run_id, lambda conn: self._ingest(conn, run_id, batch, digest))
 
-    def _ensure_run(self, conn: sqlite3.Connection, run_id: str, now: float) -> RunState:
+    def ensure_run(self, conn: sqlite3.Connection, run_id: str, now: float) -> RunState:
         st = self._runs.get(run_id)
         if st is None:
             # Counted in the database: finished runs are let go from memory (release_run_states).
@@ -110,7 +110,7 @@ class MetricsIngest:
         known.update(new)
         st.metric_names = known
 
-    def _newer_attempt(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> tuple[int, int] | None:
+    def newer_attempt(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> tuple[int, int] | None:
         """(attempt, start step) of a restart another replica opened since this one last wrote
         the run, or None. On a shared database a replica sees only the pushes it was sent: one
         that never saw a rank's old steps cannot tell that rank's repeated step from progress,
@@ -126,7 +126,7 @@ class MetricsIngest:
 
     def _ingest(self, conn: sqlite3.Connection, run_id: str, batch: MetricBatch, digest: str) -> IngestResult:
         now = self._clock()
-        st = self._ensure_run(conn, run_id, now)
+        st = self.ensure_run(conn, run_id, now)
         self._claim_names(run_id, st, batch)
         # Encoded once: stored, and handed on with the result (a replica that does not own the
         # run sends these bytes to the owner).
@@ -145,7 +145,7 @@ class MetricsIngest:
             return self._duplicate(conn, run_id, digest, st, now)
         if len(batch) == 0:
             return IngestResult(run_id, 0, False, st.attempt, False, None, now, run=st.view())
-        joined = self._newer_attempt(conn, run_id, st)
+        joined = self.newer_attempt(conn, run_id, st)
         if joined is not None:
             # Joining changes no row: a job that fails after it leaves the state a replica
             # that read the same attempt would have (a retry joins it again).
@@ -233,7 +233,7 @@ class MetricsIngest:
         replica opened a newer attempt (then nothing is written: the general way claims it) or
         the batch is a duplicate. Here one statement each (SQLite's are in-process); the
         PostgreSQL store does it in one statement, which a lone push runs on its own."""
-        newer = self._newer_attempt(conn, run_id, st)
+        newer = self.newer_attempt(conn, run_id, st)
         if newer is not None:
             return Appended(newer=newer)
         if not self._claim(conn, run_id, digest, len(batch), now):
@@ -299,7 +299,7 @@ class MetricsIngest:
         self._runs = {}
         self._load_run_states(self._write_conn)
 
-    def _run_job(self, run_id: str, fn: Callable[[sqlite3.Connection], Any]) -> Future:
+    def run_job(self, run_id: str, fn: Callable[[sqlite3.Connection], Any]) -> Future:
         """A write that may create the run: if it fails, the run's row is rolled back with it,
         so the in-memory state must forget a run this job created (no phantom run that takes
         pushes but answers 404)."""

@@ -6,11 +6,13 @@ picks one by the URI). The protocols are split by who needs them, so a reader of
 at a glance what of the store it touches::
 
     StoreLifecycle   the app factory, /readyz, /metrics: open, close, health of the writer
-    IngestWrites     ingest and the control endpoints: metrics, config, checkpoints, events,
-                     heartbeats, finish (each resolves once durable, to a store result)
+    IngestWrites     ingest: metrics, letting quiet finished runs go (resolves once durable,
+                     to a store result)
     RunReads         the API, rollback, economics, export and the dashboard: runs and history
     Snapshots        the monitor, the dashboard (and the ingest itself): snapshot and replay
-    Tables           the tables that are objects of their own, one protocol each:
+    Tables           the parts that are objects of their own, one protocol each:
+      store.control     ControlStore     the control endpoints: config, checkpoints, events,
+                                         heartbeats, finish (each resolves once durable)
       store.findings    FindingsStore    findings: record, query
       store.bisections  BisectionStore   rollback: the persisted bisection
       store.probes      ProbesStore      probes: replay probes of suspect ranks and their reports
@@ -62,6 +64,10 @@ class StoreLifecycle(Protocol):
 class IngestWrites(Protocol):
     def submit_metrics(self, run_id: str, batch: MetricBatch, digest: str) -> Future: ...
     def release_run_states(self, quiet_s: float) -> Future: ...   # finished, quiet runs let go
+
+
+class ControlStore(Protocol):
+    """``store.control`` (:class:`~healthsvc.store.control.ControlWrites`)."""
     def submit_run_config(self, run_id: str, config: dict) -> Future: ...
     def submit_checkpoint(self, run_id: str, step: int, uri: str, duration_s: float | None,
                           nbytes: int | None) -> Future: ...
@@ -152,7 +158,9 @@ class AuditStore(Protocol):
 
 
 class Tables(Protocol):
-    """The store's tables that are objects of their own (read-only attributes)."""
+    """The store's parts that are objects of their own (read-only attributes)."""
+    @property
+    def control(self) -> ControlStore: ...
     @property
     def findings(self) -> FindingsStore: ...
     @property

@@ -158,7 +158,7 @@ def test_a_running_run_that_nobody_claimed_is_taken_by_the_sweep(dsn):
     try:
         store.submit_metrics("orphan", one_record(), "d1").result(10)
         store.submit_metrics("done", one_record(), "d2").result(10)
-        store.submit_finish("done").result(10)
+        store.control.submit_finish("done").result(10)
     finally:
         store.close()
     a, events = replica(dsn, "a", ttl_s=30.0)   # a long TTL: the only sweeps are the ones called below

@@ -52,7 +52,7 @@ def test_each_store_implements_every_method_of_the_interface(store):
 @pytest.mark.parametrize("store", [SQLiteStore, PostgresStore])
 def test_each_table_the_store_holds_implements_its_protocol(store):
     tables = table_protocols()
-    assert set(tables) == {"findings", "bisections", "probes", "tokens", "audit"}
+    assert set(tables) == {"control", "findings", "bisections", "probes", "tokens", "audit"}
     held = typing.get_type_hints(store)   # the class each attribute is (StoreBase annotates them)
     for name, protocol in tables.items():
         assert name in held, f"{store.__name__} does not declare its table {name}"

@@ -118,7 +118,7 @@ def test_a_replica_that_loads_a_run_while_another_stores_its_first_push_takes_th
     # the run's state from the database: the attempts, then the chunks. a's first push commits
     # between the two reads (on cue here; under load, by chance): b must read its attempt too.
     a, b = replicas
-    a.submit_run_config("r", {"world_size": 2}).result(10)
+    a.control.submit_run_config("r", {"world_size": 2}).result(10)
     chunks_after = snapshots.chunks_after
     cue = []
 
@@ -136,7 +136,7 @@ def test_a_replica_that_loads_a_run_while_another_stores_its_first_push_takes_th
 
 
 def finish(store: PostgresStore, rank: int) -> str:
-    return store.submit_finish("r", rank).result(10).kind
+    return store.control.submit_finish("r", rank).result(10).kind
 
 
 def test_the_run_finishes_when_its_last_rank_finishes_on_any_replica(replicas):
@@ -166,7 +166,7 @@ def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run(replicas):
 
         def finish_on(store, rank):
             start.wait()
-            kinds[rank] = store.submit_finish(run, rank).result(10).kind
+            kinds[rank] = store.control.submit_finish(run, rank).result(10).kind
 
         threads = [threading.Thread(target=finish_on, args=(s, r)) for r, s in enumerate((a, b))]
         for t in threads:
