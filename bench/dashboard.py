@@ -77,7 +77,7 @@ def build(db: str, n_ranks: int, n_steps: int, slow_rank: int, nan_step: int) ->
         step_time = np.repeat(compute.reshape(k, n_ranks).max(axis=1) + 0.08, n_ranks)
         values = {"loss": loss, "grad_norm": grad, "compute_time": compute, "step_time": step_time}
         batch = MetricBatch(steps, r, values, {f: np.ones(len(steps), bool) for f in values})
-        store.submit_metrics(RUN, batch, f"bench-{s0}").result()
+        store.ingest.submit_metrics(RUN, batch, f"bench-{s0}").result()
         for c in range(-(-s0 // 500) * 500, s0 + k, 500):
             if c:
                 store.control.submit_checkpoint(RUN, c, f"s3://ckpt/{RUN}/step{c}", 30.0, 40 * 2**30).result()

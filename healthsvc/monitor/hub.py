@@ -396,7 +396,7 @@ class MonitorHub:
             # The store's ingest state of the finished runs this replica stored pushes of (owned
             # here or not): let go by the store, on its writer, by the same rule.
             self._store_released_at = now
-            self.store.release_run_states(self.release_after_s)
+            self.store.ingest.release_run_states(self.release_after_s)
         for run_id, mon in list(self.monitors.items()):
             if mon.finished and now - mon.last_input_s >= self.release_after_s:
                 self._release(run_id)

@@ -4,8 +4,9 @@ snapshot and replay, and the tables it is composed of.
 :class:`~healthsvc.store.sqlite.SQLiteStore` and :class:`~healthsvc.store.postgres.PostgresStore`
 differ only in how they connect (and in the SQL dialect, which ``dialect`` translates): each
 implements ``_writer_connection``, ``_migrate``, ``_run_script``, ``read_conn``, ``size_bytes``
-and ``check_schema``. Everything else, ingest included, is this class's and its mixins' (ingest,
-run reads) or one of the objects it holds: ``store.control`` (the writes that are not metrics),
+and ``check_schema``. Everything else is this class's and its reads' (``reads``) or one of the
+objects it holds: ``store.ingest`` (the metrics and the runs' in-memory states, which it alone
+holds), ``store.control`` (the writes that are not metrics),
 ``store.findings``, ``store.bisections``, ``store.probes``, ``store.tokens`` and ``store.audit``,
 each built with the store's writer and reader (:class:`~healthsvc.store.seam.TableAccess`) and
 what else it needs by name (the ingest's runs, a clock).
@@ -27,7 +28,6 @@ from healthsvc.store.ingest import MetricsIngest
 from healthsvc.store.probes import ProbesTable
 from healthsvc.store.quotas import Quotas
 from healthsvc.store.reads import StoreReads
-from healthsvc.store.runstate import RunState
 from healthsvc.store.snapshots import Snapshot, SnapshotKind, StoredChunk
 from healthsvc.store.tokens import AuditLog, TokensTable
 from healthsvc.store.writer import GroupCommitWriter
@@ -35,9 +35,10 @@ from healthsvc.store.writer import GroupCommitWriter
 log = logging.getLogger(__name__)
 
 
-class StoreBase(MetricsIngest, StoreReads):
+class StoreBase(StoreReads):
     path: str
     # The tables, each its own object (see ``interface``: FindingsStore, BisectionStore, ...).
+    ingest: MetricsIngest
     control: ControlWrites
     findings: FindingsTable
     bisections: BisectionsTable
@@ -47,25 +48,19 @@ class StoreBase(MetricsIngest, StoreReads):
     # Other processes (replicas) write the same runs: the ingest reads their restarts (attempts)
     # from the database before each batch. SQLite serves one process; PostgreSQL shares.
     shared_database: bool = False
+    _ingest_class: type[MetricsIngest] = MetricsIngest   # PostgreSQL's appends in one statement
 
     def __init__(self, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
                  clock: Callable[[], float] = time.time, quotas: Quotas = Quotas()) -> None:
-        self.snapshot_every_s = snapshot_every_s
-        self.quotas = quotas
-        # How long a batch's idempotency key is remembered: retries come within minutes, and one
-        # row per request kept forever would outgrow the data itself at thousands of ranks.
-        self.dedupe_window_s = dedupe_window_s
-        self._last_prune = 0.0
-        self._clock = clock
-        self._runs: dict[str, RunState] = {}
-        self._last_snapshot: dict[str, float] = {}
         self._listeners: list[Callable[[list[Any]], None]] = []
         self._local = threading.local()
         self._writer: GroupCommitWriter | None = None
         self._write_conn: Any = None
         self._schemas: list[str] = []   # features' own idempotent DDL (register_schema)
-        self.control = ControlWrites(self, self, clock, shared_database=self.shared_database)
-        self.findings = FindingsTable(self, clock, self._hosts_of)
+        self.ingest = self._ingest_class(self, clock, quotas=quotas, snapshot_every_s=snapshot_every_s,
+                                         dedupe_window_s=dedupe_window_s, shared_database=self.shared_database)
+        self.control = ControlWrites(self, self.ingest, clock, shared_database=self.shared_database)
+        self.findings = FindingsTable(self, clock, self.ingest.hosts_of)
         self.bisections = BisectionsTable(self, clock)
         self.probes = ProbesTable(self)
         self.tokens = TokensTable(self, self._watch_tokens)
@@ -96,12 +91,6 @@ class StoreBase(MetricsIngest, StoreReads):
         """The tokens table's watcher: one process holds a SQLite file, and its own changes go
         through it, so there is nothing to watch (PostgreSQL's store listens)."""
 
-    # -- what the tables are given ----------------------------------------------------------
-    def _hosts_of(self, run_id: str, ranks: Sequence[int]) -> tuple[str | None, ...]:
-        """The findings table's: each rank's host as the run's state knows it (writer thread)."""
-        st = self._runs.get(run_id)
-        return st.hosts_of(ranks) if st is not None else (None,) * len(ranks)
-
     # -- lifecycle ------------------------------------------------------------------------
     def open(self) -> None:
         conn = self._writer_connection()
@@ -115,14 +104,15 @@ class StoreBase(MetricsIngest, StoreReads):
         for script in self._schemas:
             self._run_script(conn, script)
         self._write_conn = conn
-        self._load_run_states(conn)
-        self._writer = GroupCommitWriter(conn, after_commit=self._notify, after_rollback=self._reload_run_states)
+        self.ingest.load(conn)
+        self._writer = GroupCommitWriter(conn, after_commit=self._notify,
+                                         after_rollback=lambda: self.ingest.reload(conn))
         self._writer.start()
 
     def close(self) -> None:
         if self._writer is None:
             return
-        fut = self._writer.submit(self._snapshot_all)
+        fut = self._writer.submit(self.ingest.snapshot_all)
         try:
             fut.result(timeout=10)
         except Exception:

@@ -6,11 +6,11 @@ picks one by the URI). The protocols are split by who needs them, so a reader of
 at a glance what of the store it touches::
 
     StoreLifecycle   the app factory, /readyz, /metrics: open, close, health of the writer
-    IngestWrites     ingest: metrics, letting quiet finished runs go (resolves once durable,
-                     to a store result)
     RunReads         the API, rollback, economics, export and the dashboard: runs and history
     Snapshots        the monitor, the dashboard (and the ingest itself): snapshot and replay
     Tables           the parts that are objects of their own, one protocol each:
+      store.ingest      IngestStore      ingest: metrics, letting quiet finished runs go
+                                         (each resolves once durable, to a store result)
       store.control     ControlStore     the control endpoints: config, checkpoints, events,
                                          heartbeats, finish (each resolves once durable)
       store.findings    FindingsStore    findings: record, query
@@ -61,7 +61,8 @@ class StoreLifecycle(Protocol):
     def commits(self) -> int: ...
 
 
-class IngestWrites(Protocol):
+class IngestStore(Protocol):
+    """``store.ingest`` (:class:`~healthsvc.store.ingest.MetricsIngest`)."""
     def submit_metrics(self, run_id: str, batch: MetricBatch, digest: str) -> Future: ...
     def release_run_states(self, quiet_s: float) -> Future: ...   # finished, quiet runs let go
 
@@ -160,6 +161,8 @@ class AuditStore(Protocol):
 class Tables(Protocol):
     """The store's parts that are objects of their own (read-only attributes)."""
     @property
+    def ingest(self) -> IngestStore: ...
+    @property
     def control(self) -> ControlStore: ...
     @property
     def findings(self) -> FindingsStore: ...
@@ -173,5 +176,5 @@ class Tables(Protocol):
     def audit(self) -> AuditStore: ...
 
 
-class Store(StoreLifecycle, IngestWrites, RunReads, Snapshots, Tables, Protocol):
+class Store(StoreLifecycle, RunReads, Snapshots, Tables, Protocol):
     """Everything above: what :class:`~healthsvc.store.sqlite.SQLiteStore` is."""

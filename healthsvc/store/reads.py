@@ -12,29 +12,29 @@ import orjson
 
 from healthsvc.store.batch import MetricBatch
 from healthsvc.store.codec import decode_chunk
+from healthsvc.store.ingest import MetricsIngest
 from healthsvc.store.runstate import RunSnapshot, RunState
 
 
 class StoreReads:
-    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: everything that only reads."""
+    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: everything that only reads. The
+    runs' in-memory states are the ingest's (``store.ingest``), read through its methods."""
 
-    _runs: dict[str, RunState]
-    _built_run_state: Any   # MetricsIngest's
-
+    ingest: MetricsIngest
 
     def run_state(self, run_id: str) -> RunState | None:
         """The live state: the writer thread's alone (it changes it on every push). Every other
         thread reads :meth:`run_view`."""
-        return self._runs.get(run_id)
+        return self.ingest.state(run_id)
 
     def runs_held(self) -> int:
         """Runs whose ingest state is in memory (``/metrics``)."""
-        return len(self._runs)
+        return self.ingest.held()
 
     def run_view(self, run_id: str) -> RunSnapshot | None:
         """The run's state as of now, copied: for any thread (API handlers, the monitor, the
         dashboard, scrapes); None for a run that has no state (never pushed to)."""
-        st = self._runs.get(run_id) or self._released_state(run_id)
+        st = self.ingest.state(run_id) or self._released_state(run_id)
         return None if st is None else st.snapshot()
 
     def _released_state(self, run_id: str) -> RunState | None:
@@ -44,13 +44,13 @@ class StoreReads:
         row = self.read_conn().execute(
             "SELECT status FROM runs WHERE run_id=? AND EXISTS (SELECT 1 FROM run_state WHERE run_id=? AND kind='ingest')",
             (run_id, run_id)).fetchone()
-        return None if row is None else self._built_run_state(self.read_conn(), run_id, row[0])
+        return None if row is None else self.ingest.built_run_state(self.read_conn(), run_id, row[0])
 
     def newest_time(self) -> float:
         """The newest service-clock time the store holds of the runs' activity (pushes,
         heartbeats, run changes), unix seconds; 0 for an empty store. Read at start, so a service
         clock that came back behind it can start from it (``healthsvc.clock``)."""
-        pushes = max((st.last_push or 0.0 for st in self._runs.values()), default=0.0)
+        pushes = max((st.last_push or 0.0 for st in self.ingest.states()), default=0.0)
         (beats, runs) = self.read_conn().execute(
             "SELECT (SELECT max(ts) FROM heartbeats), (SELECT max(updated_at) FROM runs)").fetchone()
         return max(pushes, beats or 0.0, runs or 0.0)
@@ -75,7 +75,7 @@ class StoreReads:
                 "status": r[4], "finished_at": r[5]}
 
     def attempts(self, run_id: str) -> list[dict]:
-        st = self._runs.get(run_id) or self._released_state(run_id)
+        st = self.ingest.state(run_id) or self._released_state(run_id)
         progress = dict(st.attempt_progress) if st else {}
         rows = self.read_conn().execute(
             "SELECT attempt, start_step, opened_at FROM attempts WHERE run_id=? ORDER BY attempt", (run_id,))

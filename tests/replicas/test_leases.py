@@ -156,8 +156,8 @@ def test_a_running_run_that_nobody_claimed_is_taken_by_the_sweep(dsn):
     store = open_store(dsn)
     store.open()
     try:
-        store.submit_metrics("orphan", one_record(), "d1").result(10)
-        store.submit_metrics("done", one_record(), "d2").result(10)
+        store.ingest.submit_metrics("orphan", one_record(), "d1").result(10)
+        store.ingest.submit_metrics("done", one_record(), "d2").result(10)
         store.control.submit_finish("done").result(10)
     finally:
         store.close()

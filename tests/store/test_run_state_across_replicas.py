@@ -45,7 +45,7 @@ def record(rank: int, step: int, loss: float, process: str | None = None) -> Met
 
 
 def push(store: PostgresStore, rank: int, step: int, loss: float, run: str = "r", process: str | None = None) -> int:
-    return store.submit_metrics(run, record(rank, step, loss, process),
+    return store.ingest.submit_metrics(run, record(rank, step, loss, process),
                                 f"{rank}-{step}-{loss}" + (f"-{process}" if process else "")).result(10).attempt
 
 
@@ -105,7 +105,7 @@ def test_a_push_of_plain_progress_on_a_replica_behind_the_run_goes_to_the_newer_
     assert push(b, 0, 16, 2.0) == 2
     assert push(b, 0, 17, 2.0) == 2
     # A retried push through the same path is a duplicate, stored once.
-    again = b.submit_metrics("r", record(0, 17, 2.0), "0-17-2.0").result(10)
+    again = b.ingest.submit_metrics("r", record(0, 17, 2.0), "0-17-2.0").result(10)
     assert again.duplicate and again.attempt == 2
     h = load_history(a, "r")
     got = sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist()))
