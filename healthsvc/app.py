@@ -151,7 +151,7 @@ def _start_clock_after_stored_times(clock: Callable[[], float], store: Any) -> N
     not_before = getattr(clock, "not_before", None)
     if not_before is None:
         return
-    shift = not_before(store.newest_time())
+    shift = not_before(store.reads.newest_time())
     if shift > 0:
         log.warning("the wall clock is %.1f s behind the newest time the store holds; the service clock "
                     "starts from that time (timeouts are measured from it; stored times may run ahead of "

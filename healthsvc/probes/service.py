@@ -31,7 +31,7 @@ def request_probe(ctx: ServiceContext, run_id: str, suspect: int | None, healthy
                   finding_id: int | None, reason: str | None) -> dict[str, Any]:
     """Store a probe request (validated against the run) and return it."""
     store = ctx.store
-    if not store.run_exists(run_id):
+    if not store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
     blamed: tuple[int, ...] = ()
     if finding_id is not None:
@@ -46,7 +46,7 @@ def request_probe(ctx: ServiceContext, run_id: str, suspect: int | None, healthy
     if suspect is None:
         raise InvalidInput("give suspect_rank (or finding_id of a finding that blames a rank)",
                            loc=("body", "suspect_rank"))
-    st = store.run_view(run_id)
+    st = store.reads.run_view(run_id)
     seen = [] if st is None else list(st.ranks)
     if healthy is None:
         healthy = next((r for r in seen if r != suspect and r not in blamed), None)
@@ -75,7 +75,7 @@ def auto_probe_listener(ctx: ServiceContext):
             if (not (kind_table.known(f.kind) and kind_table.kind(f.kind).probe) or f.status != "firing" or not f.ranks
                     or f.severity not in ("warning", "critical")):
                 continue
-            st = ctx.store.run_view(sf.run_id)
+            st = ctx.store.reads.run_view(sf.run_id)
             seen = [] if st is None else list(st.ranks)
             healthy = next((r for r in seen if r not in f.ranks), None)
             if healthy is not None:
@@ -89,7 +89,7 @@ def _row_to_probe(ctx: ServiceContext, row: ProbeRow) -> dict[str, Any]:
     pid, run_id, suspect, healthy, step = row.id, row.run_id, row.suspect_rank, row.healthy_rank, row.step
     finding_id, reason, created_at, verdict = row.finding_id, row.reason, row.created_at, row.verdict
     got = {int(k): v for k, v in row.reports.items()}
-    host = ctx.store.hosts(run_id).get(suspect)
+    host = ctx.store.reads.hosts(run_id).get(suspect)
     out = {"id": pid, "run_id": run_id, "status": "done" if verdict else "pending",
            "suspect_rank": suspect, "healthy_rank": healthy, "step": step, "finding_id": finding_id,
            "reason": reason, "created_at": created_at,

@@ -4,9 +4,9 @@ snapshot and replay, and the tables it is composed of.
 :class:`~healthsvc.store.sqlite.SQLiteStore` and :class:`~healthsvc.store.postgres.PostgresStore`
 differ only in how they connect (and in the SQL dialect, which ``dialect`` translates): each
 implements ``_writer_connection``, ``_migrate``, ``_run_script``, ``read_conn``, ``size_bytes``
-and ``check_schema``. Everything else is this class's and its reads' (``reads``) or one of the
-objects it holds: ``store.ingest`` (the metrics and the runs' in-memory states, which it alone
-holds), ``store.control`` (the writes that are not metrics),
+and ``check_schema``. Everything else is this class's or one of the objects it holds:
+``store.ingest`` (the metrics and the runs' in-memory states, which it alone holds),
+``store.reads`` (runs and their history), ``store.control`` (the writes that are not metrics),
 ``store.findings``, ``store.bisections``, ``store.probes``, ``store.tokens`` and ``store.audit``,
 each built with the store's writer and reader (:class:`~healthsvc.store.seam.TableAccess`) and
 what else it needs by name (the ingest's runs, a clock).
@@ -35,10 +35,11 @@ from healthsvc.store.writer import GroupCommitWriter
 log = logging.getLogger(__name__)
 
 
-class StoreBase(StoreReads):
+class StoreBase:
     path: str
     # The tables, each its own object (see ``interface``: FindingsStore, BisectionStore, ...).
     ingest: MetricsIngest
+    reads: StoreReads
     control: ControlWrites
     findings: FindingsTable
     bisections: BisectionsTable
@@ -59,6 +60,7 @@ class StoreBase(StoreReads):
         self._schemas: list[str] = []   # features' own idempotent DDL (register_schema)
         self.ingest = self._ingest_class(self, clock, quotas=quotas, snapshot_every_s=snapshot_every_s,
                                          dedupe_window_s=dedupe_window_s, shared_database=self.shared_database)
+        self.reads = StoreReads(self, self.ingest)
         self.control = ControlWrites(self, self.ingest, clock, shared_database=self.shared_database)
         self.findings = FindingsTable(self, clock, self.ingest.hosts_of)
         self.bisections = BisectionsTable(self, clock)

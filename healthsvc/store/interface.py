@@ -6,11 +6,12 @@ picks one by the URI). The protocols are split by who needs them, so a reader of
 at a glance what of the store it touches::
 
     StoreLifecycle   the app factory, /readyz, /metrics: open, close, health of the writer
-    RunReads         the API, rollback, economics, export and the dashboard: runs and history
     Snapshots        the monitor, the dashboard (and the ingest itself): snapshot and replay
     Tables           the parts that are objects of their own, one protocol each:
       store.ingest      IngestStore      ingest: metrics, letting quiet finished runs go
                                          (each resolves once durable, to a store result)
+      store.reads       RunReads         the API, rollback, economics, export and the
+                                         dashboard: runs and history
       store.control     ControlStore     the control endpoints: config, checkpoints, events,
                                          heartbeats, finish (each resolves once durable)
       store.findings    FindingsStore    findings: record, query
@@ -80,6 +81,7 @@ class ControlStore(Protocol):
 
 
 class RunReads(Protocol):
+    """``store.reads`` (:class:`~healthsvc.store.reads.StoreReads`)."""
     def run_state(self, run_id: str) -> RunState | None: ...   # the writer thread's only
     def run_view(self, run_id: str) -> RunSnapshot | None: ...  # a copy, for any thread
     def runs_held(self) -> int: ...   # runs whose ingest state is in memory
@@ -163,6 +165,8 @@ class Tables(Protocol):
     @property
     def ingest(self) -> IngestStore: ...
     @property
+    def reads(self) -> RunReads: ...
+    @property
     def control(self) -> ControlStore: ...
     @property
     def findings(self) -> FindingsStore: ...
@@ -176,5 +180,5 @@ class Tables(Protocol):
     def audit(self) -> AuditStore: ...
 
 
-class Store(StoreLifecycle, RunReads, Snapshots, Tables, Protocol):
+class Store(StoreLifecycle, Snapshots, Tables, Protocol):
     """Everything above: what :class:`~healthsvc.store.sqlite.SQLiteStore` is."""

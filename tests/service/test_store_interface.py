@@ -45,14 +45,14 @@ def assert_implements(impl_class: type, protocol: type) -> None:
 
 @pytest.mark.parametrize("store", [SQLiteStore, PostgresStore])
 def test_each_store_implements_every_method_of_the_interface(store):
-    assert {"run_view", "chunks_after", "save_snapshot"} <= set(protocol_methods(interface.Store))
+    assert {"open", "chunks_after", "save_snapshot"} <= set(protocol_methods(interface.Store))
     assert_implements(store, interface.Store)
 
 
 @pytest.mark.parametrize("store", [SQLiteStore, PostgresStore])
 def test_each_table_the_store_holds_implements_its_protocol(store):
     tables = table_protocols()
-    assert set(tables) == {"ingest", "control", "findings", "bisections", "probes", "tokens", "audit"}
+    assert set(tables) == {"ingest", "reads", "control", "findings", "bisections", "probes", "tokens", "audit"}
     held = typing.get_type_hints(store)   # the class each attribute is (StoreBase annotates them)
     for name, protocol in tables.items():
         assert name in held, f"{store.__name__} does not declare its table {name}"

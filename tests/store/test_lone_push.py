@@ -75,7 +75,7 @@ def test_what_a_lone_push_writes_after_its_append_commits_with_the_job(db_uri):
     reopened = open_store(db_uri)
     reopened.open()
     try:
-        assert reopened.run_state("r").view().attempt == 1
+        assert reopened.reads.run_state("r").view().attempt == 1
         assert load_history(reopened, "r").steps.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     finally:
         reopened.close()
