@@ -58,7 +58,7 @@ def build(db: str, n_ranks: int, n_steps: int, slow_rank: int, nan_step: int) ->
     store.subscribe(hub.committed)                # the service's pipeline feeds it the same way
     store.open()
     hub.start()
-    store.submit_run_config(RUN, {"world_size": n_ranks}).result()
+    store.control.submit_run_config(RUN, {"world_size": n_ranks}).result()
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     ranks = np.tile(np.arange(n_ranks, dtype=np.int64), BLOCK_STEPS)
@@ -77,10 +77,10 @@ def build(db: str, n_ranks: int, n_steps: int, slow_rank: int, nan_step: int) ->
         step_time = np.repeat(compute.reshape(k, n_ranks).max(axis=1) + 0.08, n_ranks)
         values = {"loss": loss, "grad_norm": grad, "compute_time": compute, "step_time": step_time}
         batch = MetricBatch(steps, r, values, {f: np.ones(len(steps), bool) for f in values})
-        store.submit_metrics(RUN, batch, f"bench-{s0}").result()
+        store.ingest.submit_metrics(RUN, batch, f"bench-{s0}").result()
         for c in range(-(-s0 // 500) * 500, s0 + k, 500):
             if c:
-                store.submit_checkpoint(RUN, c, f"s3://ckpt/{RUN}/step{c}", 30.0, 40 * 2**30).result()
+                store.control.submit_checkpoint(RUN, c, f"s3://ckpt/{RUN}/step{c}", 30.0, 40 * 2**30).result()
     findings.record(RUN, 1, [
         Finding("straggler", step=n_steps * 2 // 5 + 8, ranks=(slow_rank,), severity="critical", metric="compute_time",
                 score=1.0, onset_step=n_steps * 2 // 5, evidence={"ratio": 2.0})], {}).result()

@@ -76,7 +76,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
                                rollback_lookup=lambda run_id, pending=None: rollback.rollback_target(ctx, run_id, pending),
                                onset_lookup=lambda run_id: rollback.incident_onset(ctx, run_id),
                                ownership=ownership,
-                               run_findings_after=lambda run_id, after, conn=None: store.findings(
+                               run_findings_after=lambda run_id, after, conn=None: store.findings.query(
                                    run_id, since_id=after, limit=100_000, conn=conn))
     ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store),
                          findings=findings, health=RunHealth(findings, alerting.alert_states),
@@ -156,7 +156,7 @@ def _start_clock_after_stored_times(clock: Callable[[], float], store: Any) -> N
     not_before = getattr(clock, "not_before", None)
     if not_before is None:
         return
-    shift = not_before(store.newest_time())
+    shift = not_before(store.reads.newest_time())
     if shift > 0:
         log.warning("the wall clock is %.1f s behind the newest time the store holds; the service clock "
                     "starts from that time (timeouts are measured from it; stored times may run ahead of "

@@ -11,7 +11,7 @@ from typing import Iterator
 import numpy as np
 
 from healthsvc.store.batch import MetricBatch
-from healthsvc.store.interface import RunReads
+from healthsvc.store.interface import Store
 
 
 @dataclass
@@ -32,12 +32,12 @@ class History:
         return list(self.values)
 
 
-def iter_history_batches(store: RunReads, run_id: str, *, step_min: int | None = None,
+def iter_history_batches(store: Store, run_id: str, *, step_min: int | None = None,
                          step_max: int | None = None, ranks: set[int] | None = None,
                          fields: set[str] | None = None, attempt: int | None = None,
                          ) -> Iterator[tuple[int, MetricBatch]]:
-    for chunk_attempt, batch in store.iter_chunks(run_id, step_min=step_min, step_max=step_max,
-                                                  attempt=attempt, fields=fields):
+    for chunk_attempt, batch in store.reads.iter_chunks(run_id, step_min=step_min, step_max=step_max,
+                                                        attempt=attempt, fields=fields):
         if ranks is not None:
             keep = np.isin(batch.ranks, np.fromiter(ranks, dtype=np.int64))
             if not keep.any():
@@ -47,7 +47,7 @@ def iter_history_batches(store: RunReads, run_id: str, *, step_min: int | None =
         yield chunk_attempt, batch
 
 
-def load_history(store: RunReads, run_id: str, **filters) -> History:
+def load_history(store: Store, run_id: str, **filters) -> History:
     parts = list(iter_history_batches(store, run_id, **filters))
     return concat_batches(parts)
 

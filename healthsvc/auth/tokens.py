@@ -6,7 +6,7 @@ entropy, and would cost every push). The bootstrap admin token (``HEALTHSVC_ADMI
 never stored; it is compared by hash in memory like the others.
 
 The cache is the database's: replicas over one PostgreSQL database hear each other's creations
-and revocations (``store.watch_tokens``, ``LISTEN``/``NOTIFY``) and reload, so a token made or
+and revocations (``store.tokens.watch``, ``LISTEN``/``NOTIFY``) and reload, so a token made or
 revoked on one replica holds on every replica within milliseconds (a second at most).
 
 Auth is *enabled* once there is a bootstrap token or any live token in the store; until then the
@@ -73,12 +73,12 @@ class TokenStore:
         """Read live tokens into memory (after the store opens), and again whenever another
         replica changes them."""
         self._reload()
-        self.store.watch_tokens(self._reload)
+        self.store.tokens.watch(self._reload)
 
     def _reload(self) -> None:
         for _ in range(3):
             seen = self._writes
-            rows = self.store.live_tokens()
+            rows = self.store.tokens.live()
             fresh = {r.hash: Token(r.id, r.name, frozenset(r.scopes), r.run_prefix, r.created_at, r.created_by)
                      for r in rows}
             with self._lock:
@@ -105,7 +105,7 @@ class TokenStore:
         tok = Token(id="tok_" + secrets.token_hex(6), name=name, scopes=frozenset(scopes), run_prefix=run_prefix,
                     created_at=self.clock(), created_by=created_by)
         h = hash_token(secret)
-        self.store.submit_token(TokenRow(tok.id, name, h, sorted(scopes), run_prefix, tok.created_at,
+        self.store.tokens.submit(TokenRow(tok.id, name, h, sorted(scopes), run_prefix, tok.created_at,
                                          created_by)).result(timeout=60)
         with self._lock:
             self._by_hash = {**self._by_hash, h: tok}
@@ -116,7 +116,7 @@ class TokenStore:
         """:data:`REVOKED`, :data:`NOT_LIVE` (no live token of that id), or :data:`LAST_ADMIN`
         (kept: it is the last admin token of an exposed service with no bootstrap token)."""
         keep_an_admin = self.exposed and self._bootstrap_hash is None
-        outcome = self.store.submit_token_revocation(token_id, self.clock(),
+        outcome = self.store.tokens.submit_revocation(token_id, self.clock(),
                                                      keep_an_admin=keep_an_admin).result(timeout=60)
         if outcome == REVOKED:
             with self._lock:
@@ -126,15 +126,15 @@ class TokenStore:
 
     def list(self) -> list[Token]:
         return [Token(r.id, r.name, frozenset(r.scopes), r.run_prefix, r.created_at, r.created_by, r.revoked_at)
-                for r in self.store.all_tokens()]
+                for r in self.store.tokens.all()]
 
     # -- audit ----------------------------------------------------------------------------------
     def record(self, actor: str, method: str, path: str, status: int):
         """Append to the audit log; returns the store's future (the guard awaits it, so an admin
         action is in the log by the time its answer is complete)."""
         now = self.clock()
-        return self.store.submit_audit(now, actor, method, path, status)
+        return self.store.audit.submit(now, actor, method, path, status)
 
     def audit(self, limit: int = 1000) -> list[dict[str, Any]]:
         return [{"id": e.id, "at": e.at, "actor": e.actor, "method": e.method, "path": e.path, "status": e.status}
-                for e in self.store.audit_log(limit)]
+                for e in self.store.audit.newest(limit)]

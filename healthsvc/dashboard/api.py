@@ -47,7 +47,7 @@ def _hub(request: Request):
 
 
 def _require_run(request: Request, run_id: str) -> None:
-    if not request.app.state.store.run_exists(run_id):
+    if not request.app.state.store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
 
 

@@ -180,7 +180,7 @@ class RollupHub:
             feed = self.feeds.get(run_id)
             if feed is not None:
                 return fn(feed.rollup)
-        row = self.store.get_run_row(run_id)
+        row = self.store.reads.get_run_row(run_id)
         snap = self.store.snapshot(run_id, "dashboard") if row is not None and row["status"] == "finished" else None
         if snap is None:
             return None
@@ -224,7 +224,7 @@ class RollupHub:
     def _feed(self, run_id: str) -> RunFeed:
         feed = self.feeds.get(run_id)
         if feed is None:
-            row = self.store.get_run_row(run_id)
+            row = self.store.reads.get_run_row(run_id)
             feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, (row or {}).get("config", {}).get("world_size"))
         return feed
 
@@ -271,7 +271,7 @@ class RollupHub:
 
     def _restore(self) -> None:
         snapshots = {r: snap.state for r, snap in self.store.snapshots("dashboard").items()}
-        for row in self.store.list_run_rows():
+        for row in self.store.reads.list_run_rows():
             feed = self._restored(row, snapshots.get(row["run_id"]))
             with self.lock:
                 self.feeds[row["run_id"]] = feed
@@ -288,8 +288,8 @@ class RollupHub:
                 feed = RunFeed(self.align_timeout_s, row["config"].get("world_size"))
         # As the monitor's replay: the store's run state is what the chunks led to (see
         # MonitorHub._restore); each attempt's first step is in its attempts table.
-        starts = {a["attempt"]: int(a["start_step"]) for a in self.store.attempts(run_id)}
-        st = self.store.run_view(run_id)
+        starts = {a["attempt"]: int(a["start_step"]) for a in self.store.reads.attempts(run_id)}
+        st = self.store.reads.run_view(run_id)
         seen = st.ranks_seen if st is not None else 0
         for chunk in self.store.chunks_after(run_id, feed.watermark, FIELDS):
             feed.add(chunk.batch, RunView(chunk.attempt, starts.get(chunk.attempt, -1), seen, False),

@@ -32,10 +32,10 @@ def runs(summaries, health) -> list[dict[str, Any]]:
 
 def run_detail(summaries, health, hub: RollupHub, run_id: str) -> dict[str, Any]:
     base = summaries.summary(run_id, detail=False)  # NotFound (404) for an unknown run
-    base["attempts"] = summaries.store.attempts(run_id)
+    base["attempts"] = summaries.store.reads.attempts(run_id)
     last = hub.read(run_id, lambda r: r.last_step)
     # Asked here so the page requests GET .../bisection only when there is one (no 404 to log).
-    bisecting = summaries.store.has_bisection(run_id)
+    bisecting = summaries.store.bisections.exists(run_id)
     return {**_row(health, base), "rollup_last_step": -1 if last is None else last,
             "catching_up": hub.catching_up, "has_bisection": bisecting}
 

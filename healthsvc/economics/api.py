@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1/runs", tags=["economics"])
 
 
 def _facts(request: Request, store, run_id: str) -> RunFacts:
-    if not store.run_exists(run_id):
+    if not store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
     ctx = request.app.state.ctx
     return load_run_facts(store, ctx.findings, request.app.state.economics_cache, run_id)

@@ -81,7 +81,7 @@ class AttemptStatsCache:
                 cache.last_chunk_id = chunk_id
             stats = dict(cache.attempts)
         out = []
-        for row in self.store.attempts(run_id):
+        for row in self.store.reads.attempts(run_id):
             st = stats.get(row["attempt"])
             if st is None:
                 continue
@@ -131,7 +131,7 @@ class RunFacts:
 def _events(store, run_id: str) -> list[tuple[RunEvent, dict]]:
     """The trainer's events as typed records, each with its raw ``data``."""
     out = []
-    for e in store.events(run_id):
+    for e in store.reads.events(run_id):
         d = e["data"] or {}
         old, new = d.get("old", d.get("old_world_size")), d.get("new", d.get("new_world_size"))
         event = RunEvent(kind=e["kind"], at_s=e["ts"], step=e["step"],
@@ -181,7 +181,7 @@ def load_run_facts(store, findings_service, cache: AttemptStatsCache, run_id: st
                                   duration_s=c["duration_s"], size_bytes=c["bytes"],
                                   attempt=c["attempt"], verified_clean=c["status"] == "verified",
                                   known_bad=c["status"] == "bad")
-                  for c in store.checkpoints(run_id) if c["status"] != "deleted")
+                  for c in store.reads.checkpoints(run_id) if c["status"] != "deleted")
     raw_events = _events(store, run_id)
     events = [e for e, _ in raw_events]
     stored = findings_service.query(run_id, limit=1_000_000)
@@ -218,7 +218,7 @@ def load_run_facts(store, findings_service, cache: AttemptStatsCache, run_id: st
                                   summary=f"rollback to step {e.step}"))
         corruptions.append(Corruption(onset_step=onset, detected_step=detected, detected_at_s=e.at_s,
                                       rollback_target_step=e.step))
-    config = (store.get_run_row(run_id) or {}).get("config") or {}
+    config = (store.reads.get_run_row(run_id) or {}).get("config") or {}
     return RunFacts(run_id=run_id, attempts=tuple(attempts), checkpoints=ckpts, events=tuple(events),
                     findings=findings, incidents=tuple(sorted(incidents, key=lambda i: i.at_s)),
                     corruptions=tuple(corruptions),
@@ -232,7 +232,7 @@ def fleet_failures_and_exposure(store, exclude_run_id: str) -> tuple[int, float]
     Only restarts are counted here (an attempt after the first), which the store knows without
     decoding history; it is a prior, refined by each run's own incidents.
     """
-    rows = store.attempt_spans(exclude_run_id=exclude_run_id)
+    rows = store.reads.attempt_spans(exclude_run_id=exclude_run_id)
     exposure = sum(hi - lo for _, _, lo, hi in rows)
     attempts_by_run: dict[str, int] = {}
     for run_id, _, _, _ in rows:

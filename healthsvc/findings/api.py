@@ -44,7 +44,7 @@ def list_findings(
     if kind is not None and not kind_table.known(kind):
         raise InvalidInput(f"unknown kind {kind!r}; expected one of {', '.join(kind_table.names())}",
                            loc=("query", "kind"))
-    if not store.run_exists(run_id):
+    if not store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
     found = request.app.state.ctx.findings.query(run_id, kind=kind, status=status, since_step=since_step,
                                                  since=since, min_severity=min_severity, limit=limit)

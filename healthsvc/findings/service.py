@@ -67,24 +67,24 @@ class FindingsService:
         if stage is not None:
             prepared = stage.prepare(run_id, attempt, findings)
             then = functools.partial(stage.in_job, prepared=prepared)
-        return self.store.submit_findings(run_id, attempt, findings, hosts, then=then, fence=fence)
+        return self.store.findings.submit(run_id, attempt, findings, hosts, then=then, fence=fence)
 
     def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
               since_step: int | None = None, since: float | None = None, min_severity: str | None = None,
               limit: int = 1000, since_id: int | None = None) -> list[StoredFinding]:
-        return self.store.findings(run_id, kind=kind, status=status, since_step=since_step, since=since,
-                                   min_severity=min_severity, limit=limit, since_id=since_id)
+        return self.store.findings.query(run_id, kind=kind, status=status, since_step=since_step, since=since,
+                                         min_severity=min_severity, limit=limit, since_id=since_id)
 
     def stored_after(self, after_id: int, limit: int = 10_000, conn: Any = None) -> list[StoredFinding]:
         """Findings of every run stored after ``after_id``, oldest first (alerting processes
         these: in the findings job, through its ``conn``, and at start)."""
-        out = [sf for run_id in self.store.runs_with_findings_after(after_id, conn=conn)
-               for sf in self.store.findings(run_id, since_id=after_id, limit=limit, conn=conn)]
+        out = [sf for run_id in self.store.findings.runs_after(after_id, conn=conn)
+               for sf in self.store.findings.query(run_id, since_id=after_id, limit=limit, conn=conn)]
         return sorted(out, key=lambda sf: sf.id)[:limit]
 
     def newest_id(self) -> int:
         """The id of the newest stored finding (0: none)."""
-        return self.store.newest_finding_id()
+        return self.store.findings.newest_id()
 
     def unresolved(self, run_id: str) -> list[StoredFinding]:
         """Firing findings whose condition (kind, metric, ranks, attempt) no later finding resolved.
@@ -96,4 +96,4 @@ class FindingsService:
 
     def firing_counts(self, run_id: str) -> dict[str, int]:
         """Firing findings ever stored for the run, by kind."""
-        return self.store.firing_counts(run_id)
+        return self.store.findings.firing_counts(run_id)

@@ -22,7 +22,7 @@ async def accept_metrics(ctx, run_id: str, raw: bytes, content_encoding: str | N
         metrics.ingest_requests.labels("rejected").inc()
         raise
     try:
-        result = await committed(ctx.store.submit_metrics(run_id, batch, digest))
+        result = await committed(ctx.store.ingest.submit_metrics(run_id, batch, digest))
     except STORE_ERRORS as exc:  # nothing was stored: a 503/507 the client retries
         metrics.ingest_requests.labels("failed").inc()
         raise store_error(exc) from None

@@ -42,7 +42,7 @@ async def post_metrics(run_id: RunId, request: Request) -> Response:
 @router.post("/checkpoints", status_code=status.HTTP_201_CREATED, response_model=Ok,
              summary="Record a checkpoint the trainer wrote")
 async def post_checkpoint(run_id: RunId, body: CheckpointIn, store: StoreDep) -> dict:
-    await committed(store.submit_checkpoint(run_id, body.step, body.uri, body.duration_s, body.bytes))
+    await committed(store.control.submit_checkpoint(run_id, body.step, body.uri, body.duration_s, body.bytes))
     return {"ok": True}
 
 
@@ -50,7 +50,7 @@ async def post_checkpoint(run_id: RunId, body: CheckpointIn, store: StoreDep) ->
              summary="A rank is alive; says which phase it is in")
 async def post_heartbeat(run_id: RunId, body: HeartbeatIn, store: StoreDep, settings: SettingsDep) -> dict:
     check_rank(body.rank, settings.max_ranks, ("body", "rank"))
-    await committed(store.submit_heartbeat(run_id, body.rank, body.step, body.phase))
+    await committed(store.control.submit_heartbeat(run_id, body.rank, body.step, body.phase))
     return {"ok": True}
 
 
@@ -60,7 +60,7 @@ async def post_event(run_id: RunId, body: EventIn, store: StoreDep, settings: Se
     for key in ("old", "new"):
         if body.kind == "world_size_change":
             check_rank(body.data.get(key), settings.max_ranks, ("body", "data", key), what="world size")
-    await committed(store.submit_event(run_id, body.kind, body.step, body.data))
+    await committed(store.control.submit_event(run_id, body.kind, body.step, body.data))
     return {"ok": True}
 
 
@@ -68,5 +68,5 @@ async def post_event(run_id: RunId, body: EventIn, store: StoreDep, settings: Se
 async def post_finish(run_id: RunId, store: StoreDep, settings: SettingsDep, body: FinishIn | None = None) -> dict:
     rank = body.rank if body is not None else None
     check_rank(rank, settings.max_ranks, ("body", "rank"))
-    await committed(store.submit_finish(run_id, rank))
+    await committed(store.control.submit_finish(run_id, rank))
     return {"ok": True}

@@ -155,7 +155,7 @@ class MonitorHub:
     def _monitor(self, run_id: str) -> RunMonitor:
         mon = self.monitors.get(run_id)
         if mon is None:
-            row = self.store.get_run_row(run_id)
+            row = self.store.reads.get_run_row(run_id)
             config = row["config"] if row else {}
             mon = self.monitors[run_id] = self._new_monitor(run_id, config)
         return mon
@@ -272,7 +272,7 @@ class MonitorHub:
             # Handled as if accepted here (a config change is re-read: it may exceed a NOTIFY).
             data = msg.get("data") or {}
             if msg["event"] == "config":
-                row = self.store.get_run_row(item.run_id)
+                row = self.store.reads.get_run_row(item.run_id)
                 data = row["config"] if row else data
             ev = RunEvent(item.run_id, msg["event"], data, float(msg.get("at") or self.clock()))
             self._handle(ev)
@@ -326,7 +326,7 @@ class MonitorHub:
         """The run's state for a chunk read back from the store (a replay, or a push accepted by
         another replica): its attempt, and the most ranks this replica's store or monitor knows
         of in it (the store keeps no count per chunk; see _restore_run)."""
-        st = self.store.run_view(run_id)
+        st = self.store.reads.run_view(run_id)
         seen = st.ranks_seen if st is not None and st.attempt == attempt else 0
         return RunView(attempt, -1, max(seen, mon.ranks_seen if mon.attempt == attempt else 0), False)
 
@@ -339,7 +339,7 @@ class MonitorHub:
         transaction). Read only for a finished monitor: rare."""
         if not mon.finished or view.finished or view.attempt != mon.attempt:
             return view
-        row = self.store.get_run_row(mon.run_id)
+        row = self.store.reads.get_run_row(mon.run_id)
         if row is None or row["status"] != "finished":
             return view
         return RunView(view.attempt, view.start_step, view.ranks_seen, True)
@@ -396,7 +396,7 @@ class MonitorHub:
             # The store's ingest state of the finished runs this replica stored pushes of (owned
             # here or not): let go by the store, on its writer, by the same rule.
             self._store_released_at = now
-            self.store.release_run_states(self.release_after_s)
+            self.store.ingest.release_run_states(self.release_after_s)
         for run_id, mon in list(self.monitors.items()):
             if mon.finished and now - mon.last_input_s >= self.release_after_s:
                 self._release(run_id)
@@ -442,7 +442,7 @@ class MonitorHub:
     def _restore(self) -> None:
         """At start: restore every run this replica owns (the sole owner: all of them)."""
         snapshots = self.store.snapshots("monitor")
-        for row in self.store.list_run_rows():
+        for row in self.store.reads.list_run_rows():
             if row["status"] == "finished" and row["run_id"] in snapshots and self.release_after_s > 0:
                 continue   # let go (or to be): restored on its next input, from its snapshot (_claim)
             if self.ownership.owns(row["run_id"]):
@@ -450,7 +450,7 @@ class MonitorHub:
 
     def _adopt(self, run_id: str) -> None:
         """A run this replica owns from now on: restored from its snapshot and later chunks."""
-        row = self.store.get_run_row(run_id)
+        row = self.store.reads.get_run_row(run_id)
         if row is None:
             return
         self._restore_run(row, self.store.snapshot(run_id, "monitor"))
@@ -477,7 +477,7 @@ class MonitorHub:
         # count of ranks is the one their blocks are aligned by (the counts at each chunk
         # are not kept; an attempt's ranks only grow, so early blocks may wait for their
         # timeout instead of completing at once: the findings are the same).
-        st = self.store.run_view(run_id)
+        st = self.store.reads.run_view(run_id)
         view = (RunView(st.attempt, st.start_step, st.ranks_seen, st.finished) if st is not None
                 else RunView(0, -1, 0, row["status"] == "finished"))
         replayed = 0
@@ -493,7 +493,7 @@ class MonitorHub:
             # all along, so the chunks replayed above and the newest heartbeat of each rank are
             # the ranks' whole story, and a silence in them is theirs (a hang is found within
             # its timeout plus the lease TTL). Heartbeats are stored as the newest per rank.
-            for hb in self.store.heartbeats(run_id):
+            for hb in self.store.reads.heartbeats(run_id):
                 if hb["ts"] > (saved_at or 0.0):
                     self._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]))
         if view.finished or row["status"] == "finished":

@@ -32,7 +32,7 @@ def _ctx(request: Request):
 
 
 def _require_run(ctx: ServiceContext, run_id: str) -> None:
-    if not ctx.store.run_exists(run_id):
+    if not ctx.store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
 
 

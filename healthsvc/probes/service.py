@@ -31,7 +31,7 @@ def request_probe(ctx: ServiceContext, run_id: str, suspect: int | None, healthy
                   finding_id: int | None, reason: str | None) -> dict[str, Any]:
     """Store a probe request (validated against the run) and return it."""
     store = ctx.store
-    if not store.run_exists(run_id):
+    if not store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
     blamed: tuple[int, ...] = ()
     if finding_id is not None:
@@ -46,7 +46,7 @@ def request_probe(ctx: ServiceContext, run_id: str, suspect: int | None, healthy
     if suspect is None:
         raise InvalidInput("give suspect_rank (or finding_id of a finding that blames a rank)",
                            loc=("body", "suspect_rank"))
-    st = store.run_view(run_id)
+    st = store.reads.run_view(run_id)
     seen = [] if st is None else list(st.ranks)
     if healthy is None:
         healthy = next((r for r in seen if r != suspect and r not in blamed), None)
@@ -57,7 +57,7 @@ def request_probe(ctx: ServiceContext, run_id: str, suspect: int | None, healthy
         raise InvalidInput("healthy_rank must differ from suspect_rank", loc=("body", "healthy_rank"))
     if step is None:
         step = max(0, st.max_step) if st is not None else 0
-    probe_id = store.submit_probe(run_id, suspect, healthy, step, finding_id, reason,
+    probe_id = store.probes.submit(run_id, suspect, healthy, step, finding_id, reason,
                                   ctx.clock()).result()
     return get_probe(ctx, run_id, probe_id)
 
@@ -75,11 +75,11 @@ def auto_probe_listener(ctx: ServiceContext):
             if (not (kind_table.known(f.kind) and kind_table.kind(f.kind).probe) or f.status != "firing" or not f.ranks
                     or f.severity not in ("warning", "critical")):
                 continue
-            st = ctx.store.run_view(sf.run_id)
+            st = ctx.store.reads.run_view(sf.run_id)
             seen = [] if st is None else list(st.ranks)
             healthy = next((r for r in seen if r not in f.ranks), None)
             if healthy is not None:
-                ctx.store.submit_probe(sf.run_id, int(f.ranks[0]), healthy, int(f.step), sf.id,
+                ctx.store.probes.submit(sf.run_id, int(f.ranks[0]), healthy, int(f.step), sf.id,
                                        f"asked for by the service: {f.kind} (finding {sf.id})",
                                        ctx.clock(), unless_pending=True)
     return on_findings
@@ -89,7 +89,7 @@ def _row_to_probe(ctx: ServiceContext, row: ProbeRow) -> dict[str, Any]:
     pid, run_id, suspect, healthy, step = row.id, row.run_id, row.suspect_rank, row.healthy_rank, row.step
     finding_id, reason, created_at, verdict = row.finding_id, row.reason, row.created_at, row.verdict
     got = {int(k): v for k, v in row.reports.items()}
-    host = ctx.store.hosts(run_id).get(suspect)
+    host = ctx.store.reads.hosts(run_id).get(suspect)
     out = {"id": pid, "run_id": run_id, "status": "done" if verdict else "pending",
            "suspect_rank": suspect, "healthy_rank": healthy, "step": step, "finding_id": finding_id,
            "reason": reason, "created_at": created_at,
@@ -112,20 +112,20 @@ def _row_to_probe(ctx: ServiceContext, row: ProbeRow) -> dict[str, Any]:
 
 
 def get_probe(ctx: ServiceContext, run_id: str, probe_id: int) -> dict[str, Any]:
-    row = ctx.store.probe(run_id, probe_id)
+    row = ctx.store.probes.get(run_id, probe_id)
     if row is None:
         raise NotFound(f"run {run_id!r} has no probe {probe_id}", loc=("path", "probe_id"))
     return _row_to_probe(ctx, row)
 
 
 def list_probes(ctx: ServiceContext, run_id: str) -> list[dict[str, Any]]:
-    return [_row_to_probe(ctx, r) for r in ctx.store.probes(run_id)]
+    return [_row_to_probe(ctx, r) for r in ctx.store.probes.of_run(run_id)]
 
 
 def next_probe(ctx: ServiceContext, run_id: str, after: int, upto_step: int | None = None) -> dict[str, Any] | None:
     """The oldest pending probe with an id above ``after`` (what the trainer has not taken yet)
     and, with ``upto_step``, a step the trainer has reached."""
-    row = ctx.store.next_probe(run_id, after, INT64_MAX if upto_step is None else upto_step)
+    row = ctx.store.probes.next_pending(run_id, after, INT64_MAX if upto_step is None else upto_step)
     return None if row is None else _row_to_probe(ctx, row)
 
 
@@ -148,7 +148,7 @@ def report(ctx: ServiceContext, run_id: str, probe_id: int, rank: int, grad_norm
             verdict = judge_replay(float(got[str(suspect)]), float(got[str(healthy)]))
         return got, verdict
     try:
-        ctx.store.submit_probe_report(run_id, probe_id, decide).result()
+        ctx.store.probes.submit_report(run_id, probe_id, decide).result()
     except NoProbe:
         raise NotFound(f"run {run_id!r} has no probe {probe_id}", loc=("path", "probe_id")) from None
     return get_probe(ctx, run_id, probe_id)

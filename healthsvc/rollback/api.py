@@ -25,13 +25,13 @@ def _ctx(request: Request):
 
 
 def _require_run(store, run_id: str) -> None:
-    if not store.run_exists(run_id):
+    if not store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
 
 
 def _status(store, run_id: str, b) -> dict:
     _, ids, _ = service.stored_checkpoints(store, run_id)
-    uris = {int(r["step"]): r["uri"] for r in store.checkpoints(run_id)}
+    uris = {int(r["step"]): r["uri"] for r in store.reads.checkpoints(run_id)}
     return {"run_id": run_id, **service.bisection_status(b, ids, uris)}
 
 
@@ -75,6 +75,6 @@ def report_probe(run_id: RunId, body: ProbeReportIn, request: Request, store: St
                summary="Abandon the bisection (checkpoint verdicts stay)")
 def delete_bisection(run_id: RunId, store: StoreDep) -> dict:
     _require_run(store, run_id)
-    if not store.submit_bisection_delete(run_id).result():
+    if not store.bisections.submit_delete(run_id).result():
         raise NotFound(f"run {run_id!r} has no bisection", loc=("path", "run_id"))
     return {"ok": True}

@@ -19,7 +19,7 @@ NO_FINGERPRINTS = (
 
 def sent_fingerprints(store, run_id: str) -> bool:
     """True when any record of the run carried a replica fingerprint."""
-    names, _ = store.fields(run_id)
+    names, _ = store.reads.fields(run_id)
     return FINGERPRINT_FIELD in names
 
 

@@ -88,7 +88,7 @@ def incident_findings(ctx: ServiceContext, run_id: str,
     ``pending``: ``(attempt, findings)`` found but not stored yet (the run's owner asks before
     the job that stores them, so the page they cause carries the answer); counted as if stored
     (after every stored one), those already stored once only."""
-    attempts = ctx.store.attempts(run_id)
+    attempts = ctx.store.reads.attempts(run_id)
     current = attempts[-1]["attempt"] if attempts else None
     corruption = corruption_kinds()
     found = [sf for sf in ctx.findings.query(run_id, limit=1_000_000)
@@ -119,9 +119,9 @@ def restart_points(store, run_id: str, checkpoint_steps: set[int]) -> list[Resta
     checkpoint has that step (what ``examples/train.py`` sends), else as the first step trained
     after the restart (what a replay of records sends).
     """
-    out = [Restart(first_step=int(a["start_step"])) for a in store.attempts(run_id)[1:]
+    out = [Restart(first_step=int(a["start_step"])) for a in store.reads.attempts(run_id)[1:]
            if a["start_step"] is not None]
-    for ev in store.events(run_id):
+    for ev in store.reads.events(run_id):
         if ev["kind"] not in ("restart", "rollback"):
             continue
         data = ev.get("data") or {}
@@ -144,12 +144,12 @@ def _is_int(x: Any) -> bool:
 
 def stored_checkpoints(store, run_id: str) -> tuple[list[Checkpoint], dict[int, int], list[int]]:
     """(usable checkpoint records, step -> id, steps superseded by a later attempt's resume)."""
-    attempts = store.attempts(run_id)
+    attempts = store.reads.attempts(run_id)
     starts = {a["attempt"]: a["start_step"] for a in attempts}
     out: dict[int, Checkpoint] = {}
     ids: dict[int, int] = {}
     superseded: list[int] = []
-    for row in sorted(store.checkpoints(run_id), key=lambda r: (r["step"], r["id"])):
+    for row in sorted(store.reads.checkpoints(run_id), key=lambda r: (r["step"], r["id"])):
         step, attempt = int(row["step"]), int(row["attempt"])
         later_resume = [s for a, s in starts.items() if a > attempt and s is not None]
         if later_resume and step >= min(later_resume):
@@ -194,14 +194,14 @@ def history_block(store, run_id: str, step_min: int | None = None,
 
 
 def load_bisection(store, run_id: str) -> Bisection | None:
-    state = store.bisection_state(run_id)
+    state = store.bisections.state(run_id)
     return None if state is None else Bisection.from_dict(state)
 
 
 def decide(ctx: ServiceContext, run_id: str, pending: Pending | None = None) -> RollbackAnswer:
     """The rollback answer for a run (with ``pending`` findings not stored yet: see
     :func:`incident_findings`)."""
-    if not ctx.store.run_exists(run_id):
+    if not ctx.store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
     found, _ = incident_findings(ctx, run_id, pending)
     ckpts, ids, superseded = stored_checkpoints(ctx.store, run_id)
@@ -280,7 +280,7 @@ def start_bisection(ctx: ServiceContext, run_id: str, steps: list[int] | None, k
     except BisectionError as exc:
         raise Conflict(str(exc), loc=("body",)) from None
     b.next_probe()  # propose the first probe now, so GET shows it
-    ctx.store.submit_bisection(run_id, b.to_dict()).result()
+    ctx.store.bisections.submit(run_id, b.to_dict()).result()
     return b, ids, {c.step: c.uri for c in ckpts}
 
 
@@ -298,7 +298,7 @@ def report_probe(ctx: ServiceContext, run_id: str, step: int, good: bool, value:
             ids[step], "verified" if good else "bad", f"bisection probe{'' if value is None else f' value={value:g}'}")
         return b.to_dict(), verdict
     try:
-        return Bisection.from_dict(ctx.store.submit_bisection_update(run_id, update).result())
+        return Bisection.from_dict(ctx.store.bisections.submit_update(run_id, update).result())
     except NoBisection:
         raise NotFound(f"run {run_id!r} has no bisection", loc=("path", "run_id"),
                        hint="start one with POST /v1/runs/{run_id}/bisection") from None

@@ -57,10 +57,10 @@ class RunSeriesCollector:
         """(run_id, run state) of the runs exported now, most recently pushed first."""
         s, store = self.ctx.settings, self.ctx.store
         out = []
-        for row in store.list_run_rows():
+        for row in store.reads.list_run_rows():
             if row["status"] != "running":
                 continue   # first: a finished run's state may have to be read back (run_view)
-            st = store.run_view(row["run_id"])
+            st = store.reads.run_view(row["run_id"])
             if st is None or st.last_push is None:
                 continue
             if now - st.last_push <= s.metrics_run_window_s:

@@ -31,7 +31,7 @@ async def put_run(run_id: RunId, config: RunConfig, store: StoreDep, summaries: 
     # A bad detector parameter is a 422 now, not a monitor failing on every push later: types and
     # ranges first, then a probe block through each detector (healthsvc.detector_config).
     probe_suite(build_suite(config.model_dump()))
-    await committed(store.submit_run_config(run_id, config.model_dump()))
+    await committed(store.control.submit_run_config(run_id, config.model_dump()))
     return summaries.summary(run_id)
 
 
@@ -69,10 +69,10 @@ def get_metrics(
     format: Annotated[Literal["json", "csv", "arrow"], Query(
         description="json, csv, or arrow (an Apache Arrow IPC stream: nulls are missing, NaN is NaN).")] = "json",
 ) -> Response:
-    if not store.run_exists(run_id):
+    if not store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
     rank_set = _parse_int_list(ranks, "ranks")
-    known_fields, has_hosts = store.fields(run_id)
+    known_fields, has_hosts = store.reads.fields(run_id)
     if fields:
         wanted = list(dict.fromkeys(f for f in fields.split(",") if f))   # a field named twice is one column
         unknown = [f for f in wanted if f not in known_fields]
@@ -106,16 +106,16 @@ def get_metrics(
 
 @router.get("/{run_id}/checkpoints", response_model=list[Checkpoint], summary="Checkpoints the trainer reported")
 def list_checkpoints(run_id: RunId, store: StoreDep) -> list[dict]:
-    if not store.run_exists(run_id):
+    if not store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
-    return store.checkpoints(run_id)
+    return store.reads.checkpoints(run_id)
 
 
 @router.patch("/{run_id}/checkpoints/{checkpoint_id}", response_model=Ok,
               summary="Mark a checkpoint verified, bad or deleted")
 async def patch_checkpoint(run_id: RunId, body: CheckpointStatusIn, store: StoreDep,
                            checkpoint_id: Annotated[int, Path(ge=0, le=INT64_MAX, description="The checkpoint's id (from GET .../checkpoints).")]) -> dict:
-    changed = await committed(store.submit_checkpoint_status(run_id, checkpoint_id, body.status, body.note))
+    changed = await committed(store.control.submit_checkpoint_status(run_id, checkpoint_id, body.status, body.note))
     if not changed:
         raise NotFound(f"run {run_id!r} has no checkpoint {checkpoint_id}", loc=("path", "checkpoint_id"))
     return {"ok": True}
@@ -123,14 +123,14 @@ async def patch_checkpoint(run_id: RunId, body: CheckpointStatusIn, store: Store
 
 @router.get("/{run_id}/events", response_model=list[Event], summary="Restarts, world-size changes, rollbacks, notes")
 def list_events(run_id: RunId, store: StoreDep) -> list[dict]:
-    if not store.run_exists(run_id):
+    if not store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
-    return store.events(run_id)
+    return store.reads.events(run_id)
 
 
 @router.get("/{run_id}/heartbeats", response_model=list[Heartbeat],
             summary="Each rank's latest heartbeat: step, phase, time")
 def list_heartbeats(run_id: RunId, store: StoreDep) -> list[dict]:
-    if not store.run_exists(run_id):
+    if not store.reads.run_exists(run_id):
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"))
-    return store.heartbeats(run_id)
+    return store.reads.heartbeats(run_id)

@@ -27,7 +27,7 @@ def holders(app: Any) -> dict[str, int]:
         out["dashboard_feeds"] = len(dashboard.feeds)
     store = getattr(st, "store", None)
     if store is not None:
-        out["store_run_states"] = store.runs_held()
+        out["store_run_states"] = store.reads.runs_held()
     return out
 
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from healthsvc.errors import NotFound
 from healthsvc.schemas import RunConfig, upgrade_stored_config
-from healthsvc.store.interface import RunReads
+from healthsvc.store.interface import Store
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ Contributor = Callable[[str], dict[str, Any]]
 
 
 class RunSummaries:
-    def __init__(self, store: RunReads) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self.contributors: list[Contributor] = []
 
@@ -29,18 +29,18 @@ class RunSummaries:
         self.contributors.append(fn)
 
     def summary(self, run_id: str, *, detail: bool = True) -> dict[str, Any]:
-        row = self.store.get_run_row(run_id)
+        row = self.store.reads.get_run_row(run_id)
         if row is None:
             raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"),
                            hint="runs are created by their first push or by PUT /v1/runs/{run_id}")
         return self._summarise(row, detail)
 
     def list(self) -> list[dict[str, Any]]:
-        return [self._summarise(row, detail=False) for row in self.store.list_run_rows()]
+        return [self._summarise(row, detail=False) for row in self.store.reads.list_run_rows()]
 
     def _summarise(self, row: dict, detail: bool) -> dict[str, Any]:
         run_id = row["run_id"]
-        st = self.store.run_view(run_id)
+        st = self.store.reads.run_view(run_id)
         ranks_seen = st.ranks_seen if st else 0
         config, config_error = shown_config(row["config"])
         out = {
@@ -52,7 +52,7 @@ class RunSummaries:
             "ranks_seen": ranks_seen, "config": config, "config_error": config_error,
         }
         if detail:
-            out["attempts"] = self.store.attempts(run_id)
+            out["attempts"] = self.store.reads.attempts(run_id)
         for fn in self.contributors:
             try:
                 section = fn(run_id) if detail else {}

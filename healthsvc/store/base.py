@@ -1,10 +1,15 @@
 """What both stores share: the writer thread with group commit, listeners, migrations on open,
-snapshot and replay, and every table's mixin.
+snapshot and replay, and the tables it is composed of.
 
 :class:`~healthsvc.store.sqlite.SQLiteStore` and :class:`~healthsvc.store.postgres.PostgresStore`
 differ only in how they connect (and in the SQL dialect, which ``dialect`` translates): each
 implements ``_writer_connection``, ``_migrate``, ``_run_script``, ``read_conn``, ``size_bytes``
-and ``check_schema``. Everything else, ingest included, is this class's and its mixins'.
+and ``check_schema``. Everything else is this class's or one of the objects it holds:
+``store.ingest`` (the metrics and the runs' in-memory states, which it alone holds),
+``store.reads`` (runs and their history), ``store.control`` (the writes that are not metrics),
+``store.findings``, ``store.bisections``, ``store.probes``, ``store.tokens`` and ``store.audit``,
+each built with the store's writer and reader (:class:`~healthsvc.store.seam.TableAccess`) and
+what else it needs by name (the ingest's runs, a clock).
 """
 from __future__ import annotations
 
@@ -17,42 +22,51 @@ from typing import Any, Callable, Iterator, Sequence
 from healthsvc.store import snapshots
 from healthsvc.store.bisections import BisectionsTable
 from healthsvc.store.control import ControlWrites
+from healthsvc.store.fencing import Fence
 from healthsvc.store.findings import FindingsTable
 from healthsvc.store.ingest import MetricsIngest
 from healthsvc.store.probes import ProbesTable
 from healthsvc.store.quotas import Quotas
 from healthsvc.store.reads import StoreReads
-from healthsvc.store.runstate import RunState
 from healthsvc.store.snapshots import Snapshot, SnapshotKind, StoredChunk
-from healthsvc.store.tokens import TokensTable
+from healthsvc.store.tokens import AuditLog, TokensTable
 from healthsvc.store.writer import GroupCommitWriter
 
 log = logging.getLogger(__name__)
 
 
-class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, BisectionsTable,
-                ProbesTable, TokensTable):
+class StoreBase:
     path: str
+    # The tables, each its own object (see ``interface``: FindingsStore, BisectionStore, ...).
+    ingest: MetricsIngest
+    reads: StoreReads
+    control: ControlWrites
+    findings: FindingsTable
+    bisections: BisectionsTable
+    probes: ProbesTable
+    tokens: TokensTable
+    audit: AuditLog
     # Other processes (replicas) write the same runs: the ingest reads their restarts (attempts)
     # from the database before each batch. SQLite serves one process; PostgreSQL shares.
     shared_database: bool = False
+    _ingest_class: type[MetricsIngest] = MetricsIngest   # PostgreSQL's appends in one statement
 
     def __init__(self, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
                  clock: Callable[[], float] = time.time, quotas: Quotas = Quotas()) -> None:
-        self.snapshot_every_s = snapshot_every_s
-        self.quotas = quotas
-        # How long a batch's idempotency key is remembered: retries come within minutes, and one
-        # row per request kept forever would outgrow the data itself at thousands of ranks.
-        self.dedupe_window_s = dedupe_window_s
-        self._last_prune = 0.0
-        self._clock = clock
-        self._runs: dict[str, RunState] = {}
-        self._last_snapshot: dict[str, float] = {}
         self._listeners: list[Callable[[list[Any]], None]] = []
         self._local = threading.local()
         self._writer: GroupCommitWriter | None = None
         self._write_conn: Any = None
         self._schemas: list[str] = []   # features' own idempotent DDL (register_schema)
+        self.ingest = self._ingest_class(self, clock, quotas=quotas, snapshot_every_s=snapshot_every_s,
+                                         dedupe_window_s=dedupe_window_s, shared_database=self.shared_database)
+        self.reads = StoreReads(self, self.ingest)
+        self.control = ControlWrites(self, self.ingest, clock, shared_database=self.shared_database)
+        self.findings = FindingsTable(self, clock, self.ingest.hosts_of)
+        self.bisections = BisectionsTable(self, clock)
+        self.probes = ProbesTable(self)
+        self.tokens = TokensTable(self, self._watch_tokens)
+        self.audit = AuditLog(self)
 
     # -- what each store implements ---------------------------------------------------------
     def _writer_connection(self) -> Any:
@@ -75,6 +89,10 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
         :class:`~healthsvc.store.migrations.SchemaTooNew` if the code is older than the database."""
         raise NotImplementedError
 
+    def _watch_tokens(self, on_change: Callable[[], None]) -> None:
+        """The tokens table's watcher: one process holds a SQLite file, and its own changes go
+        through it, so there is nothing to watch (PostgreSQL's store listens)."""
+
     # -- lifecycle ------------------------------------------------------------------------
     def open(self) -> None:
         conn = self._writer_connection()
@@ -88,14 +106,15 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
         for script in self._schemas:
             self._run_script(conn, script)
         self._write_conn = conn
-        self._load_run_states(conn)
-        self._writer = GroupCommitWriter(conn, after_commit=self._notify, after_rollback=self._reload_run_states)
+        self.ingest.load(conn)
+        self._writer = GroupCommitWriter(conn, after_commit=self._notify,
+                                         after_rollback=lambda: self.ingest.reload(conn))
         self._writer.start()
 
     def close(self) -> None:
         if self._writer is None:
             return
-        fut = self._writer.submit(self._snapshot_all)
+        fut = self._writer.submit(self.ingest.snapshot_all)
         try:
             fut.result(timeout=10)
         except Exception:
@@ -125,7 +144,7 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
         for listener in self._listeners:
             listener(results)
 
-    def write(self, job: Callable[[Any], Any], fence: Any = None) -> Future:
+    def write(self, job: Callable[[Any], Any], fence: Fence | None = None) -> Future:
         """Run ``job(conn)`` on the writer thread in the next group commit; with a ``fence``
         (replicas: :class:`~healthsvc.ownership.Fence`) only while that lease holds
         (else the job fails alone with :class:`~healthsvc.ownership.leases.LeaseLost`)."""
@@ -139,7 +158,7 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
                 return inner(conn)
         return self._writer.submit(job)
 
-    def _check_fence(self, conn: Any, fence: Any) -> None:
+    def _check_fence(self, conn: Any, fence: Fence) -> None:
         """A store whose runs can change hands checks the lease (PostgreSQL); one process owns
         every run of a SQLite file, so there is nothing to check."""
 
@@ -163,7 +182,7 @@ class StoreBase(MetricsIngest, ControlWrites, StoreReads, FindingsTable, Bisecti
 
     # -- snapshot and replay (see ``snapshots``) -------------------------------------------
     def save_snapshot(self, run_id: str, kind: SnapshotKind, watermark: int, state: bytes,
-                      fence: Any = None) -> Future:
+                      fence: Fence | None = None) -> Future:
         """Replace the run's snapshot of ``kind`` (in the next group commit; see ``write`` for ``fence``)."""
         return self.write(lambda conn: snapshots.write_snapshot(conn, run_id, kind, watermark, state), fence)
 

@@ -1,7 +1,8 @@
 """The bisections table: one run's persisted bisection over checkpoints (the state machine of
-:mod:`detectors.bisection`, stored as its ``to_dict()``), at most one per run.
+:mod:`detectors.bisection`, stored as its ``to_dict()``), at most one per run; the store's
+``store.bisections``.
 
-A probe report is a read-modify-write: :meth:`BisectionsTable.submit_bisection_update` runs the
+A probe report is a read-modify-write: :meth:`BisectionsTable.submit_update` runs the
 caller's pure update inside one writer job, so two reports never interleave, and stores the
 checkpoint verdict it returns in the same job.
 """
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
+
+from healthsvc.store.seam import Clock, TableAccess
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bisections (
@@ -41,28 +44,30 @@ class NoBisection(LookupError):
 
 
 class BisectionsTable:
-    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: the bisections table."""
+    """The bisections table, the store's ``store.bisections``."""
 
-    _clock: Callable[[], float]
+    def __init__(self, db: TableAccess, clock: Clock) -> None:
+        self._db = db
+        self._clock = clock
 
-    def bisection_state(self, run_id: str) -> dict[str, Any] | None:
-        row = self.read_conn().execute(  # type: ignore[attr-defined]  # SQLiteStore's
-            "SELECT state FROM bisections WHERE run_id=?", (run_id,)).fetchone()
+    def state(self, run_id: str) -> dict[str, Any] | None:
+        """The run's stored bisection state, or None."""
+        row = self._db.read_conn().execute("SELECT state FROM bisections WHERE run_id=?", (run_id,)).fetchone()
         return None if row is None else orjson.loads(row[0])
 
-    def has_bisection(self, run_id: str) -> bool:
-        return self.read_conn().execute(  # type: ignore[attr-defined]
+    def exists(self, run_id: str) -> bool:
+        return self._db.read_conn().execute(
             "SELECT 1 FROM bisections WHERE run_id=?", (run_id,)).fetchone() is not None
 
-    def submit_bisection(self, run_id: str, state: dict[str, Any]) -> Future:
+    def submit(self, run_id: str, state: dict[str, Any]) -> Future:
         """Start (or replace) the run's bisection."""
         def job(conn: sqlite3.Connection) -> None:
             now = self._clock()
             conn.execute("INSERT OR REPLACE INTO bisections (run_id, state, created_at, updated_at)"
                          " VALUES (?, ?, ?, ?)", (run_id, orjson.dumps(state).decode(), now, now))
-        return self.write(job)  # type: ignore[attr-defined]
+        return self._db.write(job)
 
-    def submit_bisection_update(self, run_id: str, update: BisectionUpdate) -> Future:
+    def submit_update(self, run_id: str, update: BisectionUpdate) -> Future:
         """Apply ``update`` to the stored state atomically; resolves to the new state, or raises
         :class:`NoBisection` (or what ``update`` raised)."""
         def job(conn: sqlite3.Connection) -> dict[str, Any]:
@@ -76,9 +81,9 @@ class BisectionsTable:
                 conn.execute("UPDATE checkpoints SET status=?, note=? WHERE run_id=? AND id=?",
                              (verdict.status, verdict.note, run_id, verdict.checkpoint_id))
             return state
-        return self.write(job)  # type: ignore[attr-defined]
+        return self._db.write(job)
 
-    def submit_bisection_delete(self, run_id: str) -> Future:
+    def submit_delete(self, run_id: str) -> Future:
         """Abandon the run's bisection; resolves to whether there was one."""
-        return self.write(lambda conn: conn.execute(  # type: ignore[attr-defined]
+        return self._db.write(lambda conn: conn.execute(
             "DELETE FROM bisections WHERE run_id=?", (run_id,)).rowcount > 0)

@@ -1,8 +1,8 @@
 """The findings table: what the detectors found, per run, with the hosts they blame.
 
 A finding's occurrence identity (:func:`healthsvc.identity.occurrence_key`) is unique per run, so
-a replay after a restart never stores a finding twice: :meth:`FindingsTable.submit_findings`
-resolves to the findings it newly stored (a :class:`FindingsRecorded`, which the store's
+a replay after a restart never stores a finding twice: :meth:`FindingsTable.submit` (the store's
+``store.findings.submit``) resolves to the findings it newly stored (a :class:`FindingsRecorded`, which the store's
 after-commit listeners also receive).
 """
 from __future__ import annotations
@@ -11,13 +11,15 @@ import logging
 import sqlite3
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import orjson
 
 from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
 from healthsvc.encode import jsonable
 from healthsvc.identity import occurrence_key
+from healthsvc.store.fencing import Fence
+from healthsvc.store.seam import Clock, TableAccess
 
 log = logging.getLogger(__name__)
 
@@ -72,15 +74,22 @@ class FindingsRecorded:
 # with the findings or not at all. Returns callbacks for after the commit.
 FindingsStage = Callable[[sqlite3.Connection, list[StoredFinding]], list[Callable[[], None]]]
 
+# (run_id, ranks) -> each rank's host as the run's ingest state knows it (None where unknown);
+# called on the writer thread, which owns that state.
+HostsOf = Callable[[str, Sequence[int]], "tuple[str | None, ...]"]
+
 
 class FindingsTable:
-    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: the findings table."""
+    """The findings table, the store's ``store.findings``."""
 
-    _clock: Callable[[], float]
+    def __init__(self, db: TableAccess, clock: Clock, hosts_of: HostsOf) -> None:
+        self._db = db
+        self._clock = clock
+        self._hosts_of = hosts_of
 
-    def submit_findings(self, run_id: str, attempt: int, findings: list[Finding],
-                        hosts: dict[int, str] | None = None, then: FindingsStage | None = None,
-                        fence: Any = None) -> Future:
+    def submit(self, run_id: str, attempt: int, findings: list[Finding],
+               hosts: dict[int, str] | None = None, then: FindingsStage | None = None,
+               fence: Fence | None = None) -> Future:
         """Store findings, skipping ones already stored; resolves to a :class:`FindingsRecorded`.
 
         The blamed ranks' hosts are the run's, as its :class:`~healthsvc.store.runstate.RunState`
@@ -96,7 +105,6 @@ class FindingsTable:
         store's ``write``)."""
         def job(conn: sqlite3.Connection) -> FindingsRecorded:
             now = self._clock()
-            st = self._runs.get(run_id)  # type: ignore[attr-defined]  # MetricsIngest's
             stored = []
             for f in findings:
                 # What listeners see is what is stored: evidence with NaN as "NaN", never null.
@@ -104,7 +112,7 @@ class FindingsTable:
                 if hosts is not None:
                     blamed_hosts = tuple(hosts.get(r) for r in f.ranks)
                 else:
-                    blamed_hosts = st.hosts_of(f.ranks) if st is not None else (None,) * len(f.ranks)
+                    blamed_hosts = self._hosts_of(run_id, f.ranks)
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO findings (run_id, attempt, kind, metric, ranks, hosts, step, status, severity,"
                     " score, onset_step, evidence, created_at, identity) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -112,6 +120,7 @@ class FindingsTable:
                      int(f.step), f.status, f.severity, float(f.score), f.onset_step,
                      orjson.dumps(f.evidence).decode(), now, occurrence_key(attempt, f)))
                 if cur.rowcount:
+                    assert cur.lastrowid is not None   # the row just inserted
                     stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f))
             after: list[Callable[[], None]] = []
             if then is not None and stored:
@@ -123,9 +132,9 @@ class FindingsTable:
                     conn.execute("ROLLBACK TO findings_stage")
                 conn.execute("RELEASE findings_stage")
             return FindingsRecorded(stored, after)
-        return self.write(job, fence)  # type: ignore[attr-defined]  # the store's
+        return self._db.write(job, fence)
 
-    def findings(self, run_id: str, *, kind: str | None = None, status: str | None = None,
+    def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
                  since_step: int | None = None, since: float | None = None, min_severity: str | None = None,
                  limit: int = 1000, since_id: int | None = None,
                  conn: sqlite3.Connection | None = None) -> list[StoredFinding]:
@@ -143,7 +152,7 @@ class FindingsTable:
         args.append(limit)
         out = []
         for (fid, attempt, k, metric, ranks, hosts, step, st, sev, score, onset, evidence, created) in \
-                (conn or self.read_conn()).execute(sql, args):  # type: ignore[attr-defined]  # SQLiteStore's
+                (conn or self._db.read_conn()).execute(sql, args):
             if min_severity is not None and SEVERITY_ORDER[sev] < SEVERITY_ORDER[min_severity]:
                 continue
             f = Finding(kind=k, step=step, ranks=tuple(orjson.loads(ranks)), severity=sev, score=score,
@@ -151,16 +160,16 @@ class FindingsTable:
             out.append(StoredFinding(fid, run_id, attempt, tuple(orjson.loads(hosts)), created, f))
         return out
 
-    def runs_with_findings_after(self, after_id: int, conn: sqlite3.Connection | None = None) -> list[str]:
-        return [r for (r,) in (conn or self.read_conn()).execute(  # type: ignore[attr-defined]
+    def runs_after(self, after_id: int, conn: sqlite3.Connection | None = None) -> list[str]:
+        """The runs with a finding stored after ``after_id``."""
+        return [r for (r,) in (conn or self._db.read_conn()).execute(
             "SELECT DISTINCT run_id FROM findings WHERE id > ?", (after_id,))]
 
-    def newest_finding_id(self) -> int:
+    def newest_id(self) -> int:
         """The id of the newest stored finding (0: none)."""
-        return self.read_conn().execute(  # type: ignore[attr-defined]
-            "SELECT coalesce(max(id), 0) FROM findings").fetchone()[0]
+        return int(self._db.read_conn().execute("SELECT coalesce(max(id), 0) FROM findings").fetchone()[0])
 
     def firing_counts(self, run_id: str) -> dict[str, int]:
         """Firing findings ever stored for the run, by kind."""
-        return dict(self.read_conn().execute(  # type: ignore[attr-defined]
+        return dict(self._db.read_conn().execute(
             "SELECT kind, count(*) FROM findings WHERE run_id=? AND status='firing' GROUP BY kind", (run_id,)))

@@ -6,6 +6,10 @@ back), store a batch of an earlier attempt's processes in that attempt, record h
 (after the SQL, which is what can fail). The usual push (plain progress) only claims its digest and
 appends its chunk: :meth:`MetricsIngest._append_current`, one round trip on PostgreSQL. The run states are snapshotted now and then
 (``snapshots``) and rebuilt on open from the snapshot and the chunks after it.
+
+The store's ``store.ingest``, built with the store's writer (:class:`~healthsvc.store.seam.TableAccess`)
+and a clock; it alone holds the runs' in-memory states: the control writes reach them through
+:class:`~healthsvc.store.control.IngestRuns`, the reads and the findings through its public methods.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import logging
 import sqlite3
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import orjson
@@ -25,12 +29,14 @@ from healthsvc.store.errors import STORE_ERRORS
 from healthsvc.store.quotas import Quotas, TooManyMetricNames, TooManyRuns, TooManyRunsOfToken, creator
 from healthsvc.store.results import IngestResult, RunsReleased
 from healthsvc.store.runstate import INCARNATION, RunState, RunView
+from healthsvc.store.seam import Clock, TableAccess
 
 log = logging.getLogger(__name__)
 
 CHUNK_COLUMNS = ("run_id, attempt, step_min, step_max, n_records, n_points, fields, has_hosts, received_at,"
                  " payload")
 CHUNK_PLACES = ", ".join("?" * len(CHUNK_COLUMNS.split(",")))
+_NO_RANKS = np.empty(0, dtype=np.int64)   # read only: shared, never allocated per push
 
 
 def chunk_row(run_id: str, attempt: int, batch: MetricBatch, now: float, payload: bytes) -> tuple:
@@ -51,22 +57,46 @@ class Appended:
 
 
 class MetricsIngest:
-    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: the ingest and the run states."""
+    """The ingest and the run states, the store's ``store.ingest``. ``shared_database``:
+    replicas write the same runs (PostgreSQL), so their restarts are read before each batch."""
 
-    _runs: dict[str, RunState]
-    _last_snapshot: dict[str, float]
-    _last_prune: float
-    _clock: Callable[[], float]
-    _write_conn: sqlite3.Connection | None
-    snapshot_every_s: float
-    dedupe_window_s: float
-    quotas: Quotas
+    def __init__(self, db: TableAccess, clock: Clock, *, quotas: Quotas, snapshot_every_s: float,
+                 dedupe_window_s: float, shared_database: bool) -> None:
+        self._db = db
+        self._clock = clock
+        self.quotas = quotas
+        self.snapshot_every_s = snapshot_every_s
+        # How long a batch's idempotency key is remembered: retries come within minutes, and one
+        # row per request kept forever would outgrow the data itself at thousands of ranks.
+        self.dedupe_window_s = dedupe_window_s
+        self.shared_database = shared_database
+        self._last_prune = 0.0
+        self._runs: dict[str, RunState] = {}   # the writer thread's
+        self._last_snapshot: dict[str, float] = {}
 
+    # -- what the store's other parts read (see ``reads``, ``findings``) ----------------------
+    def state(self, run_id: str) -> RunState | None:
+        """The run's live state, or None when it is not in memory: the writer thread's alone."""
+        return self._runs.get(run_id)
+
+    def held(self) -> int:
+        """Runs whose state is in memory."""
+        return len(self._runs)
+
+    def states(self) -> Iterable[RunState]:
+        """The states in memory (the writer thread's; a reader takes only what a race cannot
+        break, such as the newest push time)."""
+        return list(self._runs.values())
+
+    def hosts_of(self, run_id: str, ranks: Sequence[int]) -> tuple[str | None, ...]:
+        """Each rank's host as the run's state knows it, None where unknown (writer thread)."""
+        st = self._runs.get(run_id)
+        return st.hosts_of(ranks) if st is not None else (None,) * len(ranks)
 
     def submit_metrics(self, run_id: str, batch: MetricBatch, digest: str) -> Future:
-        return self._run_job(run_id, lambda conn: self._ingest(conn, run_id, batch, digest))
+        return self.run_job(run_id, lambda conn: self._ingest(conn, run_id, batch, digest))
 
-    def _ensure_run(self, conn: sqlite3.Connection, run_id: str, now: float) -> RunState:
+    def ensure_run(self, conn: sqlite3.Connection, run_id: str, now: float) -> RunState:
         st = self._runs.get(run_id)
         if st is None:
             # Counted in the database: finished runs are let go from memory (release_run_states).
@@ -110,7 +140,7 @@ class MetricsIngest:
         known.update(new)
         st.metric_names = known
 
-    def _newer_attempt(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> tuple[int, int] | None:
+    def newer_attempt(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> tuple[int, int] | None:
         """(attempt, start step) of a restart another replica opened since this one last wrote
         the run, or None. On a shared database a replica sees only the pushes it was sent: one
         that never saw a rank's old steps cannot tell that rank's repeated step from progress,
@@ -126,7 +156,7 @@ class MetricsIngest:
 
     def _ingest(self, conn: sqlite3.Connection, run_id: str, batch: MetricBatch, digest: str) -> IngestResult:
         now = self._clock()
-        st = self._ensure_run(conn, run_id, now)
+        st = self.ensure_run(conn, run_id, now)
         self._claim_names(run_id, st, batch)
         # Encoded once: stored, and handed on with the result (a replica that does not own the
         # run sends these bytes to the owner).
@@ -145,7 +175,7 @@ class MetricsIngest:
             return self._duplicate(conn, run_id, digest, st, now)
         if len(batch) == 0:
             return IngestResult(run_id, 0, False, st.attempt, False, None, now, run=st.view())
-        joined = self._newer_attempt(conn, run_id, st)
+        joined = self.newer_attempt(conn, run_id, st)
         if joined is not None:
             # Joining changes no row: a job that fails after it leaves the state a replica
             # that read the same attempt would have (a retry joins it again).
@@ -199,7 +229,7 @@ class MetricsIngest:
         the current attempt; returned are those of earlier attempts (incarnation -> attempt).
         One indexed read, only for a batch with such ranks (the first of each rank after a
         restart)."""
-        misses = st.incarnation_misses(batch) if st.attempt else ()
+        misses = st.incarnation_misses(batch) if st.attempt else _NO_RANKS
         rows: list[tuple[int, str, int]] = []
         for at in range(0, len(misses), 500):
             part = misses[at:at + 500].tolist()
@@ -233,7 +263,7 @@ class MetricsIngest:
         replica opened a newer attempt (then nothing is written: the general way claims it) or
         the batch is a duplicate. Here one statement each (SQLite's are in-process); the
         PostgreSQL store does it in one statement, which a lone push runs on its own."""
-        newer = self._newer_attempt(conn, run_id, st)
+        newer = self.newer_attempt(conn, run_id, st)
         if newer is not None:
             return Appended(newer=newer)
         if not self._claim(conn, run_id, digest, len(batch), now):
@@ -253,7 +283,7 @@ class MetricsIngest:
         return IngestResult(run_id, n, True, st.attempt, False, None, now, run=st.view())
 
     def _applied(self, conn: sqlite3.Connection, run_id: str, st: RunState, batch: MetricBatch,
-                 new_attempt: bool, hosts: list[tuple[int, str]], chunk_id: int, now: float,
+                 new_attempt: bool, hosts: list[tuple[int, str]], chunk_id: int | None, now: float,
                  payload: bytes, late: bool = False) -> IngestResult:
         """The batch is stored: the run's in-memory state follows (it cannot fail), then the
         housekeeping (pruning the digests, a snapshot now and then)."""
@@ -289,17 +319,19 @@ class MetricsIngest:
                                  orjson.dumps(st.to_dict()))
         self._last_snapshot[run_id] = self._clock()
 
-    def _snapshot_all(self, conn: sqlite3.Connection) -> None:
+    def snapshot_all(self, conn: sqlite3.Connection) -> None:
+        """Snapshot every run's state (a job: the store's close)."""
         for run_id, st in self._runs.items():
             self._write_snapshot(conn, run_id, st)
 
-    def _reload_run_states(self) -> None:
+    def reload(self, conn: sqlite3.Connection) -> None:
         """A group commit failed (disk full, I/O error): what the jobs changed in memory was not
-        stored, so rebuild the in-memory run state from what is (runs, attempts, chunks)."""
+        stored, so rebuild the in-memory run state from what is (runs, attempts, chunks), on
+        the writer's connection ``conn``."""
         self._runs = {}
-        self._load_run_states(self._write_conn)
+        self.load(conn)
 
-    def _run_job(self, run_id: str, fn: Callable[[sqlite3.Connection], Any]) -> Future:
+    def run_job(self, run_id: str, fn: Callable[[sqlite3.Connection], Any]) -> Future:
         """A write that may create the run: if it fails, the run's row is rolled back with it,
         so the in-memory state must forget a run this job created (no phantom run that takes
         pushes but answers 404)."""
@@ -316,17 +348,17 @@ class MetricsIngest:
                 raise
             finally:
                 creator.reset(mark)
-        return self.write(job)
+        return self._db.write(job)
 
-    def _load_run_states(self, conn: sqlite3.Connection) -> None:
+    def load(self, conn: sqlite3.Connection) -> None:
         """Rebuild each run's ingest state: its snapshot, then the chunks written after it."""
         for (run_id, status) in conn.execute("SELECT run_id, status FROM runs").fetchall():
             self._load_run_state(conn, run_id, status)
 
     def _load_run_state(self, conn: sqlite3.Connection, run_id: str, status: str) -> None:
-        self._runs[run_id] = self._built_run_state(conn, run_id, status)
+        self._runs[run_id] = self.built_run_state(conn, run_id, status)
 
-    def _built_run_state(self, conn: sqlite3.Connection, run_id: str, status: str) -> RunState:
+    def built_run_state(self, conn: sqlite3.Connection, run_id: str, status: str) -> RunState:
         """A run's ingest state as the database has it: its snapshot, then the chunks after it."""
         snap = snapshots.read_snapshots(conn, "ingest", run_id).get(run_id)
         attempts: dict[int, int] = {}
@@ -382,7 +414,7 @@ class MetricsIngest:
                         self._last_snapshot.pop(run_id, None)
                         released.append(run_id)
             return RunsReleased(tuple(released))
-        return self.write(job)
+        return self._db.write(job)
 
 
 def _stored_names(conn: sqlite3.Connection, run_id: str, known: set[str] | None, watermark: int) -> set[str]:

@@ -35,7 +35,7 @@ from healthsvc.store import migrations
 from healthsvc.store.base import StoreBase
 from healthsvc.store.quotas import Quotas
 from healthsvc.store.dialect import Catalog, Statement, pg_ddl, pg_plain, pg_statement, split_script
-from healthsvc.store.ingest import CHUNK_COLUMNS, CHUNK_PLACES, Appended, chunk_row
+from healthsvc.store.ingest import CHUNK_COLUMNS, CHUNK_PLACES, Appended, MetricsIngest, chunk_row
 from healthsvc.store.open import is_postgres_uri, redact
 from healthsvc.store.runstate import RunState
 
@@ -388,8 +388,39 @@ CONNECT_TIMEOUT_S = 5
 PING_WAIT_S = 1.0
 
 
+class PgMetricsIngest(MetricsIngest):
+    """The ingest on PostgreSQL: the usual push in one statement."""
+
+    # The usual push in one statement (three statements otherwise): the read of a newer attempt
+    # another replica opened, the claim of the batch's digest and the chunk's insert; both writes
+    # happen only if there is no newer attempt (the batch then goes the general way, which claims
+    # it), the chunk's only if the batch is new. (Data-modifying CTEs run once each, on the
+    # statement's one snapshot.) A lone push runs it on its own (PgConnection.solo): one round trip.
+    _APPEND_CURRENT = (
+        "WITH newer AS (SELECT attempt, start_step FROM attempts WHERE run_id = ? AND attempt > ?"
+        " ORDER BY attempt DESC LIMIT 1),"
+        " claimed AS (INSERT INTO batches SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM newer)"
+        " ON CONFLICT DO NOTHING RETURNING 1),"
+        f" chunk AS (INSERT INTO chunks ({CHUNK_COLUMNS}) SELECT {CHUNK_PLACES}"
+        " WHERE EXISTS (SELECT 1 FROM claimed) RETURNING id)"
+        " SELECT EXISTS (SELECT 1 FROM claimed), (SELECT attempt FROM newer), (SELECT start_step FROM newer),"
+        " (SELECT id FROM chunk)")
+
+    def _append_current(self, conn: PgConnection, run_id: str, st: RunState, batch: MetricBatch, digest: str,
+                        now: float, payload: bytes) -> Appended:
+        claimed, newer, start, chunk_id = conn.solo(self._APPEND_CURRENT, (
+            run_id, st.attempt, run_id, digest, len(batch), now,
+            *chunk_row(run_id, st.attempt, batch, now, payload))).fetchone()
+        if newer is not None:
+            return Appended(newer=(int(newer), int(start)))
+        if not claimed:
+            return Appended(duplicate=True)
+        return Appended(chunk_id=int(chunk_id))
+
+
 class PostgresStore(StoreBase):
     shared_database = True
+    _ingest_class = PgMetricsIngest
 
     def __init__(self, uri: str, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
                  clock: Callable[[], float] = time.time, pool_size: int = 8, quotas: Quotas = Quotas()) -> None:
@@ -440,7 +471,7 @@ class PostgresStore(StoreBase):
                                     configure=_configure, name="healthsvc-read")
         self._reader = PooledReader(self._pool, self.catalog)
 
-    def watch_tokens(self, on_change: Callable[[], None]) -> None:
+    def _watch_tokens(self, on_change: Callable[[], None]) -> None:
         """Other replicas create and revoke tokens too: ``on_change`` runs when one does
         (:class:`~healthsvc.store.token_watch.TokenWatch`), until the store closes."""
         from healthsvc.store.token_watch import TokenWatch
@@ -482,32 +513,6 @@ class PostgresStore(StoreBase):
             # after close(): read on a connection of one's own.
             return _Direct(self._connect(), self.catalog, owned=True)  # type: ignore[return-value]
         return self._reader
-
-    # The usual push in one statement (three statements otherwise): the read of a newer attempt
-    # another replica opened, the claim of the batch's digest and the chunk's insert; both writes
-    # happen only if there is no newer attempt (the batch then goes the general way, which claims
-    # it), the chunk's only if the batch is new. (Data-modifying CTEs run once each, on the
-    # statement's one snapshot.) A lone push runs it on its own (PgConnection.solo): one round trip.
-    _APPEND_CURRENT = (
-        "WITH newer AS (SELECT attempt, start_step FROM attempts WHERE run_id = ? AND attempt > ?"
-        " ORDER BY attempt DESC LIMIT 1),"
-        " claimed AS (INSERT INTO batches SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM newer)"
-        " ON CONFLICT DO NOTHING RETURNING 1),"
-        f" chunk AS (INSERT INTO chunks ({CHUNK_COLUMNS}) SELECT {CHUNK_PLACES}"
-        " WHERE EXISTS (SELECT 1 FROM claimed) RETURNING id)"
-        " SELECT EXISTS (SELECT 1 FROM claimed), (SELECT attempt FROM newer), (SELECT start_step FROM newer),"
-        " (SELECT id FROM chunk)")
-
-    def _append_current(self, conn: PgConnection, run_id: str, st: RunState, batch: MetricBatch, digest: str,
-                        now: float, payload: bytes) -> Appended:
-        claimed, newer, start, chunk_id = conn.solo(self._APPEND_CURRENT, (
-            run_id, st.attempt, run_id, digest, len(batch), now,
-            *chunk_row(run_id, st.attempt, batch, now, payload))).fetchone()
-        if newer is not None:
-            return Appended(newer=(int(newer), int(start)))
-        if not claimed:
-            return Appended(duplicate=True)
-        return Appended(chunk_id=int(chunk_id))
 
     def _check_fence(self, conn: PgConnection, fence: Any) -> None:
         from healthsvc.store.fencing import check_fence

@@ -1,8 +1,9 @@
-"""The probes table: replay probes of suspect ranks (see :mod:`healthsvc.probes`).
+"""The probes table: replay probes of suspect ranks (see :mod:`healthsvc.probes`); the store's
+``store.probes``.
 
 A probe is who is suspected, whom to compare it with, which step's batch to replay, and the
 reports so far (rank -> gradient norm, JSON; non-finite values as their strings). A report is a
-read-modify-write: :meth:`ProbesTable.submit_probe_report` runs the caller's pure decision inside
+read-modify-write: :meth:`ProbesTable.submit_report` runs the caller's pure decision inside
 one writer job, so two reports never interleave.
 """
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
+
+from healthsvc.store.seam import TableAccess
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS probes (
@@ -47,8 +50,9 @@ class ProbeRow:
 
     @classmethod
     def from_row(cls, row: tuple) -> "ProbeRow":
-        *head, reports, verdict = row
-        return cls(*head, reports=orjson.loads(reports), verdict=verdict)
+        pid, run_id, suspect, healthy, step, finding_id, reason, created_at, reports, verdict = row
+        return cls(pid, run_id, suspect, healthy, step, finding_id, reason, created_at,
+                   reports=orjson.loads(reports), verdict=verdict)
 
 
 # The stored probe -> (its new reports, its verdict or None), or None to leave it as it is (a
@@ -61,11 +65,14 @@ class NoProbe(LookupError):
 
 
 class ProbesTable:
-    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: the probes table."""
+    """The probes table, the store's ``store.probes``."""
 
-    def submit_probe(self, run_id: str, suspect: int, healthy: int, step: int,
-                     finding_id: int | None, reason: str | None, now: float, *,
-                     unless_pending: bool = False) -> Future:
+    def __init__(self, db: TableAccess) -> None:
+        self._db = db
+
+    def submit(self, run_id: str, suspect: int, healthy: int, step: int,
+               finding_id: int | None, reason: str | None, now: float, *,
+               unless_pending: bool = False) -> Future:
         """Store a probe request; resolves to its id, or None when ``unless_pending`` and the
         suspect already has a probe waiting for its verdict."""
         def job(conn: sqlite3.Connection) -> int | None:
@@ -77,28 +84,30 @@ class ProbesTable:
                 "INSERT INTO probes (run_id, suspect_rank, healthy_rank, step, finding_id, reason,"
                 " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (run_id, suspect, healthy, step, finding_id, reason, now))
+            assert cur.lastrowid is not None   # an INSERT's row id
             return int(cur.lastrowid)
-        return self.write(job)  # type: ignore[attr-defined]  # SQLiteStore's
+        return self._db.write(job)
 
-    def probe(self, run_id: str, probe_id: int) -> ProbeRow | None:
-        row = self.read_conn().execute(  # type: ignore[attr-defined]
+    def get(self, run_id: str, probe_id: int) -> ProbeRow | None:
+        row = self._db.read_conn().execute(
             f"SELECT {_COLUMNS} FROM probes WHERE run_id=? AND id=?", (run_id, probe_id)).fetchone()
         return None if row is None else ProbeRow.from_row(row)
 
-    def probes(self, run_id: str) -> list[ProbeRow]:
-        rows = self.read_conn().execute(  # type: ignore[attr-defined]
+    def of_run(self, run_id: str) -> list[ProbeRow]:
+        """The run's probes, oldest first."""
+        rows = self._db.read_conn().execute(
             f"SELECT {_COLUMNS} FROM probes WHERE run_id=? ORDER BY id", (run_id,)).fetchall()
         return [ProbeRow.from_row(r) for r in rows]
 
-    def next_probe(self, run_id: str, after: int, upto_step: int) -> ProbeRow | None:
+    def next_pending(self, run_id: str, after: int, upto_step: int) -> ProbeRow | None:
         """The oldest probe still waiting for its verdict with an id above ``after`` and a step
         at or before ``upto_step``."""
-        row = self.read_conn().execute(  # type: ignore[attr-defined]
+        row = self._db.read_conn().execute(
             f"SELECT {_COLUMNS} FROM probes WHERE run_id=? AND id>? AND verdict IS NULL AND step<=?"
             " ORDER BY id LIMIT 1", (run_id, after, upto_step)).fetchone()
         return None if row is None else ProbeRow.from_row(row)
 
-    def submit_probe_report(self, run_id: str, probe_id: int, decide: ProbeReport) -> Future:
+    def submit_report(self, run_id: str, probe_id: int, decide: ProbeReport) -> Future:
         """Apply ``decide`` to the stored probe atomically; raises :class:`NoProbe` (or what
         ``decide`` raised)."""
         def job(conn: sqlite3.Connection) -> None:
@@ -111,4 +120,4 @@ class ProbesTable:
                 reports, verdict = change
                 conn.execute("UPDATE probes SET reports=?, verdict=? WHERE run_id=? AND id=?",
                              (orjson.dumps(reports).decode(), verdict, run_id, probe_id))
-        return self.write(job)  # type: ignore[attr-defined]
+        return self._db.write(job)

@@ -28,7 +28,7 @@ class Creator:
 
 
 # The creator of the request being served, set by the request guard (healthsvc.auth.guard) and
-# carried into the store's writer thread with each job (``MetricsIngest._run_job``): None in open
+# carried into the store's writer thread with each job (``MetricsIngest.run_job``): None in open
 # mode and for admin tokens (operators, replays), whose runs count against ``max_runs`` only.
 creator: ContextVar[Creator | None] = ContextVar("healthsvc_run_creator", default=None)
 DEFAULT_MAX_METRIC_NAMES = 1024   # the known fields are 20; per-layer norms of a large model a few hundred

@@ -1,11 +1,13 @@
 """Reads of the service store: runs, attempts, hosts, checkpoints, events, heartbeats and the
 stored metrics (the effective history: for each step, the newest attempt that reached it).
 
-Every read uses the calling thread's own connection (WAL: readers never block the writer).
+Every read uses the calling thread's own connection (WAL: readers never block the writer). The
+store's ``store.reads``, built with the store's reader (:class:`~healthsvc.store.seam.TableAccess`)
+and the ingest, whose runs' in-memory states it reads through :class:`RunStates`.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 import orjson
@@ -13,58 +15,79 @@ import orjson
 from healthsvc.store.batch import MetricBatch
 from healthsvc.store.codec import decode_chunk
 from healthsvc.store.runstate import RunSnapshot, RunState
+from healthsvc.store.seam import TableAccess
+
+
+class RunStates(Protocol):
+    """What the reads need of the ingest, the owner of the runs' in-memory states."""
+
+    def state(self, run_id: str) -> RunState | None:
+        """The run's live state, or None when it is not in memory (the writer thread's)."""
+        ...
+
+    def held(self) -> int:
+        """Runs whose state is in memory."""
+        ...
+
+    def states(self) -> Iterable[RunState]:
+        """The states in memory."""
+        ...
+
+    def built_run_state(self, conn: Any, run_id: str, status: str) -> RunState:
+        """A run's state as the database has it, built on ``conn`` and not kept."""
+        ...
 
 
 class StoreReads:
-    """Mixin of :class:`~healthsvc.store.sqlite.SQLiteStore`: everything that only reads."""
+    """Everything that only reads, the store's ``store.reads``."""
 
-    _runs: dict[str, RunState]
-    _built_run_state: Any   # MetricsIngest's
-
+    def __init__(self, db: TableAccess, runs: RunStates) -> None:
+        self._db = db
+        self._runs = runs
 
     def run_state(self, run_id: str) -> RunState | None:
         """The live state: the writer thread's alone (it changes it on every push). Every other
         thread reads :meth:`run_view`."""
-        return self._runs.get(run_id)
+        return self._runs.state(run_id)
 
     def runs_held(self) -> int:
         """Runs whose ingest state is in memory (``/metrics``)."""
-        return len(self._runs)
+        return self._runs.held()
 
     def run_view(self, run_id: str) -> RunSnapshot | None:
         """The run's state as of now, copied: for any thread (API handlers, the monitor, the
         dashboard, scrapes); None for a run that has no state (never pushed to)."""
-        st = self._runs.get(run_id) or self._released_state(run_id)
+        st = self._runs.state(run_id) or self._released_state(run_id)
         return None if st is None else st.snapshot()
 
     def _released_state(self, run_id: str) -> RunState | None:
         """The state of a run let go from memory (``release_run_states``: it has an ingest
         snapshot), rebuilt from the database on this thread's connection and not kept; None
         for a run never pushed to."""
-        row = self.read_conn().execute(
+        row = self._db.read_conn().execute(
             "SELECT status FROM runs WHERE run_id=? AND EXISTS (SELECT 1 FROM run_state WHERE run_id=? AND kind='ingest')",
             (run_id, run_id)).fetchone()
-        return None if row is None else self._built_run_state(self.read_conn(), run_id, row[0])
+        return None if row is None else self._runs.built_run_state(self._db.read_conn(), run_id, row[0])
 
     def newest_time(self) -> float:
         """The newest service-clock time the store holds of the runs' activity (pushes,
         heartbeats, run changes), unix seconds; 0 for an empty store. Read at start, so a service
         clock that came back behind it can start from it (``healthsvc.clock``)."""
-        pushes = max((st.last_push or 0.0 for st in self._runs.values()), default=0.0)
-        (beats, runs) = self.read_conn().execute(
+        pushes = max((st.last_push or 0.0 for st in self._runs.states()), default=0.0)
+        (beats, runs) = self._db.read_conn().execute(
             "SELECT (SELECT max(ts) FROM heartbeats), (SELECT max(updated_at) FROM runs)").fetchone()
         return max(pushes, beats or 0.0, runs or 0.0)
 
     def run_exists(self, run_id: str) -> bool:
-        return self.read_conn().execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is not None
+        return self._db.read_conn().execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is not None
 
     def list_run_rows(self) -> list[dict]:
-        rows = self.read_conn().execute(
+        rows = self._db.read_conn().execute(
             "SELECT run_id, created_at, updated_at, config, status, finished_at FROM runs ORDER BY created_at")
         return [self._run_row(r) for r in rows]
 
     def get_run_row(self, run_id: str) -> dict | None:
-        r = self.read_conn().execute(
+        r = self._db.read_conn().execute(
             "SELECT run_id, created_at, updated_at, config, status, finished_at FROM runs WHERE run_id=?",
             (run_id,)).fetchone()
         return None if r is None else self._run_row(r)
@@ -75,9 +98,9 @@ class StoreReads:
                 "status": r[4], "finished_at": r[5]}
 
     def attempts(self, run_id: str) -> list[dict]:
-        st = self._runs.get(run_id) or self._released_state(run_id)
+        st = self._runs.state(run_id) or self._released_state(run_id)
         progress = dict(st.attempt_progress) if st else {}
-        rows = self.read_conn().execute(
+        rows = self._db.read_conn().execute(
             "SELECT attempt, start_step, opened_at FROM attempts WHERE run_id=? ORDER BY attempt", (run_id,))
         out = []
         for a, s, t in rows:
@@ -86,30 +109,30 @@ class StoreReads:
         return out
 
     def hosts(self, run_id: str) -> dict[int, str]:
-        return dict(self.read_conn().execute("SELECT rank, host FROM hosts WHERE run_id=?", (run_id,)))
+        return dict(self._db.read_conn().execute("SELECT rank, host FROM hosts WHERE run_id=?", (run_id,)))
 
     def checkpoints(self, run_id: str) -> list[dict]:
-        rows = self.read_conn().execute(
+        rows = self._db.read_conn().execute(
             "SELECT id, step, uri, attempt, duration_s, bytes, created_at, status, note FROM checkpoints"
             " WHERE run_id=? ORDER BY step, id", (run_id,))
         keys = ("id", "step", "uri", "attempt", "duration_s", "bytes", "created_at", "status", "note")
         return [dict(zip(keys, r)) for r in rows]
 
     def events(self, run_id: str) -> list[dict]:
-        rows = self.read_conn().execute(
+        rows = self._db.read_conn().execute(
             "SELECT id, kind, step, attempt, ts, data FROM events WHERE run_id=? ORDER BY id", (run_id,))
         return [{"id": i, "kind": k, "step": s, "attempt": a, "ts": t, "data": orjson.loads(d)}
                 for i, k, s, a, t, d in rows]
 
     def heartbeats(self, run_id: str) -> list[dict]:
-        rows = self.read_conn().execute(
+        rows = self._db.read_conn().execute(
             "SELECT rank, step, phase, ts FROM heartbeats WHERE run_id=? ORDER BY rank", (run_id,))
         return [{"rank": r, "step": s, "phase": p, "ts": t} for r, s, p, t in rows]
 
     def attempt_spans(self, *, exclude_run_id: str | None = None) -> list[tuple[str, int, float, float]]:
         """``(run_id, attempt, first push, last push)`` of every attempt with metrics (service
         clock, unix seconds), of every run but ``exclude_run_id``."""
-        return self.read_conn().execute(
+        return self._db.read_conn().execute(
             "SELECT run_id, attempt, min(received_at), max(received_at) FROM chunks WHERE run_id IS NOT ?"
             " GROUP BY run_id, attempt", (exclude_run_id,)).fetchall()
 
@@ -117,7 +140,7 @@ class StoreReads:
         """Metric fields ever reported by the run (in first-seen order), and whether hosts were."""
         names: list[str] = []
         has_hosts = False
-        for fields, hosts in self.read_conn().execute(
+        for fields, hosts in self._db.read_conn().execute(
                 "SELECT fields, max(has_hosts) FROM chunks WHERE run_id=? GROUP BY fields ORDER BY min(id)", (run_id,)):
             names.extend(f for f in fields.split(",") if f and f not in names)
             has_hosts = has_hosts or bool(hosts)
@@ -131,7 +154,7 @@ class StoreReads:
         With ``effective`` (and no explicit attempt), records superseded by a newer attempt are
         dropped: for each step the newest attempt that reached it wins.
         """
-        conn = self.read_conn()
+        conn = self._db.read_conn()
         starts = {a["attempt"]: a["start_step"] for a in self.attempts(run_id)}
         # Upper bound (exclusive) of the steps each attempt still owns in the effective history.
         bound: dict[int, float] = {}

@@ -49,7 +49,7 @@ class RunView:
 
 @dataclass(frozen=True)
 class RunSnapshot:
-    """A run's state as a thread other than the writer reads it (``store.run_view``): a copy,
+    """A run's state as a thread other than the writer reads it (``store.reads.run_view``): a copy,
     so nothing outside the store holds the live :class:`RunState` the writer changes.
 
     >>> RunState("r").snapshot()

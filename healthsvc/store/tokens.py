@@ -1,11 +1,12 @@
-"""The API tokens table (only each token's SHA-256 is stored) and the audit log of admin actions.
+"""The API tokens table (only each token's SHA-256 is stored) and the audit log of admin actions:
+the store's ``store.tokens`` and ``store.audit``.
 
 Rows in, rows out: what a token *is* (scopes, the bootstrap token, hashing) is
 :mod:`healthsvc.auth.tokens`'s.
 
 Replicas share the table: a creation or revocation sends ``NOTIFY`` on :data:`CHANNEL` in its
 own transaction (PostgreSQL delivers it at the commit), and every replica's watcher
-(:mod:`healthsvc.store.token_watch`) reloads the live tokens when it hears one. A revocation that
+(:mod:`healthsvc.store.token_watch`, the ``watch`` PostgreSQL's store gives the table) reloads the live tokens when it hears one. A revocation that
 must keep an admin takes :data:`REVOCATION_LOCK` first, so two replicas revoking the last two
 admin tokens at once cannot both succeed.
 """
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
+
+from healthsvc.store.seam import TableAccess
 
 CHANNEL = "hs_tokens"                 # NOTIFY channel of token changes (per database)
 REVOCATION_LOCK = 0x68735f746f6b      # pg_advisory_xact_lock key: "hs_tok"
@@ -79,34 +82,47 @@ def _has_admin(scopes: str) -> bool:
     return "admin" in orjson.loads(scopes)
 
 
+# on_change -> None: call ``on_change()`` whenever another process may have changed the tokens.
+TokenWatcher = Callable[[Callable[[], None]], None]
+
+
+def _nothing_to_watch(on_change: Callable[[], None]) -> None:
+    """One process holds a SQLite file, and its own changes go through it: nothing to watch."""
+
+
 class TokensTable:
-    """Mixin of :class:`~healthsvc.store.base.StoreBase`: API tokens and the audit log."""
+    """API tokens, the store's ``store.tokens``. ``watch``: how this store hears of other
+    processes' changes (PostgreSQL's ``LISTEN``; none for SQLite)."""
 
-    def watch_tokens(self, on_change: Callable[[], None]) -> None:
-        """Call ``on_change()`` whenever another process may have changed the tokens. One
-        process holds a SQLite file, and its own changes go through it: nothing to watch.
-        (PostgreSQL's store overrides this.)"""
+    def __init__(self, db: TableAccess, watch: TokenWatcher = _nothing_to_watch) -> None:
+        self._db = db
+        self._watch = watch
 
-    def live_tokens(self) -> list[TokenRow]:
-        rows = self.read_conn().execute(  # type: ignore[attr-defined]  # SQLiteStore's
+    def watch(self, on_change: Callable[[], None]) -> None:
+        """Call ``on_change()`` whenever another process may have changed the tokens (until the
+        store closes)."""
+        self._watch(on_change)
+
+    def live(self) -> list[TokenRow]:
+        rows = self._db.read_conn().execute(
             "SELECT id, name, hash, scopes, run_prefix, created_at, created_by FROM api_tokens WHERE revoked_at IS NULL")
         return [TokenRow(i, n, h, orjson.loads(s), p, c, b) for i, n, h, s, p, c, b in rows]
 
-    def all_tokens(self) -> list[TokenRow]:
+    def all(self) -> list[TokenRow]:
         """Every token, revoked ones too, oldest first (without hashes)."""
-        rows = self.read_conn().execute(  # type: ignore[attr-defined]
+        rows = self._db.read_conn().execute(
             "SELECT id, name, scopes, run_prefix, created_at, created_by, revoked_at FROM api_tokens ORDER BY created_at")
         return [TokenRow(i, n, None, orjson.loads(s), p, c, b, r) for i, n, s, p, c, b, r in rows]
 
-    def submit_token(self, row: TokenRow) -> Future:
+    def submit(self, row: TokenRow) -> Future:
         def job(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO api_tokens (id, name, hash, scopes, run_prefix, created_at, created_by)"
                          " VALUES (?, ?, ?, ?, ?, ?, ?)", (row.id, row.name, row.hash, orjson.dumps(sorted(row.scopes)).decode(),
                                                            row.run_prefix, row.created_at, row.created_by))
             _announce(conn)
-        return self.write(job)  # type: ignore[attr-defined]
+        return self._db.write(job)
 
-    def submit_token_revocation(self, token_id: str, now: float, *, keep_an_admin: bool = False) -> Future:
+    def submit_revocation(self, token_id: str, now: float, *, keep_an_admin: bool = False) -> Future:
         """Resolves to ``"revoked"``, ``"not_live"`` (no live token of that id) or, with
         ``keep_an_admin``, ``"last_admin"`` when it is the only live admin token (then kept)."""
         def job(conn: Any) -> str:
@@ -122,15 +138,22 @@ class TokensTable:
                 return "not_live"
             _announce(conn)
             return "revoked"
-        return self.write(job)  # type: ignore[attr-defined]
+        return self._db.write(job)
 
-    def submit_audit(self, at: float, actor: str, method: str, path: str, status: int) -> Future:
-        return self.write(lambda conn: conn.execute(  # type: ignore[attr-defined]
+
+class AuditLog:
+    """The audit log of admin actions, the store's ``store.audit``."""
+
+    def __init__(self, db: TableAccess) -> None:
+        self._db = db
+
+    def submit(self, at: float, actor: str, method: str, path: str, status: int) -> Future:
+        return self._db.write(lambda conn: conn.execute(
             "INSERT INTO audit_log (at, actor, method, path, status) VALUES (?, ?, ?, ?, ?)",
             (at, actor, method, path[:500], status)))
 
-    def audit_log(self, limit: int = 1000) -> list[AuditEntry]:
-        """Newest first."""
-        rows = self.read_conn().execute(  # type: ignore[attr-defined]
+    def newest(self, limit: int = 1000) -> list[AuditEntry]:
+        """The newest ``limit`` entries, newest first."""
+        rows = self._db.read_conn().execute(
             "SELECT id, at, actor, method, path, status FROM audit_log ORDER BY id DESC LIMIT ?", (limit,))
         return [AuditEntry(*r) for r in rows]

@@ -57,19 +57,19 @@ def _world_size(store, run_id: str, config: dict, events: list[dict]) -> int | N
             return new
     if config.get("world_size"):
         return int(config["world_size"])
-    st = store.run_view(run_id)
+    st = store.reads.run_view(run_id)
     return st.ranks_seen if st is not None and st.ranks_seen else None
 
 
 def situation(ctx: ServiceContext, run_id: str, exited: int | None) -> tuple[Situation, SuperviseConfig]:
     """The inputs of the decision and the run's policy."""
     store = ctx.store
-    row = store.get_run_row(run_id)
+    row = store.reads.get_run_row(run_id)
     if row is None:
         raise NotFound(f"run {run_id!r} does not exist", loc=("path", "run_id"),
                        hint="runs are created by their first push or by PUT /v1/runs/{run_id}")
     config, _ = shown_config(row["config"])
-    attempts = store.attempts(run_id)
+    attempts = store.reads.attempts(run_id)
     current = attempts[-1] if attempts else None
     findings = tuple(
         Cause(id=sf.id, kind=sf.finding.kind, severity=sf.finding.severity, step=sf.finding.step,
@@ -83,11 +83,11 @@ def situation(ctx: ServiceContext, run_id: str, exited: int | None) -> tuple[Sit
                             checkpoint_id=None if ckpt is None else ckpt["id"],
                             proven_clean=bool(answer["proven_clean"]),
                             resumed_from=answer["evidence"].get("resumed_from"))
-    events = store.events(run_id)
+    events = store.reads.events(run_id)
     s = Situation(findings=findings, rollback=rollback, restarts=tuple(past_restarts(events)),
                   attempt=0 if current is None else current["attempt"],
                   world_size=_world_size(store, run_id, config, events),
-                  rank_hosts=store.hosts(run_id), now_s=ctx.clock(), exited=exited,
+                  rank_hosts=store.reads.hosts(run_id), now_s=ctx.clock(), exited=exited,
                   finished=row["status"] == "finished")
     return s, SuperviseConfig.model_validate(config.get("supervise") or {})
 

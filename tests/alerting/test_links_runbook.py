@@ -45,7 +45,7 @@ def test_alert_links_open_the_dashboard_page_and_the_kinds_runbook_section(tmp_p
                  "routing_key": ROUTING_KEY}]
         with ServedService(tmp_path, alert_webhooks=subs) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
             ctx = srv.app.state.ctx
-            ctx.store.submit_run_config("links-run", {}).result()
+            ctx.store.control.submit_run_config("links-run", {}).result()
             nan = Finding("non_finite", step=7, ranks=(2,), severity="critical", metric="loss")
             ctx.findings.record("links-run", 1, [nan], {2: "node2"}).result()
             srv.drain()
@@ -86,7 +86,7 @@ def test_the_runbook_base_url_is_a_setting(tmp_path):
         subs = [{"id": "j", "url": rx.url, "format": "json", "secret": ""}]
         with ServedService(tmp_path, alert_webhooks=subs, alert_runbook_url="https://wiki.example.com/ml/runbook") as srv:
             ctx = srv.app.state.ctx
-            ctx.store.submit_run_config("r", {}).result()
+            ctx.store.control.submit_run_config("r", {}).result()
             ctx.findings.record("r", 1, [Finding("stall", step=3, severity="critical")], {}).result()
             srv.drain()
             (got,) = rx.delivered()

@@ -54,7 +54,7 @@ def runs_in(fmt: str, body: bytes) -> set[str]:
 def record(svc, run_id: str, findings: list[Finding]) -> None:
     """Store findings as the monitor does, then wait for all they cause."""
     ctx = svc.app.state.ctx
-    ctx.store.submit_run_config(run_id, {}).result()
+    ctx.store.control.submit_run_config(run_id, {}).result()
     ctx.findings.record(run_id, 1, findings, {r: f"node{r}" for r in range(8)}).result()
     svc.drain()
 

@@ -35,7 +35,7 @@ def service(tmp_path, db_uri, url, **kw):
 def record(svc, run_id, findings):
     """Store findings as the monitor does, then wait for all they cause (alerts, deliveries)."""
     ctx = svc.app.state.ctx
-    ctx.store.submit_run_config(run_id, {}).result()
+    ctx.store.control.submit_run_config(run_id, {}).result()
     stored = ctx.findings.record(run_id, 1, findings, HOSTS).result()
     svc.drain()
     return stored
@@ -151,7 +151,7 @@ def test_delivery_resumes_after_a_service_restart(tmp_path, db_uri):
 def test_drain_waits_for_a_delivery_in_flight_and_names_the_stage_behind(tmp_path, db_uri):
     with Receiver(script=[("sleep", 1.0)]) as rx, service(tmp_path, db_uri, rx.url) as svc:
         ctx = svc.app.state.ctx
-        ctx.store.submit_run_config("r5", {}).result()
+        ctx.store.control.submit_run_config("r5", {}).result()
         ctx.findings.record("r5", 1, [nan()], HOSTS).result()
         with pytest.raises(DrainTimeout, match="webhook delivery worker"):
             svc.drain(timeout_s=0.5)    # the receiver takes a second to answer
@@ -168,7 +168,7 @@ def test_a_finding_its_alert_and_its_notification_commit_in_one_job(tmp_path, db
     # the notification (critical: group_wait 0) and the cursor, in the same transaction.
     with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         ctx = svc.app.state.ctx
-        ctx.store.submit_run_config("r1", {}).result()
+        ctx.store.control.submit_run_config("r1", {}).result()
         # Hold the alerting thread: nothing below may depend on it.
         held, handle = threading.Event(), ctx.alerting._handle
         ctx.alerting._handle = lambda item: (held.wait(10), handle(item))
@@ -190,7 +190,7 @@ def test_a_failed_alert_stage_keeps_the_findings_for_the_next_job(tmp_path, db_u
     with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         ctx = svc.app.state.ctx
         manager = ctx.alerting.manager
-        ctx.store.submit_run_config("r1", {}).result()
+        ctx.store.control.submit_run_config("r1", {}).result()
         real = type(manager).process
         calls = []
 
@@ -216,7 +216,7 @@ def test_a_corruption_page_waits_for_its_rollback_target(tmp_path, db_uri):
     # that stores the finding is durable and the target was looked up, with it.
     with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         ctx = svc.app.state.ctx
-        ctx.store.submit_checkpoint("r1", 5, "mem://r1/5", None, None).result()
+        ctx.store.control.submit_checkpoint("r1", 5, "mem://r1/5", None, None).result()
         ctx.findings.record("r1", 1, [nan(step=7)], HOSTS).result()
         # (Not asserted: that the outbox is still empty here. The page is held back for its
         # annotation, but alerting's thread may already have added it on a loaded machine.)
@@ -233,7 +233,7 @@ def test_a_run_adopted_in_the_group_commit_that_stores_its_first_alert_still_pag
     # owner's memory and its page was never sent (what made the test above fail in CI).
     with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         ctx = svc.app.state.ctx
-        ctx.store.submit_checkpoint("r1", 5, "mem://r1/5", None, None).result()
+        ctx.store.control.submit_checkpoint("r1", 5, "mem://r1/5", None, None).result()
         svc.drain()   # the owner took the run (PostgreSQL) and loaded its (no) alerts
         running, gate, adopt_queued = threading.Event(), threading.Event(), threading.Event()
         held = ctx.store.write(lambda conn: (running.set(), gate.wait(10)))

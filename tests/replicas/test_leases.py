@@ -137,8 +137,8 @@ def test_the_store_refuses_a_stale_owners_snapshot_and_findings(dsn):
         assert store.snapshots("monitor")["r1"].state == b"new owner"
         f = Finding("non_finite", step=3, ranks=(1,), severity="critical", metric="loss")
         with pytest.raises(LeaseLost):
-            store.submit_findings("r1", 1, [f], {}, fence=stale).result(10)
-        assert store.submit_findings("r1", 1, [f], {}, fence=b.fence("r1")).result(10).findings
+            store.findings.submit("r1", 1, [f], {}, fence=stale).result(10)
+        assert store.findings.submit("r1", 1, [f], {}, fence=b.fence("r1")).result(10).findings
     finally:
         store.close()
         b.stop()
@@ -159,9 +159,9 @@ def test_a_running_run_that_nobody_claimed_is_taken_by_the_sweep(dsn):
     store = open_store(dsn)
     store.open()
     try:
-        store.submit_metrics("orphan", one_record(), "d1").result(10)
-        store.submit_metrics("done", one_record(), "d2").result(10)
-        store.submit_finish("done").result(10)
+        store.ingest.submit_metrics("orphan", one_record(), "d1").result(10)
+        store.ingest.submit_metrics("done", one_record(), "d2").result(10)
+        store.control.submit_finish("done").result(10)
     finally:
         store.close()
     a, events = replica(dsn, "a", ttl_s=30.0)   # a long TTL: the only sweeps are the ones called below

@@ -84,7 +84,7 @@ def test_tokens_are_listed_without_secrets_stored_hashed_and_revocable(secured, 
         store = open_store(secured.db_path)   # a second reader of the server's database
         store.open()
         try:
-            stored = [t.hash for t in store.live_tokens()]
+            stored = [t.hash for t in store.tokens.live()]
         finally:
             store.close()
         assert tokens["trainer"] not in stored and len(stored[0]) == 64

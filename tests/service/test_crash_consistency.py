@@ -97,7 +97,7 @@ def test_a_finding_stored_but_not_yet_alerted_is_alerted_after_a_restart(db_uri,
             store = open_store(srv.db_path)   # the finding committed, alerting never told
             store.open()
             try:
-                store.submit_findings("cw", 1, [Finding("non_finite", step=1, ranks=(2,), severity="critical",
+                store.findings.submit("cw", 1, [Finding("non_finite", step=1, ranks=(2,), severity="critical",
                                                         metric="loss")], {}).result(10)
             finally:
                 store.close()

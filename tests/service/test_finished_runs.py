@@ -98,7 +98,7 @@ def test_records_another_replica_stored_before_the_finish_and_fed_after_it_raise
         loss = np.ones(RANKS)
         loss[1] = np.nan
         last = MetricBatch(np.full(RANKS, 30), np.arange(RANKS), {"loss": loss}, {"loss": np.ones(RANKS, dtype=bool)})
-        elsewhere.submit_metrics("raced", last, "the-last-step").result(10)
+        elsewhere.ingest.submit_metrics("raced", last, "the-last-step").result(10)
     finally:
         elsewhere.close()
     assert http.post("/v1/runs/raced/finish", json={}).status_code == 200

@@ -28,7 +28,7 @@ def start(db):
 
 def stored_nan(app, c: TestClient, run_id: str, step: int = 7) -> str:
     """Store a NaN finding; returns its alert's fingerprint once alerting has it."""
-    app.state.ctx.store.submit_run_config(run_id, {}).result()
+    app.state.ctx.store.control.submit_run_config(run_id, {}).result()
     app.state.ctx.findings.record(run_id, 1, [nan(step)], {}).result()
     fp = finding_fingerprint(run_id, nan(step))
     wait_until(lambda: c.get("/v1/alerts", params={"run": run_id}).json()["alerts"], what="the alert")

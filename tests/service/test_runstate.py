@@ -59,7 +59,7 @@ def test_idempotency_keys_are_forgotten_after_the_dedupe_window(tmp_path):
     store.open()
     try:
         def push(step, digest):
-            return store.submit_metrics("r", batch([step], [0]), digest).result(10)
+            return store.ingest.submit_metrics("r", batch([step], [0]), digest).result(10)
 
         assert not push(0, "a").duplicate
         now[0] += 50

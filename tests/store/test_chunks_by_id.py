@@ -17,7 +17,7 @@ def _push(store, run_id: str, step: int) -> int:
     b = MetricBatch(steps=np.array([step]), ranks=np.array([0]))
     b.values["loss"] = np.array([float(step)])
     b.present["loss"] = np.array([True])
-    return store.submit_metrics(run_id, b, f"{run_id}-{step}").result(10).chunk_id
+    return store.ingest.submit_metrics(run_id, b, f"{run_id}-{step}").result(10).chunk_id
 
 
 def test_chunks_by_id_reads_exactly_the_runs_named_chunks_oldest_first(db_uri):

@@ -69,7 +69,7 @@ def test_a_failing_job_rolls_back_alone_and_the_next_group_commits(db_uri):
         with pytest.raises(ValueError):
             store.write(_insert("py2", fail="python")).result(10)
         assert store.write(_insert("ok3")).result(10) == "ok3"
-        stored = [r for r in ("ok1", "ok2", "ok3", "ok4", "ok5", "py", "py2", "py3") if store.get_run_row(r)]
+        stored = [r for r in ("ok1", "ok2", "ok3", "ok4", "ok5", "py", "py2", "py3") if store.reads.get_run_row(r)]
         assert stored == ["ok1", "ok2", "ok3", "ok4", "ok5"]
         assert not store.writes_failing
     finally:

@@ -58,7 +58,7 @@ def live_state_reads(path: Path) -> list[int]:
 
 def test_no_live_run_state_leaves_the_store():
     # RunState is the writer thread's: it changes on every push. Every other thread (API
-    # handlers, the monitor, the dashboard, Prometheus scrapes) reads the copy store.run_view gives.
+    # handlers, the monitor, the dashboard, Prometheus scrapes) reads the copy store.reads.run_view gives.
     outside = [f"{p.relative_to(ROOT)}:{line}" for p in sorted((ROOT / "healthsvc").rglob("*.py"))
                if STORE not in p.parents for line in live_state_reads(p)]
     assert not outside, "the live RunState read outside the store: " + ", ".join(outside)

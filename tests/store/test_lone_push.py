@@ -39,19 +39,19 @@ def store(db_uri):
 
 
 def test_a_push_whose_job_fails_after_its_append_is_stored_once_after_the_retry(store, db_uri, monkeypatch):
-    assert store.submit_metrics("r", step(0), "d0").result(10).attempt == 1   # the run's first push
-    applied = type(store)._applied
+    assert store.ingest.submit_metrics("r", step(0), "d0").result(10).attempt == 1   # the run's first push
+    applied = type(store.ingest)._applied
 
     def fails_after_the_append(self, *args, **kwargs):
-        monkeypatch.setattr(type(store), "_applied", applied)   # once
+        monkeypatch.setattr(type(store.ingest), "_applied", applied)   # once
         raise RuntimeError("the job fails after its append")
-    monkeypatch.setattr(type(store), "_applied", fails_after_the_append)
+    monkeypatch.setattr(type(store.ingest), "_applied", fails_after_the_append)
     with pytest.raises(RuntimeError, match="after its append"):
-        store.submit_metrics("r", step(1), "d1").result(10)
-    again = store.submit_metrics("r", step(1), "d1").result(10)   # the client retries
+        store.ingest.submit_metrics("r", step(1), "d1").result(10)
+    again = store.ingest.submit_metrics("r", step(1), "d1").result(10)   # the client retries
     # PostgreSQL: the append committed on its own; SQLite: the failed job stored nothing.
     assert again.duplicate is db_uri.startswith("postgresql://")
-    assert store.submit_metrics("r", step(2), "d2").result(10).duplicate is False
+    assert store.ingest.submit_metrics("r", step(2), "d2").result(10).duplicate is False
     h = load_history(store, "r")
     assert sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.values["loss"].tolist())) == \
         [(s, r, 1.0 + r + s) for s in range(3) for r in range(2)]
@@ -64,18 +64,18 @@ def test_what_a_lone_push_writes_after_its_append_commits_with_the_job(db_uri):
     store.open()
     try:
         for s in range(4):
-            stored = store.submit_metrics("r", step(s), f"d{s}").result(10)
+            stored = store.ingest.submit_metrics("r", step(s), f"d{s}").result(10)
             assert not stored.duplicate
             snap = snapshots.read_snapshots(store.read_conn(), "ingest", "r")["r"]
             assert snap.watermark == stored.chunk_id
-        store.submit_metrics("r", step(3), "d3").result(10)   # a duplicate: the connection is fit
-        assert store.submit_metrics("r", step(4), "d4").result(10).chunk_id > stored.chunk_id
+        store.ingest.submit_metrics("r", step(3), "d3").result(10)   # a duplicate: the connection is fit
+        assert store.ingest.submit_metrics("r", step(4), "d4").result(10).chunk_id > stored.chunk_id
     finally:
         store.close()
     reopened = open_store(db_uri)
     reopened.open()
     try:
-        assert reopened.run_state("r").view().attempt == 1
+        assert reopened.reads.run_state("r").view().attempt == 1
         assert load_history(reopened, "r").steps.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     finally:
         reopened.close()
@@ -114,25 +114,25 @@ def test_pushes_of_one_group_commit_are_stored_once_each_when_one_fails_after_it
     # On PostgreSQL a push after others in its group appends without a savepoint before it
     # (PgConnection.solo): its failure after the append keeps the append and must not undo the
     # pushes before it; the push after it takes its own savepoint.
-    store.submit_metrics("r", step(0), "d0").result(10)
-    applied = type(store)._applied
+    store.ingest.submit_metrics("r", step(0), "d0").result(10)
+    applied = type(store.ingest)._applied
 
     def fails_after_the_append(self, conn, run_id, st, batch, *args, **kwargs):
         if int(batch.steps[0]) == 2:
             raise RuntimeError("the job fails after its append")
         return applied(self, conn, run_id, st, batch, *args, **kwargs)
-    monkeypatch.setattr(type(store), "_applied", fails_after_the_append)
+    monkeypatch.setattr(type(store.ingest), "_applied", fails_after_the_append)
     held = HeldWriter(store)
-    futures = {s: store.submit_metrics("r", step(s), f"d{s}") for s in (1, 2)}
-    futures["new rank"] = store.submit_metrics("r", new_rank(3), "n3")   # right after the failed job
-    futures[3] = store.submit_metrics("r", step(3), "d3")
+    futures = {s: store.ingest.submit_metrics("r", step(s), f"d{s}") for s in (1, 2)}
+    futures["new rank"] = store.ingest.submit_metrics("r", new_rank(3), "n3")   # right after the failed job
+    futures[3] = store.ingest.submit_metrics("r", step(3), "d3")
     held.release()
     assert not futures[1].result(10).duplicate and not futures[3].result(10).duplicate
     assert not futures["new rank"].result(10).duplicate
     with pytest.raises(RuntimeError, match="after its append"):
         futures[2].result(10)
-    monkeypatch.setattr(type(store), "_applied", applied)
-    again = store.submit_metrics("r", step(2), "d2").result(10)   # the client retries
+    monkeypatch.setattr(type(store.ingest), "_applied", applied)
+    again = store.ingest.submit_metrics("r", step(2), "d2").result(10)   # the client retries
     assert again.duplicate is db_uri.startswith("postgresql://")
     h = load_history(store, "r")
     assert sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.values["loss"].tolist())) == \
@@ -147,25 +147,25 @@ def test_what_a_push_writes_after_its_append_in_a_group_rolls_back_alone_when_it
     store = open_store(db_uri, snapshot_every_s=0.0)
     store.open()
     try:
-        store.submit_metrics("r", step(0), "d0").result(10)
-        write_snapshot = type(store)._write_snapshot
+        store.ingest.submit_metrics("r", step(0), "d0").result(10)
+        write_snapshot = type(store.ingest)._write_snapshot
 
         def fails_after_writing(self, conn, run_id, st):
             write_snapshot(self, conn, run_id, st)
             if st.max_step() == 2:
                 raise RuntimeError("the snapshot fails after its write")
-        monkeypatch.setattr(type(store), "_write_snapshot", fails_after_writing)
+        monkeypatch.setattr(type(store.ingest), "_write_snapshot", fails_after_writing)
         held = HeldWriter(store)
-        futures = {s: store.submit_metrics("r", step(s), f"d{s}") for s in (1, 2, 3)}
+        futures = {s: store.ingest.submit_metrics("r", step(s), f"d{s}") for s in (1, 2, 3)}
         held.release()
         with pytest.raises(RuntimeError, match="after its write"):
             futures[2].result(10)
         last = futures[3].result(10)
-        monkeypatch.setattr(type(store), "_write_snapshot", write_snapshot)
+        monkeypatch.setattr(type(store.ingest), "_write_snapshot", write_snapshot)
         snap = snapshots.read_snapshots(store.read_conn(), "ingest", "r")["r"]
         assert snap.watermark == last.chunk_id     # the last push's snapshot, after the failed one
         postgres = db_uri.startswith("postgresql://")
-        assert store.submit_metrics("r", step(2), "d2").result(10).duplicate is postgres
+        assert store.ingest.submit_metrics("r", step(2), "d2").result(10).duplicate is postgres
     finally:
         store.close()
     reopened = open_store(db_uri)
@@ -181,7 +181,7 @@ def test_a_push_whose_append_fails_in_a_group_fails_the_group_and_every_retry_st
     # savepoint guards the pushes before it: the whole group must fail (none of it
     # acknowledged), so the clients' retries store every push once. On SQLite the failed job
     # rolls back alone.
-    store.submit_metrics("r", step(0), "d0").result(10)
+    store.ingest.submit_metrics("r", step(0), "d0").result(10)
 
     chunk_row = ingest.chunk_row
 
@@ -194,7 +194,7 @@ def test_a_push_whose_append_fails_in_a_group_fails_the_group_and_every_retry_st
     # not be what the failure rolls back to (that push would be acknowledged, yet lost).
     pushes = {"d1": step(1), "n1": new_rank(1), "d2": step(2), "d3": step(3)}
     held = HeldWriter(store)
-    futures = {digest: store.submit_metrics("r", batch, digest) for digest, batch in pushes.items()}
+    futures = {digest: store.ingest.submit_metrics("r", batch, digest) for digest, batch in pushes.items()}
     held.release()
     acknowledged = set()
     for digest, fut in futures.items():
@@ -208,7 +208,7 @@ def test_a_push_whose_append_fails_in_a_group_fails_the_group_and_every_retry_st
     assert acknowledged == (set() if type(store).__name__ == "PostgresStore" else {"d1", "n1", "d3"})
     monkeypatch.undo()
     for digest, batch in pushes.items():   # every client retries what was not acknowledged
-        assert store.submit_metrics("r", batch, digest).result(10).duplicate is (digest in acknowledged)
+        assert store.ingest.submit_metrics("r", batch, digest).result(10).duplicate is (digest in acknowledged)
     h = load_history(store, "r")
     assert sorted(zip(h.steps.tolist(), h.ranks.tolist())) == \
         sorted([(s, r) for s in range(4) for r in range(2)] + [(1, 2)])

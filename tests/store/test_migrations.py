@@ -101,7 +101,7 @@ def check_migrated(uri: str, tmp_path: Path) -> None:
         assert http.get("/v1/runs/old/metrics").json()["columns"]["step"][-3:] == [3, 3, 3]
         run = http.get("/v1/runs/old").json()
         assert [(a["attempt"], a["start_step"], a["last_step"]) for a in run["attempts"]] == [(1, 1, 3)]
-        assert svc.app.state.store.get_run_row("old")["config"] == {"lr": 0.1}
+        assert svc.app.state.store.reads.get_run_row("old")["config"] == {"lr": 0.1}
     db = Raw(uri)
     try:
         assert [v for (v,) in db.execute("SELECT version FROM schema_version ORDER BY version")] == \

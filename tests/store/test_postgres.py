@@ -53,16 +53,16 @@ def test_the_writer_reconnects_after_its_connection_is_lost():
         store = PostgresStore(uri)
         store.open()
         try:
-            assert store.submit_metrics("r", batch(1), "d1").result(10).accepted == 1
+            assert store.ingest.submit_metrics("r", batch(1), "d1").result(10).accepted == 1
             (pid,) = store.write(lambda conn: conn.execute("SELECT pg_backend_pid()").fetchone()).result(10)
             with psycopg.connect(uri, autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
             with pytest.raises(psycopg.OperationalError):
-                store.submit_metrics("r", batch(2), "d2").result(10)
+                store.ingest.submit_metrics("r", batch(2), "d2").result(10)
             assert store.writes_failing
-            assert store.submit_metrics("r", batch(3), "d3").result(10).accepted == 1
+            assert store.ingest.submit_metrics("r", batch(3), "d3").result(10).accepted == 1
             assert not store.writes_failing
-            steps = [int(s) for _, b in store.iter_chunks("r") for s in b.steps]
+            steps = [int(s) for _, b in store.reads.iter_chunks("r") for s in b.steps]
             assert steps == [1, 3]    # the failed push stored nothing; the client retries it
         finally:
             store.close()
@@ -74,13 +74,13 @@ def test_chunk_reads_stream_in_batches_and_other_reads_go_on_meanwhile():
         store = PostgresStore(uri, pool_size=2)
         store.open()
         try:
-            futures = [store.submit_metrics("r", batch(s), f"d{s}") for s in range(1, 2 * StreamedRows.BATCH + 7)]
+            futures = [store.ingest.submit_metrics("r", batch(s), f"d{s}") for s in range(1, 2 * StreamedRows.BATCH + 7)]
             for f in futures:
                 f.result(10)
             steps = []
-            for _, b in store.iter_chunks("r"):
+            for _, b in store.reads.iter_chunks("r"):
                 steps.extend(int(s) for s in b.steps)
-                assert store.run_exists("r")            # a read on the other pooled connection
+                assert store.reads.run_exists("r")            # a read on the other pooled connection
             assert steps == list(range(1, 2 * StreamedRows.BATCH + 7))
             assert len(list(store.chunks_after("r", 10))) == 2 * StreamedRows.BATCH + 6 - 10
         finally:

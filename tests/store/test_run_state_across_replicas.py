@@ -45,7 +45,7 @@ def record(rank: int, step: int, loss: float, process: str | None = None) -> Met
 
 
 def push(store: PostgresStore, rank: int, step: int, loss: float, run: str = "r", process: str | None = None) -> int:
-    return store.submit_metrics(run, record(rank, step, loss, process),
+    return store.ingest.submit_metrics(run, record(rank, step, loss, process),
                                 f"{rank}-{step}-{loss}" + (f"-{process}" if process else "")).result(10).attempt
 
 
@@ -59,7 +59,7 @@ def test_a_restarted_rank_first_heard_by_a_replica_that_never_saw_it_opens_the_a
     assert push(b, 1, 10, 2.0, process="p2") == 2      # resumed from a checkpoint at step 9
     assert push(a, 0, 10, 2.0, process="p2") == 2      # a: rank 0's new incarnation joins it
     assert push(a, 1, 11, 2.0, process="p2") == 2      # a: the attempt rank 1 is in now
-    assert [(x["attempt"], x["start_step"]) for x in b.attempts("r")] == [(1, 0), (2, 10)]
+    assert [(x["attempt"], x["start_step"]) for x in b.reads.attempts("r")] == [(1, 0), (2, 10)]
     # A late record of rank 1's old process, through b, goes to attempt 1.
     assert push(b, 1, 12, 1.0, process="p1") == 1
 
@@ -82,7 +82,7 @@ def test_a_replica_joins_the_attempt_another_replica_opened(replicas):
                 continue
             via = b if (step + rank) % 2 else a
             assert push(via, rank, step, 2.0) == 2, (step, rank)
-    assert [(x["attempt"], x["start_step"]) for x in a.attempts("r")] == [(1, 0), (2, 21)]
+    assert [(x["attempt"], x["start_step"]) for x in a.reads.attempts("r")] == [(1, 0), (2, 21)]
     for store in (a, b):   # both replicas answer the same history
         h = load_history(store, "r")
         got = sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist(), h.values["loss"].tolist()))
@@ -105,7 +105,7 @@ def test_a_push_of_plain_progress_on_a_replica_behind_the_run_goes_to_the_newer_
     assert push(b, 0, 16, 2.0) == 2
     assert push(b, 0, 17, 2.0) == 2
     # A retried push through the same path is a duplicate, stored once.
-    again = b.submit_metrics("r", record(0, 17, 2.0), "0-17-2.0").result(10)
+    again = b.ingest.submit_metrics("r", record(0, 17, 2.0), "0-17-2.0").result(10)
     assert again.duplicate and again.attempt == 2
     h = load_history(a, "r")
     got = sorted(zip(h.steps.tolist(), h.ranks.tolist(), h.attempts.tolist()))
@@ -118,7 +118,7 @@ def test_a_replica_that_loads_a_run_while_another_stores_its_first_push_takes_th
     # the run's state from the database: the attempts, then the chunks. a's first push commits
     # between the two reads (on cue here; under load, by chance): b must read its attempt too.
     a, b = replicas
-    a.submit_run_config("r", {"world_size": 2}).result(10)
+    a.control.submit_run_config("r", {"world_size": 2}).result(10)
     chunks_after = snapshots.chunks_after
     cue = []
 
@@ -136,7 +136,7 @@ def test_a_replica_that_loads_a_run_while_another_stores_its_first_push_takes_th
 
 
 def finish(store: PostgresStore, rank: int) -> str:
-    return store.submit_finish("r", rank).result(10).kind
+    return store.control.submit_finish("r", rank).result(10).kind
 
 
 def test_the_run_finishes_when_its_last_rank_finishes_on_any_replica(replicas):
@@ -147,10 +147,10 @@ def test_the_run_finishes_when_its_last_rank_finishes_on_any_replica(replicas):
     # a's own ranks are done, but the run is not: ranks 2 and 3 still train (counting
     # only what a saw would call it finished and silence the hang checks).
     assert [finish(a, 0), finish(a, 1)] == ["rank_finished", "rank_finished"]
-    assert a.get_run_row("r")["status"] == "running"
+    assert a.reads.get_run_row("r")["status"] == "running"
     assert finish(b, 2) == "rank_finished"
     assert finish(b, 3) == "finish"   # b never saw ranks 0 and 1 finish: the database did
-    assert a.get_run_row("r")["status"] == "finished"
+    assert a.reads.get_run_row("r")["status"] == "finished"
 
 
 def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run(replicas):
@@ -166,7 +166,7 @@ def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run(replicas):
 
         def finish_on(store, rank):
             start.wait()
-            kinds[rank] = store.submit_finish(run, rank).result(10).kind
+            kinds[rank] = store.control.submit_finish(run, rank).result(10).kind
 
         threads = [threading.Thread(target=finish_on, args=(s, r)) for r, s in enumerate((a, b))]
         for t in threads:
@@ -174,7 +174,7 @@ def test_last_finishes_taken_at_once_by_two_replicas_finish_the_run(replicas):
         for t in threads:
             t.join(30)
         assert sorted(kinds.values()) == ["finish", "rank_finished"], (run, kinds)
-        assert a.get_run_row(run)["status"] == "finished"
+        assert a.reads.get_run_row(run)["status"] == "finished"
 
 
 def test_a_finished_run_restarted_through_a_replica_that_did_not_see_it_finish_runs_again(replicas):
@@ -186,10 +186,10 @@ def test_a_finished_run_restarted_through_a_replica_that_did_not_see_it_finish_r
         for rank in range(2):
             push(a if rank == 0 else b, rank, step, 1.0, process="p1")
     assert [finish(a, 0), finish(b, 1)] == ["rank_finished", "finish"]
-    assert a.get_run_row("r")["status"] == "finished"
+    assert a.reads.get_run_row("r")["status"] == "finished"
     assert push(a, 0, 3, 2.0, process="p2") == 2
-    assert a.get_run_row("r")["status"] == b.get_run_row("r")["status"] == "running"
+    assert a.reads.get_run_row("r")["status"] == b.reads.get_run_row("r")["status"] == "running"
     assert push(b, 1, 3, 2.0, process="p2") == 2
     # The resumed attempt finishes by its own ranks' finishes, on either replica.
     assert [finish(b, 0), finish(a, 1)] == ["rank_finished", "finish"]
-    assert b.get_run_row("r")["status"] == "finished"
+    assert b.reads.get_run_row("r")["status"] == "finished"
