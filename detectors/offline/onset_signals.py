@@ -240,6 +240,17 @@ ABRUPT_RISE_Z = 3.0
 ABRUPT_RISE_BASE_STEPS = 64
 
 
+def _robust_base(y: np.ndarray, at: int) -> tuple[float, float] | None:
+    """The median and the MAD-based sd of the ``ABRUPT_RISE_BASE_STEPS`` finite values of ``y``
+    before index ``at``: the level a rise is measured from and its noise (None: too few values)."""
+    base = y[max(0, at - ABRUPT_RISE_BASE_STEPS):at]
+    base = base[np.isfinite(base)]
+    if base.size < ABRUPT_RISE_BASE_STEPS // 2:
+        return None
+    centre = float(np.median(base))
+    return centre, max(float(np.median(np.abs(base - centre))) * 1.4826, 1e-6)
+
+
 def rise_began_abruptly(block: StepBlock, best_step: int) -> int | None:
     """The first step of a jump of the aggregate loss within ``ABRUPT_RISE_STEPS`` steps after
     ``best_step`` (the last step a drift-kind finding saw at its best), or None when the rise
@@ -269,12 +280,10 @@ def rise_began_abruptly(block: StepBlock, best_step: int) -> int | None:
     loss = row_median(block.values["loss"], block.present["loss"])
     with np.errstate(all="ignore"):
         y = np.log(np.where(loss > 0, loss, np.nan))
-    base = y[max(0, at - ABRUPT_RISE_BASE_STEPS):at]
-    base = base[np.isfinite(base)]
-    if base.size < ABRUPT_RISE_BASE_STEPS // 2:
+    base = _robust_base(y, at)
+    if base is None:
         return None
-    centre = float(np.median(base))
-    noise = max(float(np.median(np.abs(base - centre))) * 1.4826, 1e-6)
+    centre, noise = base
     ahead = y[at:at + ABRUPT_RISE_STEPS + ABRUPT_RISE_RUN - 1]
     high = np.isfinite(ahead) & (ahead - centre >= ABRUPT_RISE_Z * noise)
     for i in range(min(ABRUPT_RISE_STEPS, high.size - ABRUPT_RISE_RUN + 1)):
@@ -330,12 +339,10 @@ def rank_rise_began_abruptly(block: StepBlock, ranks: tuple[int, ...], onset: in
             warnings.simplefilter("ignore", RuntimeWarning)   # a row with no peer value
             rel = own - np.nanmedian(others, axis=1)
     at = int(np.searchsorted(block.steps, onset - ABRUPT_RANK_LAG_STEPS, side="left"))
-    base = rel[max(0, at - ABRUPT_RISE_BASE_STEPS):at]
-    base = base[np.isfinite(base)]
-    if base.size < ABRUPT_RISE_BASE_STEPS // 2:
+    base = _robust_base(rel, at)
+    if base is None:
         return None
-    centre = float(np.median(base))
-    noise = max(float(np.median(np.abs(base - centre))) * 1.4826, 1e-6)
+    centre, noise = base
     last = int(np.searchsorted(block.steps, onset + ABRUPT_RISE_STEPS, side="right"))
     ahead = rel[at:last + ABRUPT_RISE_RUN - 1]
     with np.errstate(invalid="ignore"):
