@@ -162,10 +162,11 @@ def settle(ctx: ServiceContext, run_id: str, step: int) -> Settled:
     loaded machine the finding is stored, and the supervisor asks, before rank 0's checkpoint of
     the steps just before the cause is: the rollback answer then names an older checkpoint than
     the right one, or none (``no_clean_checkpoint``). Once a rank has stored a step after the
-    cause's, what it sent before that step, checkpoints included, is in (up to a checkpoint sent
-    in the same batch of its sender as that record, a request behind it). The bound keeps a hung
-    or dead rank from holding the decision: after it, the decision is made on what is stored
-    and its message says which ranks it did not wait for."""
+    cause's, what it registered before that step, checkpoints included, is in: its client sends
+    a control request before the records logged after it (``healthsvc_client.sender``; a client
+    from before that order may still send a checkpoint one request behind records past it). The
+    bound keeps a hung or dead rank from holding the decision: after it, the decision is made on
+    what is stored and its message says which ranks it did not wait for."""
     bound = ctx.settings.supervise_settle_s
     start = ctx.clock()
     gauge = ctx.metrics.supervise_settling
