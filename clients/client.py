@@ -148,7 +148,8 @@ class Run(Sender, Heartbeat, Control):
 
         self._rows: DropOldestQueue[tuple[int, float, dict]] = DropOldestQueue(max_queue)
         self._cols: DropOldestQueue[tuple[int, float, dict]] = DropOldestQueue(max_queue)
-        self._control: DropOldestQueue[tuple[str, str, Any, int]] = DropOldestQueue(max_queue)
+        # (method, path suffix, body, (rows put, column blocks put) before it: its place).
+        self._control: DropOldestQueue[tuple[str, str, Any, tuple[int, int]]] = DropOldestQueue(max_queue)
         self._counters = Counters()
         self._warned: set[str] = set()
         self._delivery: Delivery | None = Delivery(

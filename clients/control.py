@@ -3,8 +3,11 @@ sender thread after the records logged before them) and the rollback question (a
 calling thread). A mixin of :class:`healthsvc_client.client.Run`.
 
 Like heartbeats, these go straight to the service, never through the relay: they are rare, and a
-finish or checkpoint must follow this rank's own records, which the sender guarantees by sending
-them after the records it drained before them.
+finish or checkpoint must follow this rank's own records logged before it and come before those
+logged after it, which the sender guarantees (each control request carries its place among the
+records: see ``healthsvc_client.sender``). The service relies on the second half: once a rank
+has stored a record past a step, the checkpoints it registered before that step are stored
+(``healthsvc.supervise.service.settle``).
 """
 from __future__ import annotations
 
@@ -46,7 +49,9 @@ class Control:
         if self._off:
             self._counters.ignored_calls += 1
             return
-        self._control.put((method, suffix, body, 0))
+        # Where it stands among the records: the rows and column blocks logged before it go out
+        # before it, those logged after it after it (the sender's order).
+        self._control.put((method, suffix, body, (self._rows.puts, self._cols.puts)))
         self._wake.set()
 
     # ---- lifecycle ----------------------------------------------------------------------------

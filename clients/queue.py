@@ -30,6 +30,12 @@ class DropOldestQueue(Generic[T]):
         # Counted by the producer only; with several producer threads the count can be off by the
         # few items raced at the boundary, which is acceptable for a statistic.
         self.dropped = 0
+        # Items ever put (by the producer) and ever taken out (drained or cleared, by the
+        # consumer): ``taken + dropped`` items have left the front, so the item put when
+        # ``puts`` was n is still queued while ``taken + dropped < n`` (a position the sender
+        # orders control requests by; off by the same raced few when the queue is full).
+        self.puts = 0
+        self.taken = 0
 
     def __repr__(self) -> str:
         return f"DropOldestQueue({len(self._items)}/{self.maxsize}, dropped={self.dropped})"
@@ -42,6 +48,7 @@ class DropOldestQueue(Generic[T]):
         if len(items) == self.maxsize:
             self.dropped += 1
         items.append(item)  # deque(maxlen) discards the oldest itself
+        self.puts += 1
 
     def drain(self, limit: int | None = None) -> list[T]:
         """Remove and return up to ``limit`` items (all when None), oldest first."""
@@ -52,7 +59,16 @@ class DropOldestQueue(Generic[T]):
                 out.append(items.popleft())
             except IndexError:
                 break
+        self.taken += len(out)
         return out
 
+    def peek(self) -> T | None:
+        """The oldest item, left in the queue; None when it is empty."""
+        try:
+            return self._items[0]
+        except IndexError:
+            return None
+
     def clear(self) -> None:
+        self.taken += len(self._items)
         self._items.clear()

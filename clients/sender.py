@@ -1,6 +1,7 @@
 """The sender thread of a ``Run``: drains the queues every ``flush_interval_s`` (at once when asked,
 or when a float value is NaN/Inf), merges several ``log()`` calls of one step into one record, and
-posts rows, column blocks and control requests in the order they were queued.
+posts rows, column blocks and control requests in the order they were queued (a control request
+after the records logged before it, before those logged after it).
 
 A mixin of :class:`healthsvc_client.client.Run` (the state it reads is the run's: its queues, the flush
 generation counters, ``_held``); one request goes out through the run's
@@ -38,13 +39,38 @@ class Sender:
                 return
 
     def _send_pending(self, force: bool) -> None:
+        """Everything queued, in the order it was queued: each control request after the rows
+        and column blocks logged before it, before those logged after it. (Sending every record
+        drained first and the controls after them let a checkpoint of step c follow records of
+        steps well past c, and the service decide, on a record past c, before the checkpoint
+        was in: ``healthsvc.supervise.service.settle``.)"""
         while True:
-            rows = self._rows.drain(self.max_batch)
+            head = self._control.peek()
+            rows_mark, cols_mark = (None, None) if head is None else head[3]
+            self._send_queued_rows(force, rows_mark)
+            self._send_queued_columns(cols_mark)
+            if head is None:
+                return
+            [(method, suffix, body, _)] = self._control.drain(1)
             if self._held is not None:
+                # Held back by an earlier pass (logged before this control): it must not be
+                # overtaken (records after a finish re-open the run).
+                held, self._held = self._held, None
+                self._send_rows([held])
+            self._delivery.deliver(method, self._base_path + suffix, body, n_records=0)
+
+    def _send_queued_rows(self, force: bool, mark: int | None) -> None:
+        """The queued rows, or (``mark``) those put before the ``mark``-th put."""
+        while True:
+            limit = self.max_batch
+            if mark is not None:
+                limit = min(limit, mark - (self._rows.taken + self._rows.dropped))
+            rows = self._rows.drain(limit) if limit > 0 else []
+            if self._held is not None and (rows or mark is None):
                 rows.insert(0, self._held)
                 self._held = None
             if not rows:
-                break
+                return
             # One body per incarnation: the records before an in-process rollback and those after
             # it are two attempts' (and a step of each must not be merged into one record).
             runs = encode.runs_of(rows, lambda row: row[2].get(INCARNATION_FIELD))
@@ -53,25 +79,25 @@ class Sender:
                 # Never hold a record back while a checkpoint/event/finish waits: it must not
                 # overtake the records logged before it (a finish followed by records re-opens
                 # the run).
-                if (i == len(runs) - 1 and not force and not len(self._rows) and not len(self._control)
-                        and self._may_still_grow(merged)):
+                if (i == len(runs) - 1 and mark is None and not force and not len(self._rows)
+                        and not len(self._control) and self._may_still_grow(merged)):
                     self._held = merged.pop()
                 if merged:
                     self._send_rows(merged)
             if not len(self._rows):
-                break
-        while blocks := self._cols.drain(self.max_batch):
+                return
+
+    def _send_queued_columns(self, mark: int | None) -> None:
+        """The queued column blocks, or (``mark``) those put before the ``mark``-th put."""
+        while True:
+            limit = self.max_batch
+            if mark is not None:
+                limit = min(limit, mark - (self._cols.taken + self._cols.dropped))
+            blocks = self._cols.drain(limit) if limit > 0 else []
+            if not blocks:
+                return
             for run_blocks in encode.runs_of(blocks, lambda block: block[2].get(INCARNATION_FIELD)):
                 self._send_columns(run_blocks)
-        controls = self._control.drain()
-        if controls and self._held is not None:
-            # Queued while this pass was sending (a finish() from the training thread): the
-            # record held back came first and must not be overtaken (records after a finish
-            # reopen the run).
-            held, self._held = self._held, None
-            self._send_rows([held])
-        for method, suffix, body, _ in controls:
-            self._delivery.deliver(method, self._base_path + suffix, body, n_records=0)
 
     def _may_still_grow(self, merged: list[tuple[int, float, dict]]) -> bool:
         """Hold back the newest step's record for one more interval when the training thread may

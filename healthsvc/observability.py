@@ -28,3 +28,9 @@ class ServiceMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0), registry=r)
         self.store_size = Gauge("healthsvc_store_size_bytes", "Size of the store on disk, bytes.", registry=r)
         self.store_size.set_function(store_size)
+        self.supervise_settling = Gauge(
+            "healthsvc_supervise_settling", "Action decisions waiting now for the job's ranks to store the steps "
+            "after their cause (supervise_settle_s).", registry=r)
+        self.supervise_settle_expired = Counter(
+            "healthsvc_supervise_settle_expired", "Action decisions made when supervise_settle_s ran out with a rank "
+            "still behind the cause's step.", registry=r)

@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     detect: bool = Field(True, description="Run the detectors on ingested data (off: a storage-only service).")
     tick_interval_s: float = Field(1.0, gt=0, description="How often absence checks (hang, stall) run, seconds.")
     align_timeout_s: float = Field(5.0, gt=0, description="How long a step waits for missing ranks before detectors see it with them masked, seconds.")
+    supervise_settle_s: float = Field(5.0, ge=0, description="GET /v1/runs/{run}/action: how long a restart or stop for a "
+                                      "corruption finding at step S waits for every rank of the attempt to store a step after S "
+                                      "(checkpoints before S, sent by rank 0 behind its records, are then in), seconds; when it "
+                                      "runs out the decision is made on what is stored and says so (0: never wait).")
     log_level: str = Field("info", description="Log level: debug, info, warning, error.")
     access_log: bool = Field(False, description="Log every request (off: ingest is high-rate).")
     # Per-run series on /metrics (healthsvc.run_metrics).

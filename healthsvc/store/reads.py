@@ -60,6 +60,13 @@ class StoreReads:
         st = self._runs.state(run_id) or self._released_state(run_id)
         return None if st is None else st.snapshot()
 
+    def ranks_not_past(self, run_id: str, step: int) -> tuple[int, ...] | None:
+        """The ranks seen in the run's current attempt that have not stored a record beyond
+        ``step`` (ascending), for any thread; None for a run that has no state (never pushed
+        to). What the supervisor's settle stage waits on (``healthsvc.supervise.service``)."""
+        st = self._runs.state(run_id) or self._released_state(run_id)
+        return None if st is None else st.ranks_not_past(step)
+
     def _released_state(self, run_id: str) -> RunState | None:
         """The state of a run let go from memory (``release_run_states``: it has an ingest
         snapshot), rebuilt from the database on this thread's connection and not kept; None

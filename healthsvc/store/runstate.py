@@ -397,6 +397,21 @@ class RunState:
                 return RunSnapshot(attempt, start, tuple(int(r) for r in seen),
                                    int(last.max()) if len(last) else -1, last_push, finished)
 
+    def ranks_not_past(self, step: int) -> tuple[int, ...]:
+        """The ranks seen in the current attempt whose newest stored step is ``step`` or less,
+        ascending; for any thread (copied like :meth:`snapshot`, retried across a half-seen swap
+        of the per-rank arrays).
+
+        >>> st = RunState("r"); _ = st.open_attempt(0)
+        >>> st.advance(MetricBatch(np.array([5, 7]), np.array([0, 1]))); st.ranks_not_past(6)
+        (0,)
+        """
+        while True:
+            ids, last = self.ids, self.last_step
+            if len(ids) == len(last):
+                seen = last >= 0
+                return tuple(int(r) for r in ids[seen & (last <= step)])
+
     def unseen_ranks(self, batch: MetricBatch) -> np.ndarray:
         """The batch's ranks (unique, sorted) not seen yet in the current attempt (read only)."""
         ranks = np.unique(batch.ranks)

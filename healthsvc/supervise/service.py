@@ -8,9 +8,15 @@ knows, decided by :func:`healthsvc.supervise.policy.decide_action`.
   which is also what the timeline and goodput show.
 - World size: the newest ``world_size_change`` event's ``new``, else the configured size, else the
   ranks seen; hosts of ranks: the run's (each rank's newest report).
+
+A restart or stop for a corruption finding is *settled* first (:func:`settle`): it waits, at most
+``supervise_settle_s``, until every rank of the attempt has stored a step after the cause's, then
+decides on what is stored then.
 """
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, replace
 from typing import Any, TYPE_CHECKING
 
 from healthsvc_detectors.kinds import corruption_kinds
@@ -93,9 +99,91 @@ def situation(ctx: ServiceContext, run_id: str, exited: int | None) -> tuple[Sit
 
 
 def decide(ctx: ServiceContext, run_id: str, exited: int | None = None) -> dict[str, Any]:
-    """The answer of ``GET /v1/runs/{run_id}/action`` (``ActionOut``)."""
+    """The answer of ``GET /v1/runs/{run_id}/action`` (``ActionOut``), settled (:func:`settle`)."""
     s, config = situation(ctx, run_id, exited)
-    return to_dict(run_id, decide_action(s, config.policy()), config, s.attempt)
+    a = decide_action(s, config.policy())
+    step = settle_step(a, exited)
+    if step is not None:
+        settled = settle(ctx, run_id, step)
+        if settled.waited:   # what was waited for may change the checkpoint: decide on it
+            s, config = situation(ctx, run_id, exited)
+            a = decide_action(s, config.policy())
+        if settled.behind and settle_step(a, exited) is not None:
+            a = replace(a, message=f"{a.message} {settled.note()}")
+    return to_dict(run_id, a, config, s.attempt)
+
+
+# Real seconds between two looks at the ranks' progress while a decision settles (a look is a
+# copy of the run's per-rank steps, no database read).
+SETTLE_POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class Settled:
+    """How a decision's settling ended: the step the ranks were waited past, whether it waited
+    at all, the bound, and the ranks still not past the step when the bound ran out (empty:
+    every rank got past it)."""
+    step: int
+    waited: bool
+    bound_s: float
+    behind: tuple[int, ...] = ()
+
+    def note(self) -> str:
+        ranks = ", ".join(str(r) for r in self.behind[:8])
+        more = f" and {len(self.behind) - 8} more" if len(self.behind) > 8 else ""
+        return (f"Decided on what is stored after supervise_settle_s ({self.bound_s:g} s) ran out "
+                f"with rank{'s' if len(self.behind) > 1 else ''} {ranks}{more} not past step "
+                f"{self.step}: a checkpoint still on its way from them is not considered.")
+
+
+def settle_step(a: Action, exited: int | None) -> int | None:
+    """The step a decision waits for the ranks to store a step after, or None (no wait): the
+    newest step of the corruption findings a restart or stop rests on, while the job runs.
+
+    Only corruption kinds: their checkpoint is the newest one before their step (a checkpoint
+    at c is clean only if c comes before the first corrupted update), and they are found in
+    the values of records the ranks go on sending after them. A hang or a stall is found because
+    ranks stopped (waiting on them would only spend the bound), and its checkpoint is the newest
+    one anyway. No wait once the job exited: nothing of it is on its way any more."""
+    if a.action == "continue" or exited is not None:
+        return None
+    corruption = corruption_kinds()
+    steps = [f.step for f in a.causes if f.kind in corruption]
+    return max(steps) if steps else None
+
+
+def settle(ctx: ServiceContext, run_id: str, step: int) -> Settled:
+    """Wait until every rank of the run's current attempt has stored a step after ``step``, or
+    ``supervise_settle_s`` (service clock) has passed.
+
+    Why: the records of the ranks do not reach the service in the order they were made. A
+    non-finite value is sent by its rank at once, while rank 0 batches its records and sends the
+    checkpoints it registered (its control queue) after the records logged before them. On a
+    loaded machine the finding is stored, and the supervisor asks, before rank 0's checkpoint of
+    the steps just before the cause is: the rollback answer then names an older checkpoint than
+    the right one, or none (``no_clean_checkpoint``). Once a rank has stored a step after the
+    cause's, what it registered before that step, checkpoints included, is in: its client sends
+    a control request before the records logged after it (``healthsvc_client.sender``; a client
+    from before that order may still send a checkpoint one request behind records past it). The
+    bound keeps a hung or dead rank from holding the decision: after it, the decision is made on
+    what is stored and its message says which ranks it did not wait for."""
+    bound = ctx.settings.supervise_settle_s
+    start = ctx.clock()
+    gauge = ctx.metrics.supervise_settling
+    waited = False
+    gauge.inc()
+    try:
+        while True:
+            behind = ctx.store.reads.ranks_not_past(run_id, step) or ()
+            if not behind:
+                return Settled(step, waited, bound)
+            if ctx.clock() - start >= bound:
+                ctx.metrics.supervise_settle_expired.inc()
+                return Settled(step, waited, bound, behind)
+            waited = True
+            time.sleep(SETTLE_POLL_S)
+    finally:
+        gauge.dec()
 
 
 def to_dict(run_id: str, a: Action, config: SuperviseConfig, attempt: int) -> dict[str, Any]:

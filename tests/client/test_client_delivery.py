@@ -4,7 +4,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import time
 
 import pytest
 
@@ -108,6 +107,24 @@ def test_a_finish_queued_while_the_sender_is_sending_does_not_overtake_the_held_
     order = [(r.path.rsplit("/", 1)[-1], [x["step"] for x in decode_body(r).get("records", [])])
              for _, r in service.arrivals]
     assert order == [("metrics", [0]), ("metrics", [1]), ("checkpoints", [])]
+
+
+def test_records_logged_after_a_checkpoint_go_out_after_it(make_run, service):
+    # The service reads a rank's record past a step as "what it registered before that step is
+    # in" (the supervisor's settle rule): one pass that sent steps 0..12 and then the checkpoint
+    # of step 9 would let it decide, on step 12, without that checkpoint.
+    run = make_run(flush_interval_s=60.0)
+    for step in range(10):
+        run.log(loss=1.0, step=step)
+    run.checkpoint(9, "file:///c9")
+    run.event("note", step=10, message="after the checkpoint")
+    for step in range(10, 13):
+        run.log(loss=1.0, step=step)
+    assert run.flush(2.0)
+    order = [(r.path.rsplit("/", 1)[-1], [x["step"] for x in decode_body(r).get("records", [])])
+             for _, r in service.arrivals]
+    assert order == [("metrics", list(range(10))), ("checkpoints", []), ("events", []),
+                     ("metrics", [10, 11, 12])]
 
 
 def test_a_held_back_step_is_sent_after_the_interval_without_a_flush(make_run, service):
