@@ -10,8 +10,10 @@ ratio is taken within each pair, and the table shows its median and its min-max 
     .venv/bin/python bench/ab.py 91dd201 bench/ingest.py                 # 3 pairs, default sizes
     .venv/bin/python bench/ab.py 91dd201 bench/ingest.py --pairs 5 -- --seconds 6
 
-Arguments after ``--`` go to the bench script, the same on both trees (an older tree's script may
-not know a newer flag). Progress goes to stderr; the table to stdout. Whether a ratio above 1 is
+Both trees run the working tree's copy of the script (copied into A's scratch worktree, so it
+imports A's code): the same workload on both, only the service differs. ``--script-of each`` runs
+each tree's own copy instead (when the script itself changed what it measures, that is what to
+compare). Arguments after ``--`` go to the bench script, the same on both trees. Progress goes to stderr; the table to stdout. Whether a ratio above 1 is
 better depends on the figure: read its unit (per CPU-second: higher is better; ms: lower).
 Take figures on a quiet machine: on a loaded one the spread says how much they are worth.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,12 +42,14 @@ class ScratchTree:
     """``ref`` checked out, detached, next to the working tree (benches find shared data such as
     ``../shared`` relative to their tree); removed on exit."""
 
-    def __init__(self, repo: Path, ref: str) -> None:
-        self.repo, self.ref = repo, ref
+    def __init__(self, repo: Path, ref: str, script_from_b: str | None = None) -> None:
+        self.repo, self.ref, self.script_from_b = repo, ref, script_from_b
         self.path = Path(tempfile.mkdtemp(prefix=".ab-", dir=repo.parent))
 
     def __enter__(self) -> Path:
         git(self.repo, "worktree", "add", "--detach", str(self.path), self.ref)
+        if self.script_from_b is not None:   # B's workload, A's code
+            shutil.copyfile(self.repo / self.script_from_b, self.path / self.script_from_b)
         return self.path
 
     def __exit__(self, *exc) -> None:
@@ -109,6 +114,8 @@ def main() -> int:
     ap.add_argument("ref", help="git ref of tree A (a commit, tag or branch)")
     ap.add_argument("script", help="the bench script, relative to the repository root, e.g. bench/ingest.py")
     ap.add_argument("--pairs", type=int, default=3, help="A, B pairs to run (alternated)")
+    ap.add_argument("--script-of", choices=("B", "each"), default="B",
+                    help="B: the working tree's script on both trees (default); each: each tree's own")
     ap.epilog = "Arguments after -- go to the bench script."
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
@@ -123,12 +130,13 @@ def main() -> int:
         ap.error(f"ref: {args.ref} is not a commit of {repo}")
     head_a, head_b = describe(repo, args.ref)
     a_runs, b_runs = [], []
-    with ScratchTree(repo, args.ref) as tree_a:
+    with ScratchTree(repo, args.ref, args.script if args.script_of == "B" else None) as tree_a:
         for i in range(1, args.pairs + 1):
             a_runs.append(run_bench(tree_a, args.script, bench_args, f"pair {i}/{args.pairs}, A"))
             b_runs.append(run_bench(repo, args.script, bench_args, f"pair {i}/{args.pairs}, B"))
     rows, lonely = compare(a_runs, b_runs)
-    print(f"A/B of {args.script} {' '.join(bench_args)}".rstrip())
+    print(f"A/B of {args.script} {' '.join(bench_args)}".rstrip()
+          + (" (the working tree's script on both)" if args.script_of == "B" else " (each tree's own script)"))
     print(head_a)
     print(head_b)
     print(f"{args.pairs} pair(s), run A, B, A, B, ...; ratio = B / A within a pair: median and min–max over pairs\n")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -31,7 +30,10 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.server_process import ServerProcess, free_port  # noqa: E402
+try:
+    from tests.server_process import ServerProcess, free_port  # noqa: E402
+except ImportError:  # a tree from before tests/server_process.py (bench/ab.py runs this script on it)
+    from healthsvc.testing import ServerProcess, free_port  # type: ignore[no-redef]  # noqa: E402
 
 FIELDS = ("loss", "grad_norm", "local_grad_norm", "step_time", "compute_time", "comm_time")
 RANKS_PER_STEP = 1024
@@ -59,50 +61,52 @@ def make_payload(form: str, n_records: int, first_step: int, rng: np.random.Gene
 
 def run_case(server: ServerProcess, form: str, n_records: int, seconds: float, threads: int,
              max_payloads: int = 4000) -> dict:
+    """Push one case from ``threads`` clients; each client is a job of its own (run
+    ``bench-{form}-{n}-c{k}``) and sends its steps in order, as a trainer's ranks do. (Clients
+    sharing one run would deliver its steps out of order, and a step a rank already reported is
+    a restart (DESIGN.md): the case would measure a restart every few pushes.)"""
     rng = np.random.default_rng(n_records)
     n_steps, _ = shape(n_records)
     run_id = f"bench-{form}-{n_records}"
     # Enough distinct payloads for the time budget (each has its own steps: no duplicates).
     n_payloads = min(max_payloads, max(32, min(4000, int(600_000 / n_records))))
-    payloads = [make_payload(form, n_records, i * n_steps, rng) for i in range(n_payloads)]
+    per_client = max(1, n_payloads // threads)
+    payloads = [[make_payload(form, n_records, i * n_steps, rng) for i in range(per_client)] for _ in range(threads)]
     t0 = time.process_time()
-    for p in payloads:
+    for p in payloads[0]:
         orjson.loads(p)
-    decode_s = (time.process_time() - t0) / len(payloads)
+    decode_s = (time.process_time() - t0) / len(payloads[0])
+    queues = [iter(ps) for ps in payloads]
 
-    payload_iter = iter(payloads)
-    lock = threading.Lock()
-
-    def request(client: httpx.Client) -> bool | None:
-        with lock:
-            body = next(payload_iter, None)
+    def request(client: httpx.Client, k: int) -> bool | None:
+        body = next(queues[k], None)
         if body is None:
             return None  # out of payloads: this client is done
-        r = client.post(f"/v1/runs/{run_id}/metrics", content=body, headers={"content-type": "application/json"})
+        r = client.post(f"/v1/runs/{run_id}-c{k}/metrics", content=body, headers={"content-type": "application/json"})
         return r.status_code == 202
 
     ok, errors, wall, cpu = load(server, request, seconds, threads)
     points = ok * n_records * len(FIELDS)
-    return {"form": form, "records": n_records, "requests": ok, "errors": errors,
+    return {"form": form, "records": n_records, "requests": ok, "errors": errors, "run_id": f"{run_id}-c0",
             "points_per_wall_s": points / wall, "points_per_cpu_s": points / cpu,
             "requests_per_cpu_s": ok / cpu,
             "decode_points_per_cpu_s": n_records * len(FIELDS) / decode_s}
 
 
 def load(server: ServerProcess, request, seconds: float, threads: int) -> tuple[int, int, float, float]:
-    """Run ``request(client) -> ok | None (stop)`` from client threads for ``seconds``.
+    """Run ``request(client, k) -> ok | None (stop)`` from client threads ``k`` for ``seconds``.
 
     Returns (ok requests, failed requests, wall seconds, server CPU seconds)."""
     lock = threading.Lock()
     counts = {True: 0, False: 0}
     stop = threading.Event()
 
-    def worker() -> None:
+    def worker(k: int) -> None:
         with httpx.Client(base_url=server.url, timeout=60) as client:
             # At least one request each, however short the case: on a loaded machine a thread may
             # start after a 0.1 s case is over, and a case of no request has no figure.
             while True:
-                ok = request(client)
+                ok = request(client, k)
                 if ok is None:
                     return
                 with lock:
@@ -111,7 +115,7 @@ def load(server: ServerProcess, request, seconds: float, threads: int) -> tuple[
                     return
 
     cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
-    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
     for t in pool:
         t.start()
     deadline = wall0 + seconds
@@ -125,7 +129,7 @@ def load(server: ServerProcess, request, seconds: float, threads: int) -> tuple[
 
 def floor_case(server: ServerProcess, seconds: float, threads: int) -> float:
     """Requests per server CPU-second of GET /healthz: what the HTTP stack costs doing nothing."""
-    ok, _, _, cpu = load(server, lambda client: client.get("/healthz").status_code == 200, seconds, threads)
+    ok, _, _, cpu = load(server, lambda client, k: client.get("/healthz").status_code == 200, seconds, threads)
     return ok / cpu
 
 
@@ -219,7 +223,7 @@ def main() -> None:
                       f" {res['requests_per_cpu_s']:8.0f} req/CPU-s", file=sys.stderr, flush=True)
         # A run of >= 1 M points to read back.
         big = run_case(server, "columns", sizes[-1], big_seconds, args.threads, payloads)
-        read = read_back(db, server, f"bench-columns-{sizes[-1]}")
+        read = read_back(db, server, big["run_id"])
     finally:
         server.stop()
     total_points = sum(r["requests"] * r["records"] * len(FIELDS) for r in rows) + \

@@ -22,7 +22,6 @@ the effective history is the newest attempt, as everywhere else in the service.
 from __future__ import annotations
 
 import io
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +35,18 @@ STATS = ("median", "min", "max", "nonfinite", "reported")
 MAX_RANK_BINS = 256
 MAX_STEP_BINS = 2048  # 5x the 400 columns the page shows: zooming in keeps detail
 _GROW = 1024  # steps added at a time to the line arrays
+
+
+_NO_RANK = -1.0   # a heat cell no rank reported, before the bins' max (ratios are positive)
+
+
+def _median_of_rows(v: np.ndarray) -> np.ndarray:
+    """``np.median(v, axis=1)`` of a block with no missing value, the same numbers (one partition
+    on both middle positions, then their mean) without np.median's generic checks per call."""
+    n = v.shape[1]
+    lo, hi = (n - 1) // 2, n // 2
+    part = np.partition(v, [lo, hi], axis=1)
+    return (part[:, lo] + part[:, hi]) / 2
 
 
 def _pow2_at_least(x: int) -> int:
@@ -84,10 +95,14 @@ class HeatGrid:
         cols = steps // self.step_width
         ok = np.isfinite(bin_max)
         vals = np.where(ok, bin_max, 0.0).astype(np.float32)
-        for col in np.unique(cols):  # a block is 16 steps: one or two columns
-            rows = cols == col
-            self.sums[:, col] += vals[rows].sum(axis=0)
-            self.counts[:, col] += ok[rows].sum(axis=0)
+        if len(cols) > 1 and (np.diff(cols) < 0).any():   # the aligner emits steps in order
+            order = np.argsort(cols, kind="stable")
+            cols, vals, ok = cols[order], vals[order], ok[order]
+        # One sum per column the block touches, all in one call (a block of one-rank steps
+        # touches many columns: a Python loop over them cost more than the rest of the fold).
+        starts = np.flatnonzero(np.r_[True, cols[1:] != cols[:-1]])
+        self.sums[:, cols[starts]] += np.add.reduceat(vals, starts, axis=0).T
+        self.counts[:, cols[starts]] += np.add.reduceat(ok.astype(np.float32), starts, axis=0).T
 
     def truncate(self, step: int) -> None:
         """Forget steps >= ``step`` (a new attempt resumes there); the bin holding it is cleared
@@ -134,18 +149,21 @@ class RunRollup:
         self.max_rank = max(self.max_rank, int(block.ranks.max()))
         self.steps_seen += block.n_steps
         self.last_step = max(self.last_step, int(steps.max()))
+        medians = {}   # a field both drawn and heated (step_time) is partitioned once
         for f in LINE_FIELDS:
             if f in block.values:
-                self._add_line(f, steps, block.values[f], block.present[f])
+                medians[f] = self._add_line(f, steps, block.values[f], block.present[f])
         for f in HEAT_FIELDS:
             if f in block.values and block.present[f].any():
-                self._add_heat(f, steps, block.ranks, block.values[f], block.present[f])
+                self._add_heat(f, steps, block.ranks, block.values[f], block.present[f], medians.get(f))
 
-    def _add_line(self, f: str, steps: np.ndarray, v: np.ndarray, p: np.ndarray) -> None:
+    def _add_line(self, f: str, steps: np.ndarray, v: np.ndarray, p: np.ndarray) -> np.ndarray | None:
+        """Fold the block's cross-rank statistics of ``f``; the medians when every value counted."""
         finite = p & np.isfinite(v)
         st = self.lines[f]
+        med = None
         if finite.all():   # the usual block: plain reductions, one vectorised median
-            st["median"][steps] = np.median(v, axis=1)
+            st["median"][steps] = med = _median_of_rows(v)
             st["min"][steps], st["max"][steps] = v.min(axis=1), v.max(axis=1)
         else:
             has = finite.any(axis=1)
@@ -156,27 +174,33 @@ class RunRollup:
                 st["max"][steps[has]] = np.nanmax(xs, axis=1)
         st["nonfinite"][steps] = (p & ~np.isfinite(v)).sum(axis=1)
         st["reported"][steps] = p.sum(axis=1)
+        return med
 
-    def _add_heat(self, f: str, steps: np.ndarray, ranks: np.ndarray, v: np.ndarray, p: np.ndarray) -> None:
+    def _add_heat(self, f: str, steps: np.ndarray, ranks: np.ndarray, v: np.ndarray, p: np.ndarray,
+                  all_values_median: np.ndarray | None = None) -> None:
+        """``all_values_median``: the rows' medians over every value, when the line already took
+        them (equal to this field's medians when every value is also positive)."""
         grid = self.heat.get(f)
         if grid is None:
             grid = self.heat[f] = HeatGrid(rank_width=_pow2_at_least(-(-(self.max_rank + 1) // MAX_RANK_BINS)))
         grid.fit_ranks(self.max_rank + 1)
         with np.errstate(invalid="ignore"):
             finite = p & np.isfinite(v) & (v > 0)
-        x = np.where(finite, v, np.nan)
         # np.nanmedian loops over the rows in Python; a step where no rank reported has NaN.
-        med = np.median(v, axis=1) if finite.all() else row_median(v, finite)
+        if not finite.all():
+            med = row_median(v, finite)
+        else:
+            med = _median_of_rows(v) if all_values_median is None else all_values_median
         with np.errstate(all="ignore"):
-            ratio = x / med[:, None]
-        # Scatter ranks (ids, maybe sparse) into full-width rows, then max over each bin.
+            ratio = np.where(finite, v / med[:, None], _NO_RANK)
+        # Scatter ranks (ids, maybe sparse) into full-width rows, then max over each bin. A ratio
+        # is positive (or NaN: a step with no median), so the bins no rank filled keep the
+        # negative marker through the max and become NaN after it (np.nanmax costs ~3x as much).
         width = grid.rank_width * MAX_RANK_BINS
-        full = np.full((len(steps), width), np.nan, np.float32)
+        full = np.full((len(steps), width), _NO_RANK, np.float32)
         full[:, ranks] = ratio
-        binned = full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # an empty bin (no rank in it) is normal
-            bin_max = np.nanmax(binned, axis=2) if grid.rank_width > 1 else binned[:, :, 0]
+        bin_max = full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width).max(axis=2)
+        bin_max[bin_max == _NO_RANK] = np.nan
         grid.add(steps, bin_max)
 
     def truncate(self, step: int) -> None:

@@ -41,25 +41,29 @@ class _RankTable:
     def fold(self, pending: list[tuple[int, Any]]) -> None:
         """(attempt, batch) pairs, oldest first, in one pass: their records are concatenated and
         sorted once (one sort of everything pending, not one per push: the fixed numpy cost per
-        call was most of a fold). For each field, a rank's newest reported finite value wins."""
+        call was most of a fold). For each field, a rank's newest reported finite value wins.
+
+        The sort is by (attempt, step) alone, stable, and the values are then written in that
+        order: of a rank's records the newest is written last and stays (numpy assigns repeated
+        indices in order), ties going to the later arrival. Pushes come nearly in step order,
+        so the sort is close to linear (a sort by rank first, as a lexsort, was the fold's cost)."""
         if not pending:
             return
         ranks = np.concatenate([np.asarray(b.ranks, np.int64) for _, b in pending])
         key = np.concatenate([(np.int64(a) << 40) + np.asarray(b.steps, np.int64) for a, b in pending])
-        self._grow(ranks)
-        order = np.lexsort((key, ranks))             # by rank, then (attempt, step): the last per rank is newest
+        pos_all = self._grow(ranks)
+        order = np.argsort(key, kind="stable")
         for f in TIMING_FIELDS:
             if not any(f in b.values for _, b in pending):
                 continue
             v = np.concatenate([b.values[f] if f in b.values else np.full(len(b), np.nan) for _, b in pending])
             p = np.concatenate([b.present[f] if f in b.present else np.zeros(len(b), bool) for _, b in pending])
-            o = order[(p & np.isfinite(v))[order]]
-            last = o[np.r_[ranks[o][1:] != ranks[o][:-1], True]] if len(o) else o
-            pos = np.searchsorted(self.ids, ranks[last])
             col = self.values.setdefault(f, np.full(len(self.ids), np.nan))
             at = self.at.setdefault(f, np.full(len(self.ids), -1, np.int64))
-            newer = key[last] >= at[pos]
-            col[pos[newer]], at[pos[newer]] = v[last][newer], key[last][newer]
+            o = order[(p & np.isfinite(v))[order]]
+            pos = pos_all[o]
+            o, pos = o[key[o] >= at[pos]], pos[key[o] >= at[pos]]   # not older than the table's
+            col[pos], at[pos] = v[o], key[o]
         for _, batch in pending:
             if batch.host_index is not None:
                 self._fold_hosts(batch)
@@ -81,16 +85,21 @@ class _RankTable:
         return self.host_codes[name]
 
     def _grow(self, ranks: np.ndarray) -> np.ndarray:
-        merged = np.union1d(self.ids, ranks)
-        if len(merged) != len(self.ids):
-            where = np.searchsorted(merged, self.ids)
-            for f, col in self.values.items():
-                new, at = np.full(len(merged), np.nan), np.full(len(merged), -1, np.int64)
-                new[where], at[where] = col, self.at[f]
-                self.values[f], self.at[f] = new, at
-            code = np.full(len(merged), -1, np.int32)
-            code[where] = self.host_code
-            self.ids, self.host_code = merged, code
+        """Room for ``ranks`` in the table; their positions in it. (A live run's ranks are all
+        known after its first steps: then this is one search, no set union of every record.)"""
+        pos = np.searchsorted(self.ids, ranks)
+        known = self.ids[np.minimum(pos, len(self.ids) - 1)] == ranks if len(self.ids) else np.zeros(len(ranks), bool)
+        if known.all():
+            return pos
+        merged = np.union1d(self.ids, ranks[~known])
+        where = np.searchsorted(merged, self.ids)
+        for f, col in self.values.items():
+            new, at = np.full(len(merged), np.nan), np.full(len(merged), -1, np.int64)
+            new[where], at[where] = col, self.at[f]
+            self.values[f], self.at[f] = new, at
+        code = np.full(len(merged), -1, np.int32)
+        code[where] = self.host_code
+        self.ids, self.host_code = merged, code
         return np.searchsorted(self.ids, ranks)
 
     def host(self, rank: int) -> str | None:

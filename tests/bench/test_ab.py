@@ -55,7 +55,7 @@ def test_ab_prints_each_figure_ratio_of_the_working_tree_over_the_ref(tmp_path):
     proc = ab(repo, "HEAD", "bench/fig.py", "--pairs", "2", "--", "--scale", "10")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout.splitlines()
-    assert out[0] == "A/B of bench/fig.py --scale 10"
+    assert out[0] == "A/B of bench/fig.py --scale 10 (the working tree's script on both)"
     assert out[1] == "A = HEAD (scratch worktree): " + git(repo, "log", "-1", "--format=%h two").strip()
     assert out[2] == f"B = working tree {repo}, with uncommitted changes: HEAD " + git(repo, "log", "-1", "--format=%h two").strip()
     assert "| case | one | latency ms | 20 | 30 | 1.50 | 1.50–1.50 |" in out
@@ -65,6 +65,21 @@ def test_ab_prints_each_figure_ratio_of_the_working_tree_over_the_ref(tmp_path):
     assert proc.stderr.count("progress") == 4
     assert worktrees(repo) == [f"worktree {repo}"]        # the scratch worktree is gone
     assert [p.name for p in tmp_path.iterdir()] == ["repo"]
+
+
+def test_both_trees_run_the_working_trees_script_unless_each_is_asked_for(tmp_path):
+    # The workload is the script: by default B's copy measures both trees (only the code under
+    # test differs); --script-of each runs each tree's own copy.
+    repo = scratch_repo(tmp_path)
+    (repo / "bench" / "fig.py").write_text(BENCH.replace("scale * float(value)", "100 * scale * float(value)"))
+    same = ab(repo, "HEAD", "bench/fig.py", "--pairs", "1")
+    assert same.returncode == 0, same.stderr
+    assert "| case | one | latency ms | 200 | 300 | 1.50 | 1.50–1.50 |" in same.stdout.splitlines()
+    each = ab(repo, "HEAD", "bench/fig.py", "--pairs", "1", "--script-of", "each")
+    assert each.returncode == 0, each.stderr
+    assert each.stdout.splitlines()[0] == "A/B of bench/fig.py (each tree's own script)"
+    assert "| case | one | latency ms | 2 | 300 | 150.00 | 150.00–150.00 |" in each.stdout.splitlines()
+    assert worktrees(repo) == [f"worktree {repo}"]
 
 
 def test_a_failing_run_stops_ab_and_still_removes_the_scratch_worktree(tmp_path):
