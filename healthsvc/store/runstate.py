@@ -85,6 +85,8 @@ class RunState:
     # Distinct field names the run's chunks hold (metrics and string fields), for the quota on
     # them; None in a snapshot of an earlier release (the store reads them from the chunks).
     metric_names: set[str] | None = field(default_factory=set)
+    # (the ids array judged, whether it is 0..n-1): see _positions. Not state: not compared.
+    _dense: tuple[np.ndarray | None, bool] = field(default=(None, False), compare=False, repr=False)
 
     def new_names(self, batch: MetricBatch) -> list[str]:
         """The batch's field names the run has not had yet (a set comparison on the usual push)."""
@@ -102,9 +104,7 @@ class RunState:
     def _grow(self, ranks: np.ndarray) -> np.ndarray:
         """Make room for ``ranks``; returns their positions in ``ids``."""
         ranks = np.asarray(ranks, dtype=np.int64)
-        pos = np.searchsorted(self.ids, ranks)
-        known = pos < len(self.ids)
-        known[known] = self.ids[pos[known]] == ranks[known]
+        pos, known = self._positions(ranks)
         if not known.all():
             merged = np.union1d(self.ids, ranks[~known])
             where = np.searchsorted(merged, self.ids)
@@ -116,10 +116,24 @@ class RunState:
         return pos
 
     def _positions(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Positions of ``ranks`` in ``ids`` (read only), and which of them are known."""
-        pos = np.searchsorted(self.ids, ranks)
-        known = pos < len(self.ids)
-        known[known] = self.ids[pos[known]] == ranks[known]
+        """Positions of ``ranks`` in ``ids`` (read only; where an unknown rank would go), and
+        which of them are known.
+
+        A job's ranks are nearly always 0..n-1: then ``ids`` is ``arange(n)`` and a rank is its
+        own position, which spares the binary search a push of many ranks did two or three times
+        (the most of the run state's cost per push). Whether ``ids`` is dense is noted with the
+        array it was judged on (one tuple: any thread reads a consistent pair)."""
+        ids = self.ids
+        judged, dense = self._dense
+        if judged is not ids:
+            dense = len(ids) == 0 or (int(ids[0]) == 0 and int(ids[-1]) == len(ids) - 1)
+            self._dense = (ids, dense)
+        if dense and len(ranks) > 1 and int(ranks.min()) >= 0:
+            known = ranks < len(ids)
+            return (ranks if known.all() else np.minimum(ranks, len(ids))), known
+        pos = np.searchsorted(ids, ranks)
+        known = pos < len(ids)
+        known[known] = ids[pos[known]] == ranks[known]
         return pos, known
 
     # -- attempts -------------------------------------------------------------------------

@@ -146,3 +146,22 @@ def test_a_rank_s_own_push_is_judged_and_applied_as_the_general_way_does():
             if rng.random() < 0.02:
                 for st in (fast, general):
                     st.open_attempt(step)
+
+
+def test_rank_positions_are_those_of_a_binary_search_whether_the_ranks_are_dense_or_not():
+    # A job's ranks 0..n-1 take the dense way (a rank is its own position); gaps, ranks beyond
+    # the known ones and a state that grows from dense to sparse must give what searchsorted gives.
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        st = RunState("r")
+        st.open_attempt(0)
+        n = int(rng.integers(1, 40))
+        known = np.arange(n) if trial % 2 else np.sort(rng.choice(80, n, replace=False))
+        st.advance(batch(np.zeros(len(known), int), known))
+        asked = rng.integers(0, 90, int(rng.integers(2, 30)))
+        pos, hit = st._positions(asked)
+        want = np.searchsorted(st.ids, asked)
+        assert (pos == want).all() and (hit == np.isin(asked, st.ids)).all(), (known, asked)
+        grown = np.unique(asked)
+        st.advance(batch(np.ones(len(grown), int), grown))   # ids grow: dense or not any more
+        assert (st._positions(st.ids)[0] == np.arange(len(st.ids))).all()
