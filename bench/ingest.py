@@ -10,6 +10,9 @@ API, in process) and into pandas (CSV over HTTP).
     .venv/bin/python bench/ingest.py [--seconds 4] [--threads 4] [--smoke]
 
 ``--smoke`` (the tests): every case at tiny sizes (at most 64 records a request, 0.1 s each).
+
+A second table says where each case's server CPU went: each thread's CPU per acknowledged
+request (named with ``py-spy dump`` when py-spy is installed, ``pip install py-spy``).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import argparse
 import atexit
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,12 +89,47 @@ def run_case(server: ServerProcess, form: str, n_records: int, seconds: float, t
         r = client.post(f"/v1/runs/{run_id}-c{k}/metrics", content=body, headers={"content-type": "application/json"})
         return r.status_code == 202
 
+    threads_before = thread_cpu(server.pid)
     ok, errors, wall, cpu = load(server, request, seconds, threads)
     points = ok * n_records * len(FIELDS)
     return {"form": form, "records": n_records, "requests": ok, "errors": errors, "run_id": f"{run_id}-c0",
+            "threads": per_thread(server, threads_before, ok),
             "points_per_wall_s": points / wall, "points_per_cpu_s": points / cpu,
             "requests_per_cpu_s": ok / cpu,
             "decode_points_per_cpu_s": n_records * len(FIELDS) / decode_s}
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU-seconds (user + system) of each thread of a process, by thread id, from /proc."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[tid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def thread_names(pid: int) -> dict[str, str]:
+    """Thread id -> Python thread name (``py-spy dump``; thread ids alone without py-spy)."""
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(spy):
+        return {}
+    dump = subprocess.run([spy, "dump", "-p", str(pid)], capture_output=True, text=True).stdout
+    return {m.group(1): m.group(2) for m in re.finditer(r'Thread (\d+) \([^)]*\): "([^"]+)"', dump)}
+
+
+def per_thread(server: ServerProcess, before: dict[str, float], requests: int) -> dict[str, float]:
+    """ms of CPU per acknowledged request of each named server thread since ``before``."""
+    after, names = thread_cpu(server.pid), thread_names(server.pid)
+    out: dict[str, float] = {}
+    for tid, cpu in after.items():
+        name = re.sub(r"[-_]?\d+$", "", names.get(tid, f"thread {tid}"))   # pool threads as one
+        out[name] = out.get(name, 0.0) + (cpu - before.get(tid, 0.0)) * 1e3 / max(requests, 1)
+    return {n: v for n, v in sorted(out.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
 def load(server: ServerProcess, request, seconds: float, threads: int) -> tuple[int, int, float, float]:
@@ -259,6 +298,14 @@ def main() -> None:
         print(f"| {r['form']} | {r['records']:,} | {r['service']} | {r['requests']:,} | {r['points_per_wall_s'] / 1e6:.2f} "
               f"| {r['points_per_cpu_s'] / 1e6:.2f} | {r['requests_per_cpu_s']:,.0f} "
               f"| {r['decode_points_per_cpu_s'] / 1e6:.1f} | {r['points_per_cpu_s'] / r['decode_points_per_cpu_s']:.2f} |")
+    # Where a request's CPU goes: each server thread's CPU over the case (thread names from
+    # py-spy when it is installed), per acknowledged request. Threads a case's pushes caused
+    # late (a detector backlog still being worked off when the case ended) are not all counted.
+    print("\n| form | records/request | service | thread | ms CPU / request |")
+    print("|---|---:|---|---|---:|")
+    for r in rows:
+        for name, ms in r["threads"].items():
+            print(f"| {r['form']} | {r['records']:,} | {r['service']} | {name} | {ms:.3f} |")
     print(f"\nstorage: {size / total_points:.2f} bytes per point ({total_points:,} points, {size / 1e6:.1f} MB file)")
     print(f"read back {read['points']:,} points: {read['numpy_s']:.3f} s into numpy (store API), "
           f"{read['pandas_csv_http_s']:.3f} s into pandas (CSV over HTTP), "

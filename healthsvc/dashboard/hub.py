@@ -33,7 +33,7 @@ from healthsvc.dashboard.rollup import HEAT_FIELDS, LINE_FIELDS, RunRollup
 
 log = logging.getLogger(__name__)
 
-FIELDS = set(LINE_FIELDS) | set(HEAT_FIELDS)
+FIELDS = frozenset(LINE_FIELDS) | frozenset(HEAT_FIELDS)
 
 
 class RunFeed:
@@ -76,7 +76,7 @@ class RunFeed:
             return
         chunk_ids = [p.chunk_id for p in fresh if p.chunk_id is not None]
         last = fresh[-1]
-        self.add(MetricBatch.concat([_slim(p.batch) for p in fresh]), last.run,
+        self.add(MetricBatch.concat([p.batch for p in fresh], only=FIELDS), last.run,
                  max(chunk_ids) if chunk_ids else None, last.received_at)
 
     def tick(self, now: float) -> None:

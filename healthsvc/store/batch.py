@@ -46,22 +46,27 @@ class MetricBatch:
         )
 
     @classmethod
-    def concat(cls, batches: list["MetricBatch"], without: frozenset[str] = frozenset()) -> "MetricBatch":
+    def concat(cls, batches: list["MetricBatch"], without: frozenset[str] = frozenset(),
+               only: frozenset[str] | None = None) -> "MetricBatch":
         """The records of ``batches`` in order as one batch: a field one of them lacks is not
         reported there; host and label names are merged (indices remapped). String fields named
-        in ``without`` are left out (merging names costs a Python step per push)."""
-        if len(batches) == 1 and not without:
+        in ``without`` are left out (merging names costs a Python step per push). ``only``: just
+        these metric fields, and no string field (what a reader of a few numeric columns needs,
+        without a trimmed copy of every batch first)."""
+        if len(batches) == 1 and not without and only is None:
             return batches[0]
-        fields = dict.fromkeys(f for b in batches for f in b.values)
+        fields = dict.fromkeys(f for b in batches for f in b.values if only is None or f in only)
         values = {f: np.concatenate([b.values[f] if f in b.values else np.full(len(b), np.nan) for b in batches])
                   for f in fields}
         present = {f: np.concatenate([b.present[f] if f in b.present else np.zeros(len(b), bool) for b in batches])
                    for f in fields}
-        host_names, host_index = [], None
-        if any(b.host_index is not None for b in batches):
+        host_names: list[str] = []
+        host_index = None
+        if only is None and any(b.host_index is not None for b in batches):
             host_names, host_index = _merge_names([(b.host_names, b.host_index, len(b)) for b in batches])
-        labels = {f: _merge_names([(*b.labels[f], len(b)) if f in b.labels else ([], None, len(b)) for b in batches])
-                  for f in dict.fromkeys(f for b in batches for f in b.labels if f not in without)}
+        labels = {} if only is not None else \
+            {f: _merge_names([(*b.labels[f], len(b)) if f in b.labels else ([], None, len(b)) for b in batches])
+             for f in dict.fromkeys(f for b in batches for f in b.labels if f not in without)}
         return cls(np.concatenate([b.steps for b in batches]), np.concatenate([b.ranks for b in batches]),
                    values, present, host_names, host_index, labels)
 
