@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
 from contextlib import ExitStack
@@ -30,32 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from ingest import thread_cpu, thread_names  # noqa: E402  (bench/ingest.py)
 from scale import Load  # noqa: E402  (bench/scale.py)
 from tests.replicas.balancer import Balancer  # noqa: E402
 from tests.server_process import ServerProcess, free_port  # noqa: E402
-
-
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU-seconds of each thread (by id) of a process, from /proc."""
-    out = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[tid] = (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
-def thread_names(pid: int) -> dict[str, str]:
-    """Thread id -> Python thread name (py-spy dump), or {} without py-spy."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not os.path.exists(spy):
-        return {}
-    dump = subprocess.run([spy, "dump", "-p", str(pid)], capture_output=True, text=True).stdout
-    return {m.group(1): m.group(2) for m in re.finditer(r'Thread (\d+) \([^)]*\): "([^"]+)"', dump)}
 
 
 def main() -> None:
