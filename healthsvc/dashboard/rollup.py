@@ -41,12 +41,18 @@ _NO_RANK = -1.0   # a heat cell no rank reported, before the bins' max (ratios a
 
 
 def _median_of_rows(v: np.ndarray) -> np.ndarray:
-    """``np.median(v, axis=1)`` of a block with no missing value, the same numbers (one partition
-    on both middle positions, then their mean) without np.median's generic checks per call."""
+    """``np.median(v, axis=1)`` of a block with no missing value, the same numbers. np.median
+    partitions each row on both middle positions at once, which numpy does slowly for many rows
+    (a 16 x 1,024 block: 300 us); one partition on the upper middle puts everything not above it
+    to its left, whose largest value is the lower middle (30 us for the same block)."""
     n = v.shape[1]
-    lo, hi = (n - 1) // 2, n // 2
-    part = np.partition(v, [lo, hi], axis=1)
-    return (part[:, lo] + part[:, hi]) / 2
+    if n <= 2:
+        return v.mean(axis=1) if n == 2 else v[:, 0].astype(np.float64)
+    hi = n // 2
+    part = np.partition(v, hi, axis=1)
+    if n % 2:
+        return part[:, hi]
+    return (part[:, :hi].max(axis=1) + part[:, hi]) / 2
 
 
 def _pow2_at_least(x: int) -> int:

@@ -75,3 +75,16 @@ def test_lttb_keeps_a_spike_and_the_envelope_its_extremes():
     lo, hi = bucket_envelope(y - 1, y + 1, 300)
     assert np.nanmax(hi) == 51.0 and np.isclose(np.nanmin(lo), -2.0, atol=1e-3)
     assert len(lo) == 300
+
+
+def test_the_rows_medians_are_numpys_whatever_the_block():
+    # The rollup's median (one partition, then the largest value left of the upper middle) must
+    # give np.median's numbers exactly: odd and even widths, one and two ranks, ties, large values.
+    from healthsvc.dashboard.rollup import _median_of_rows
+    rng = np.random.default_rng(3)
+    for trial in range(500):
+        rows, width = int(rng.integers(1, 20)), int(rng.integers(1, 300))
+        v = rng.standard_normal((rows, width)) * 10.0 ** int(rng.integers(-3, 300))
+        if trial % 3 == 0:
+            v = np.round(v)   # ties
+        assert np.array_equal(_median_of_rows(v), np.median(v, axis=1)), (rows, width)
