@@ -61,9 +61,6 @@ class MonitorHub:
                  ownership: RunOwnership | None = None, release_after_s: float = 0.0) -> None:
         self.store = store
         self.ownership: RunOwnership = ownership or SoleOwner()
-        # The sole owner restored every run at start, so a run it has no monitor for is new; a
-        # replica restores a run when it first owns it (it may have a history written elsewhere).
-        self._restore_on_claim = self.ownership.takes_over
         # Told (on this thread) when a run is taken over here (True) or let go (False), before
         # the findings of its restore are recorded: alerting loads or forgets the run's alerts.
         self.ownership_listeners: list[Callable[[str, bool], None]] = []
@@ -76,10 +73,8 @@ class MonitorHub:
         self.align_timeout_s = align_timeout_s
         self.monitors: dict[str, RunMonitor] = {}
         self._last_snapshot: dict[str, float] = {}
-        # run_id -> ids of the chunks fed lately, oldest first (see _seen): replicas only.
-        self._fed: dict[str, dict[int, None]] = {}
-        self._floor: dict[str, int] = {}
-        self._fed_kept = 4096
+        # Which chunks each run's monitor was fed (see _seen), kept as the ownership says.
+        self._fed = self.ownership.fed_chunks()
         self._queue: queue.Queue[MonitorInput | list[IngestResult | RunEvent]] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="healthsvc-monitor", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-ticker", daemon=True)
@@ -181,8 +176,7 @@ class MonitorHub:
                 if not self.ownership.owns(run_id):
                     self._drop(run_id)
                     continue
-                if self._restore_on_claim:
-                    self._pull(run_id)  # what a lost notification did not bring
+                self.ownership.catch_up(run_id, self._pull)
                 self._record(mon, mon.tick(item.now))
                 self._snapshot(run_id)
             self._release_quiet(item.now)
@@ -260,7 +254,7 @@ class MonitorHub:
                 self.ownership.announce(run_id, {"event": item.kind, "data": item.data, "at": item.received_at})
             return False
         if run_id not in self.monitors:
-            if self._restore_on_claim or self.store.snapshot(run_id, "monitor") is not None:
+            if self.ownership.restores(run_id, lambda: self.store.snapshot(run_id, "monitor") is not None):
                 self._adopt(run_id)   # taken over, or let go here once it finished (_release_quiet)
             else:
                 self._monitor(run_id)
@@ -286,24 +280,10 @@ class MonitorHub:
                 self._pull(item.run_id, msg)
 
     def _seen(self, run_id: str, mon: RunMonitor, chunk_id: int) -> bool:
-        """Whether the chunk was fed already; records it as fed otherwise.
-
-        With one replica, chunk ids commit in order: the watermark says it all. With several,
-        each has its own writer, so a run's chunk may commit after one with a higher id: the ids
-        fed lately are kept, above a floor (the restore's snapshot watermark, raised as old ids
-        are forgotten) below which every chunk counts as fed."""
-        if not self._restore_on_claim:
-            return chunk_id <= mon.watermark
-        fed = self._fed.setdefault(run_id, {})
-        if chunk_id <= self._floor.get(run_id, 0) or chunk_id in fed:
-            return True
-        fed[chunk_id] = None
-        if len(fed) > self._fed_kept:
-            old = sorted(fed)[: len(fed) - self._fed_kept // 2]
-            for c in old:
-                del fed[c]
-            self._floor[run_id] = max(self._floor.get(run_id, 0), old[-1])
-        return False
+        """Whether the chunk was fed already; records it as fed otherwise
+        (:mod:`healthsvc.ownership.fed_chunks`: by the watermark with one writer, by the ids fed
+        lately with several)."""
+        return self._fed.seen(run_id, mon.watermark, chunk_id)
 
     def _pull(self, run_id: str, announced: RemoteMessage | None = None) -> None:
         """Feed the run's chunks not fed yet: the ones a notification announced (pushes accepted
@@ -316,7 +296,7 @@ class MonitorHub:
             if missing:
                 chunks = sorted([*chunks, *self.store.chunks_by_id(run_id, missing)], key=lambda c: c.id)
         else:
-            chunks = self.store.chunks_after(run_id, max(self._floor.get(run_id, 0), mon.watermark))
+            chunks = self.store.chunks_after(run_id, self._fed.floor(run_id, mon.watermark))
         for chunk in chunks:
             if not self._seen(run_id, mon, chunk.id):
                 self._feed(mon, chunk.batch, self._chunk_view(run_id, mon, chunk.attempt), chunk.id,
@@ -351,8 +331,7 @@ class MonitorHub:
             for listener in self.ownership_listeners:
                 listener(run_id, False)
         self._last_snapshot.pop(run_id, None)
-        self._fed.pop(run_id, None)
-        self._floor.pop(run_id, None)
+        self._fed.forget(run_id)
 
     def _record(self, mon: RunMonitor, found: list[Finding], attempt: int | None = None) -> None:
         """Store ``found`` in ``attempt`` (default: the monitor's current one)."""
@@ -413,14 +392,15 @@ class MonitorHub:
             return
         self.monitors.pop(run_id, None)
         self._last_snapshot.pop(run_id, None)
-        self._fed.pop(run_id, None)
-        self._floor.pop(run_id, None)
+        self._fed.forget(run_id)
         self.config_errors.pop(run_id, None)
         self.runs_released += 1
         log.info("run %s finished and quiet: its detector state is let go (kept in the store)", run_id)
-        if self._restore_on_claim:   # replicas: a lease to give up (a single server has none)
-            self._parked.add(run_id)
-            self._release_lease(run_id)
+        self.ownership.let_go(run_id, self._give_up)   # replicas: a lease to give up
+
+    def _give_up(self, run_id: str) -> None:
+        self._parked.add(run_id)
+        self._release_lease(run_id)
 
     def _release_lease(self, run_id: str) -> None:
         if run_id in self.monitors or not self.ownership.owns(run_id):
@@ -456,51 +436,76 @@ class MonitorHub:
         self._restore_run(row, self.store.snapshot(run_id, "monitor"))
 
     def _restore_run(self, row: dict, snapshot: Any) -> None:
-        now = self.clock()
-        run_id = row["run_id"]
-        if self._restore_on_claim:
-            for listener in self.ownership_listeners:
-                listener(run_id, True)
-        mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
-        watermark, saved_at = 0, None
-        if snapshot is not None:
-            watermark = snapshot.watermark
+        """Restore the run's monitor from its snapshot and the chunks after it: at start-up, on a
+        takeover, when a run let go comes back; the steps in the order its ownership says
+        (:meth:`~healthsvc.ownership.RunOwnership.restore`)."""
+        _Restoring(self, row, snapshot).run()
+
+
+class _Restoring:
+    """One run's restore (:class:`healthsvc.ownership.Restore`), on the monitor thread."""
+
+    def __init__(self, hub: MonitorHub, row: dict, snapshot: Any) -> None:
+        self.hub = hub
+        self.row = row
+        self.snapshot = snapshot
+        self.run_id: str = row["run_id"]
+        self.now = hub.clock()
+        self.saved_at: float | None = None
+        self.view: RunView | None = None   # the store's view of the run (replay reads it)
+        self.replayed = 0
+
+    def run(self) -> None:
+        self.hub.ownership.restore(self.run_id, self)
+        log.info("restored monitor of run %s (replayed %d chunks)", self.run_id, self.replayed)
+
+    def hand_over(self) -> None:
+        for listener in self.hub.ownership_listeners:
+            listener(self.run_id, True)
+
+    def replay(self) -> None:
+        hub, run_id, row = self.hub, self.run_id, self.row
+        mon = hub.monitors[run_id] = hub._new_monitor(run_id, row["config"])
+        watermark = 0
+        if self.snapshot is not None:
+            watermark = self.snapshot.watermark
             try:
-                state = json.loads(snapshot.state)
+                state = json.loads(self.snapshot.state)
                 mon.load_state_dict(state)
-                saved_at = state.get("saved_at")
+                self.saved_at = state.get("saved_at")
             except Exception as exc:
                 replaying_past("monitor", run_id, exc)
-                mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
+                mon = hub.monitors[run_id] = hub._new_monitor(run_id, row["config"])
                 watermark = 0
         # The store's run state (loaded before us) is what the replayed chunks led to: its
         # count of ranks is the one their blocks are aligned by (the counts at each chunk
         # are not kept; an attempt's ranks only grow, so early blocks may wait for their
         # timeout instead of completing at once: the findings are the same).
-        st = self.store.reads.run_view(run_id)
-        view = (RunView(st.attempt, st.start_step, st.ranks_seen, st.finished) if st is not None
-                else RunView(0, -1, 0, row["status"] == "finished"))
-        replayed = 0
-        self._fed.pop(run_id, None)
-        self._floor[run_id] = watermark
-        for chunk in self.store.chunks_after(run_id, watermark):
-            if not self._seen(run_id, mon, chunk.id):
-                chunk_view = RunView(chunk.attempt, -1, view.ranks_seen, False)
-                self._feed(mon, chunk.batch, chunk_view, chunk.id, chunk.received_at)
-                replayed += 1
-        if self._restore_on_claim:
-            # Taken over from another replica: the other replicas accepted pushes and heartbeats
-            # all along, so the chunks replayed above and the newest heartbeat of each rank are
-            # the ranks' whole story, and a silence in them is theirs (a hang is found within
-            # its timeout plus the lease TTL). Heartbeats are stored as the newest per rank.
-            for hb in self.store.reads.heartbeats(run_id):
-                if hb["ts"] > (saved_at or 0.0):
-                    self._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]))
-        if view.finished or row["status"] == "finished":
-            self._record(mon, mon.on_finish(now))
-        if not self._restore_on_claim:
-            # The service was down since its last input: that gap is not the ranks' silence.
-            last_seen = max(mon.last_input_s, saved_at or 0.0)
-            if last_seen and now > last_seen:
-                mon.shift_clock(now - last_seen)
-        log.info("restored monitor of run %s (replayed %d chunks)", run_id, replayed)
+        st = hub.store.reads.run_view(run_id)
+        self.view = (RunView(st.attempt, st.start_step, st.ranks_seen, st.finished) if st is not None
+                     else RunView(0, -1, 0, row["status"] == "finished"))
+        hub._fed.restart(run_id, watermark)
+        for chunk in hub.store.chunks_after(run_id, watermark):
+            if not hub._seen(run_id, mon, chunk.id):
+                chunk_view = RunView(chunk.attempt, -1, self.view.ranks_seen, False)
+                hub._feed(mon, chunk.batch, chunk_view, chunk.id, chunk.received_at)
+                self.replayed += 1
+
+    def heartbeats(self) -> None:
+        # Heartbeats are stored as the newest per rank.
+        mon = self.hub.monitors[self.run_id]
+        for hb in self.hub.store.reads.heartbeats(self.run_id):
+            if hb["ts"] > (self.saved_at or 0.0):
+                self.hub._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]))
+
+    def finish(self) -> None:
+        mon = self.hub.monitors[self.run_id]
+        if (self.view is not None and self.view.finished) or self.row["status"] == "finished":
+            self.hub._record(mon, mon.on_finish(self.now))
+
+    def skip_downtime(self) -> None:
+        # The service was down since its last input: that gap is not the ranks' silence.
+        mon = self.hub.monitors[self.run_id]
+        last_seen = max(mon.last_input_s, self.saved_at or 0.0)
+        if last_seen and self.now > last_seen:
+            mon.shift_clock(self.now - last_seen)
