@@ -133,7 +133,6 @@ class SoleOwner:
     """The only replica: owns every run from the start; nothing to renew, announce or hear."""
 
     replica_id = "sole"
-    takes_over = False   # (alerting's mode, until it asks the protocol's methods)
 
     def start(self, *, on_gained: Callable[[str], None], on_lost: Callable[[str], None],
               on_remote: Callable[[str, RemoteMessage], None]) -> None:

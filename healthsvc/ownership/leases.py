@@ -65,8 +65,6 @@ def new_replica_id(port: int = 0) -> str:
 class PgLeases:
     """:class:`~healthsvc.ownership.RunOwnership` over the ``leases`` table (see the module)."""
 
-    takes_over = True   # (alerting's mode, until it asks the protocol's methods)
-
 
     def __init__(self, dsn: str, *, ttl_s: float = 10.0, replica_id: str | None = None,
                  sweep_limit: int = 16, connect: Callable[..., Any] | None = None, port: int = 0) -> None:
