@@ -15,6 +15,7 @@ message on its queue, so all of its state stays on its one thread.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
@@ -439,73 +440,87 @@ class MonitorHub:
         """Restore the run's monitor from its snapshot and the chunks after it: at start-up, on a
         takeover, when a run let go comes back; the steps in the order its ownership says
         (:meth:`~healthsvc.ownership.RunOwnership.restore`)."""
-        _Restoring(self, row, snapshot).run()
+        r = _Restore(row, snapshot, self.clock())
+        self.ownership.restore(r.run_id, _Steps(
+            hand_over=functools.partial(self._hand_over, r), replay=functools.partial(self._replay, r),
+            heartbeats=functools.partial(self._replay_heartbeats, r),
+            finish=functools.partial(self._restore_finish, r),
+            skip_downtime=functools.partial(self._skip_downtime, r)))
+        log.info("restored monitor of run %s (replayed %d chunks)", r.run_id, r.replayed)
 
+    def _hand_over(self, r: "_Restore") -> None:
+        for listener in self.ownership_listeners:
+            listener(r.run_id, True)
 
-class _Restoring:
-    """One run's restore (:class:`healthsvc.ownership.Restore`), on the monitor thread."""
-
-    def __init__(self, hub: MonitorHub, row: dict, snapshot: Any) -> None:
-        self.hub = hub
-        self.row = row
-        self.snapshot = snapshot
-        self.run_id: str = row["run_id"]
-        self.now = hub.clock()
-        self.saved_at: float | None = None
-        self.view: RunView | None = None   # the store's view of the run (replay reads it)
-        self.replayed = 0
-
-    def run(self) -> None:
-        self.hub.ownership.restore(self.run_id, self)
-        log.info("restored monitor of run %s (replayed %d chunks)", self.run_id, self.replayed)
-
-    def hand_over(self) -> None:
-        for listener in self.hub.ownership_listeners:
-            listener(self.run_id, True)
-
-    def replay(self) -> None:
-        hub, run_id, row = self.hub, self.run_id, self.row
-        mon = hub.monitors[run_id] = hub._new_monitor(run_id, row["config"])
+    def _replay(self, r: "_Restore") -> None:
+        run_id, row = r.run_id, r.row
+        mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
         watermark = 0
-        if self.snapshot is not None:
-            watermark = self.snapshot.watermark
+        if r.snapshot is not None:
+            watermark = r.snapshot.watermark
             try:
-                state = json.loads(self.snapshot.state)
+                state = json.loads(r.snapshot.state)
                 mon.load_state_dict(state)
-                self.saved_at = state.get("saved_at")
+                r.saved_at = state.get("saved_at")
             except Exception as exc:
                 replaying_past("monitor", run_id, exc)
-                mon = hub.monitors[run_id] = hub._new_monitor(run_id, row["config"])
+                mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
                 watermark = 0
         # The store's run state (loaded before us) is what the replayed chunks led to: its
         # count of ranks is the one their blocks are aligned by (the counts at each chunk
         # are not kept; an attempt's ranks only grow, so early blocks may wait for their
         # timeout instead of completing at once: the findings are the same).
-        st = hub.store.reads.run_view(run_id)
-        self.view = (RunView(st.attempt, st.start_step, st.ranks_seen, st.finished) if st is not None
-                     else RunView(0, -1, 0, row["status"] == "finished"))
-        hub._fed.restart(run_id, watermark)
-        for chunk in hub.store.chunks_after(run_id, watermark):
-            if not hub._seen(run_id, mon, chunk.id):
-                chunk_view = RunView(chunk.attempt, -1, self.view.ranks_seen, False)
-                hub._feed(mon, chunk.batch, chunk_view, chunk.id, chunk.received_at)
-                self.replayed += 1
+        st = self.store.reads.run_view(run_id)
+        view = (RunView(st.attempt, st.start_step, st.ranks_seen, st.finished) if st is not None
+                else RunView(0, -1, 0, row["status"] == "finished"))
+        r.finished = view.finished or row["status"] == "finished"
+        self._fed.restart(run_id, watermark)
+        for chunk in self.store.chunks_after(run_id, watermark):
+            if not self._seen(run_id, mon, chunk.id):
+                chunk_view = RunView(chunk.attempt, -1, view.ranks_seen, False)
+                self._feed(mon, chunk.batch, chunk_view, chunk.id, chunk.received_at)
+                r.replayed += 1
 
-    def heartbeats(self) -> None:
+    def _replay_heartbeats(self, r: "_Restore") -> None:
         # Heartbeats are stored as the newest per rank.
-        mon = self.hub.monitors[self.run_id]
-        for hb in self.hub.store.reads.heartbeats(self.run_id):
-            if hb["ts"] > (self.saved_at or 0.0):
-                self.hub._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]))
+        mon = self.monitors[r.run_id]
+        for hb in self.store.reads.heartbeats(r.run_id):
+            if hb["ts"] > (r.saved_at or 0.0):
+                self._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]))
 
-    def finish(self) -> None:
-        mon = self.hub.monitors[self.run_id]
-        if (self.view is not None and self.view.finished) or self.row["status"] == "finished":
-            self.hub._record(mon, mon.on_finish(self.now))
+    def _restore_finish(self, r: "_Restore") -> None:
+        mon = self.monitors[r.run_id]
+        if r.finished or r.row["status"] == "finished":
+            self._record(mon, mon.on_finish(r.now))
 
-    def skip_downtime(self) -> None:
+    def _skip_downtime(self, r: "_Restore") -> None:
         # The service was down since its last input: that gap is not the ranks' silence.
-        mon = self.hub.monitors[self.run_id]
-        last_seen = max(mon.last_input_s, self.saved_at or 0.0)
-        if last_seen and self.now > last_seen:
-            mon.shift_clock(self.now - last_seen)
+        mon = self.monitors[r.run_id]
+        last_seen = max(mon.last_input_s, r.saved_at or 0.0)
+        if last_seen and r.now > last_seen:
+            mon.shift_clock(r.now - last_seen)
+
+
+@dataclass
+class _Restore:
+    """One run's restore as it goes (the hub's restore steps read and fill it)."""
+    row: dict
+    snapshot: Any
+    now: float
+    saved_at: float | None = None   # when the snapshot was taken
+    finished: bool = False          # the store says the run finished (read by the replay)
+    replayed: int = 0
+
+    @property
+    def run_id(self) -> str:
+        return self.row["run_id"]
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """:class:`healthsvc.ownership.Restore`, bound to one run's restore."""
+    hand_over: Callable[[], None]
+    replay: Callable[[], None]
+    heartbeats: Callable[[], None]
+    finish: Callable[[], None]
+    skip_downtime: Callable[[], None]
