@@ -104,12 +104,18 @@ def finding_fingerprint(run_id: str, finding: Finding) -> str:
 
 
 class AlertLike(Protocol):
-    """What :func:`alert_fingerprint` reads of an alert (``healthsvc.alerting.model.Alert``)."""
-    fingerprint: str
-    labels: tuple[tuple[str, str], ...]
-    ranks: tuple[int, ...]
-    starts_at: float
-    ends_at: float | None
+    """What :func:`alert_fingerprint` reads of an alert (``healthsvc.alerting.model.Alert``, a
+    frozen dataclass: read-only members)."""
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def labels(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def ranks(self) -> tuple[int, ...]: ...
+    @property
+    def starts_at(self) -> float: ...
+    @property
+    def ends_at(self) -> float | None: ...
 
 
 def alert_fingerprint(run_id: str, finding: Finding, alerts: Iterable[AlertLike],

@@ -11,11 +11,16 @@ wait or interval elapsed; the service calls it every second or so.
 Two kinds of subscription bypass part of that: a ``pass_through`` subscription is sent every new
 firing and every resolved alert at once, without grouping, inhibition or silences (its receiver,
 typically an Alertmanager, does those); an ``alertmanager_api`` subscription is re-sent the firing
-alerts it was last sent every ``resend_interval_s`` (:meth:`_resend`). A ``pagerduty``
+alerts it was last sent every ``resend_interval_s`` (the notifier's ``_resend``). A ``pagerduty``
 subscription is sent an ``acknowledge`` event when an alert it was paged for is acknowledged.
 
-Every method that changes state is one store job holding the manager's lock inside it
-(:func:`~healthsvc.alerting.admin.one_job`); the findings job calls :meth:`AlertManager.process`
+The manager is small objects composed, each the one owner of its state: the
+:class:`~healthsvc.alerting.notifier.Notifier` (alerts, the notification log, the groups: the
+flow above), the :class:`~healthsvc.alerting.admin.SilenceBook` and the
+:class:`~healthsvc.alerting.admin.Subscriptions`; which runs it holds is the run's ownership's
+(:mod:`healthsvc.ownership`: every run, or with replicas those its replica owns). The manager
+holds the lock they share and makes every method that changes state one store job holding that
+lock inside it (:func:`~healthsvc.alerting.admin.one_job`); the findings job calls :meth:`AlertManager.process`
 inside its own transaction, so a finding, its alert and its notification commit together (a new
 corruption alert takes the rollback target its run's owner looked up before the job; without
 one its group waits for :meth:`AlertManager.annotate`, see ``process``). A notification's first
@@ -37,69 +42,33 @@ Example::
 """
 from __future__ import annotations
 
-import functools
 import threading
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
 
-from healthsvc.alerting import model
-from healthsvc.alerting.replicas import ReplicaAlerts
-from healthsvc.alerting.admin import AlertAdmin, AlertingError, NotFound, ReadOnly, one_job  # noqa: F401 - the package's errors
-from healthsvc.alerting.formats import Notification, render_all
+from healthsvc.alerting.admin import AlertingError, NotFound, ReadOnly, SilenceBook, Subscriptions, one_job
 from healthsvc.alerting.model import Alert, LifecyclePolicy
-from healthsvc.store.outbox import Outbox, new_webhook_id
-from healthsvc.alerting.policy import (
-    NotificationLogEntry, NotifyReason, PolicyConfig, flush_due, group_key,
-    group_timing, inhibited, needs_update, next_flush_at, resolution_due,
+from healthsvc.alerting.notifier import (  # noqa: F401 - HandOff: the delivery worker's protocol
+    NOT_GIVEN, HandOff, ManagerCounters, Notifier, Presentation, RollbackLookup,
 )
-from healthsvc.alerting.silences import Silences
+from healthsvc.alerting.policy import Matcher, PolicyConfig, Silence, inhibited
 from healthsvc.alerting.subscription import Subscription
-from healthsvc.identity import alert_fingerprint
-
-RollbackLookup = Callable[[str], "dict[str, Any] | None"]
-# A rollback target not given (``process`` looks it up, or waits for ``annotate``).
-_NOT_GIVEN: Any = object()
-
-
-class HandOff(Protocol):
-    """The delivery worker's side of a page enqueued in a writer job: ``reserve`` (in the job)
-    says for how long to claim the row for this worker, or None to leave it to the worker's own
-    claim; ``take`` (once the job is durable) hands the claimed row over to be sent at once."""
-
-    def reserve(self, subscription_id: str, webhook_id: str) -> float | None: ...
-    def take(self, webhook_id: str) -> None: ...
+from healthsvc.ownership import RunOwnership, SoleOwner
+from healthsvc.store.outbox import Outbox
 
 __all__ = ["AlertManager", "AlertingError", "NotFound", "ReadOnly"]
 
 
-@dataclass
-class _Group:
-    """Aggregation state of one run's group (rebuilt from alerts and the log after a restart)."""
-
-    first_alert_at: float
-    last_flush_at: float | None = None
-    resolved_pending: set[str] = field(default_factory=set)
-
-
-@dataclass
-class ManagerCounters:
-    """Monotonic counters for /metrics."""
-
-    findings: int = 0
-    alerts_opened: dict[str, int] = field(default_factory=dict)
-    notifications: dict[str, int] = field(default_factory=dict)   # by reason
-
-
-class AlertManager(ReplicaAlerts, AlertAdmin):
-    """Alerts, silences, subscriptions and the notification log of one service process (the
-    silences, subscriptions and queries are :class:`~healthsvc.alerting.admin.AlertAdmin`'s).
+class AlertManager:
+    """Alerts, silences, subscriptions and the notification log of one service process.
 
     ``on_enqueue`` is called after deliveries were enqueued (the service passes the delivery
     worker's ``wake``). ``rollback_lookup(run_id)`` may return ``{"step", "uri"}`` for the
     rollback annotation of corruption alerts. ``retention_s``: resolved alerts older than this
-    are forgotten.
+    are forgotten. ``ownership``: which runs' alerts this process holds (default: every run);
+    ``on_changed_elsewhere(run_id)``: an operator changed an alert of a run another replica owns,
+    once that is stored (the service tells the owner).
     """
 
     def __init__(
@@ -115,52 +84,40 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         hand_off: HandOff | None = None,
         rollback_lookup: RollbackLookup | None = None,
         retention_s: float = 7 * 24 * 3600.0,
-        owns: Callable[[str], bool] | None = None,
+        ownership: RunOwnership | None = None,
+        on_changed_elsewhere: Callable[[str], None] | None = None,
     ) -> None:
         self.outbox = outbox
         self.policy = policy
-        self.lifecycle = lifecycle
         self.external_url = external_url
         self.runbook_url = runbook_url
-        self.retention_s = retention_s
-        self.counters = ManagerCounters()
-        self._on_enqueue = on_enqueue
-        self._hand_off = hand_off
-        self._rollback_lookup = rollback_lookup
         self._lock = threading.RLock()
-        self._settings_subs = {s.id: s for s in subscriptions}
-        self._api_subs = {k: Subscription.from_dict(v) for k, v in outbox.records("subscription").items()}
-        clash = set(self._settings_subs) & set(self._api_subs)
-        if clash:
-            raise AlertingError(f"subscription ids {sorted(clash)} exist in settings and via the API")
-        # With replicas (``owns``), this manager keeps the alerts of the runs its replica owns only:
-        # none at start; adopt_run() loads a run's when the replica takes it over.
-        self._owns = owns
-        self.on_changed_elsewhere: Callable[[str], None] | None = None
-        self._alerts = {} if owns else {k: Alert.from_dict(v) for k, v in outbox.records("alert").items()}
-        self._silences = Silences()
-        self._silences.reload(outbox.records("silence"))
-        self._nflog = {} if owns else {tuple(k.split("|", 1)): NotificationLogEntry.from_dict(v)
-                                       for k, v in outbox.records("nflog").items()}
-        self._groups: dict[str, _Group] = {}
-        self._rebuild_groups()
-        self._changed_runs: set[str] = set(self._groups)   # runs whose alerts changed (pass-through)
-        # (subscription, run) -> last time an alertmanager_api receiver got every firing alert
-        # (memory only: after a restart the first re-send is at once, which is harmless).
-        self._resent_at: dict[tuple[str, str], float] = {}
-        # Runs whose new corruption alert waits for its rollback target (see process); memory
-        # only: after a restart the group flushes at the next tick, without the annotation.
-        self.awaiting_target: set[str] = set()
+        self._ownership: RunOwnership = ownership or SoleOwner()
+        self._subscriptions = Subscriptions(outbox, subscriptions)
+        self._silences = SilenceBook(outbox, policy.max_silences)
+        self._notifier = Notifier(
+            outbox, self._subscriptions, self._silences, self._ownership, policy=policy, lifecycle=lifecycle,
+            shown=Presentation(external_url, runbook_url), retention_s=retention_s, on_enqueue=on_enqueue,
+            hand_off=hand_off, rollback_lookup=rollback_lookup, on_changed_elsewhere=on_changed_elsewhere)
 
     def __repr__(self) -> str:
-        return (f"AlertManager(alerts={len(self._alerts)}, subscriptions={len(self.subscriptions())}, "
+        return (f"AlertManager(alerts={len(self._notifier)}, subscriptions={len(self.subscriptions())}, "
                 f"silences={len(self._silences)}, external_url={self.external_url!r})")
+
+    @property
+    def counters(self) -> ManagerCounters:
+        return self._notifier.counters
+
+    @property
+    def awaiting_target(self) -> set[str]:
+        """Runs whose new corruption alert waits for its rollback target (see :meth:`process`)."""
+        return self._notifier.awaiting_target
 
     # -- findings -----------------------------------------------------------------------------
 
     @one_job
     def process(self, run_id: str, findings: Iterable[tuple[Finding, Sequence[str | None]]], now: float,
-                *, target_later: bool = False, rollback_target: Any = _NOT_GIVEN) -> list[str]:
+                *, target_later: bool = False, rollback_target: Any = NOT_GIVEN) -> list[str]:
         """Fold findings into alerts and flush the run's group if due; returns enqueued webhook ids.
 
         Each finding comes with the host of each rank it blames (None where unknown), as it was
@@ -172,77 +129,38 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         committed yet (this runs in the job that stores them), so the target, which is decided
         from the stored findings, cannot be looked up now: a run whose corruption alert opens
         waits (no flush) until :meth:`annotate` brings it, once the job is durable."""
-        for f, hosts in findings:
-            self._apply(run_id, f, hosts, now, target_later, rollback_target)
-        return self._flush(run_id, now) + self._pass_through(now)
+        return self._notifier.process(run_id, findings, now, target_later, rollback_target)
 
     def opens_latched(self, run_id: str, findings: Iterable[Finding]) -> bool:
         """Whether folding ``findings`` would open (or re-open) a latched alert of the run, whose
         page carries the rollback target: the run's owner then looks the target up before the
         job (:meth:`process`'s ``rollback_target``)."""
-        if self._rollback_lookup is None:
-            return False
         with self._lock:
-            alerts = [a for a in self._alerts.values() if a.run == run_id]
-            for f in findings:
-                if f.status != "firing" or not model.is_latched(f.kind):
-                    continue
-                existing = self._alerts.get(alert_fingerprint(run_id, f, alerts))
-                if existing is None or existing.status == "resolved":
-                    return True
-        return False
+            return self._notifier.opens_latched(run_id, findings)
 
     @one_job
     def tick(self, now: float) -> list[str]:
         """Resolve alerts whose condition stayed clear, flush due groups, forget old alerts."""
-        if self._owns is not None:
-            for run in {a.run for a in self._alerts.values()}:
-                if not self._owns(run):   # the lease ran out here: the next owner carries on
-                    self.forget_run(run)
+        if not self._ownership.holds_every_run():
+            self._notifier.forget_unowned()
             self._reload_shared()
-        for fp, a in list(self._alerts.items()):
-            b = model.expire(a, now, self.lifecycle)
-            if b is not a:
-                self._store_alert(b, now)
-            elif a.status == "resolved" and a.ends_at is not None and now - a.ends_at > self.retention_s:
-                del self._alerts[fp]
-                self.outbox.delete_record("alert", fp)
-        enqueued: list[str] = []
-        for run in list(self._groups):
-            enqueued += self._flush(run, now)
-        return enqueued + self._pass_through(now) + self._resend(now)
+        return self._notifier.tick(now)
 
     def next_flush_at(self) -> float | None:
         """When the earliest group flush is due (unix s), for a caller that sleeps until then."""
         with self._lock:
-            times = [next_flush_at(g.first_alert_at, g.last_flush_at, group_timing(self._group_alerts(r), self.policy.timings))
-                     for r, g in self._groups.items()]
-        return min(times, default=None)
+            return self._notifier.next_flush_at()
 
     # -- operator actions ---------------------------------------------------------------------
 
     @one_job
     def acknowledge(self, fp: str, by: str, now: float) -> Alert:
-        a = model.acknowledge(self._get(fp), now, by)
-        self._store_alert(a, now)
-        self._tell_owner(a.run)
-        for sub in self.subscriptions():
-            entry = self._nflog.get((sub.id, a.run))
-            if (sub.format == "pagerduty" and a.status == "firing" and entry is not None
-                    and a.fingerprint in entry.firing):
-                self._enqueue(sub, a.run, NotifyReason.ACKNOWLEDGED, [a], now)
-        return a
+        return self._notifier.acknowledge(fp, by, now)
 
     @one_job
     def resolve(self, fp: str, by: str, now: float) -> Alert:
         """Resolve by hand (latched alerts too); the resolution is notified at the next flush."""
-        a = model.resolve_by_hand(self._get(fp), now, by)
-        a = model.acknowledge(a, now, by) if a.acknowledged_at is None else a
-        self._store_alert(a, now)
-        self._tell_owner(a.run)
-        self._flush(a.run, now)
-        self._pass_through(now)
-        return a
+        return self._notifier.resolve(fp, by, now)
 
     @one_job
     def rollback(self, run_id: str, step: int, now: float, onset: int | None = None) -> list[Alert]:
@@ -251,16 +169,7 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         firing. ``onset`` is the run's estimated first corrupted update, the one ``GET /rollback``
         dates the incident by (its ``onset.low``): given, it decides for every latched alert of
         the run; without an estimate each alert's own onset (else first step) decides."""
-        done = []
-        for a in list(self._alerts.values()):
-            began = onset if onset is not None else (a.onset_step if a.onset_step is not None else a.first_step)
-            if a.run == run_id and a.latched and a.status == "firing" and began > step:
-                b = model.resolve_by_hand(a, now, "rollback")
-                self._store_alert(b, now)
-                done.append(b)
-        self._flush(run_id, now)
-        self._pass_through(now)
-        return done
+        return self._notifier.rollback(run_id, step, now, onset)
 
     def annotate(self, run_id: str, now: float) -> list[str]:
         """Look up the rollback target of a run whose corruption alert opened in a findings job
@@ -268,223 +177,123 @@ class AlertManager(ReplicaAlerts, AlertAdmin):
         The look-up reads the stored history: it runs on the caller's thread, not in the job."""
         if run_id not in self.awaiting_target:
             return []
-        return self._annotate(run_id, self._safe_rollback(run_id), now)
+        return self._annotate(run_id, self._notifier.rollback_target(run_id), now)
 
     @one_job
     def _annotate(self, run_id: str, target: dict[str, Any] | None, now: float) -> list[str]:
-        self.awaiting_target.discard(run_id)
-        for a in list(self._alerts.values()):
-            if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target is None:
-                self._store_alert(replace(a, rollback_target=target), now)
-        return self._flush(run_id, now) + self._pass_through(now)
+        return self._notifier.annotate(run_id, target, now)
 
     @one_job
     def set_rollback_target(self, run_id: str, target: dict[str, Any] | None, now: float) -> None:
         """Annotate the run's firing corruption alerts with where to resume (``{"step", "uri"}``)."""
-        for a in list(self._alerts.values()):
-            if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target != target:
-                self._store_alert(replace(a, rollback_target=target), now)
+        self._notifier.set_rollback_target(run_id, target, now)
 
-    # -- internals ----------------------------------------------------------------------------
+    # -- silences -----------------------------------------------------------------------------
 
-    def _apply(self, run_id: str, f: Finding, hosts: Sequence[str | None], now: float,
-               target_later: bool = False, target: Any = _NOT_GIVEN) -> None:
-        self.counters.findings += 1
-        fp = alert_fingerprint(run_id, f, (a for a in self._alerts.values() if a.run == run_id))
-        existing = self._alerts.get(fp)
-        if f.status == "resolved":
-            if existing is not None and existing.status == "firing":
-                self._store_alert(model.clear(existing, now), now)
-            return
-        a = model.fire(existing, f, run_id, hosts, now, self.lifecycle)
-        if existing is None or existing.status == "resolved":
-            self.counters.alerts_opened[f.kind] = self.counters.alerts_opened.get(f.kind, 0) + 1
-            if a.latched and self._rollback_lookup is not None:
-                if target is not _NOT_GIVEN:
-                    a = replace(a, rollback_target=target)
-                elif target_later:
-                    self.awaiting_target.add(run_id)
-                else:
-                    a = replace(a, rollback_target=self._safe_rollback(run_id))
-        self._store_alert(a, now)
+    @one_job
+    def add_silence(self, matchers: Iterable[Matcher], starts_at: float, ends_at: float, now: float,
+                    created_by: str = "", comment: str = "") -> Silence:
+        return self._silences.add(matchers, starts_at, ends_at, now, created_by, comment)
 
-    def _safe_rollback(self, run_id: str) -> dict[str, Any] | None:
-        try:
-            return self._rollback_lookup(run_id) if self._rollback_lookup else None
-        except Exception:  # an annotation must never stop an alert
-            return None
+    @one_job
+    def expire_silence(self, silence_id: str, now: float) -> Silence:
+        """End a silence now (kept, listed as expired)."""
+        return self._silences.expire(silence_id, now)
 
-    def _store_alert(self, a: Alert, now: float) -> None:
-        before = self._alerts.get(a.fingerprint)
-        self._alerts[a.fingerprint] = a
-        self.outbox.put_record("alert", a.fingerprint, a.to_dict(), now)
-        self._changed_runs.add(a.run)
-        g = self._groups.get(a.run)
-        if a.status == "firing" and g is None:
-            self._groups[a.run] = _Group(first_alert_at=now)
-        elif a.status == "resolved" and before is not None and before.status == "firing" and g is not None:
-            g.resolved_pending.add(a.fingerprint)
+    def silences(self) -> list[Silence]:
+        with self._lock:
+            return self._silences.all()
 
-    def _group_alerts(self, run_id: str) -> list[Alert]:
-        g = self._groups.get(run_id)
-        pending = g.resolved_pending if g else set()
-        return [a for a in self._alerts.values()
-                if a.run == run_id and (a.status == "firing" or a.fingerprint in pending)]
+    # -- subscriptions ------------------------------------------------------------------------
 
-    def _flush(self, run_id: str, now: float) -> list[str]:
-        g = self._groups.get(run_id)
-        if g is None or run_id in self.awaiting_target:
-            return []
-        members = self._group_alerts(run_id)
-        if not members:
-            del self._groups[run_id]
-            return []
-        firing_members = [a for a in members if a.status == "firing"]
-        timing = group_timing(firing_members or members, self.policy.timings)
-        due = flush_due(g.first_alert_at, g.last_flush_at, timing, now)
-        if not due and not g.resolved_pending:
-            return []
-        run_alerts = [a for a in self._alerts.values() if a.run == run_id]
-        muted = inhibited(run_alerts, self.policy.inhibit_rules) | self._silences.muted(members, now)
-        enqueued = []
-        for sub in self.subscriptions():
-            if sub.pass_through:
-                continue  # see _pass_through
-            mine = [a for a in members if sub.matches(a)]
-            visible = [a for a in mine if a.fingerprint not in muted]
-            firing = {a.fingerprint for a in visible if a.status == "firing"}
-            resolved = {a.fingerprint for a in visible if a.status == "resolved"}
-            key = (sub.id, run_id)
-            entry = self._nflog.get(key)
-            if not due and not (sub.send_resolved and resolution_due(entry, resolved, sub.resend_interval_s, now)):
-                continue   # between group flushes, only a resolution the receiver waits for goes out
-            reason = needs_update(
-                entry, firing, resolved, timing.repeat_interval_s, now, sub.send_resolved,
-                all_acknowledged=all(a.acknowledged_at is not None for a in visible if a.status == "firing"),
-                muted_firing={a.fingerprint for a in mine if a.fingerprint in muted and a.status == "firing"},
-            )
-            if reason.should_notify:
-                shown = [a for a in visible if a.status == "firing" or sub.send_resolved]
-                enqueued += self._enqueue(sub, run_id, reason, shown, now)
-                if firing:
-                    self._resent_at[key] = now  # every visible firing alert was just sent
-            if reason.updates_log:
-                entry = NotificationLogEntry(frozenset(firing), frozenset(resolved), now)
-                self._nflog[key] = entry
-                self.outbox.put_record("nflog", f"{sub.id}|{run_id}", entry.to_dict(), now)
-        if due:
-            g.last_flush_at = now
-            g.resolved_pending.clear()
-            if not firing_members:
-                del self._groups[run_id]
-        return enqueued
+    def subscriptions(self) -> list[Subscription]:
+        with self._lock:
+            return self._subscriptions.all()
 
-    def _enqueue(self, sub: Subscription, run_id: str, reason: NotifyReason, alerts: list[Alert],
-                 now: float) -> list[str]:
-        """Render one notification for one subscription into the outbox (one row per body)."""
-        alerts = sorted(alerts, key=lambda a: (-SEVERITY_ORDER[a.severity], a.starts_at, a.fingerprint))
-        gkey = group_key(run_id)
-        n = Notification(gkey, run_id, sub.receiver, reason, tuple(alerts), self.external_url, now,
-                         resend_interval_s=sub.resend_interval_s, routing_key=sub.routing_key,
-                         runbook_url=self.runbook_url)
-        ids: list[str] = []
-        handed: list[str] = []
-        for i, body in enumerate(render_all(sub.format, n)):
-            # The first row goes to the delivery worker with this job (claimed in it, sent once it
-            # is durable) when the worker has room for it: no pass of its own to claim it.
-            wid = new_webhook_id()
-            hold = self._hand_off.reserve(sub.id, wid) if self._hand_off is not None and i == 0 else None
-            ids.append(self.outbox.enqueue(sub.id, sub.delivery_url, sub.secret, body, now, group_key=gkey,
-                                           reason=reason.value, webhook_id=wid, claim_s=hold))
-            if hold is not None:
-                handed.append(wid)
-        self.counters.notifications[reason.value] = self.counters.notifications.get(reason.value, 0) + 1
-        if ids:
-            self._when_durable(functools.partial(self._enqueued, handed))
-        return ids
+    def subscription(self, sub_id: str) -> Subscription:
+        with self._lock:
+            return self._subscriptions.get(sub_id)
 
-    def _enqueued(self, handed: list[str]) -> None:
-        """Deliveries were enqueued by a job that is now durable: hand over those claimed in it
-        for the delivery worker, and wake it for the rest."""
-        if self._hand_off is not None:
-            for wid in handed:
-                self._hand_off.take(wid)
-        if self._on_enqueue is not None:
-            self._on_enqueue()
+    @one_job
+    def put_subscription(self, sub: Subscription, now: float) -> Subscription:
+        """Create or replace an API subscription."""
+        return self._subscriptions.put(sub, now)
 
-    def _when_durable(self, callback: Callable[[], None]) -> None:
-        """The manager's one after-commit registration: ``callback`` runs once the current job
-        (the findings job, or a ``one_job`` method's) is durable."""
-        self.outbox.after_commit(callback)
+    @one_job
+    def delete_subscription(self, sub_id: str, now: float) -> int:
+        """Delete an API subscription; its pending deliveries are cancelled (count returned)."""
+        self._subscriptions.delete(sub_id)
+        self._notifier.drop_subscription(sub_id)
+        return self.outbox.cancel_pending(sub_id, now)
 
-    def _pass_through(self, now: float) -> list[str]:
-        """Send pass-through subscriptions what changed in the runs touched since the last call:
-        alerts that began firing, and alerts they were sent that resolved."""
-        runs = self._changed_runs - self.awaiting_target   # those wait for their annotation
-        self._changed_runs -= runs
-        subs = [s for s in self.subscriptions() if s.pass_through]
-        enqueued: list[str] = []
-        for run in runs if subs else ():
-            alerts = [a for a in self._alerts.values() if a.run == run]
-            for sub in subs:
-                mine = [a for a in alerts if sub.matches(a)]
-                key = (sub.id, run)
-                entry = self._nflog.get(key)
-                sent = entry.firing if entry is not None else frozenset()
-                new = [a for a in mine if a.status == "firing" and a.fingerprint not in sent]
-                ended = [a for a in mine if a.status == "resolved" and a.fingerprint in sent]
-                if not new and not ended:
-                    continue
-                reason = (NotifyReason.FIRST_NOTIFICATION if entry is None else
-                          NotifyReason.NEW_ALERTS_IN_GROUP if new else NotifyReason.NEW_RESOLVED_ALERTS)
-                shown = new + (ended if sub.send_resolved else [])
-                if shown:
-                    enqueued += self._enqueue(sub, run, reason, shown, now)
-                firing = frozenset(a.fingerprint for a in mine if a.status == "firing")
-                entry = NotificationLogEntry(firing, frozenset(a.fingerprint for a in ended), now)
-                self._nflog[key] = entry
-                self.outbox.put_record("nflog", f"{sub.id}|{run}", entry.to_dict(), now)
-                self._resent_at.setdefault(key, now)
-        return enqueued
+    # -- queries ------------------------------------------------------------------------------
 
-    def _resend(self, now: float) -> list[str]:
-        """Re-send ``alertmanager_api`` receivers the firing alerts they were sent, every
-        ``resend_interval_s``, each with a fresh ``endsAt`` ahead (formats.RESEND_LEAD)."""
-        enqueued: list[str] = []
-        for sub in self.subscriptions():
-            if sub.format != "alertmanager_api":
-                continue
-            for key, entry in list(self._nflog.items()):
-                if key[0] != sub.id or not entry.firing:
-                    continue
-                if now - self._resent_at.get(key, entry.sent_at) < sub.resend_interval_s:
-                    continue
-                self._resent_at[key] = now
-                still = [self._alerts[fp] for fp in entry.firing
-                         if fp in self._alerts and self._alerts[fp].status == "firing"]
-                if still:
-                    enqueued += self._enqueue(sub, key[1], NotifyReason.RESEND_INTERVAL_ELAPSED, still, now)
-        return enqueued
+    def alerts(self, *, run: str | None = None, kind: str | None = None, status: str | None = None,
+               min_severity: str | None = None, acknowledged: bool | None = None) -> list[Alert]:
+        """Alerts, newest first, filtered by every argument that is set."""
+        with self._lock:
+            out = [a for a in self._notifier.known().values()
+                   if (run is None or a.run == run) and (kind is None or a.kind == kind)
+                   and (status is None or a.status == status)
+                   and (min_severity is None or SEVERITY_ORDER[a.severity] >= SEVERITY_ORDER[min_severity])
+                   and (acknowledged is None or (a.acknowledged_at is not None) == acknowledged)]
+        return sorted(out, key=lambda a: a.starts_at, reverse=True)
 
-    def _rebuild_groups(self, only: str | None = None) -> None:
-        """After a restart (or a takeover of run ``only``): a run has a group while it has firing
-        alerts, or while a receiver was last told something fires there (its resolution is still
-        owed)."""
-        last_sent: dict[str, float] = {}
-        owed: set[str] = set()
-        for (_, run), entry in self._nflog.items():
-            if only is not None and run != only:
-                continue
-            last_sent[run] = max(last_sent.get(run, entry.sent_at), entry.sent_at)
-            if entry.firing:
-                owed.add(run)
-        for a in self._alerts.values():
-            if only is not None and a.run != only:
-                continue
-            if a.status == "firing" or a.run in owed:
-                g = self._groups.setdefault(a.run, _Group(first_alert_at=a.starts_at, last_flush_at=last_sent.get(a.run)))
-                g.first_alert_at = min(g.first_alert_at, a.starts_at)
-        for a in self._alerts.values():
-            g = self._groups.get(a.run) if only is None or a.run == only else None
-            if g is not None and a.status == "resolved" and (g.last_flush_at is None or a.ends_at > g.last_flush_at):
-                g.resolved_pending.add(a.fingerprint)
+    def alert(self, fp: str) -> Alert:
+        with self._lock:
+            return self._notifier.get(fp)
+
+    def muting(self, alerts: Iterable[Alert], now: float) -> dict[str, dict[str, Any]]:
+        """For each alert: ``{"silenced_by": [silence ids], "inhibited": bool}``."""
+        with self._lock:
+            alerts = list(alerts)
+            inhibited_fps: set[str] = set()
+            known = self._notifier.known()
+            for run in {a.run for a in alerts}:
+                inhibited_fps |= inhibited([a for a in known.values() if a.run == run],
+                                           self.policy.inhibit_rules)
+            return {a.fingerprint: {
+                "silenced_by": self._silences.matching(a.routing_labels(), now),
+                "inhibited": a.fingerprint in inhibited_fps,
+            } for a in alerts}
+
+    # -- the runs held (replicas: those the replica owns) ----------------------------------------
+
+    @one_job
+    def adopt_run(self, run_id: str, now: float | None = None) -> list[str]:
+        """This replica took the run over: load its alerts and notification log as the previous
+        owner left them (what it sent is not sent again), and the silences and API subscriptions
+        as they are now (any replica may have changed them). One job: ordered with the findings
+        jobs, so the run's next findings meet its loaded alerts.
+
+        With ``now``, a group whose notification fell due while the run had no owner (the owner
+        died between storing a finding and its group's flush) is sent here, before the findings
+        of the run's restore are folded in: those may resolve it (the run finished meanwhile),
+        and a group resolved before its first notification is never sent. Returns the webhook
+        ids enqueued."""
+        self._notifier.load_run(run_id)
+        self._reload_shared()
+        return self._notifier.regroup(run_id, now)
+
+    def forget_run(self, run_id: str) -> None:
+        """Another replica owns the run now: keep nothing of it in memory (it is in the store)."""
+        with self._lock:
+            self._notifier.forget_run(run_id)
+
+    def runs_held(self) -> int:
+        """Runs whose alerts this manager holds in memory (``/metrics``)."""
+        with self._lock:
+            return self._notifier.runs_held()
+
+    def keeps_run(self, run_id: str) -> bool:
+        """The run has a group (firing alerts, or a resolution still owed) or awaits its
+        rollback target: its owner must keep it."""
+        with self._lock:
+            return self._notifier.keeps_run(run_id)
+
+    def _reload_shared(self) -> None:
+        """Replicas: silences and API subscriptions may be changed through any replica; the
+        owner reads them again at every tick (two small reads), so a silence made elsewhere
+        mutes its pages within a tick."""
+        self._silences.reload()
+        self._subscriptions.reload()

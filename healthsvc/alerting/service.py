@@ -41,6 +41,7 @@ from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import DEFAULT_TIMINGS, PolicyConfig, Timing
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.messages import Annotate, Drain, RolledBack, RunOwned, Stop
+from healthsvc.ownership import RunOwnership, SoleOwner
 
 if TYPE_CHECKING:  # pragma: no cover
     from healthsvc.context import ServiceContext
@@ -69,13 +70,13 @@ class AlertingService:
                  newest_finding_id: Callable[[], int] | None = None,
                  rollback_lookup: Callable[..., dict | None] | None = None,
                  onset_lookup: Callable[[str], int | None] | None = None,
-                 ownership: Any = None, run_findings_after: Callable[..., list] | None = None) -> None:
+                 ownership: RunOwnership | None = None, run_findings_after: Callable[..., list] | None = None) -> None:
         self.outbox = outbox
-        # With replicas (an ownership that takes runs over, healthsvc.ownership), a run's
-        # alert lifecycle is its owner's: the cursor is per run ("findings:<run>"), and a run
-        # taken over is loaded from the store and its unprocessed findings processed (_adopt).
-        self.ownership = ownership
-        self.replicated = ownership is not None and getattr(ownership, "takes_over", False)
+        # A run's alert lifecycle is its owner's (healthsvc.ownership). A process that holds
+        # every run keeps one cursor; where runs change hands (replicas) the cursor is per run
+        # ("findings:<run>"), and a run taken over is loaded from the store and its unprocessed
+        # findings processed (_adopt).
+        self.ownership: RunOwnership = ownership or SoleOwner()
         self._run_findings_after = run_findings_after
         # A persisted cursor (the id of the newest finding processed, written in the job that
         # processes it) says which stored findings are still to fold into alerts: those stored
@@ -138,7 +139,7 @@ class AlertingService:
 
     def _process_pending(self, conn: Any, stored: list | None = None, targets: dict[str, Any] | None = None) -> None:
         assert self.manager is not None
-        if self.replicated:
+        if not self.ownership.holds_every_run():
             # Only a run's owner stores its findings (the monitor's writes are fenced), so the
             # runs of this job are this replica's to alert on, even before its lease shows here
             # (findings stored by hand, by tools and tests).
@@ -243,11 +244,9 @@ class AlertingService:
             self.outbox, subscriptions=self.settings_subscriptions, policy=policy_from_settings(s),
             lifecycle=LifecyclePolicy(resolve_timeout_s=s.alert_resolve_timeout_s),
             external_url=s.public_url(), runbook_url=s.runbook_url(), on_enqueue=self.worker.wake,
-            hand_off=self.worker, rollback_lookup=self.rollback_lookup,
-            owns=self.ownership.owns if self.replicated else None)
-        if self.replicated:
-            self.manager.on_changed_elsewhere = lambda run_id: self.ownership.tell_owner(
-                run_id, {"event": "alerts_changed", "data": {}, "at": self.clock()})
+            hand_off=self.worker, rollback_lookup=self.rollback_lookup, ownership=self.ownership,
+            on_changed_elsewhere=lambda run_id: self.ownership.tell_owner(
+                run_id, {"event": "alerts_changed", "data": {}, "at": self.clock()}))
         self._replay_unprocessed()
         self.worker.start()
         self._thread = threading.Thread(target=self._loop, name="alerting", daemon=True)
@@ -256,7 +255,7 @@ class AlertingService:
     def _replay_unprocessed(self) -> None:
         """Process the findings stored after the cursor (before start, or before a crash), as
         one job: later findings jobs, which run after it, process their own."""
-        if self.replicated:
+        if not self.ownership.holds_every_run():
             # Replicas: per run, when this one takes a run (_adopt); the runs it took before
             # alerting started (a restarted replica takes its leases back at once) now.
             self._live = True
@@ -337,10 +336,10 @@ class AlertingService:
     def _handle(self, item: Annotate | RolledBack | RunOwned) -> None:
         assert self.manager is not None
         if isinstance(item, RunOwned):
-            if self.ownership is not None and self.ownership.owns(item.run_id):
+            if self.ownership.owns(item.run_id):
                 self._adopt(item.run_id)
             return
-        if isinstance(item, RolledBack) and self.replicated and not self.ownership.owns(item.run_id):
+        if isinstance(item, RolledBack) and not self.ownership.owns(item.run_id):
             return  # the owner hears of it from the monitor hub (the event, handed on)
         if isinstance(item, Annotate):
             self.manager.annotate(item.run_id, self.clock())

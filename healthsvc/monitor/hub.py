@@ -15,6 +15,7 @@ message on its queue, so all of its state stays on its one thread.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
@@ -61,9 +62,6 @@ class MonitorHub:
                  ownership: RunOwnership | None = None, release_after_s: float = 0.0) -> None:
         self.store = store
         self.ownership: RunOwnership = ownership or SoleOwner()
-        # The sole owner restored every run at start, so a run it has no monitor for is new; a
-        # replica restores a run when it first owns it (it may have a history written elsewhere).
-        self._restore_on_claim = self.ownership.takes_over
         # Told (on this thread) when a run is taken over here (True) or let go (False), before
         # the findings of its restore are recorded: alerting loads or forgets the run's alerts.
         self.ownership_listeners: list[Callable[[str, bool], None]] = []
@@ -76,10 +74,8 @@ class MonitorHub:
         self.align_timeout_s = align_timeout_s
         self.monitors: dict[str, RunMonitor] = {}
         self._last_snapshot: dict[str, float] = {}
-        # run_id -> ids of the chunks fed lately, oldest first (see _seen): replicas only.
-        self._fed: dict[str, dict[int, None]] = {}
-        self._floor: dict[str, int] = {}
-        self._fed_kept = 4096
+        # Which chunks each run's monitor was fed (see _seen), kept as the ownership says.
+        self._fed = self.ownership.fed_chunks()
         self._queue: queue.Queue[MonitorInput | list[IngestResult | RunEvent]] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="healthsvc-monitor", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-ticker", daemon=True)
@@ -181,8 +177,7 @@ class MonitorHub:
                 if not self.ownership.owns(run_id):
                     self._drop(run_id)
                     continue
-                if self._restore_on_claim:
-                    self._pull(run_id)  # what a lost notification did not bring
+                self.ownership.catch_up(run_id, self._pull)
                 self._record(mon, mon.tick(item.now))
                 self._snapshot(run_id)
             self._release_quiet(item.now)
@@ -260,7 +255,7 @@ class MonitorHub:
                 self.ownership.announce(run_id, {"event": item.kind, "data": item.data, "at": item.received_at})
             return False
         if run_id not in self.monitors:
-            if self._restore_on_claim or self.store.snapshot(run_id, "monitor") is not None:
+            if self.ownership.restores(run_id, lambda: self.store.snapshot(run_id, "monitor") is not None):
                 self._adopt(run_id)   # taken over, or let go here once it finished (_release_quiet)
             else:
                 self._monitor(run_id)
@@ -286,24 +281,10 @@ class MonitorHub:
                 self._pull(item.run_id, msg)
 
     def _seen(self, run_id: str, mon: RunMonitor, chunk_id: int) -> bool:
-        """Whether the chunk was fed already; records it as fed otherwise.
-
-        With one replica, chunk ids commit in order: the watermark says it all. With several,
-        each has its own writer, so a run's chunk may commit after one with a higher id: the ids
-        fed lately are kept, above a floor (the restore's snapshot watermark, raised as old ids
-        are forgotten) below which every chunk counts as fed."""
-        if not self._restore_on_claim:
-            return chunk_id <= mon.watermark
-        fed = self._fed.setdefault(run_id, {})
-        if chunk_id <= self._floor.get(run_id, 0) or chunk_id in fed:
-            return True
-        fed[chunk_id] = None
-        if len(fed) > self._fed_kept:
-            old = sorted(fed)[: len(fed) - self._fed_kept // 2]
-            for c in old:
-                del fed[c]
-            self._floor[run_id] = max(self._floor.get(run_id, 0), old[-1])
-        return False
+        """Whether the chunk was fed already; records it as fed otherwise
+        (:mod:`healthsvc.ownership.fed_chunks`: by the watermark with one writer, by the ids fed
+        lately with several)."""
+        return self._fed.seen(run_id, mon.watermark, chunk_id)
 
     def _pull(self, run_id: str, announced: RemoteMessage | None = None) -> None:
         """Feed the run's chunks not fed yet: the ones a notification announced (pushes accepted
@@ -316,7 +297,7 @@ class MonitorHub:
             if missing:
                 chunks = sorted([*chunks, *self.store.chunks_by_id(run_id, missing)], key=lambda c: c.id)
         else:
-            chunks = self.store.chunks_after(run_id, max(self._floor.get(run_id, 0), mon.watermark))
+            chunks = self.store.chunks_after(run_id, self._fed.floor(run_id, mon.watermark))
         for chunk in chunks:
             if not self._seen(run_id, mon, chunk.id):
                 self._feed(mon, chunk.batch, self._chunk_view(run_id, mon, chunk.attempt), chunk.id,
@@ -351,8 +332,7 @@ class MonitorHub:
             for listener in self.ownership_listeners:
                 listener(run_id, False)
         self._last_snapshot.pop(run_id, None)
-        self._fed.pop(run_id, None)
-        self._floor.pop(run_id, None)
+        self._fed.forget(run_id)
 
     def _record(self, mon: RunMonitor, found: list[Finding], attempt: int | None = None) -> None:
         """Store ``found`` in ``attempt`` (default: the monitor's current one)."""
@@ -413,14 +393,15 @@ class MonitorHub:
             return
         self.monitors.pop(run_id, None)
         self._last_snapshot.pop(run_id, None)
-        self._fed.pop(run_id, None)
-        self._floor.pop(run_id, None)
+        self._fed.forget(run_id)
         self.config_errors.pop(run_id, None)
         self.runs_released += 1
         log.info("run %s finished and quiet: its detector state is let go (kept in the store)", run_id)
-        if self._restore_on_claim:   # replicas: a lease to give up (a single server has none)
-            self._parked.add(run_id)
-            self._release_lease(run_id)
+        self.ownership.let_go(run_id, self._give_up)   # replicas: a lease to give up
+
+    def _give_up(self, run_id: str) -> None:
+        self._parked.add(run_id)
+        self._release_lease(run_id)
 
     def _release_lease(self, run_id: str) -> None:
         if run_id in self.monitors or not self.ownership.owns(run_id):
@@ -456,19 +437,31 @@ class MonitorHub:
         self._restore_run(row, self.store.snapshot(run_id, "monitor"))
 
     def _restore_run(self, row: dict, snapshot: Any) -> None:
-        now = self.clock()
-        run_id = row["run_id"]
-        if self._restore_on_claim:
-            for listener in self.ownership_listeners:
-                listener(run_id, True)
+        """Restore the run's monitor from its snapshot and the chunks after it: at start-up, on a
+        takeover, when a run let go comes back; the steps in the order its ownership says
+        (:meth:`~healthsvc.ownership.RunOwnership.restore`)."""
+        r = _Restore(row, snapshot, self.clock())
+        self.ownership.restore(r.run_id, _Steps(
+            hand_over=functools.partial(self._hand_over, r), replay=functools.partial(self._replay, r),
+            heartbeats=functools.partial(self._replay_heartbeats, r),
+            finish=functools.partial(self._restore_finish, r),
+            skip_downtime=functools.partial(self._skip_downtime, r)))
+        log.info("restored monitor of run %s (replayed %d chunks)", r.run_id, r.replayed)
+
+    def _hand_over(self, r: "_Restore") -> None:
+        for listener in self.ownership_listeners:
+            listener(r.run_id, True)
+
+    def _replay(self, r: "_Restore") -> None:
+        run_id, row = r.run_id, r.row
         mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
-        watermark, saved_at = 0, None
-        if snapshot is not None:
-            watermark = snapshot.watermark
+        watermark = 0
+        if r.snapshot is not None:
+            watermark = r.snapshot.watermark
             try:
-                state = json.loads(snapshot.state)
+                state = json.loads(r.snapshot.state)
                 mon.load_state_dict(state)
-                saved_at = state.get("saved_at")
+                r.saved_at = state.get("saved_at")
             except Exception as exc:
                 replaying_past("monitor", run_id, exc)
                 mon = self.monitors[run_id] = self._new_monitor(run_id, row["config"])
@@ -480,27 +473,54 @@ class MonitorHub:
         st = self.store.reads.run_view(run_id)
         view = (RunView(st.attempt, st.start_step, st.ranks_seen, st.finished) if st is not None
                 else RunView(0, -1, 0, row["status"] == "finished"))
-        replayed = 0
-        self._fed.pop(run_id, None)
-        self._floor[run_id] = watermark
+        r.finished = view.finished or row["status"] == "finished"
+        self._fed.restart(run_id, watermark)
         for chunk in self.store.chunks_after(run_id, watermark):
             if not self._seen(run_id, mon, chunk.id):
                 chunk_view = RunView(chunk.attempt, -1, view.ranks_seen, False)
                 self._feed(mon, chunk.batch, chunk_view, chunk.id, chunk.received_at)
-                replayed += 1
-        if self._restore_on_claim:
-            # Taken over from another replica: the other replicas accepted pushes and heartbeats
-            # all along, so the chunks replayed above and the newest heartbeat of each rank are
-            # the ranks' whole story, and a silence in them is theirs (a hang is found within
-            # its timeout plus the lease TTL). Heartbeats are stored as the newest per rank.
-            for hb in self.store.reads.heartbeats(run_id):
-                if hb["ts"] > (saved_at or 0.0):
-                    self._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]))
-        if view.finished or row["status"] == "finished":
-            self._record(mon, mon.on_finish(now))
-        if not self._restore_on_claim:
-            # The service was down since its last input: that gap is not the ranks' silence.
-            last_seen = max(mon.last_input_s, saved_at or 0.0)
-            if last_seen and now > last_seen:
-                mon.shift_clock(now - last_seen)
-        log.info("restored monitor of run %s (replayed %d chunks)", run_id, replayed)
+                r.replayed += 1
+
+    def _replay_heartbeats(self, r: "_Restore") -> None:
+        # Heartbeats are stored as the newest per rank.
+        mon = self.monitors[r.run_id]
+        for hb in self.store.reads.heartbeats(r.run_id):
+            if hb["ts"] > (r.saved_at or 0.0):
+                self._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]))
+
+    def _restore_finish(self, r: "_Restore") -> None:
+        mon = self.monitors[r.run_id]
+        if r.finished or r.row["status"] == "finished":
+            self._record(mon, mon.on_finish(r.now))
+
+    def _skip_downtime(self, r: "_Restore") -> None:
+        # The service was down since its last input: that gap is not the ranks' silence.
+        mon = self.monitors[r.run_id]
+        last_seen = max(mon.last_input_s, r.saved_at or 0.0)
+        if last_seen and r.now > last_seen:
+            mon.shift_clock(r.now - last_seen)
+
+
+@dataclass
+class _Restore:
+    """One run's restore as it goes (the hub's restore steps read and fill it)."""
+    row: dict
+    snapshot: Any
+    now: float
+    saved_at: float | None = None   # when the snapshot was taken
+    finished: bool = False          # the store says the run finished (read by the replay)
+    replayed: int = 0
+
+    @property
+    def run_id(self) -> str:
+        return self.row["run_id"]
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """:class:`healthsvc.ownership.Restore`, bound to one run's restore."""
+    hand_over: Callable[[], None]
+    replay: Callable[[], None]
+    heartbeats: Callable[[], None]
+    finish: Callable[[], None]
+    skip_downtime: Callable[[], None]

@@ -46,8 +46,7 @@ def readyz(request: Request, store: StoreDep) -> Response:
 def _leases(request: Request) -> dict:
     """A replica's id and the runs it acts on now (after the ping, which may wait), said even when
     not ready: one cut off from the database shows it has let its leases go."""
-    ownership = request.app.state.ctx.ownership
-    return {"replica": ownership.replica_id, "leases": ownership.held()} if ownership.takes_over else {}
+    return request.app.state.ctx.ownership.readiness()
 
 
 @router.get("/metrics", summary="Prometheus exposition of the service itself",

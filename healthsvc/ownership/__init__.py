@@ -16,6 +16,23 @@ those:
 - :meth:`~RunOwnership.release`: the hub let go of a finished, quiet run; nobody holds it until
   its next activity claims it.
 
+What one process and replicas do differently is this protocol's too, so no module above it asks
+which it is running under. Each method is named for what it decides:
+
+- :meth:`~RunOwnership.restores`: whether a run claimed with no state in memory is restored from
+  the store (its snapshot and the chunks after it) or started empty;
+- :meth:`~RunOwnership.restore`: the steps of a restore, in order (:class:`Restore`): the path a
+  start-up and a takeover both take;
+- :meth:`~RunOwnership.catch_up`: on each tick, read what a lost notification did not bring;
+- :meth:`~RunOwnership.fed_chunks`: how the chunks fed to a run's monitor are told
+  (:mod:`healthsvc.ownership.fed_chunks`);
+- :meth:`~RunOwnership.let_go`: what letting go of a finished run's monitor gives up (a lease,
+  and with it alerting's copy of the run);
+- :meth:`~RunOwnership.readiness`: what ``/readyz`` says of it (a replica's id and leases);
+- :meth:`~RunOwnership.holds_every_run`: whether this process holds every run from start-up to
+  shutdown, so alerting may keep every run's alerts (and one findings cursor) at once, or runs
+  come and go, and alerting keeps those it owns and reads again what other replicas change.
+
 Two implementations:
 
 - :class:`SoleOwner` (the SQLite store, one process): owns every run, hears of no other
@@ -31,6 +48,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
+from healthsvc.ownership.fed_chunks import FedChunks, InOrder
 from healthsvc.store.fencing import Fence
 from healthsvc.store.open import is_postgres_uri
 
@@ -40,9 +58,34 @@ from healthsvc.store.open import is_postgres_uri
 RemoteMessage = dict[str, Any]
 
 
+class Restore(Protocol):
+    """The steps of restoring a run's monitor (the monitor hub's), run in the order its
+    ownership says (:meth:`RunOwnership.restore`)."""
+
+    def hand_over(self) -> None:
+        """Tell the run's other holders in this process (alerting) that it is owned here now,
+        before any finding of the restore is recorded."""
+        ...
+
+    def replay(self) -> None:
+        """Feed the chunks stored after the run's snapshot."""
+        ...
+
+    def heartbeats(self) -> None:
+        """Feed each rank's newest stored heartbeat that is newer than the snapshot."""
+        ...
+
+    def finish(self) -> None:
+        """Record the run's finish, if it finished."""
+        ...
+
+    def skip_downtime(self) -> None:
+        """Shift the absence checks' clock past the time since the run's last input."""
+        ...
+
+
 class RunOwnership(Protocol):
     replica_id: str
-    takes_over: bool      # runs change hands: restore a run when it is first owned here
 
     def start(self, *, on_gained: Callable[[str], None], on_lost: Callable[[str], None],
               on_remote: Callable[[str, RemoteMessage], None]) -> None: ...
@@ -55,12 +98,41 @@ class RunOwnership(Protocol):
     def tell_owner(self, run_id: str, message: RemoteMessage) -> None: ...
     def held(self) -> dict[str, int]: ...
 
+    def restores(self, run_id: str, let_go_here: Callable[[], bool]) -> bool:
+        """A run claimed here has no monitor: restore it from the store rather than start it
+        empty? ``let_go_here()``: this process let the run go before (it has a snapshot)."""
+        ...
+
+    def restore(self, run_id: str, steps: Restore) -> None:
+        """Run the steps of the run's restore, in order."""
+        ...
+
+    def catch_up(self, run_id: str, pull: Callable[[str], None]) -> None:
+        """On a tick, for an owned run: ``pull(run_id)`` feeds the chunks after its watermark."""
+        ...
+
+    def fed_chunks(self) -> FedChunks:
+        """The bookkeeping of the chunks fed to this process's monitors."""
+        ...
+
+    def let_go(self, run_id: str, give_up: Callable[[str], None]) -> None:
+        """The hub let go of a finished run's monitor: ``give_up(run_id)`` parks the run until
+        nothing needs it here, then releases it (alerting forgets it, the lease goes)."""
+        ...
+
+    def holds_every_run(self) -> bool:
+        """Whether this process owns every run from start-up to shutdown."""
+        ...
+
+    def readiness(self) -> dict[str, Any]:
+        """What ``/readyz`` says of this process's ownership (nothing for the sole owner)."""
+        ...
+
 
 class SoleOwner:
     """The only replica: owns every run from the start; nothing to renew, announce or hear."""
 
     replica_id = "sole"
-    takes_over = False
 
     def start(self, *, on_gained: Callable[[str], None], on_lost: Callable[[str], None],
               on_remote: Callable[[str, RemoteMessage], None]) -> None:
@@ -89,6 +161,33 @@ class SoleOwner:
 
     def held(self) -> dict[str, int]:
         """Leases held, run id -> fencing token: none (this replica owns everything, no lease)."""
+        return {}
+
+    def restores(self, run_id: str, let_go_here: Callable[[], bool]) -> bool:
+        # Every run was restored at start-up: one without a monitor is new, unless this
+        # process let it go since (it finished; its next input brings it back).
+        return let_go_here()
+
+    def restore(self, run_id: str, steps: Restore) -> None:
+        # Nobody heard the ranks while this process was down (or had let the run go): the time
+        # since the run's last input is not the ranks' silence.
+        steps.replay()
+        steps.finish()
+        steps.skip_downtime()
+
+    def catch_up(self, run_id: str, pull: Callable[[str], None]) -> None:
+        pass   # every push of the run was accepted here, and reached the monitor in the pipeline
+
+    def fed_chunks(self) -> FedChunks:
+        return InOrder()
+
+    def let_go(self, run_id: str, give_up: Callable[[str], None]) -> None:
+        pass   # no lease: the run stays this process's, and its alerts with it
+
+    def holds_every_run(self) -> bool:
+        return True
+
+    def readiness(self) -> dict[str, Any]:
         return {}
 
 

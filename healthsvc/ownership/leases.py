@@ -36,7 +36,8 @@ import time
 from typing import Any, Callable
 
 from healthsvc.ownership import remote_chunks
-from healthsvc.ownership import RemoteMessage
+from healthsvc.ownership import RemoteMessage, Restore
+from healthsvc.ownership.fed_chunks import FedChunks, RecentIds
 from healthsvc.store import lease_table
 from healthsvc.store.fencing import Fence
 
@@ -64,7 +65,6 @@ def new_replica_id(port: int = 0) -> str:
 class PgLeases:
     """:class:`~healthsvc.ownership.RunOwnership` over the ``leases`` table (see the module)."""
 
-    takes_over = True
 
     def __init__(self, dsn: str, *, ttl_s: float = 10.0, replica_id: str | None = None,
                  sweep_limit: int = 16, connect: Callable[..., Any] | None = None, port: int = 0) -> None:
@@ -190,6 +190,37 @@ class PgLeases:
         other = self._others.get(run_id)
         if other is not None:
             self._outbox.put((other[0], run_id, message))
+
+    # -- what replicas do differently (see RunOwnership) ------------------------------------
+    def restores(self, run_id: str, let_go_here: Callable[[], bool]) -> bool:
+        return True   # a run first owned here may have a history written by another replica
+
+    def restore(self, run_id: str, steps: Restore) -> None:
+        # Taken over from another replica: alerting loads the run's alerts first. The other
+        # replicas accepted pushes and heartbeats all along, so the chunks replayed and the
+        # newest heartbeat of each rank are the ranks' whole story, and a silence in them is
+        # theirs (a hang is found within its timeout plus the lease TTL).
+        steps.hand_over()
+        steps.replay()
+        steps.heartbeats()
+        steps.finish()
+
+    def catch_up(self, run_id: str, pull: Callable[[str], None]) -> None:
+        pull(run_id)   # what a lost notification did not bring
+
+    def fed_chunks(self) -> FedChunks:
+        return RecentIds()
+
+    def let_go(self, run_id: str, give_up: Callable[[str], None]) -> None:
+        give_up(run_id)   # the lease goes once nothing of the run's owner needs it
+
+    def holds_every_run(self) -> bool:
+        return False
+
+    def readiness(self) -> dict[str, Any]:
+        """A replica's id and the runs it acts on now, said even when not ready: one cut off
+        from the database shows it has let its leases go."""
+        return {"replica": self.replica_id, "leases": self.held()}
 
     # -- threads --------------------------------------------------------------------------
     def _execute(self, sql: str, args: Any) -> Any:

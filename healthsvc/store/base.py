@@ -28,6 +28,7 @@ from healthsvc.store.ingest import MetricsIngest
 from healthsvc.store.probes import ProbesTable
 from healthsvc.store.quotas import Quotas
 from healthsvc.store.reads import StoreReads
+from healthsvc.store.sharing import DatabaseSharing, SoleWriter
 from healthsvc.store.snapshots import Snapshot, SnapshotKind, StoredChunk
 from healthsvc.store.tokens import AuditLog, TokensTable
 from healthsvc.store.writer import GroupCommitWriter
@@ -46,9 +47,9 @@ class StoreBase:
     probes: ProbesTable
     tokens: TokensTable
     audit: AuditLog
-    # Other processes (replicas) write the same runs: the ingest reads their restarts (attempts)
-    # from the database before each batch. SQLite serves one process; PostgreSQL shares.
-    shared_database: bool = False
+    # Who else writes the runs (the store's one seam for replicas, ``sharing``): SQLite serves
+    # one process; PostgreSQL's store is shared by replicas.
+    sharing: DatabaseSharing = SoleWriter()
     _ingest_class: type[MetricsIngest] = MetricsIngest   # PostgreSQL's appends in one statement
 
     def __init__(self, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,
@@ -59,9 +60,9 @@ class StoreBase:
         self._write_conn: Any = None
         self._schemas: list[str] = []   # features' own idempotent DDL (register_schema)
         self.ingest = self._ingest_class(self, clock, quotas=quotas, snapshot_every_s=snapshot_every_s,
-                                         dedupe_window_s=dedupe_window_s, shared_database=self.shared_database)
+                                         dedupe_window_s=dedupe_window_s, sharing=self.sharing)
         self.reads = StoreReads(self, self.ingest)
-        self.control = ControlWrites(self, self.ingest, clock, shared_database=self.shared_database)
+        self.control = ControlWrites(self, self.ingest, clock, sharing=self.sharing)
         self.findings = FindingsTable(self, clock, self.ingest.hosts_of)
         self.bisections = BisectionsTable(self, clock)
         self.probes = ProbesTable(self)

@@ -16,11 +16,12 @@ import orjson
 from healthsvc.store.results import RunEvent
 from healthsvc.store.runstate import RunState
 from healthsvc.store.seam import Clock, TableAccess
+from healthsvc.store.sharing import DatabaseSharing
 
 
 class IngestRuns(Protocol):
-    """What a control write needs of the ingest, the owner of the runs' in-memory states (all
-    three on the writer thread, inside a job)."""
+    """What a control write needs of the ingest, the owner of the runs' in-memory states (both
+    on the writer thread, inside a job)."""
 
     def run_job(self, run_id: str, fn: Callable[[Any], Any]) -> Future:
         """Submit ``fn(conn)``, a write that may create the run (forgotten again if it fails)."""
@@ -30,20 +31,17 @@ class IngestRuns(Protocol):
         """The run's live state, its row created first if it has none (quotas checked)."""
         ...
 
-    def newer_attempt(self, conn: Any, run_id: str, st: RunState) -> tuple[int, int] | None:
-        """(attempt, start step) of a restart another replica opened, or None."""
-        ...
-
 
 class ControlWrites:
-    """The writes that are not metrics, the store's ``store.control``. ``shared_database``:
-    replicas share the database (PostgreSQL), so a run's finish is counted there."""
+    """The writes that are not metrics, the store's ``store.control``. ``sharing``: whether other
+    processes write the same runs (:mod:`~healthsvc.store.sharing`: a run's finish is then
+    counted in the database)."""
 
-    def __init__(self, db: TableAccess, ingest: IngestRuns, clock: Clock, *, shared_database: bool) -> None:
+    def __init__(self, db: TableAccess, ingest: IngestRuns, clock: Clock, *, sharing: DatabaseSharing) -> None:
         self._db = db
         self._ingest = ingest
         self._clock = clock
-        self._shared = shared_database
+        self._sharing = sharing
 
     def submit_run_config(self, run_id: str, config: dict) -> Future:
         def job(conn: sqlite3.Connection) -> RunEvent:
@@ -106,32 +104,10 @@ class ControlWrites:
             now = self._clock()
             st = self._ingest.ensure_run(conn, run_id, now)
             if rank is not None:
-                if self._shared:
-                    done = self._run_finished_everywhere(conn, run_id, st, rank)
-                    st.finished_ranks.add(rank)
-                else:
-                    st.finished_ranks.add(rank)
-                    done = set(st.ranks_seen().tolist()) <= st.finished_ranks
-                if not done:
+                if not self._sharing.rank_finished(conn, run_id, st, rank):
                     return RunEvent(run_id, "rank_finished", {"rank": rank}, now, st.view())
             conn.execute("UPDATE runs SET status='finished', finished_at=?, updated_at=? WHERE run_id=?",
                          (now, now, run_id))
             st.finished = True
             return RunEvent(run_id, "finish", {}, now, st.view())
         return self._ingest.run_job(run_id, job)
-
-    def _run_finished_everywhere(self, conn: Any, run_id: str, st: RunState, rank: int) -> bool:
-        """On a database shared by replicas: record ``rank``'s finish and say whether every rank
-        the attempt has seen, on any replica, has finished (``rank_progress``). Each replica sees
-        only the finishes and ranks it was sent, so its own counts would call a run finished
-        early (its ranks are done, others still train) or never. The run's row is locked first:
-        two replicas taking the last finishes at once must not each miss the other's."""
-        conn.execute("SELECT status FROM runs WHERE run_id=? FOR UPDATE", (run_id,)).fetchone()
-        joined = self._ingest.newer_attempt(conn, run_id, st)
-        if joined is not None:
-            st.join_attempt(*joined)
-        attempt = max(st.attempt, 1)
-        conn.execute("INSERT OR REPLACE INTO rank_progress VALUES (?, ?, ?, 1)", (run_id, attempt, rank))
-        (left,) = conn.execute("SELECT count(*) FROM rank_progress WHERE run_id=? AND attempt=? AND finished=0",
-                               (run_id, attempt)).fetchone()
-        return left == 0

@@ -30,6 +30,7 @@ from healthsvc.store.quotas import Quotas, TooManyMetricNames, TooManyRuns, TooM
 from healthsvc.store.results import IngestResult, RunsReleased
 from healthsvc.store.runstate import INCARNATION, RunState, RunView
 from healthsvc.store.seam import Clock, TableAccess
+from healthsvc.store.sharing import DatabaseSharing
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,12 @@ class Appended:
 
 
 class MetricsIngest:
-    """The ingest and the run states, the store's ``store.ingest``. ``shared_database``:
-    replicas write the same runs (PostgreSQL), so their restarts are read before each batch."""
+    """The ingest and the run states, the store's ``store.ingest``. ``sharing``: whether other
+    processes write the same runs (:mod:`~healthsvc.store.sharing`; their restarts are then read
+    before each batch)."""
 
     def __init__(self, db: TableAccess, clock: Clock, *, quotas: Quotas, snapshot_every_s: float,
-                 dedupe_window_s: float, shared_database: bool) -> None:
+                 dedupe_window_s: float, sharing: DatabaseSharing) -> None:
         self._db = db
         self._clock = clock
         self.quotas = quotas
@@ -69,7 +71,7 @@ class MetricsIngest:
         # How long a batch's idempotency key is remembered: retries come within minutes, and one
         # row per request kept forever would outgrow the data itself at thousands of ranks.
         self.dedupe_window_s = dedupe_window_s
-        self.shared_database = shared_database
+        self._sharing = sharing
         self._last_prune = 0.0
         self._runs: dict[str, RunState] = {}   # the writer thread's
         self._last_snapshot: dict[str, float] = {}
@@ -142,17 +144,10 @@ class MetricsIngest:
 
     def newer_attempt(self, conn: sqlite3.Connection, run_id: str, st: RunState) -> tuple[int, int] | None:
         """(attempt, start step) of a restart another replica opened since this one last wrote
-        the run, or None. On a shared database a replica sees only the pushes it was sent: one
-        that never saw a rank's old steps cannot tell that rank's repeated step from progress,
-        so the run's newest attempt is read before every batch (one indexed row). With
-        incarnations, a restarted rank's push opens (or joins) the attempt on its own; a push
-        without one that commits here while the restart's first push is still uncommitted
-        elsewhere can land in the old attempt: the one window this leaves."""
-        if not self.shared_database or st.attempt == 0:
+        the run, or None (:meth:`~healthsvc.store.sharing.DatabaseSharing.newer_attempt`)."""
+        if st.attempt == 0:
             return None
-        row = conn.execute("SELECT attempt, start_step FROM attempts WHERE run_id=? AND attempt>? "
-                           "ORDER BY attempt DESC LIMIT 1", (run_id, st.attempt)).fetchone()
-        return None if row is None else (int(row[0]), int(row[1]))
+        return self._sharing.newer_attempt(conn, run_id, st.attempt)
 
     def _ingest(self, conn: sqlite3.Connection, run_id: str, batch: MetricBatch, digest: str) -> IngestResult:
         now = self._clock()
@@ -201,20 +196,11 @@ class MetricsIngest:
         if incarnations:
             conn.executemany("INSERT OR IGNORE INTO incarnations VALUES (?, ?, ?, ?)",
                              [(run_id, r, name, attempt) for r, name in incarnations])
-        if self.shared_database:
-            # The ranks this replica meets first in the attempt, for the run-wide finish.
-            # (A rank that finished through another replica and resumes here is not seen as
-            # resumed: it stays finished in rank_progress until this attempt ends.)
-            fresh = np.unique(batch.ranks) if new_attempt else st.unseen_ranks(batch)
-            resumed = sorted(st.finished_ranks & set(batch.ranks.tolist())) if st.finished_ranks and not late else []
-            if len(fresh) or resumed:
-                conn.executemany("INSERT OR IGNORE INTO rank_progress VALUES (?, ?, ?, 0)",
-                                 [(run_id, attempt, int(r)) for r in fresh])
-                conn.executemany("UPDATE rank_progress SET finished=0 WHERE run_id=? AND attempt=? AND rank=?",
-                                 [(run_id, attempt, int(r)) for r in resumed])
+        # The ranks this replica meets first in the attempt, for the run-wide finish.
+        self._sharing.ranks_met(conn, run_id, attempt, st, batch, new_attempt, late)
         chunk_id = conn.execute(f"INSERT INTO chunks ({CHUNK_COLUMNS}) VALUES ({CHUNK_PLACES})",
                                 chunk_row(run_id, attempt, batch, now, payload)).lastrowid
-        if (st.finished or (new_attempt and st.attempt and self.shared_database)) and not late:
+        if (st.finished or self._sharing.restart_reopens(st, new_attempt)) and not late:
             # Data after the run finished: it resumed. On a database shared by replicas another
             # replica may have taken the finish, unknown here: a restart (a new attempt after the
             # first) is the run running again wherever it is heard first.

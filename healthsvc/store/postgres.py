@@ -38,6 +38,7 @@ from healthsvc.store.dialect import Catalog, Statement, pg_ddl, pg_plain, pg_sta
 from healthsvc.store.ingest import CHUNK_COLUMNS, CHUNK_PLACES, Appended, MetricsIngest, chunk_row
 from healthsvc.store.open import is_postgres_uri, redact
 from healthsvc.store.runstate import RunState
+from healthsvc.store.sharing import SharedWriters
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +420,7 @@ class PgMetricsIngest(MetricsIngest):
 
 
 class PostgresStore(StoreBase):
-    shared_database = True
+    sharing = SharedWriters()
     _ingest_class = PgMetricsIngest
 
     def __init__(self, uri: str, *, snapshot_every_s: float = 5.0, dedupe_window_s: float = 3600.0,

@@ -59,9 +59,9 @@ def test_finished_quiet_runs_are_let_go_and_restored_when_pushed_again(svc):
     svc.drain()
     held = holders(svc.app)
     assert {k: v for k, v in held.items() if k.startswith("monitor_")} == {
-        "monitor_monitors": 1, "monitor_parked": 0, "monitor_fed": int(svc.monitor.ownership.takes_over),
+        "monitor_monitors": 1, "monitor_parked": 0, "monitor_fed": int(not svc.monitor.ownership.holds_every_run()),
         "monitor_snapshot_times": 1, "monitor_config_errors": 0}
-    assert held["leases"] == (1 if svc.monitor.ownership.takes_over else 0)
+    assert held["leases"] == (0 if svc.monitor.ownership.holds_every_run() else 1)
     assert held["alerting_runs"] == 0
     assert held["store_run_states"] == held["dashboard_feeds"] == 1
     assert svc.monitor.runs_released == RUNS
@@ -92,7 +92,7 @@ def test_a_finished_run_whose_alert_still_fires_keeps_its_lease_not_its_detector
     svc.advance(RELEASE_S + 5)
     held = holders(svc.app)
     assert held["monitor_monitors"] == 0
-    if svc.monitor.ownership.takes_over:
+    if not svc.monitor.ownership.holds_every_run():
         assert held["monitor_parked"] == 1 and held["leases"] == 1 and held["alerting_runs"] == 1
 
 
@@ -108,7 +108,7 @@ def test_a_restart_does_not_bring_finished_runs_back_into_memory(tmp_path, db_ur
         svc.drain()
         # A single server restores the running runs only; a replica takes its leases back (its
         # finished runs among them are let go again after the window).
-        if not svc.monitor.ownership.takes_over:
+        if svc.monitor.ownership.holds_every_run():
             assert holders(svc.app)["monitor_monitors"] == 1
         svc.advance(RELEASE_S + 15)   # the store loaded every run; a release pass lets "done" go again
         held = holders(svc.app)
