@@ -57,7 +57,8 @@ class MetricBatch:
                   for f in fields}
         present = {f: np.concatenate([b.present[f] if f in b.present else np.zeros(len(b), bool) for b in batches])
                    for f in fields}
-        host_names, host_index = [], None
+        host_names: list[str] = []
+        host_index: np.ndarray | None = None
         if any(b.host_index is not None for b in batches):
             host_names, host_index = _merge_names([(b.host_names, b.host_index, len(b)) for b in batches])
         labels = {f: _merge_names([(*b.labels[f], len(b)) if f in b.labels else ([], None, len(b)) for b in batches])
