@@ -12,15 +12,36 @@ has stored a record past a step, the checkpoints it registered before that step 
 from __future__ import annotations
 
 import json
+import threading
 import time
-from typing import Any
+from typing import Any, Protocol, TYPE_CHECKING
 
-from healthsvc_client.transport import Request
+from healthsvc_client.queue import DropOldestQueue
+from healthsvc_client.transport import Request, Transport
 from healthsvc_client.wire import EVENT_KINDS
+
+
+class _ControlCounters(Protocol):
+    ignored_calls: int
 
 
 class Control:
     """Mixin of :class:`healthsvc_client.client.Run`: checkpoint, event, alert, rollback_target."""
+
+    # The run's state these read (set by Run), declared for the type checker.
+    rank: int
+    timeout_s: float
+    _base_path: str
+    _off: bool
+    _transport: Transport | None
+    _rows: DropOldestQueue[tuple[int, float, dict]]
+    _cols: DropOldestQueue[tuple[int, float, dict]]
+    _control: DropOldestQueue[tuple[str, str, Any, tuple[int, int]]]
+    _wake: threading.Event
+    _counters: _ControlCounters
+
+    if TYPE_CHECKING:
+        def _problem(self, key: str, message: str) -> None: ...
 
     def checkpoint(self, step: int, uri: str, duration_s: float | None = None,
                    bytes: int | None = None) -> None:  # noqa: A002 - the wire field is "bytes"

@@ -6,10 +6,11 @@ silent rank from a dead one, so they must not depend on a second process staying
 """
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, Protocol, TYPE_CHECKING
 
 from healthsvc_client import encode
-from healthsvc_client.transport import Request
+from healthsvc_client.transport import Request, Transport
 
 
 class Phase:
@@ -33,8 +34,29 @@ class Phase:
 
 
 
+class _HeartbeatCounters(Protocol):
+    heartbeats_sent: int
+    heartbeats_failed: int
+
+
 class Heartbeat:
     """Mixin of :class:`healthsvc_client.client.Run`: the heartbeat thread's loop."""
+
+    # The run's state the loop reads (set by Run), declared for the type checker.
+    rank: int
+    timeout_s: float
+    heartbeat_interval_s: float
+    _base_path: str
+    _phase: str
+    _hb_stop: threading.Event
+    _transport: Transport | None
+    _counters: _HeartbeatCounters
+
+    if TYPE_CHECKING:
+        @property
+        def step_in_progress(self) -> int: ...
+
+        def _problem(self, key: str, message: str) -> None: ...
 
     def _heartbeat_main(self) -> None:
         suffix = self._base_path + "/heartbeats"

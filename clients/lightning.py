@@ -64,9 +64,10 @@ def __getattr__(name: str) -> Any:
 def _lightning_callback_base() -> type:
     try:
         from lightning.pytorch.callbacks import Callback
+        return Callback
     except ImportError:  # the older standalone package
-        from pytorch_lightning.callbacks import Callback
-    return Callback
+        from pytorch_lightning.callbacks import Callback as StandaloneCallback
+        return StandaloneCallback
 
 
 def grad_total_norm(parameters: Any) -> Any:
@@ -114,7 +115,9 @@ def _data_cursor(trainer: Any, epoch_batches: int, batch_size: int | None) -> in
 
 
 def _build_callback_class() -> type:
-    Callback = _lightning_callback_base()
+    # Any: the base is one of two packages' classes, chosen at run time (mypy takes no variable
+    # of type `type` for a base class).
+    Callback: Any = _lightning_callback_base()
     from healthsvc_client.client import Run
     from healthsvc_client.digest import FINGERPRINT_EVERY, due
     from healthsvc_client.grad_hooks import LocalGradNorm

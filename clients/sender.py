@@ -10,16 +10,49 @@ generation counters, ``_held``); one request goes out through the run's
 """
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Protocol, TYPE_CHECKING
 
 from healthsvc_client import encode
+from healthsvc_client.delivery import Delivery
+from healthsvc_client.queue import DropOldestQueue
+from healthsvc_client.relay_link import RelayLink
 from healthsvc_client.wire import INCARNATION_FIELD
+
+
+class _SenderCounters(Protocol):
+    invalid_fields: int
 
 
 class Sender:
     """The sender thread's loop and the bodies it builds (see the module docstring)."""
+
+    # The run's state the loop reads and writes (set by Run), declared for the type checker.
+    rank: int
+    host: str
+    world_size: int | None
+    flush_interval_s: float
+    max_batch: int
+    _base_path: str
+    _rows: DropOldestQueue[tuple[int, float, dict]]
+    _cols: DropOldestQueue[tuple[int, float, dict]]
+    _control: DropOldestQueue[tuple[str, str, Any, tuple[int, int]]]
+    _held: tuple[int, float, dict] | None
+    _wake: threading.Event
+    _closing: threading.Event
+    _cond: threading.Condition
+    _flush_requested: int
+    _flush_done: int
+    _delivery: Delivery | None     # None only in a forked child, which runs no sender thread
+    _relay: RelayLink | None
+    _counters: _SenderCounters
+
+    if TYPE_CHECKING:
+        def _problem(self, key: str, message: str) -> None: ...
+
+        def _pending(self) -> int: ...
 
     def _sender_main(self) -> None:
         while True:
@@ -37,6 +70,11 @@ class Sender:
                 self._cond.notify_all()
             if self._closing.is_set() and self._pending() == 0:
                 return
+
+    def _live_delivery(self) -> Delivery:
+        delivery = self._delivery
+        assert delivery is not None   # None only in a forked child, which runs no sender thread
+        return delivery
 
     def _send_pending(self, force: bool) -> None:
         """Everything queued, in the order it was queued: each control request after the rows
@@ -57,7 +95,7 @@ class Sender:
                 # overtaken (records after a finish re-open the run).
                 held, self._held = self._held, None
                 self._send_rows([held])
-            self._delivery.deliver(method, self._base_path + suffix, body, n_records=0)
+            self._live_delivery().deliver(method, self._base_path + suffix, body, n_records=0)
 
     def _send_queued_rows(self, force: bool, mark: int | None) -> None:
         """The queued rows, or (``mark``) those put before the ``mark``-th put."""
@@ -142,7 +180,7 @@ class Sender:
             urgent = self._flush_requested > self._flush_done or self._closing.is_set()
             self._relay.deliver(self._base_path + "/metrics", body, len(records), urgent)
         else:
-            self._delivery.deliver("POST", self._base_path + "/metrics", body, n_records=len(records))
+            self._live_delivery().deliver("POST", self._base_path + "/metrics", body, n_records=len(records))
 
     def _send_columns(self, blocks: list[tuple[int, float, dict]]) -> None:
         converted = []
@@ -157,7 +195,7 @@ class Sender:
             converted.append(cols)
         columns = encode.concat_columns(converted)
         body = {"batch_id": uuid.uuid4().hex, "columns": columns}
-        self._delivery.deliver("POST", self._base_path + "/metrics", body, n_records=len(columns["rank"]))
+        self._live_delivery().deliver("POST", self._base_path + "/metrics", body, n_records=len(columns["rank"]))
 
 
 

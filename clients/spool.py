@@ -22,7 +22,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TextIO
 
 
 class SpoolWriter:
@@ -33,7 +33,7 @@ class SpoolWriter:
         parent = os.path.dirname(self.path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        self._file = None
+        self._file: TextIO | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:

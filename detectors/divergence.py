@@ -29,10 +29,10 @@ Score: ``(rise - warning level) / (critical level - warning level)`` clipped to 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from healthsvc_detectors.base import BlockDetector, Detector
-from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.finding import Finding, Severity
 from healthsvc_detectors.kinds import Kind
 from healthsvc_detectors.frame import StepBlock
 from healthsvc_detectors.stats.cross_section import ReferenceRanks, cross_section
@@ -86,7 +86,7 @@ class DivergenceDetector(Detector, BlockDetector):
         self._abs_diff = 0.0            # EWMA of |successive difference|
         self._best: float | None = None
         self._best_step: int | None = None
-        self._state = "ok"              # "ok" | "warning" | "critical"
+        self._state: Literal["ok", "warning", "critical"] = "ok"
         self._onset: int | None = None
 
     # ------------------------------------------------------------------------------- update
@@ -131,7 +131,7 @@ class DivergenceDetector(Detector, BlockDetector):
                 self._state, self._onset = "ok", None
         return out
 
-    def _finding(self, step: int, severity: str, rise: float, warn: float, crit: float) -> Finding:
+    def _finding(self, step: int, severity: Severity, rise: float, warn: float, crit: float) -> Finding:
         evidence = {
             "rise": math.expm1(rise),                  # relative, 0.03 = 3 % above the best
             "smoothed": math.exp(self._level),

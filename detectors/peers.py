@@ -94,7 +94,8 @@ class PeerView(NamedTuple):
     y: np.ndarray                 # log values, float32 (NaN where invalid)
     valid: np.ndarray | None      # None: every cell valid
     centre: np.ndarray            # cross-rank median of y per row (reference ranks)
-    count: np.ndarray             # valid reference cells per row
+    # (a field named count shadows tuple.count, which mypy reports; the readers use the name)
+    count: np.ndarray  # type: ignore[assignment]  # valid reference cells per row
     z: np.ndarray                 # deviation beyond the usual offset, in the rank's own sds
     rise: np.ndarray              # deviation beyond the usual offset, log units
     z_row_max: np.ndarray         # per row, at least the largest judged z (no NaN): a reader
@@ -227,11 +228,12 @@ class PeerDeviation:
         # warm: the rank has learned its place (its statistics are its own); judge: it is judged
         # (warm, or a newcomer judged by its peers' statistics meanwhile).
         warm, judge, off32, inv32, lim32, suspect = self._period_statistics()
+        sel: np.ndarray | slice = pos   # or slice(None): every known rank, in order
         if len(pos) == len(t) and bool((pos[1:] > pos[:-1]).all()):   # every known rank, in order
-            pos = slice(None)             # views instead of gathers and scatters below
+            sel = slice(None)             # views instead of gathers and scatters below
         else:
-            warm, judge, off32, inv32, lim32, suspect = (warm[pos], judge[pos], off32[pos], inv32[pos],
-                                                         lim32[pos], suspect[pos])
+            warm, judge, off32, inv32, lim32, suspect = (warm[sel], judge[sel], off32[sel], inv32[sel],
+                                                         lim32[sel], suspect[sel])
         all_warm = bool(warm.all())
         all_judged = all_warm or bool(judge.all())
         # The centre ranks: the reference ranks but the current suspects, so one corrupted rank
@@ -289,17 +291,17 @@ class PeerDeviation:
             if ok_l is not None:
                 learn &= ok_l
             if not all_warm:
-                self._keep_warm_values(e_l, learn, off32, warm, pos)
+                self._keep_warm_values(e_l, learn, off32, warm, sel)
             ec = np.minimum(np.maximum(e_l, -lim32), lim32)
             ec[~learn] = 0.0
-            acc_e, acc_abs = t["acc_e"][pos], t["acc_abs"][pos]
+            acc_e, acc_abs = t["acc_e"][sel], t["acc_abs"][sel]
             for row in ec:                # in row order, so any split of the input sums alike
                 acc_e += row
             np.abs(ec, out=ec)
             for row in ec:
                 acc_abs += row
-            t["acc_e"][pos], t["acc_abs"][pos] = acc_e, acc_abs
-            t["acc_n"][pos] += np.count_nonzero(learn, axis=0)
+            t["acc_e"][sel], t["acc_abs"][sel] = acc_e, acc_abs
+            t["acc_n"][sel] += np.count_nonzero(learn, axis=0)
         # Not judged: invalid cells, and ranks still warming up (but newcomers judged by their peers).
         judged = None
         if ok is not None or not all_judged:
@@ -308,7 +310,7 @@ class PeerDeviation:
             rise[~judged] = np.nan
         # Only the reference ranks can be centre ranks, so only they need a suspicion.
         ref_cols = np.arange(r) if ref is None else np.asarray(ref)
-        at = ref_cols if isinstance(pos, slice) else pos[ref_cols]
+        at = ref_cols if isinstance(sel, slice) else sel[ref_cols]
         self._accumulate_suspicion(z[:, ref_cols], None if judged is None else judged[:, ref_cols], at)
         # The maxima took unwarm cells in (as 0, or as themselves in recentred rows): a bound
         # from above of the judged cells' maxima, which is all a reader may rely on.
@@ -324,16 +326,17 @@ class PeerDeviation:
         ``keep_only``: ``valid`` marks the cells that make the centre, and the others (wild
         cells) are judged against it too. Returns the per-row median and count."""
         np.subtract(y, off32, out=rise)
-        cols = _as_slice(cols)
-        med, loo, count = peer_centres(rise, valid, cols)
+        centre = _as_slice(cols)
+        med, loo, count = peer_centres(rise, valid, centre)
         med32 = med.astype(np.float32)[:, None]
         if keep_only:
-            loo = np.where(valid[:, cols], loo, med32)
+            assert valid is not None   # keep_only comes with the cells to keep
+            loo = np.where(valid[:, centre], loo, med32)
         # Every cell minus the median, then the centre ranks' cells moved to their own centre:
         # one contiguous pass and one gather of the (at most max_reference_ranks) centre columns.
         rise -= med32
         if loo.shape[1]:
-            rise[:, cols] += med32 - loo
+            rise[:, centre] += med32 - loo
         return med, count
 
     def _accumulate_suspicion(self, z: np.ndarray, judged: np.ndarray | None,
@@ -387,15 +390,15 @@ class PeerDeviation:
         if k_min == int(k.max()) and int(t["n"].min()) >= self.warmup_steps:
             # The steady state: every rank warm and learned the same number of values, so the
             # gains are scalars.
-            kw = k_min * self.learn_stride
-            g_off = 1.0 - (1.0 - self.offset_alpha) ** kw
-            g_sc = 1.0 - (1.0 - self.scale_alpha) ** kw
+            kw_all = k_min * self.learn_stride
+            ewma_off = 1.0 - (1.0 - self.offset_alpha) ** kw_all
+            g_sc_all = 1.0 - (1.0 - self.scale_alpha) ** kw_all
             # A running mean for as long as it learns faster than the EWMA (see the module doc);
             # only the running mean for a suspect.
             running = k_min / (t["n"] + k_min)
-            g_off = np.where(held, running, np.maximum(g_off, running))
+            g_off = np.where(held, running, np.maximum(ewma_off, running))
             t["offset"] += g_off / k_min * t["acc_e"]
-            t["mean_abs"] += g_sc * (t["acc_abs"] / k_min - t["mean_abs"])
+            t["mean_abs"] += g_sc_all * (t["acc_abs"] / k_min - t["mean_abs"])
             t["n_scale"] += k
             t["n"] += k
             t["acc_e"].fill(0.0)

@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from healthsvc_detectors.base import BlockDetector, Detector
-from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.finding import Finding, Severity
 from healthsvc_detectors.kinds import Kind
 from healthsvc_detectors.frame import StepBlock
 from healthsvc_detectors.peers import PAIR_NOTE, PeerDeviation, PeerView
@@ -187,13 +187,14 @@ class RankOutlierDetector(Detector, BlockDetector):
         # of the whole block, then keep the judged rows. A private one learns the judged rows only.
         views = {m: self._peers[m].view(block, m, ref) for m in self.metrics
                  if m in block.values and self._peers[m].shared}
-        rows = slice(None)
+        rows: slice | np.ndarray = slice(None)
         if stride > 1:
-            rows = np.flatnonzero(block.steps % stride == 0)
-            if len(rows) == 0:
+            judged = np.flatnonzero(block.steps % stride == 0)
+            if len(judged) == 0:
                 return []
+            rows = judged
             if block.steps[-1] - block.steps[0] == block.n_steps - 1:
-                rows = slice(int(rows[0]), None, stride)   # consecutive steps: a view, no copy
+                rows = slice(int(judged[0]), None, stride)   # consecutive steps: a view, no copy
             used = [m for m in (*self.metrics, *self.global_metrics) if m in block.values]
             block = StepBlock(steps=block.steps[rows], ranks=block.ranks,
                               values={m: block.values[m][rows] for m in used},
@@ -441,8 +442,9 @@ class RankOutlierDetector(Detector, BlockDetector):
         out: list[Finding] = []
         for i in np.flatnonzero((rising | escalate | falling).any(axis=1)):
             step = int(block.steps[i])
-            for sev, mask in (("warning", rising[i] & ~severe_at_entry[i]),
-                              ("critical", severe_at_entry[i] | escalate[i])):
+            entries: tuple[tuple[Severity, np.ndarray], ...] = (
+                ("warning", rising[i] & ~severe_at_entry[i]), ("critical", severe_at_entry[i] | escalate[i]))
+            for sev, mask in entries:
                 if mask.any():
                     out.append(self._finding(step, metric, sev, ids[mask], means[i][mask],
                                              s[i][mask], quiet[i][mask], warn, crit, signed,
@@ -454,7 +456,7 @@ class RankOutlierDetector(Detector, BlockDetector):
                                    evidence={"reason": "back with its peers"}))
         return out
 
-    def _finding(self, step: int, metric: str, severity: str, ids: np.ndarray, mean: np.ndarray,
+    def _finding(self, step: int, metric: str, severity: Severity, ids: np.ndarray, mean: np.ndarray,
                  size: np.ndarray, quiet: np.ndarray, warn: float, crit: float, signed: bool,
                  centre: float, persistent: bool, pair: bool = False) -> Finding:
         ranks = tuple(sorted(int(r) for r in ids))

@@ -105,8 +105,9 @@ class ResumeMismatchDetector(Detector, BlockDetector):
                 got = medians[m][i]
                 if got != got:
                     continue
-                if judging and m not in self._fired:
-                    out += self._judge(m, step, float(got))
+                # (judging implies _resume_at is set; the check only names it for the type checker)
+                if judging and self._resume_at is not None and m not in self._fired:
+                    out += self._judge(m, step, float(got), self._resume_at)
                 elif m in self.cursor_metrics:
                     out += self._went_back(m, step, float(got))
                 self._remember(m, step, float(got))
@@ -131,11 +132,11 @@ class ResumeMismatchDetector(Detector, BlockDetector):
                       "resumed_at": step, "resumed_from_step": None,
                       "what": _WHAT.get(metric, metric)})]
 
-    def _judge(self, metric: str, step: int, got: float) -> list[Finding]:
+    def _judge(self, metric: str, step: int, got: float, resume_at: int) -> list[Finding]:
         memory = self._memory[metric]
         expected, reference, rtol = memory.get(step), "abandoned_attempt", self.rtol
         if expected is None:
-            before = sorted(s for s in memory if s < self._resume_at)[-2:]
+            before = sorted(s for s in memory if s < resume_at)[-2:]
             if len(before) < 2:
                 return []   # nothing reported before the resume: nothing to continue
             (s1, v1), (s2, v2) = [(s, memory[s]) for s in before]
@@ -148,7 +149,7 @@ class ResumeMismatchDetector(Detector, BlockDetector):
             kind=self.kind, step=step, severity="critical", score=1.0, metric=metric,
             onset_step=step,
             evidence={"expected": expected, "got": got, "reference": reference,
-                      "resumed_at": self._resume_at, "resumed_from_step": self._resume_at - 1,
+                      "resumed_at": resume_at, "resumed_from_step": resume_at - 1,
                       "what": _WHAT.get(metric, metric)})]
 
     def _remember(self, metric: str, step: int, value: float) -> None:

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from healthsvc_detectors.base import BlockDetector, Detector
-from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.finding import Finding, Severity
 from healthsvc_detectors.kinds import Kind
 from healthsvc_detectors.frame import StepBlock, fill_trainer_time, trainer_time
 
@@ -209,7 +209,7 @@ class SlowdownDetector(Detector, BlockDetector):
                 return Finding(kind=self.kind, step=step, severity="info", metric="step_time",
                                status="resolved", evidence={"reason": "ended before min_duration_s",
                                                             "min_duration_s": self.min_duration_s})
-            return self._promote(step, m, ts)
+            return self._promote(step, m, ts, self._mu)
         if self._firing:
             self._since_fire += 1
             if self._since_fire < self.resolve_steps:
@@ -232,30 +232,30 @@ class SlowdownDetector(Detector, BlockDetector):
         if ts is not None and (self._slow_since is None or ts - self._slow_since < self.min_duration_s):
             # Recorded now; a page only if it lasts (see _promote).
             self._pending = {"onset": self._run_start}
-            return self._finding(step, m, ratio, n_run, "info", ts)
+            return self._finding(step, m, ratio, n_run, "info", ts, self._mu)
         self._firing, self._since_fire = True, 0
-        return self._finding(step, m, ratio, n_run, self._severity(ratio), ts)
+        return self._finding(step, m, ratio, n_run, self._severity(ratio), ts, self._mu)
 
-    def _severity(self, ratio: float) -> str:
+    def _severity(self, ratio: float) -> Severity:
         return "critical" if ratio >= self.critical_ratio else "warning"
 
-    def _promote(self, step: int, m: float, ts: float | None) -> Finding | None:
+    def _promote(self, step: int, m: float, ts: float | None, mu: float) -> Finding | None:
         """An info episode becomes a page once it has lasted ``min_duration_s`` (and still has
-        the size to matter)."""
+        the size to matter). ``mu``: the baseline (``_mu``, known by then)."""
         if ts is None or self._slow_since is None or ts - self._slow_since < self.min_duration_s:
             return None
         n_run = min(max(1, step - self._run_start + 1), len(self._recent))
-        ratio = math.exp(statistics.median(self._recent[-n_run:]) - self._mu)
+        ratio = math.exp(statistics.median(self._recent[-n_run:]) - mu)
         if ratio < self.min_ratio:
             return None
         self._pending = None
         self._firing, self._since_fire = True, 0
-        return self._finding(step, m, ratio, n_run, self._severity(ratio), ts)
+        return self._finding(step, m, ratio, n_run, self._severity(ratio), ts, mu)
 
-    def _finding(self, step: int, m: float, ratio: float, n_run: int, severity: str,
-                 ts: float | None) -> Finding:
+    def _finding(self, step: int, m: float, ratio: float, n_run: int, severity: Severity,
+                 ts: float | None, mu: float) -> Finding:
         score = min(1.0, max(0.0, (ratio - self.min_ratio) / (self.critical_ratio - self.min_ratio)))
-        evidence = {"ratio": round(ratio, 4), "baseline_s": round(math.exp(self._mu), 6),
+        evidence = {"ratio": round(ratio, 4), "baseline_s": round(math.exp(mu), 6),
                     "median_s": round(math.exp(m), 6), "sigma_log": round(self._sigma, 5),
                     "cusum": round(self._cusum, 2), "steps_since_onset": n_run}
         if ts is not None and self._slow_since is not None:

@@ -128,7 +128,7 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         self.collective_wait_steps = float(collective_wait_steps)
         self.pause_phases = (pause_phases,) if isinstance(pause_phases, str) else tuple(pause_phases)
         self.pause_timeout_s = float(pause_timeout_s)
-        self._wait_floor_s = np.inf if collective_wait_s is None else self.collective_wait_s
+        self._wait_floor_s = np.inf if collective_wait_s is None else float(collective_wait_s)
         super().__init__()
 
     # ------------------------------------------------------------------------------ input

@@ -19,10 +19,18 @@ class HangJudging(HangState):
     read its table (:class:`~healthsvc_detectors.hang.state.HangState`) and its heartbeat and collective
     settings."""
 
+    # Declared for the type checker; the detector sets them.
+    heartbeat_timeout_s: float
+    collective_phase: str
+    collective_wait_s: float | None
+    collective_wait_steps: float
+    pause_phases: tuple[str, ...]
+
     def _collective_wait(self, now: float) -> list[Finding]:
         """The fast path: a stall named by the heartbeats' split around a collective."""
         quiet = now - self._last_progress_s
         typical = float(np.median(self._step_samples))
+        assert self.collective_wait_s is not None   # tick's floor is inf without it: not called
         limit = max(float(self.collective_wait_s), self.collective_wait_steps * typical)
         if quiet <= limit:   # longer than, as for the timeouts
             return []
@@ -116,7 +124,7 @@ class HangJudging(HangState):
                                       f"'{self.collective_phase}' at step {lead} while "
                                       + "; ".join(names))
 
-    def _rank_words(self, j: int, now: float) -> str:
+    def _rank_words(self, j: int | np.integer, now: float) -> str:
         rank = int(self._ids[j])
         if self._hb_s[j] == _NEVER:
             return f"rank {rank} never sent a heartbeat"
@@ -126,7 +134,7 @@ class HangJudging(HangState):
             return f"rank {rank} sent no heartbeat for {age:.0f} s (last in '{phase}'): process dead?"
         return f"rank {rank} is in '{phase}' at step {int(self._hb_step[j])}"
 
-    def _hang(self, j: int, now: float, silent: np.ndarray, timeout: np.ndarray, *, culprit: bool,
+    def _hang(self, j: int | np.integer, now: float, silent: np.ndarray, timeout: np.ndarray, *, culprit: bool,
               why: str | None = None, trigger: str = "timeout") -> Finding:
         self._hung[j] = True
         rank = int(self._ids[j])

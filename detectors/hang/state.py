@@ -22,6 +22,22 @@ class HangState:
     and its ``state_dict``; the timeouts read the detector's ``timeout_floor_s``,
     ``timeout_factor`` and ``startup_timeout_s``."""
 
+    # Declared for the type checker: the detector's settings, and the columns of _ARRAYS
+    # (set by name in _reset, load_state_dict and _positions).
+    timeout_floor_s: float
+    timeout_factor: float
+    startup_timeout_s: float
+    _ids: np.ndarray
+    _last_step: np.ndarray
+    _progress_s: np.ndarray
+    _push_s: np.ndarray
+    _interval_s: np.ndarray
+    _hb_s: np.ndarray
+    _hb_step: np.ndarray
+    _hb_phase: np.ndarray
+    _active: np.ndarray
+    _hung: np.ndarray
+
     _ARRAYS: dict[str, tuple[type, Any]] = {
         "ids": (np.int64, 0),
         "last_step": (np.int64, -1),        # last record step (-1: none yet)
@@ -101,7 +117,7 @@ class HangState:
         merged = np.union1d(self._ids, ids)
         old = np.searchsorted(merged, self._ids)
         for name, (dtype, fill) in self._ARRAYS.items():
-            arr = np.full(len(merged), fill, dtype=dtype)
+            arr: np.ndarray = np.full(len(merged), fill, dtype=dtype)
             arr[old] = getattr(self, "_" + name)
             setattr(self, "_" + name, arr)
         self._ids = merged

@@ -163,8 +163,7 @@ def fit_change(t: np.ndarray, y: np.ndarray, direction: float, params: OnsetPara
         ok = np.zeros(n, bool)
         ok[k_min:k_max + 1] = True
         ok &= (den > 1e-9 * np.maximum(scale, 1e-300)) & (num * direction > 0)
-        gain = np.where(ok, num * num / np.where(ok, den, 1.0), 0.0)
-        gains.append((model, gain, num / np.where(ok, den, 1.0)))
+        gains.append((model, np.where(ok, num * num / np.where(ok, den, 1.0), 0.0), num / np.where(ok, den, 1.0)))
     model, best_gain, best_coef = max(gains, key=lambda g: g[1].max())
     k = int(np.argmax(best_gain))
     gain = float(best_gain[k])
@@ -178,7 +177,7 @@ def fit_change(t: np.ndarray, y: np.ndarray, direction: float, params: OnsetPara
     # Autocorrelated residuals (hard batches come in runs; a trend that does not quite fit
     # leaves slow wiggles) carry less information than white noise: scale sigma^2 up by the
     # AR(1) long-run factor (1 + rho) / (1 - rho) so neither passes for a change point.
-    rho = float(np.clip((resid[1:] @ resid[:-1]) / max(resid @ resid, 1e-300), 0.0, 0.98))
+    rho = float(np.clip((resid[1:] @ resid[:-1]) / max(float(resid @ resid), 1e-300), 0.0, 0.98))
     sigma2 = max(rss0 - gain, 1e-300) / max(n - 6, 1) * (1.0 + rho) / (1.0 - rho)
     lr = gain / sigma2
     threshold = 2.0 * math.log(n) + params.significance

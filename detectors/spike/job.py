@@ -13,19 +13,42 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.finding import Finding, Severity
 from healthsvc_detectors.frame import StepBlock
 from healthsvc_detectors.stats.scales import excess_score
 from healthsvc_detectors.stats.trend import RobustTrend
 
 if TYPE_CHECKING:
-    from healthsvc_detectors.spike.detector import SpikeDetector
     from healthsvc_detectors.spike.ranks import _RankView
 
 
 class JobJudging:
     """The job-wide view of :class:`~healthsvc_detectors.spike.detector.SpikeDetector`: its episode, its
     baseline (``_trend``) and its findings."""
+
+    # Declared for the type checker; the detector sets them.
+    kind: str
+    metric: str
+    z_threshold: float
+    min_rise: float
+    exit_z: float
+    confirm_steps: int
+    large_ratio: float | None
+    follow_metric: str | None
+    follow_steps: int
+    follow_rise: float
+    recur_count: int | None
+    recur_window_steps: int
+    escalate_steps: int
+    rebaseline_steps: int
+    rank_z_threshold: float
+    blame_fraction: float
+    leading_signal: bool
+    _trend: RobustTrend
+    _episode: dict[str, Any] | None
+    _first: float | None
+    _starts: list[int]
+    _follow: dict[str, Any] | None
 
     def _judge_job(self, block: StepBlock, job: np.ndarray, view: "_RankView | None",
                    ref: np.ndarray) -> tuple[list[Finding], set[int]]:
@@ -36,7 +59,7 @@ class JobJudging:
         follow = _FollowSeries(self, block, ref)
         for i, y in enumerate(job.tolist()):   # scalar recursion: plain floats are fastest
             if self._follow is not None:
-                out += self._check_follow(block, i, follow, y, trend)
+                out += self._check_follow(block, i, follow, y, trend, self._follow)
             if y != y:          # NaN: nobody reported a usable value at this step
                 continue
             step = int(block.steps[i])
@@ -87,7 +110,7 @@ class JobJudging:
                 continue
             if not ep["serious"]:
                 reason = None
-                if self.large_ratio is not None and self._large(y, pred):
+                if self.large_ratio is not None and self._large(y, pred, self.large_ratio):
                     reason = "large"
                 elif ep["len"] >= self.confirm_steps:
                     reason = "lasting"
@@ -105,9 +128,9 @@ class JobJudging:
         return out, rows
 
     def _check_follow(self, block: StepBlock, i: int, follow: "_FollowSeries", y: float,
-                      trend: RobustTrend) -> list[Finding]:
-        """A leading spike becomes a warning when the loss follows it within follow_steps."""
-        fw = self._follow
+                      trend: RobustTrend, fw: dict[str, Any]) -> list[Finding]:
+        """A leading spike (``fw``: ``_follow``) becomes a warning when the loss follows it within
+        follow_steps."""
         step = int(block.steps[i])
         if step <= fw["step"]:
             return []
@@ -129,7 +152,7 @@ class JobJudging:
 
     def _serious_at_entry(self, step: int, y: float, pred: float) -> str | None:
         """Why a fresh spike is a warning at once (None: it is ``info`` until it lasts)."""
-        if self.large_ratio is not None and self._large(y, pred):
+        if self.large_ratio is not None and self._large(y, pred, self.large_ratio):
             return "large"
         if self.recur_count is not None and len(self._starts) + 1 >= self.recur_count:
             return "recurring"
@@ -143,8 +166,8 @@ class JobJudging:
         rise = view.rise[i, cols]
         return bool(np.nanmax(rise) >= math.log(self.large_ratio)) if np.isfinite(rise).any() else False
 
-    def _large(self, y: float, pred: float) -> bool:
-        if y - pred >= math.log(self.large_ratio):
+    def _large(self, y: float, pred: float, large_ratio: float) -> bool:
+        if y - pred >= math.log(large_ratio):
             return True
         # Back at the initialisation level (a blow-up), once the curve had left it well behind.
         first = self._first
@@ -164,7 +187,7 @@ class JobJudging:
             return tuple(sorted(int(r) for r in block.ranks[hot])), k
         return (), k
 
-    def _job_finding(self, step: int, ranks: tuple[int, ...], severity: str, z: float, y: float,
+    def _job_finding(self, step: int, ranks: tuple[int, ...], severity: Severity, z: float, y: float,
                      pred: float, sd: float, extra: dict[str, Any],
                      onset_step: int | None = None) -> Finding:
         evidence = {
@@ -190,13 +213,14 @@ class JobJudging:
 class _FollowSeries:
     """The job median of ``follow_metric`` on the rows a spike episode needs (computed lazily)."""
 
-    def __init__(self, det: SpikeDetector, block: StepBlock, ref: np.ndarray) -> None:
+    def __init__(self, det: JobJudging, block: StepBlock, ref: np.ndarray) -> None:
         self.det, self.block, self.ref = det, block, ref
         self.on = det.follow_metric is not None and det.follow_metric in block.values
 
     def level(self, i: int) -> float | None:
-        if not self.on:
+        metric = self.det.follow_metric
+        if not self.on or metric is None:   # (on implies a metric)
             return None
-        x = self.block.values[self.det.follow_metric][i, self.ref]
-        ok = self.block.present[self.det.follow_metric][i, self.ref] & (x > 0) & np.isfinite(x)
+        x = self.block.values[metric][i, self.ref]
+        ok = self.block.present[metric][i, self.ref] & (x > 0) & np.isfinite(x)
         return float(np.log(np.median(x[ok]))) if ok.any() else None

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.finding import Finding, Severity
 from healthsvc_detectors.frame import StepBlock
 from healthsvc_detectors.peers import PAIR_NOTE
 from healthsvc_detectors.stats.machines import hysteresis, run_length
+from healthsvc_detectors.stats.rank_table import RankTable
 from healthsvc_detectors.stats.scales import excess_score
 
 if TYPE_CHECKING:
@@ -25,6 +26,18 @@ if TYPE_CHECKING:
 class RankJudging:
     """The per-rank view of :class:`~healthsvc_detectors.spike.detector.SpikeDetector`: its episodes (the
     rank table ``_ranks``) and its findings."""
+
+    # Declared for the type checker; the detector sets them.
+    kind: str
+    rank_metric: str | None
+    rank_z_threshold: float
+    rank_min_rise: float
+    rank_exit_z: float
+    large_ratio: float | None
+    confirm_steps: int
+    escalate_steps: int
+    leading_signal: bool
+    _ranks: RankTable
 
     def _judge_ranks(self, block: StepBlock, view: "_RankView", spike_rows: set[int]) -> list[Finding]:
         pos = self._ranks.positions(block.ranks)
@@ -89,7 +102,9 @@ class RankJudging:
         for i in np.flatnonzero((rising | falling | confirm | escalating).any(axis=1)):
             step = int(block.steps[i])
             if rising[i].any() and not at_spike[i]:
-                for sev, mask in (("warning", rising[i] & large[i]), ("info", rising[i] & ~large[i])):
+                entries: tuple[tuple[Severity, np.ndarray], ...] = (
+                    ("warning", rising[i] & large[i]), ("info", rising[i] & ~large[i]))
+                for sev, mask in entries:
                     if mask.any():
                         out.append(self._rank_finding(ranks, mask, z[i], rise[i], sev, step,
                                                       "large" if sev == "warning" else "transient",
@@ -110,7 +125,7 @@ class RankJudging:
         return out
 
     def _rank_finding(self, ids: np.ndarray, cols: np.ndarray, row_z: np.ndarray,
-                      row_rise: np.ndarray, severity: str, onset: int, reason: str,
+                      row_rise: np.ndarray, severity: Severity, onset: int, reason: str,
                       at: int | None = None, pair: tuple[int, ...] | None = None) -> Finding:
         ranks = pair or tuple(sorted(int(r) for r in ids[cols]))
         z = float(np.max(row_z[cols]))
@@ -135,7 +150,9 @@ class _RankView:
     fewer than ``min_ranks`` usable ranks are not judged per rank."""
 
     def __init__(self, det: SpikeDetector, block: StepBlock, ref: np.ndarray) -> None:
-        v = det._peers.view(block, det.rank_metric, ref)
+        metric = det.rank_metric
+        assert metric is not None   # built only for a detector with a rank metric
+        v = det._peers.view(block, metric, ref)
         self.centre = v.centre
         self.z, self.rise, self.z_row_max = v.z, v.rise, v.z_row_max
         # (Each rank's centre leaves it out: of two ranks, a rank's rise is over its one peer.)

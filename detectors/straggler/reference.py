@@ -19,8 +19,15 @@ class StragglerReference:
     :class:`~healthsvc_detectors.straggler.detector.StragglerDetector` (its ``min_ranks``, ``sync_spread``,
     ``max_reference_ranks`` and ``scale_floor``; the cached subset ``_ref_cols``)."""
 
-    def _timings(self, block: StepBlock) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Per-value timing ``V`` (seconds), its validity mask, and each step's source index.
+    # Declared for the type checker; the detector sets them.
+    min_ranks: int
+    sync_spread: float
+    max_reference_ranks: int
+    scale_floor: float
+    _ref_cols: np.ndarray | None
+
+    def _timings(self, block: StepBlock) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Per-value timing ``V`` (seconds), its validity mask (``None``: all valid), and each step's source index.
 
         One source per step, so every rank is compared with peers measured the same way
         (``step_time - comm_time`` also holds the data wait; mixing it with ``compute_time``

@@ -9,13 +9,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from healthsvc_detectors.finding import Finding
+from healthsvc_detectors.finding import Finding, Severity
 from healthsvc_detectors.straggler.reference import SOURCES
 
 
 class StragglerReplay:
     """The per-rank state machine and findings of
     :class:`~healthsvc_detectors.straggler.detector.StragglerDetector` (its thresholds and ``kind``)."""
+
+    # Declared for the type checker; the detector sets them.
+    kind: str
+    min_ratio: float
+    critical_ratio: float
+    cusum_k: float
+    cusum_h: float
+    level_alpha: float
+    resolve_alpha: float
+    resolve_ratio: float
+    resolve_steps: int
+    min_duration_s: float
+    onset_k: float
+    min_onset_steps: int
+    min_measure_steps: int
 
     def _replay(self, col: "_Column", rank: int, steps: np.ndarray, y: np.ndarray,
                 gain: np.ndarray, ok: np.ndarray, v: np.ndarray, med: np.ndarray,
@@ -114,11 +129,11 @@ class StragglerReplay:
             return sensitive
         return strict
 
-    def _severity(self, ratio: float) -> str:
+    def _severity(self, ratio: float) -> Severity:
         return "critical" if ratio >= self.critical_ratio else "warning"
 
     def _finding(self, step: int, rank: int, col: "_Column", ratio: float, n_run: int,
-                 value: float, median: float, severity: str, t: float) -> Finding:
+                 value: float, median: float, severity: Severity, t: float) -> Finding:
         score = min(1.0, max(0.0, (ratio - self.min_ratio) / (self.critical_ratio - self.min_ratio)))
         evidence = {"ratio": round(ratio, 4), "value_s": float(value),
                     "peer_median_s": float(median), "source": SOURCES[col.source],

@@ -18,6 +18,7 @@ runs only at start-up), and revoking the last admin would leave nobody to manage
 """
 from __future__ import annotations
 
+import builtins
 import hashlib
 import hmac
 import secrets
@@ -135,6 +136,6 @@ class TokenStore:
         now = self.clock()
         return self.store.audit.submit(now, actor, method, path, status)
 
-    def audit(self, limit: int = 1000) -> list[dict[str, Any]]:
+    def audit(self, limit: int = 1000) -> builtins.list[dict[str, Any]]:   # `list` here is the method
         return [{"id": e.id, "at": e.at, "actor": e.actor, "method": e.method, "path": e.path, "status": e.status}
                 for e in self.store.audit.newest(limit)]

@@ -76,8 +76,12 @@ class RunFeed:
             return
         chunk_ids = [p.chunk_id for p in fresh if p.chunk_id is not None]
         last = fresh[-1]
-        self.add(MetricBatch.concat([p.batch for p in fresh], only=FIELDS), last.run,
-                 max(chunk_ids) if chunk_ids else None, last.received_at)
+        # Only pushes that committed records are queued here (RollupHub's listener), and those
+        # carry the run's state committed with them.
+        batches = [p.batch for p in fresh if p.batch is not None]
+        assert last.run is not None
+        self.add(MetricBatch.concat(batches, only=FIELDS), last.run, max(chunk_ids) if chunk_ids else None,
+                 last.received_at)
 
     def tick(self, now: float) -> None:
         for block in self.aligner.flush_due(now, self.expected_ranks()):
@@ -92,6 +96,7 @@ class RunFeed:
     # -- snapshot -------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
         st = self.aligner.state_dict()
+        arrays: dict[str, np.ndarray]
         arrays = {"rollup": np.frombuffer(self.rollup.to_bytes(), np.uint8),
                   "meta": np.array([self.attempt, self.watermark, st["emitted_upto"], st["late_records"]], np.int64),
                   "a_steps": np.asarray(st["steps"], np.int64), "a_ranks": np.asarray(st["ranks"], np.int64),
@@ -102,7 +107,7 @@ class RunFeed:
             arrays[f"v:{f}"] = np.asarray(st["values"][f], np.float64)
             arrays[f"p:{f}"] = np.asarray(st["present"][f], bool)
         buf = io.BytesIO()
-        np.savez(buf, **arrays)
+        np.savez(buf, allow_pickle=True, **arrays)   # numpy's default, named so no key can be it
         return buf.getvalue()
 
     def load_bytes(self, blob: bytes) -> None:
@@ -181,7 +186,9 @@ class RollupHub:
             if feed is not None:
                 return fn(feed.rollup)
         row = self.store.reads.get_run_row(run_id)
-        snap = self.store.snapshot(run_id, "dashboard") if row is not None and row["status"] == "finished" else None
+        if row is None or row["status"] != "finished":
+            return None
+        snap = self.store.snapshot(run_id, "dashboard")
         if snap is None:
             return None
         feed = self._restored(row, snap.state)
@@ -291,7 +298,7 @@ class RollupHub:
         starts = {a["attempt"]: int(a["start_step"]) for a in self.store.reads.attempts(run_id)}
         st = self.store.reads.run_view(run_id)
         seen = st.ranks_seen if st is not None else 0
-        for chunk in self.store.chunks_after(run_id, feed.watermark, FIELDS):
+        for chunk in self.store.chunks_after(run_id, feed.watermark, set(FIELDS)):
             feed.add(chunk.batch, RunView(chunk.attempt, starts.get(chunk.attempt, -1), seen, False),
                      chunk.id, chunk.received_at)
         if row["status"] == "finished":

@@ -229,7 +229,7 @@ class RunRollup:
             arrays[f"heat:{f}:sums"] = grid.sums
             arrays[f"heat:{f}:counts"] = grid.counts
         buf = io.BytesIO()
-        np.savez_compressed(buf, **arrays)
+        np.savez_compressed(buf, allow_pickle=True, **arrays)   # numpy's default, named so no key can be it
         return buf.getvalue()
 
     @classmethod

@@ -152,8 +152,12 @@ def _decision(d: dict) -> Decision | None:
     the sender's, so each field is taken only when it has the type the supervisor writes."""
     if not isinstance(d.get("decided_by"), str):
         return None
-    sizes = d.get("world_size") if isinstance(d.get("world_size"), dict) else {}
-    hosts = d.get("exclude_hosts") if isinstance(d.get("exclude_hosts"), list) else []
+    sizes = d.get("world_size")
+    if not isinstance(sizes, dict):
+        sizes = {}
+    hosts = d.get("exclude_hosts")
+    if not isinstance(hosts, list):
+        hosts = []
     causes = [c for c in d.get("causes") or () if isinstance(c, list) and len(c) == 2
               and isinstance(c[0], str) and _int(c[1]) is not None] if isinstance(d.get("causes"), list) else []
     return Decision(decided_by=d["decided_by"],
@@ -211,7 +215,8 @@ def load_run_facts(store, findings_service, cache: AttemptStatsCache, run_id: st
     for e, raw in raw_events:
         if e.kind != "rollback" or e.step is None:
             continue
-        onset = raw.get("onset_step") if isinstance(raw.get("onset_step"), int) else e.step + 1
+        raw_onset = raw.get("onset_step")
+        onset = raw_onset if isinstance(raw_onset, int) else e.step + 1
         reached = _step_reached(attempts, e.at_s)
         detected = max(onset, reached if reached is not None else onset)
         incidents.append(Incident("corruption", e.at_s, step=detected, onset_step=onset,

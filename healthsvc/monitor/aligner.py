@@ -130,8 +130,8 @@ class StepAligner:
         if len(b) == 1:
             u, c = [int(b.steps[0])], [1]
         else:
-            u, c = np.unique(b.steps, return_counts=True)
-            u, c = u.tolist(), c.tolist()
+            steps, counts = np.unique(b.steps, return_counts=True)
+            u, c = steps.tolist(), counts.tolist()
         for step, n in zip(u, c):
             count[step] = count.get(step, 0) + n
             if step not in first_seen:

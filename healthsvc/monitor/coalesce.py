@@ -77,7 +77,11 @@ def merged(pushes: list[IngestResult], without: frozenset[str] = frozenset()) ->
         return pushes[0]
     last = pushes[-1]
     chunk_ids = [p.chunk_id for p in pushes if p.chunk_id is not None]
+    batches: list[MetricBatch] = []
+    for p in pushes:
+        assert p.batch is not None   # the hubs queue only pushes that committed records
+        batches.append(p.batch)
     return IngestResult(
         last.run_id, sum(p.accepted for p in pushes), False, last.attempt,
         any(p.new_attempt for p in pushes), max(chunk_ids) if chunk_ids else None, last.received_at,
-        MetricBatch.concat([p.batch for p in pushes], without), last.run)
+        MetricBatch.concat(batches, without), last.run)

@@ -175,6 +175,7 @@ def history_block(store, run_id: str, step_min: int | None = None,
     steps, row_of = np.unique(hist.steps, return_inverse=True)
     ranks, col_of = np.unique(hist.ranks, return_inverse=True)
     keep_steps = max(1, MAX_CELLS // max(len(ranks), 1))
+    sel: np.ndarray | slice
     if len(steps) > keep_steps:
         first = len(steps) - keep_steps
         sel = row_of >= first
@@ -265,7 +266,7 @@ def start_bisection(ctx: ServiceContext, run_id: str, steps: list[int] | None, k
     """Start (or replace) the run's bisection; returns it, the checkpoint ids and uris by step."""
     answer = decide(ctx, run_id) if steps is None else None
     ckpts, ids, _ = stored_checkpoints(ctx.store, run_id)
-    if steps is None:
+    if answer is not None:   # decided above: no steps given
         steps = default_bisection_steps(answer, ckpts)
     if not steps:
         raise Conflict(f"run {run_id!r} has no usable checkpoint to bisect",

@@ -177,7 +177,7 @@ class RankTimes:
             for rank in chosen:
                 i = int(np.searchsorted(table.ids, rank))
                 known = i < len(table.ids) and table.ids[i] == rank and f is not None
-                value = float(table.values[f][i]) if known else None
+                value = float(table.values[f][i]) if known and f is not None else None
                 out.append(RankLine(rank, table.host(rank) or named_hosts.get(rank), f,
                                     value if value is not None and np.isfinite(value) else None,
                                     float(ratio[i]) if known and np.isfinite(ratio[i]) else None,

@@ -1,7 +1,7 @@
 """Runs, their history, checkpoints and events, for people, notebooks and restart scripts."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypedDict
 
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response, StreamingResponse
@@ -38,6 +38,16 @@ async def put_run(run_id: RunId, config: RunConfig, store: StoreDep, summaries: 
 @router.get("/{run_id}", response_model=RunSummary, summary="One run: status, attempts, world size, ranks, findings")
 def get_run(run_id: RunId, summaries: SummariesDep) -> dict:
     return summaries.summary(run_id)
+
+
+
+class _HistoryFilters(TypedDict):
+    """The keyword filters of :func:`iter_history_batches` (and :func:`load_history`)."""
+    step_min: int | None
+    step_max: int | None
+    ranks: set[int] | None
+    fields: set[str]
+    attempt: int | None
 
 
 def _parse_int_list(text: str | None, name: str) -> set[int] | None:
@@ -81,7 +91,7 @@ def get_metrics(
                                loc=("query", "fields"))
     else:
         wanted = known_fields
-    filters = dict(step_min=step_min, step_max=step_max, ranks=rank_set, fields=set(wanted), attempt=attempt)
+    filters = _HistoryFilters(step_min=step_min, step_max=step_max, ranks=rank_set, fields=set(wanted), attempt=attempt)
     if format in ("csv", "arrow"):
         schema = export.arrow_schema(wanted, has_hosts)
         media = "text/csv" if format == "csv" else export.ARROW_MEDIA_TYPE

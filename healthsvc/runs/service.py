@@ -72,4 +72,6 @@ def shown_config(config: object) -> tuple[dict[str, Any], str | None]:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ()))
-        return RunConfig().model_dump(), f"stored config does not validate: {where}: {err.get('msg')}"
+        # model_validate({}) is RunConfig(): mypy does not take Field(None, ...) for a default.
+        default = RunConfig.model_validate({}).model_dump()
+        return default, f"stored config does not validate: {where}: {err.get('msg')}"

@@ -61,7 +61,7 @@ class MetricBatch:
         present = {f: np.concatenate([b.present[f] if f in b.present else np.zeros(len(b), bool) for b in batches])
                    for f in fields}
         host_names: list[str] = []
-        host_index = None
+        host_index: np.ndarray | None = None
         if only is None and any(b.host_index is not None for b in batches):
             host_names, host_index = _merge_names([(b.host_names, b.host_index, len(b)) for b in batches])
         labels = {} if only is not None else \

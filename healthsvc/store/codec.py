@@ -68,7 +68,7 @@ def _encode_columns(batch: MetricBatch, names: list[str], has_hosts: bool, label
             np.copyto(block[2 + i], batch.values[name], where=present)
             missing.append(name)
             bitmaps.append(np.packbits(present).tobytes())
-    if has_hosts:
+    if batch.host_index is not None:
         ints[2 + len(names)] = batch.host_index
     for j, name in enumerate(labels):
         ints[2 + len(names) + has_hosts + j] = batch.labels[name][1]
@@ -102,7 +102,7 @@ def _encode_one_record(batch: MetricBatch, names: list[str], has_hosts: bool, la
         else:
             values[i] = 0.0   # as the block's filler
             missing.append(name)
-    ints = ([int(batch.host_index[0])] if has_hosts else []) + [int(batch.labels[f][1][0]) for f in labels]
+    ints = ([int(batch.host_index[0])] if batch.host_index is not None else []) + [int(batch.labels[f][1][0]) for f in labels]
     data = b"".join([struct.pack("<qq", int(batch.steps[0]), int(batch.ranks[0])), values.tobytes(),
                      struct.pack(f"<{len(ints)}q", *ints)])
     return _framed(batch, names, missing, has_hosts, labels, False, data, [_NOT_PRESENT] * len(missing))

@@ -146,7 +146,7 @@ def migrate(conn: Any, kind: str, where: str, now: float, *, ddl: Callable[[str]
     newest version; returns the versions applied. ``lock``: a statement run first in each
     transaction that makes concurrent migrators wait (PostgreSQL's advisory lock)."""
     known = steps[-1].version
-    applied = []
+    applied: list[int] = []
     while True:
         conn.execute("BEGIN IMMEDIATE" if kind == "sqlite" else "BEGIN")
         try:

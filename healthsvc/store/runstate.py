@@ -272,7 +272,7 @@ class RunState:
         self.last_step[:] = -1
         self.inc_code[:] = -1
         self.inc_names.clear()
-        self._inc_by_name = None
+        self._inc_by_name: dict[str, int] | None = None
         self.finished = False
         self.finished_ranks.clear()
         return self.attempt
@@ -318,7 +318,10 @@ class RunState:
         if label is None:
             return []
         names, idx = label
-        codes, current, _ = self._incarnations(batch)
+        inc = self._incarnations(batch)
+        if inc is None:   # not reached: None only without the label
+            return []
+        codes, current, _ = inc
         new = (idx >= 0) if new_attempt else (codes != -1) & (codes != current)
         return sorted({(int(r), names[int(i)]) for r, i in zip(batch.ranks[new], idx[new])})
 

@@ -66,6 +66,12 @@ class Job:
         # Its own session, so one signal reaches torchrun and every rank it started.
         self.proc = subprocess.Popen(self.argv(), start_new_session=True)
 
+    def started(self) -> subprocess.Popen:
+        """The process :meth:`start` started."""
+        if self.proc is None:
+            raise RuntimeError("the job was not started")
+        return self.proc
+
     def stop(self, grace_s: float) -> None:
         """SIGTERM to the group, SIGKILL to what is left after ``grace_s``; returns once the
         leader is reaped and no member of the group is left."""
@@ -157,7 +163,7 @@ class Supervisor:
     def run(self) -> int:
         self.job.values["{world_size}"] = self._initial_world_size()
         self.job.start()
-        say(f"started {shlex.join(self.job.argv())} (pid {self.job.proc.pid})")
+        say(f"started {shlex.join(self.job.argv())} (pid {self.job.started().pid})")
         while True:
             rc = self._wait(self.args.poll_s)
             if rc == 0:
@@ -191,7 +197,7 @@ class Supervisor:
 
     def _wait(self, timeout_s: float) -> int | None:
         try:
-            return self.job.proc.wait(timeout=timeout_s)
+            return self.job.started().wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return None
 

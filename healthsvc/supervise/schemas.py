@@ -6,7 +6,7 @@ parameters, so a policy a supervisor cannot act on is a 422 naming the field, no
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import cast, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -31,11 +31,18 @@ def _known_kinds(kinds, what: str) -> None:
                          f"{', '.join(FINDING_KINDS)}")
 
 
+
+def _default_restart_on() -> dict[str, Severity]:
+    # policy.default_restart_on's values are the kinds' restarts_at, each a Severity; its
+    # signature says str.
+    return cast(dict[str, Severity], default_restart_on())
+
+
 class SuperviseConfig(BaseModel):
     """When ``healthsvc supervise`` restarts a run, and how often (docs/supervise.md)."""
     model_config = ConfigDict(extra="forbid")
     restart_on: dict[str, Severity] = Field(
-        default_factory=default_restart_on,
+        default_factory=_default_restart_on,
         description="Finding kinds that restart the job, each with the lowest severity that does "
                     "(info | warning | critical). A kind left out never restarts (its findings are "
                     "left to people); resume_mismatch cannot be listed (it stops the job: a restart "

@@ -187,15 +187,15 @@ def settle(ctx: ServiceContext, run_id: str, step: int) -> Settled:
 
 
 def to_dict(run_id: str, a: Action, config: SuperviseConfig, attempt: int) -> dict[str, Any]:
-    ck = a.checkpoint
-    restart = a.action == "restart" and ck is not None
+    # The checkpoint a restart resumes from; None for any other action, as for a restart without one.
+    ck = a.checkpoint if a.action == "restart" else None
     world = None
-    if restart:
+    if ck is not None:
         world = {"old": a.world_size_old, "new": a.world_size_new,
                  "changes": a.world_size_old != a.world_size_new,
                  "ranks_by_host": {h: list(r) for h, r in a.ranks_by_host.items()}}
     event = None
-    if restart:
+    if ck is not None:
         corruption = any(f.kind in corruption_kinds() for f in a.causes)
         event = {"kind": "rollback" if corruption else "restart", "step": ck.step, "data": {
             "decided_by": DECIDED_BY, "reason": a.message, "reason_code": a.reason.value,
@@ -206,7 +206,7 @@ def to_dict(run_id: str, a: Action, config: SuperviseConfig, attempt: int) -> di
             "from_attempt": attempt}}
     return {
         "run_id": run_id, "action": a.action, "reason": a.reason.value, "message": a.message,
-        "checkpoint": None if not restart else {"step": ck.step, "uri": ck.uri,
+        "checkpoint": None if ck is None else {"step": ck.step, "uri": ck.uri,
                                                 "id": ck.checkpoint_id,
                                                 "proven_clean": ck.proven_clean},
         "exclude_hosts": list(a.exclude_hosts), "world_size": world,

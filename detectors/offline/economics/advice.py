@@ -158,6 +158,9 @@ def current_interval_steps(checkpoints: Sequence[CheckpointWrite]) -> float | No
     return float(statistics.median(gaps)) if gaps else None
 
 
+RestartCostSource = Literal["observed", "assumed_equal_to_checkpoint_cost", "none"]
+
+
 @dataclass(frozen=True)
 class IntervalAdvice:
     """Checkpoint interval advice. Intervals are compute seconds between checkpoints;
@@ -166,7 +169,7 @@ class IntervalAdvice:
     checkpoint_cost_s: float | None
     checkpoints_observed: int
     restart_cost_s: float
-    restart_cost_source: Literal["observed", "assumed_equal_to_checkpoint_cost", "none"]
+    restart_cost_source: RestartCostSource
     mtbf: MtbfEstimate
     young_interval_s: float | None
     daly_interval_s: float | None
@@ -215,6 +218,7 @@ def advise_interval(*, checkpoints: Sequence[CheckpointWrite], failures: Sequenc
     cost_s = checkpoint_cost_s(checkpoints)
     mtbf = estimate_mtbf(count_failures(failures, merge_window_s), max(0.0, exposure_s), prior)
     restarts = [r for r in restart_costs_s if r >= 0]
+    restart_source: RestartCostSource
     if restarts:
         restart_s, restart_source = statistics.fmean(restarts), "observed"
     elif cost_s is not None:

@@ -194,7 +194,8 @@ def plan_retention(checkpoints: Sequence[CheckpointWrite], *, current_step: int,
     typical_size = int(statistics.median(known_sizes)) if known_sizes else 0
 
     def size(i: int) -> int:
-        return order[i].size_bytes if order[i].size_bytes is not None else typical_size
+        known = order[i].size_bytes
+        return known if known is not None else typical_size
 
     kept = set(guaranteed)
     kept_bytes = sum(size(i) for i in kept)

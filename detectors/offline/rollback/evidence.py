@@ -80,7 +80,7 @@ class Episode:
     def why(self) -> str:
         if SEVERITY_ORDER.get(self.severity, 0) < SEVERITY_ORDER["warning"]:
             return "info only"
-        if self.transient:
+        if self.transient and self.resolved_step is not None:   # transient: resolved
             return f"recovered within {self.resolved_step - self.onset} steps"
         return "evidence" if self.resolved_step is None else (
             f"evidence (resolved after {self.resolved_step - self.onset} steps)")
@@ -123,10 +123,10 @@ def episodes(findings: Iterable[Finding]) -> list[Episode]:
             keys = [key] if key in open_ else [
                 k for k in open_ if k[:2] == key[:2] and f.ranks and set(k[2]) <= set(f.ranks)]
             for k in keys:
-                ep = open_.pop(k)
-                ep.update(resolved_step=int(f.step),
-                          resolved_reason=(f.evidence or {}).get("reason"))
-                done.append(ep)
+                closed = open_.pop(k)
+                closed.update(resolved_step=int(f.step),
+                              resolved_reason=(f.evidence or {}).get("reason"))
+                done.append(closed)
             continue
         ep = open_.get(key)
         if ep is None:
