@@ -85,6 +85,8 @@ class Run(Sender, Heartbeat, Control):
             before it posts directly.
     """
 
+    _counters: Counters   # each mixin declares the counts it touches; the run holds them all
+
     def __init__(
         self,
         url: str | None,

@@ -46,7 +46,24 @@ class ClientStats:
 
 
 class Counters:
-    """Mutable counters behind ``ClientStats``; each is written by one thread only."""
+    """Mutable counters behind ``ClientStats``; each is written by one thread only. (Declared
+    for the type checker; ``__init__`` sets every one of ClientStats' counts but those three.)"""
+
+    logged: int
+    columns_logged: int
+    sent_records: int
+    sent_requests: int
+    spooled_requests: int
+    retries: int
+    failed_requests: int
+    failed_records: int
+    rejected_requests: int
+    invalid_fields: int
+    relayed_requests: int
+    relay_fallbacks: int
+    heartbeats_sent: int
+    heartbeats_failed: int
+    ignored_calls: int
 
     def __init__(self) -> None:
         for name in ClientStats.__dataclass_fields__:

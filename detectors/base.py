@@ -112,6 +112,7 @@ class BlockDetector(Protocol):
 
     def use_peer_deviation(self, metric: str, tracker: "PeerDeviation") -> None:
         """Watch ``metric`` through ``tracker`` (shared with another detector) from now on."""
+        return None
 
 
 @runtime_checkable
