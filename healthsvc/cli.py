@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Callable
 
-COMMANDS: dict[str, "tuple[str, callable, callable]"] = {}
+# name -> (help, add_arguments(parser), run(args) -> exit status)
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
 SERVER_EXTRA_HINT = ("healthsvc serve needs the server dependencies, which a client-only install "
                      "leaves out: pip install 'healthsvc[server]'")
@@ -56,7 +58,7 @@ def serve(args: argparse.Namespace) -> int:
     except SchemaTooNew as exc:
         print(f"healthsvc: {exc}", file=sys.stderr)
         return 2
-    except (*STORE_ERRORS, ValueError, RuntimeError) as exc:
+    except STORE_ERRORS + (ValueError, RuntimeError) as exc:
         print(f"healthsvc: cannot open the store {where}: {redact(str(exc))}".rstrip(), file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

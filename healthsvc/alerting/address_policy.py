@@ -38,7 +38,7 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")   # RFC 6052's well-known prefix: 
 
 
 def _resolve(host: str, port: int) -> list[str]:
-    return sorted({info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)})
+    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)})
 
 
 def embedded_ipv4(addr: IPAddress) -> ipaddress.IPv4Address | None:
@@ -69,7 +69,9 @@ def classify(addr: IPAddress) -> str | None:
     inner = embedded_ipv4(addr)
     if inner is not None:
         why = classify(inner)
-        if why is not None or addr in _NAT64 or addr.ipv4_mapped is not None:
+        # (an address carrying an IPv4 one is an IPv6 address)
+        if why is not None or addr in _NAT64 or (isinstance(addr, ipaddress.IPv6Address)
+                                                 and addr.ipv4_mapped is not None):
             return why
     for name, hit in (("unspecified", addr.is_unspecified), ("loopback", addr.is_loopback),
                       ("link-local", addr.is_link_local), ("multicast", addr.is_multicast),

@@ -149,7 +149,11 @@ def create_silence(body: SilenceIn, request: Request) -> dict[str, Any]:
     starts = body.starts_at if body.starts_at is not None else now
     if (body.ends_at is None) == (body.duration_s is None):
         raise InvalidInput("give exactly one of ends_at or duration_s", loc=("body",))
-    ends = body.ends_at if body.ends_at is not None else starts + float(body.duration_s)
+    if body.ends_at is not None:
+        ends = body.ends_at
+    else:
+        assert body.duration_s is not None   # exactly one of the two (checked above)
+        ends = starts + float(body.duration_s)
     try:
         s = _manager(request).add_silence([Matcher(m.name, m.value, m.op) for m in body.matchers], starts, ends,
                                           now, body.created_by, body.comment)

@@ -75,7 +75,7 @@ def generator_url(external_url: str, alert: Alert) -> str:
 
 
 def alertmanager_body(n: Notification) -> dict[str, Any]:
-    alerts = [
+    alerts: list[dict[str, Any]] = [
         {
             "status": a.status,
             "labels": a.routing_labels(),

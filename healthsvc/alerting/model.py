@@ -249,8 +249,7 @@ def fire(
     host of each rank the finding blames, None where unknown (as the finding was stored)."""
     labels = alert_labels(finding, run_id)
     new_ranks = np.asarray(finding.ranks, dtype=np.int64)
-    reopen = existing is None or existing.status == "resolved"
-    if reopen:
+    if existing is None or existing.status == "resolved":   # (re)open
         ranks = np.unique(new_ranks)
         return Alert(
             labels=tuple(sorted(labels.items())), fingerprint=fingerprint(labels),

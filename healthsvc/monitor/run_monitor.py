@@ -84,8 +84,8 @@ class RunMonitor:
             arrival_block = batch_to_block(batch.steps, batch.ranks, batch.values, batch.present)
             for det in self.suite.arrival.values():
                 out += det.update(arrival_block)
-        for det in self.suite.absence.values():
-            out += det.observe(batch.ranks, batch.steps, now)
+        for watcher in self.suite.absence.values():
+            out += watcher.observe(batch.ranks, batch.steps, now)
         for block in self.aligner.add(batch, now, self.expected_ranks()):
             out += self._aligned(block)
         return out
