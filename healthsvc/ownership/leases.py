@@ -347,12 +347,12 @@ class PgLeases:
                 if "chunks" in message and (owner, run_id) in chunks:
                     remote_chunks.fold(chunks[(owner, run_id)]["msg"], message)
                     continue
-                item = {"run": run_id, "msg": message}
+                entry: dict = {"run": run_id, "msg": message}
                 if "chunks" in message:
-                    item["msg"] = {"chunks": []}   # a fresh message to fold this run's into
-                    remote_chunks.fold(item["msg"], message)
-                    chunks[(owner, run_id)] = item
-                by_owner.setdefault(owner, []).append(item)
+                    entry["msg"] = {"chunks": []}   # a fresh message to fold this run's into
+                    remote_chunks.fold(entry["msg"], message)
+                    chunks[(owner, run_id)] = entry
+                by_owner.setdefault(owner, []).append(entry)
             try:
                 if conn is None or conn.closed:
                     conn = self._connect()
@@ -399,7 +399,9 @@ def _payloads(items: list[dict], limit: int = 7900) -> list[str]:
     >>> len(ps), sum(len(json.loads(p)) for p in ps), max(len(p) for p in ps) < 8000
     (5, 1000, True)
     """
-    out, cur, size = [], [], 2
+    out: list[str] = []
+    cur: list[str] = []
+    size = 2
     for text in (t for item in items for t in _fitted(item, limit - 2)):
         if cur and size + len(text) + 1 > limit:
             out.append("[" + ",".join(cur) + "]")
