@@ -66,7 +66,7 @@ class AlertingService:
     """The manager, the delivery worker and the thread that feeds them."""
 
     def __init__(self, outbox: Outbox, settings: Any, clock: Callable[[], float],
-                 findings_after: Callable[[int], list] | None = None,
+                 findings_after: Callable[..., list] | None = None,
                  newest_finding_id: Callable[[], int] | None = None,
                  rollback_lookup: Callable[..., dict | None] | None = None,
                  onset_lookup: Callable[[str], int | None] | None = None,
@@ -147,7 +147,9 @@ class AlertingService:
                 self._process_run(conn, run_id, stored, targets)
             return
         # Without a way to read the findings table, only what this job stored is known.
-        fetch = self._findings_after or (lambda after, conn: [sf for sf in stored or () if sf.id > after])
+        def stored_after(after: int, conn: Any = None) -> list:
+            return [sf for sf in stored or () if sf.id > after]
+        fetch: Callable[..., list] = self._findings_after or stored_after
         saved = self.outbox.records("cursor", conn=conn).get("findings")
         cursor = int(saved["id"]) if saved is not None else 0
         while pending := fetch(cursor, conn=conn):
