@@ -32,6 +32,14 @@ At the end (after the outbox has nothing pending), what must hold:
   (``healthsvc_runs_held`` on /metrics: a count, which a short run can check where RSS cannot).
 
     .venv/bin/python bench/soak.py [--minutes 30] [--ranks 1024] [--replicas 3] [--smoke]
+        [--faults hang] [--log-dir DIR] [--keep-db] [--server-log-level info] [--memtrace DIR]
+
+To find what goes wrong: ``--faults hang`` injects one kind only (five hangs in an 8-minute run);
+``--log-dir`` and ``--keep-db`` keep the replicas' logs and the database; ``--memtrace`` has replica 0
+write its memory from inside (``bench/memtrace/sitecustomize.py``: pymalloc arenas and live
+blocks, malloc, objects by type, stage queues; tracemalloc diffs unless
+``HEALTHSVC_BENCH_MEMTRACE_FRAMES=0``, at a large cost in CPU). A missed hang is reported with what
+the run's last saved hang detector state says of its rank (silence, push interval, timeout).
 
 Exit status 1 when an invariant does not hold. ``--smoke`` (the tests): a few seconds, 16 ranks.
 """
@@ -41,6 +49,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import sys
 import tempfile
 import threading
@@ -102,8 +111,8 @@ class Episode:
         return orjson.dumps({"columns": cols})
 
 
-def make_episode(k: int, ranks: int, steps: int) -> Episode:
-    kind = FAULTS[k % len(FAULTS)]
+def make_episode(k: int, ranks: int, steps: int, faults: tuple[str, ...] = FAULTS) -> Episode:
+    kind = faults[k % len(faults)]
     rng = np.random.default_rng(1000 + k)
     step, rank = (2 * steps) // 3, int(rng.integers(ranks))
     fault = {"non_finite": NonFinite(step=step, rank=rank, in_loss=True),
@@ -139,8 +148,10 @@ class Job:
     detector's definition, ranks silent while their peers progress, which no synchronous job
     shows: 256 such hangs in one soak.)"""
 
-    def __init__(self, url: str, ranks: int, steps: int, step_rate: float, workers: int, ledger: Ledger) -> None:
+    def __init__(self, url: str, ranks: int, steps: int, step_rate: float, workers: int, ledger: Ledger,
+                 faults: tuple[str, ...] = FAULTS) -> None:
         self.url, self.ranks, self.steps, self.step_rate, self.workers = url, ranks, steps, step_rate, workers
+        self.faults = faults
         self.ledger = ledger
         self.episodes: dict[int, Episode] = {}
         self.lock = threading.Lock()
@@ -150,7 +161,7 @@ class Job:
     def episode(self, k: int, http: httpx.Client) -> Episode:
         with self.lock:
             if k not in self.episodes:
-                ep = make_episode(k, self.ranks, self.steps)
+                ep = make_episode(k, self.ranks, self.steps, self.faults)
                 config = {"world_size": self.ranks,
                           "detectors": {"hang": {"timeout_floor_s": HANG_S, "startup_timeout_s": 30.0}}}
                 self._until_ok(http, "PUT", f"/v1/runs/{ep.run_id}", orjson.dumps(config))
@@ -334,6 +345,37 @@ def allocator_figures(url: str) -> dict[str, float]:
             (line.split(" ", 1) for line in text.splitlines() if line.startswith("healthsvc_malloc_"))}
 
 
+def watch_metrics(url: str, path: Path, stop: threading.Event, every: float = 20.0) -> None:
+    """--memtrace: replica 0's runs held and allocator figures every ``every`` seconds, one JSON line each."""
+    t0 = time.monotonic()
+    while not stop.wait(every):
+        line = {"t": round(time.monotonic() - t0, 1), **runs_held(url), **allocator_figures(url)}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def hang_view(dsn: str, ep: Episode) -> str:
+    """What the run's last saved hang detector state says of the hung rank (why a hang was or was
+    not found): its last step, its silence until the run's last record, its push interval and the
+    timeout that follows (the detector's defaults: 10 intervals, at least the soak's floor)."""
+    import psycopg
+    with psycopg.connect(dsn) as conn:
+        snap = conn.execute("SELECT state FROM run_state WHERE run_id=%s AND kind='monitor'", (ep.run_id,)).fetchone()
+        last = conn.execute("SELECT max(received_at) FROM chunks WHERE run_id=%s", (ep.run_id,)).fetchone()[0]
+    if snap is None:
+        return "no monitor snapshot"
+    state = json.loads(bytes(snap[0]))
+    hang = state["detectors"].get("hang")
+    if not hang or ep.rank not in hang["ids"]:
+        return "the rank is not in the hang detector's state"
+    j = hang["ids"].index(ep.rank)
+    interval = hang["interval_s"][j]
+    timeout = max(HANG_S, 10 * interval)
+    return (f"last snapshot: rank's last step {hang['last_step'][j]}, silent {last - hang['progress_s'][j]:.1f} s until "
+            f"the run's last record, push interval {interval:.2f} s (timeout {timeout:.1f} s), hung {hang['hung'][j]}, "
+            f"stalled {hang['stalled']}, finished {state['finished']}")
+
+
 def outbox(dsn: str) -> list[tuple[str, str]]:
     import psycopg
     with psycopg.connect(dsn) as conn:
@@ -380,6 +422,14 @@ def main() -> int:
     ap.add_argument("--flap-down", type=float, default=15.0, help="seconds the receiver stays down")
     ap.add_argument("--release-after", type=float, default=30.0,
                     help="seconds a finished run stays in memory without input (run_release_after_s)")
+    ap.add_argument("--faults", default=",".join(FAULTS),
+                    help="the faults injected, in turn, comma-separated (e.g. hang: every episode a hang)")
+    ap.add_argument("--log-dir", type=Path, default=None, help="keep the replicas' logs here (default: dropped)")
+    ap.add_argument("--memtrace", type=Path, default=None,
+                    help="replica 0 writes a memory timeline and tracemalloc diffs here (bench/memtrace)")
+    ap.add_argument("--keep-db", action="store_true",
+                    help="keep the PostgreSQL database afterwards (its name is printed) to read what was stored")
+    ap.add_argument("--server-log-level", default="warning", help="the replicas' --log-level (info: leases, restores)")
     ap.add_argument("--smoke", action="store_true", help="a few seconds, 16 ranks: proves it runs (tests)")
     args = ap.parse_args()
     if args.smoke:
@@ -389,12 +439,23 @@ def main() -> int:
     if args.step_rate <= 0:
         args.step_rate = min(4.0, 128 * PER_HOST / args.ranks)
     seconds = args.minutes * 60
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    if not faults or set(faults) - set(FAULTS):
+        ap.error(f"--faults: some of {', '.join(FAULTS)}")
 
     ledger, events = Ledger(), []
     receiver = FlappingReceiver()
     receiver.up()
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="hs-soak-") as tmp:
-        dsn = stack.enter_context(fresh_database())
+        if args.keep_db:
+            from tests.pg import ADMIN_URI, database_uri
+            import psycopg
+            dsn = database_uri(f"hs_soak_{int(time.time())}")
+            with psycopg.connect(ADMIN_URI, autocommit=True) as admin:
+                admin.execute(f"CREATE DATABASE {dsn.rsplit('/', 1)[1]}")
+            print("database kept:", dsn, flush=True)
+        else:
+            dsn = stack.enter_context(fresh_database())
         env = {"HEALTHSVC_LEASE_TTL_S": "2", "HEALTHSVC_SNAPSHOT_EVERY_S": "1",
                "HEALTHSVC_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8", "HEALTHSVC_ALERT_RETRY_CAP_S": "5",
                # Every group sent within a second of its first finding and of each change: a loss spike
@@ -407,7 +468,18 @@ def main() -> int:
                                                       for s in ("info", "warning")}),
                "HEALTHSVC_RUN_RELEASE_AFTER_S": str(args.release_after),
                "HEALTHSVC_ALERT_WEBHOOKS": json.dumps([{"id": "soak", "url": receiver.url, "format": "json"}])}
-        servers = [ServerProcess(dsn, env=env, log_path=Path(tmp) / f"replica{i}.log") for i in range(args.replicas)]
+        logs = Path(tmp)
+        if args.log_dir:
+            logs = args.log_dir
+            logs.mkdir(parents=True, exist_ok=True)
+        envs = [env] * args.replicas
+        if args.memtrace:
+            # Replica 0 (never killed) traces its memory from inside: bench/memtrace/sitecustomize.py.
+            args.memtrace.mkdir(parents=True, exist_ok=True)
+            path = [str(ROOT / "bench" / "memtrace"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+            envs[0] = {**env, "HEALTHSVC_BENCH_MEMTRACE": str(args.memtrace.resolve()), "PYTHONPATH": os.pathsep.join(path)}
+        servers = [ServerProcess(dsn, env=envs[i], log_path=logs / f"replica{i}.log",
+                                 extra_args=["--log-level", args.server_log_level]) for i in range(args.replicas)]
         for s in servers:
             s.start()              # one at a time: the first migrates the fresh database
             stack.callback(s.stop)
@@ -420,7 +492,10 @@ def main() -> int:
         rss.thread.start()
         stop = threading.Event()
         chaos_thread = threading.Thread(target=chaos, args=(servers, receiver, args, stop, events), daemon=True)
-        job = Job(lb.url, args.ranks, args.episode_steps, args.step_rate, args.workers, ledger)
+        job = Job(lb.url, args.ranks, args.episode_steps, args.step_rate, args.workers, ledger, faults)
+        if args.memtrace:
+            threading.Thread(target=watch_metrics, args=(servers[0].url, args.memtrace / "metrics.jsonl", stop),
+                             daemon=True).start()
         t_start = time.monotonic()
         chaos_thread.start()
         n_episodes = job.run(seconds)
@@ -450,6 +525,7 @@ def main() -> int:
             lost += len(ledger.acked[ep.run_id] - have)
             acked_total += len(ledger.acked[ep.run_id])
         rows = outbox(dsn)
+        hang_views = {ep.run_id: hang_view(dsn, ep) for ep in job.episodes.values() if ep.kind == "hang"}
 
     # --- invariants
     delivered = receiver.delivered()
@@ -487,7 +563,8 @@ def main() -> int:
         c["to page"] += pages
         if not hits or twice or (pages and (ep.run_id, ep.kind) not in paged):
             misses.append(f"{ep.run_id} {ep.kind}@{ep.step} rank {ep.rank}: {len(hits)} findings, {twice} twice "
-                          f"{[(f['kind'], f['step'], f['ranks']) for f in firing]}, paged {(ep.run_id, ep.kind) in paged}")
+                          f"{[(f['kind'], f['step'], f['ranks']) for f in firing]}, paged {(ep.run_id, ep.kind) in paged}"
+                          + (f"; {hang_views.get(ep.run_id)}" if ep.kind == "hang" else ""))
         for f in firing:
             if f not in hits:
                 others[f["kind"]] += 1
@@ -540,6 +617,8 @@ def main() -> int:
     for label, name in (("trims", "healthsvc_malloc_trims_total"), ("arenas", "healthsvc_malloc_arenas")):
         print(f"| {label} | " + " | ".join(f"{malloc[i].get(name, 0):.0f}" for i in malloc) + " |")
     print("\nother findings:", "; ".join(other_list) or "none")
+    print("hang episodes, the detector's view:", "; ".join(f"{run}: {view}" for run, view in sorted(hang_views.items()))
+          or "none")
     print("events:", "; ".join(e.strip() for e in events) or "none")
 
     failures = []

@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
@@ -47,8 +48,16 @@ class RemotePush:
     message: RemoteMessage
 
 
+@dataclass(frozen=True)
+class FindingsUnstored:
+    """A findings write of the run failed (:meth:`MonitorHub._stored`): record them again."""
+    run_id: str
+    attempt: int
+    findings: list[Finding]
+
+
 # What the monitor thread consumes: committed input from the store, and its own control messages.
-MonitorInput = Union[IngestResult, RunEvent, RunOwned, RemotePush, Tick, Drain, Stop]
+MonitorInput = Union[IngestResult, RunEvent, RunOwned, RemotePush, FindingsUnstored, Tick, Drain, Stop]
 
 
 def _dump_state(state: dict) -> bytes:
@@ -81,6 +90,13 @@ class MonitorHub:
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-ticker", daemon=True)
         self._stopping = threading.Event()
         self.findings_recorded = 0
+        # Findings raised but not stored (the lease was not this replica's for a moment, or the
+        # write failed): run_id -> [(attempt, findings)], recorded again at the next tick while
+        # the run is owned here (_record, _stored). A detector raises a finding once (a hang
+        # fires once), so one dropped here would never be found again by this replica.
+        self._unstored: dict[str, list[tuple[int, list[Finding]]]] = {}
+        self._recording: dict[str, Future] = {}   # run_id -> its last findings write
+        self.findings_unstored = 0
         # run_id -> why its stored config was refused (the run runs on default detectors).
         self.config_errors: dict[str, str] = {}
         # Letting go of finished runs (see _release_quiet): after this long without input (0: never).
@@ -106,6 +122,9 @@ class MonitorHub:
         self._queue.put(Stop())
         self._thread.join(10)
         self._ticker.join(5)
+        # The findings writes queued so far end first: a run whose findings were not all stored
+        # gets no snapshot (_settled), so the next owner replays from before them and finds them.
+        self.store.barrier().result(timeout=10)
         for run_id in list(self.monitors):
             if self.ownership.owns(run_id):
                 self._snapshot(run_id, force=True)
@@ -177,6 +196,8 @@ class MonitorHub:
                 if not self.ownership.owns(run_id):
                     self._drop(run_id)
                     continue
+                if run_id in self._unstored:
+                    self._record_unstored(run_id)
                 self.ownership.catch_up(run_id, self._pull)
                 self._record(mon, mon.tick(item.now))
                 self._snapshot(run_id)
@@ -194,6 +215,13 @@ class MonitorHub:
             return
         if isinstance(item, RemotePush):
             self._remote(item)
+            return
+        if isinstance(item, FindingsUnstored):
+            if item.run_id in self.monitors:
+                self._unstored.setdefault(item.run_id, []).append((item.attempt, item.findings))
+            else:   # let go meanwhile: its next owner restores from a snapshot taken before these
+                log.warning("run %s: %d findings not stored; the run is no longer watched here",
+                            item.run_id, len(item.findings))
             return
         if not self._claim(item):
             return
@@ -333,17 +361,61 @@ class MonitorHub:
                 listener(run_id, False)
         self._last_snapshot.pop(run_id, None)
         self._fed.forget(run_id)
+        self._recording.pop(run_id, None)
+        if self._unstored.pop(run_id, None):   # the new owner restores from before them: found again there
+            log.info("run %s: findings not stored are left to its new owner", run_id)
 
     def _record(self, mon: RunMonitor, found: list[Finding], attempt: int | None = None) -> None:
         """Store ``found`` in ``attempt`` (default: the monitor's current one)."""
         if not found:
             return
-        if not self.ownership.owns(mon.run_id):
-            return  # the lease ran out meanwhile: the new owner replays and finds these itself
+        attempt = mon.attempt if attempt is None else attempt
+        run_id = mon.run_id
+        if not self.ownership.owns(run_id):
+            # The lease ran out here a moment ago (a renewal late under load). The detector has
+            # moved on as if this was stored (a hang fires once), so it is kept and recorded at
+            # the next tick if the lease comes back; if another replica took the run, the run
+            # is dropped with it and the new owner restores and finds these itself.
+            self._unstored.setdefault(run_id, []).append((attempt, found))
+            return
         # The blamed ranks' hosts are looked up by the store's job, on the thread that owns them.
-        self.findings.record(mon.run_id, mon.attempt if attempt is None else attempt, found,
-                             fence=self.ownership.fence(mon.run_id))
+        fut = self.findings.record(run_id, attempt, found, fence=self.ownership.fence(run_id))
+        self._recording[run_id] = fut
+        fut.add_done_callback(functools.partial(self._stored, run_id, attempt, found))
         self.findings_recorded += len(found)
+
+    def _stored(self, run_id: str, attempt: int, found: list[Finding], fut: Future) -> None:
+        """A findings write ended (on the writer thread): one that failed (its fence found the
+        lease expired in the database, which happens when a renewal comes late; the store was
+        down) goes back to the hub's thread, to be recorded again while the run is owned here."""
+        exc = fut.exception()
+        if exc is not None:
+            self.findings_unstored += len(found)
+            log.warning("run %s: %d findings not stored (%s); recorded again at the next tick if the run is "
+                        "still watched here", run_id, len(found), exc)
+            self._queue.put(FindingsUnstored(run_id, attempt, found))
+
+    def _record_unstored(self, run_id: str) -> None:
+        """Record again what could not be stored (:meth:`_record`, :meth:`_stored`); the run is
+        owned here now. Findings are stored once by identity: one stored after all is skipped."""
+        mon = self.monitors.get(run_id)
+        for attempt, found in self._unstored.pop(run_id, []):
+            if mon is not None:
+                self._record(mon, found, attempt)
+
+    def _settled(self, run_id: str) -> bool:
+        """Whether every finding raised on the run is stored (none waiting to be recorded again,
+        the last write done and not failed): only then may a snapshot say the detectors are past
+        them, or a replica restoring from it would never find them."""
+        if run_id in self._unstored:
+            return False
+        fut = self._recording.get(run_id)
+        if fut is None:
+            return True
+        if not fut.done() or fut.exception() is not None:
+            return False
+        del self._recording[run_id]
+        return True
 
     # -- snapshots ------------------------------------------------------------------------
     def _snapshot(self, run_id: str, force: bool = False) -> Any:
@@ -352,7 +424,7 @@ class MonitorHub:
         now = self.clock()
         if not force and now - self._last_snapshot.get(run_id, 0.0) < self.snapshot_every_s:
             return None
-        if not self.ownership.owns(run_id):
+        if not self.ownership.owns(run_id) or not self._settled(run_id):
             return None
         mon = self.monitors[run_id]
         state = mon.state_dict()
@@ -378,7 +450,7 @@ class MonitorHub:
             self._store_released_at = now
             self.store.ingest.release_run_states(self.release_after_s)
         for run_id, mon in list(self.monitors.items()):
-            if mon.finished and now - mon.last_input_s >= self.release_after_s:
+            if mon.finished and now - mon.last_input_s >= self.release_after_s and self._settled(run_id):
                 self._release(run_id)
         for run_id in list(self._parked):
             self._release_lease(run_id)
@@ -394,6 +466,7 @@ class MonitorHub:
         self.monitors.pop(run_id, None)
         self._last_snapshot.pop(run_id, None)
         self._fed.forget(run_id)
+        self._recording.pop(run_id, None)
         self.config_errors.pop(run_id, None)
         self.runs_released += 1
         log.info("run %s finished and quiet: its detector state is let go (kept in the store)", run_id)
@@ -418,7 +491,8 @@ class MonitorHub:
         """Per-run state this hub holds, by kind: monitors, leases kept for alerting after the
         monitor was let go, and the chunk bookkeeping of replicas (the memory test counts them)."""
         return {"monitors": len(self.monitors), "parked": len(self._parked), "fed": len(self._fed),
-                "snapshot_times": len(self._last_snapshot), "config_errors": len(self.config_errors)}
+                "snapshot_times": len(self._last_snapshot), "config_errors": len(self.config_errors),
+                "unstored": len(self._unstored)}
 
     def _restore(self) -> None:
         """At start: restore every run this replica owns (the sole owner: all of them)."""

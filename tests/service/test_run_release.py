@@ -60,7 +60,7 @@ def test_finished_quiet_runs_are_let_go_and_restored_when_pushed_again(svc):
     held = holders(svc.app)
     assert {k: v for k, v in held.items() if k.startswith("monitor_")} == {
         "monitor_monitors": 1, "monitor_parked": 0, "monitor_fed": int(not svc.monitor.ownership.holds_every_run()),
-        "monitor_snapshot_times": 1, "monitor_config_errors": 0}
+        "monitor_snapshot_times": 1, "monitor_config_errors": 0, "monitor_unstored": 0}
     assert held["leases"] == (0 if svc.monitor.ownership.holds_every_run() else 1)
     assert held["alerting_runs"] == 0
     assert held["store_run_states"] == held["dashboard_feeds"] == 1
