@@ -62,7 +62,8 @@ class _RankTable:
             at = self.at.setdefault(f, np.full(len(self.ids), -1, np.int64))
             o = order[(p & np.isfinite(v))[order]]
             pos = pos_all[o]
-            o, pos = o[key[o] >= at[pos]], pos[key[o] >= at[pos]]   # not older than the table's
+            newer = key[o] >= at[pos]                       # not older than the table's
+            o, pos = o[newer], pos[newer]
             col[pos], at[pos] = v[o], key[o]
         for _, batch in pending:
             if batch.host_index is not None:
