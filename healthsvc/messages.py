@@ -6,7 +6,9 @@ these (or a store result, :mod:`healthsvc.store.results`), never a tuple tagged 
     store writer ──IngestResult, RunEvent──▶ monitor hub ──findings job──▶ store writer
         (the findings job also folds them into alerts, notifications and outbox rows: one
         transaction; a corruption page's rollback target is looked up by the hub before it)
-    store writer ──Annotate, RolledBack──▶ alerting ──one job each──▶ store (outbox)
+    monitor hub, the run's owner, also does the rest of its runs' alerts: a Tick ticks them
+        (group intervals, resolve timeouts), a rollback event resolves latched ones, Annotate
+        looks up a rollback target a page waits for: one job each
     ticker ──Tick──▶ every stage;   tests, shutdown ──Drain, Stop──▶ every stage
 """
 from __future__ import annotations
@@ -19,8 +21,11 @@ from typing import Any, Callable, Iterable
 
 @dataclass(frozen=True)
 class Tick:
-    """A ticker's beat: do what is due at ``now`` (service clock, unix seconds)."""
+    """A ticker's beat: do what is due at ``now`` (service clock, unix seconds). ``asked``: a
+    drain asked for it (tests): what runs on an interval of its own (alerting's ticks) is done
+    now too, not only when its interval elapsed."""
     now: float
+    asked: bool = False
 
 
 @dataclass(frozen=True)
@@ -44,18 +49,10 @@ class Flush:
 
 @dataclass(frozen=True)
 class Annotate:
-    """A corruption alert of the run opened without its rollback target (its findings were stored
-    by hand or replayed at start; the monitor looks the target up before a findings job) in a job
-    that is now durable: look it up (decided from the stored findings) and send what its group
+    """A findings job that is now durable opened a corruption alert without its rollback target
+    (its findings were stored by hand, or folded by a job the run's owner did not prepare): the
+    run's owner looks the target up (decided from the stored findings) and sends what its group
     held back."""
-    run_id: str
-
-
-@dataclass(frozen=True)
-class RolledBack:
-    """The run resumed from the checkpoint at ``step`` (a ``rollback`` event was committed)."""
-    run_id: str
-    step: int
 
 
 @dataclass(frozen=True)

@@ -45,19 +45,23 @@ class Stage:
 def build(ctx: ServiceContext) -> Pipeline:
     """The stages, in order (those of features not installed left out)."""
     monitor, dashboard, alerting = ctx.monitor, ctx.dashboard, ctx.alerting
+    # The monitor's tick, asked by a drain, also ticks its runs' alerts whatever their interval.
+    ticked_monitor = _ticked(lambda: monitor.tick(asked=True), monitor) if monitor else None
     stages = [
         # The findings a job stored: what its stage asked for after the commit (the pages it
         # claimed, handed to the delivery worker), then the replay probes they ask for.
         Stage("findings", committed=ctx.findings.committed),
         Stage("replay probes", committed=_findings_only(ctx.auto_probe)) if ctx.auto_probe else None,
         # The runs' detectors, on the run's owner: writer job 2 (findings, alerts, notifications,
-        # outbox rows, the page's rollback target looked up before it).
-        Stage("monitor", committed=monitor.committed, drain=_ticked(monitor)) if monitor else None,
-        Stage("dashboard rollups", committed=dashboard.committed, drain=_ticked(dashboard)) if dashboard else None,
+        # outbox rows, the page's rollback target looked up before it). The owner also ticks its
+        # runs' alerts, hands them rollbacks, and annotates a page opened without its target.
+        Stage("monitor", committed=monitor.committed, drain=ticked_monitor) if monitor else None,
+        Stage("dashboard rollups", committed=dashboard.committed, drain=_ticked(dashboard.tick, dashboard))
+        if dashboard else None,
         Stage("run metrics", committed=ctx.run_series.committed) if ctx.run_series else None,
-        # Ticks (group intervals, resolve timeouts), rollbacks, alerts changed on another replica.
-        Stage("alerting thread", committed=alerting.on_store_results,
-              drain=lambda timeout_s, tick: alerting.drain(timeout_s, tick=tick)),
+        # What the commits above asked of the run's owner: the rollback target of a corruption
+        # page opened without one (findings stored by hand, or folded by a job it did not prepare).
+        Stage("monitor follow-ups", drain=lambda timeout_s, tick: monitor.drain(timeout_s)) if monitor else None,
         # Sends; writer job 3, one per pass: record the finished attempts, pull forward, claim.
         Stage("webhook delivery worker",
               drain=lambda timeout_s, tick: alerting.worker is None or alerting.worker.drain(timeout_s)),
@@ -105,11 +109,11 @@ class Pipeline:
             writer()   # what the stage wrote, and the listeners of its commits
 
 
-def _ticked(hub: Any) -> Callable[[float, bool], bool]:
+def _ticked(tick_now: Callable[[], None], hub: Any) -> Callable[[float, bool], bool]:
     """A hub's drain, after queueing its tick when asked (a hub ticks by a message on its queue)."""
     def drain(timeout_s: float, tick: bool) -> bool:
         if tick:
-            hub.tick()
+            tick_now()
         return bool(hub.drain(timeout_s))
     return drain
 

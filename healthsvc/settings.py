@@ -52,7 +52,8 @@ class Settings(BaseSettings):
                                               "generatorURL, externalURL). Default: the address it listens on, "
                                               "http://<host>:<port>, with this machine's name for 0.0.0.0 / ::.")
     ingest_fast_path: bool = Field(True, description="Serve metrics pushes below the web framework (same code; saves 10-20 % per push, bench/ingest.py).")
-    detect: bool = Field(True, description="Run the detectors on ingested data (off: a storage-only service).")
+    detect: bool = Field(True, description="Run the detectors on ingested data (off: a storage-only service: nothing is found, and "
+                         "alerts already stored are neither ticked nor resolved by rollbacks).")
     tick_interval_s: float = Field(1.0, gt=0, description="How often absence checks (hang, stall) run, seconds.")
     align_timeout_s: float = Field(5.0, gt=0, description="How long a step waits for missing ranks before detectors see it with them masked, seconds.")
     supervise_settle_s: float = Field(5.0, ge=0, description="GET /v1/runs/{run}/action: how long a restart or stop for a "

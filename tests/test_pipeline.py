@@ -4,6 +4,7 @@ registered in at most three places in the service."""
 from __future__ import annotations
 
 import ast
+import threading
 from pathlib import Path
 
 from tests.harness import InProcessService
@@ -35,7 +36,7 @@ def test_the_stages_in_order_are_the_stores_one_listener_and_the_drain_order(tmp
     with InProcessService(tmp_path) as svc:
         pipeline = svc.app.state.pipeline
         assert [s.name for s in pipeline.stages] == [
-            "findings", "replay probes", "monitor", "dashboard rollups", "run metrics", "alerting thread",
+            "findings", "replay probes", "monitor", "dashboard rollups", "run metrics", "monitor follow-ups",
             "webhook delivery worker"]
         assert svc.app.state.store._listeners == [pipeline._committed]
         drained: list[str] = []
@@ -46,4 +47,12 @@ def test_the_stages_in_order_are_the_stores_one_listener_and_the_drain_order(tmp
                     return real(timeout_s, tick)
                 pipeline.stages[i] = type(stage)(stage.name, stage.committed, spy)
         svc.drain()
-        assert drained == ["monitor", "dashboard rollups", "alerting thread", "webhook delivery worker"]
+        assert drained == ["monitor", "dashboard rollups", "monitor follow-ups", "webhook delivery worker"]
+
+
+def test_no_thread_of_its_own_for_alerting(tmp_path):
+    # A run's alerts are its owner's: the monitor thread ticks them, hands them rollbacks and
+    # annotates their pages; alerting adds the delivery worker's threads, nothing else.
+    with InProcessService(tmp_path):
+        names = {t.name for t in threading.enumerate()}
+        assert "healthsvc-monitor" in names and "alerting" not in names

@@ -43,6 +43,7 @@ Example::
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Sequence
 
 from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
@@ -141,6 +142,17 @@ class AlertManager:
     @one_job
     def tick(self, now: float) -> list[str]:
         """Resolve alerts whose condition stayed clear, flush due groups, forget old alerts."""
+        return self._tick(now)
+
+    def tick_later(self, now: float) -> Future[list[str]]:
+        """:meth:`tick` as one job the caller does not wait for (the run's owner ticks its
+        alerts between its detectors' inputs); resolves once the job is durable."""
+        def job(conn: Any) -> list[str]:
+            with self._lock:
+                return self._tick(now)
+        return self.outbox.submit_in_job(job)
+
+    def _tick(self, now: float) -> list[str]:
         if not self._ownership.holds_every_run():
             self._notifier.forget_unowned()
             self._reload_shared()

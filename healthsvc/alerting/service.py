@@ -2,8 +2,8 @@
 
 Wiring (see INTEGRATION.md of the repository's notes for the extension points):
 
-- the outbox tables are registered with the store at install; the manager, the delivery worker
-  and the alerting thread start after the store opens and stop before it closes;
+- the outbox tables are registered with the store at install; the manager and the delivery
+  worker start after the store opens and stop before it closes;
 - newly stored findings are folded into alerts *inside the job that stores them*
   (``ctx.findings.set_stage``): the findings, their alert changes, the notifications, the
   outbox rows and the cursor commit as one transaction, so a crash never leaves a finding
@@ -11,10 +11,16 @@ Wiring (see INTEGRATION.md of the repository's notes for the extension points):
   run's owner (the monitor thread, recording the findings) looks it up *before* the job, with
   the new findings counted (:meth:`AlertingService.prepare`), so the page goes out with the job;
   the page's row is claimed in it for the delivery worker, which sends it once it is durable;
-- ``rollback`` events (the pipeline's ``alerting thread`` stage, ``healthsvc.pipeline``), and the rollback-target look-up of a corruption
-  alert opened without one (findings stored by hand or replayed at start), are *queued* for the
-  alerting thread, which also ticks the manager every ``alert_tick_s``; each change the manager
-  makes is one store job (``healthsvc.alerting.admin.one_job``);
+- the rest of a run's alert lifecycle is its owner's too, on the monitor thread
+  (``healthsvc.monitor.hub``, which calls this service as its ``RunAlerts``): :meth:`tick` every
+  ``alert_tick_s`` (group intervals, resolve timeouts; one job it does not wait for),
+  :meth:`rolled_back` for a ``rollback`` event, :meth:`annotate` for a corruption alert opened
+  without its rollback target (findings stored by hand, or folded at start), :meth:`owned` when
+  the run is taken over or let go. There is no alerting thread. With detection off
+  (``HEALTHSVC_DETECT=0``, a storage-only service) nothing owns runs, so nothing is found and no
+  alert is ticked: alerts already stored stay as they are;
+- each change the manager makes on its own is one store job
+  (``healthsvc.alerting.admin.one_job``): an operator's action, on the request's thread;
 - routers: ``/v1/alerts``, ``/v1/silences``, ``/v1/webhooks`` (``healthsvc.alerting.api``), and
   the runbook page ``/runbook`` (``healthsvc.alerting.runbook_page``);
 - Prometheus: alerts by state, notifications by reason, webhook attempts by outcome, deliveries
@@ -26,9 +32,8 @@ with the rollback feature's lookup, so corruption alerts carry the rollback targ
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from collections import Counter
+from concurrent.futures import Future
 from typing import Any, Callable, TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -40,14 +45,11 @@ from healthsvc.alerting.model import LifecyclePolicy
 from healthsvc.store.outbox import Delivery, Outbox
 from healthsvc.alerting.policy import DEFAULT_TIMINGS, PolicyConfig, Timing
 from healthsvc.alerting.subscription import Subscription
-from healthsvc.messages import Annotate, Drain, RolledBack, RunOwned, Stop
 from healthsvc.ownership import RunOwnership, SoleOwner
 
 if TYPE_CHECKING:  # pragma: no cover
     from healthsvc.context import ServiceContext
 
-
-AlertingInput = Annotate | RolledBack | RunOwned | Drain | Stop
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,8 @@ def policy_from_settings(settings: Any) -> PolicyConfig:
 
 
 class AlertingService:
-    """The manager, the delivery worker and the thread that feeds them."""
+    """The manager and the delivery worker; what a run's owner calls for its runs' alerts (the
+    monitor hub's ``RunAlerts``)."""
 
     def __init__(self, outbox: Outbox, settings: Any, clock: Callable[[], float],
                  findings_after: Callable[..., list] | None = None,
@@ -89,9 +92,8 @@ class AlertingService:
         self.manager: AlertManager | None = None
         self.worker: DeliveryWorker | None = None
         self.attempts: Counter[str] = Counter()
-        self._queue: queue.Queue[AlertingInput] = queue.Queue()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._last_tick = float("-inf")
+        self._ticking: Future | None = None   # the tick job in flight, if any
         self.settings_subscriptions = [Subscription.from_dict({**d, "source": "settings"})
                                        for d in settings.alert_webhooks]
         self.address_policy = AddressPolicy.parse(getattr(settings, "webhook_allowed_networks", ""))
@@ -132,10 +134,7 @@ class AlertingService:
             return []  # start() will: it processes everything after the cursor, as a job
         with self.outbox.bound(conn) as after:
             self._process_pending(conn, stored, prepared or {})
-        return [*after, self._queue_annotations] if self._awaiting() else after
-
-    def _awaiting(self) -> bool:
-        return bool(self.manager is not None and self.manager.awaiting_target)
+        return after   # a target still awaited: the run's owner annotates (it watches the commits)
 
     def _process_pending(self, conn: Any, stored: list | None = None, targets: dict[str, Any] | None = None) -> None:
         assert self.manager is not None
@@ -191,7 +190,9 @@ class AlertingService:
         else:
             self.manager.process(run_id, found, now, target_later=True)
 
-    def on_ownership(self, run_id: str, gained: bool) -> None:
+    # -- the run's owner's calls (the monitor thread) -------------------------------------------
+
+    def owned(self, run_id: str, gained: bool) -> None:
         """The monitor hub took the run over (or let it go), on its thread, before it records the
         findings of the run's restore: the run's alerts are loaded and its unprocessed findings
         processed first, as jobs of the writer, ahead of the findings jobs that follow."""
@@ -215,19 +216,42 @@ class AlertingService:
         def job(conn: Any) -> None:
             self._process_run(conn, run_id)
         self.outbox.run_in_job(job)
-        self._queue_annotations()
+        self.annotate()
 
-    def _queue_annotations(self) -> None:
-        for run_id in sorted(self.manager.awaiting_target if self.manager is not None else ()):
-            self._queue.put(Annotate(run_id))
+    def awaiting(self) -> bool:
+        """Whether a corruption alert waits for its rollback target (:meth:`annotate`)."""
+        return bool(self.manager is not None and self.manager.awaiting_target)
 
-    def on_store_results(self, results: list) -> None:
-        for r in results:
-            if getattr(r, "kind", None) == "alerts_changed":   # by an operator, on another replica
-                self._queue.put(RunOwned(r.run_id, True))   # reload the run's alerts
-                continue
-            if getattr(r, "kind", None) == "event" and r.data.get("kind") == "rollback" and r.data.get("step") is not None:
-                self._queue.put(RolledBack(r.run_id, int(r.data["step"])))
+    def annotate(self) -> None:
+        """Look up the rollback target of every run whose corruption alert opened without it
+        (it is decided from the stored findings: read here, not in the job), annotate its
+        alerts and send what its group held back; one job per run."""
+        m = self.manager
+        if m is None:
+            return
+        for run_id in sorted(m.awaiting_target):
+            m.annotate(run_id, self.clock())
+
+    def rolled_back(self, run_id: str, step: int) -> None:
+        """The run resumed from the checkpoint at ``step`` (a ``rollback`` event): its latched
+        alerts whose corruption began after it resolve."""
+        if self.manager is not None:
+            self.manager.rollback(run_id, step, self.clock(), onset=self._incident_onset(run_id))
+
+    def tick(self, now: float, asked: bool = False) -> None:
+        """Every ``alert_tick_s`` (or at once when ``asked``, by a drain): resolve the alerts
+        whose condition stayed clear, flush due groups. One job, not waited for: the owner goes
+        on with its detectors meanwhile, and a writer that is slow or a database that is down
+        holds up alerting, not detection. One tick at a time unless asked."""
+        m = self.manager
+        if m is None or not self._live:
+            return
+        busy = self._ticking is not None and not self._ticking.done()
+        if not asked and (busy or now - self._last_tick < self.settings.alert_tick_s):
+            return
+        self._last_tick = now
+        self._ticking = m.tick_later(now)
+        self._ticking.add_done_callback(_log_failure)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -251,8 +275,6 @@ class AlertingService:
                 run_id, {"event": "alerts_changed", "data": {}, "at": self.clock()}))
         self._replay_unprocessed()
         self.worker.start()
-        self._thread = threading.Thread(target=self._loop, name="alerting", daemon=True)
-        self._thread.start()
 
     def _replay_unprocessed(self) -> None:
         """Process the findings stored after the cursor (before start, or before a crash), as
@@ -274,14 +296,10 @@ class AlertingService:
             self._process_pending(conn)
             self._live = True
         self.outbox.run_in_job(job)
-        self._queue_annotations()
+        self.annotate()
 
     def stop(self) -> None:
         self._live = False
-        self._stopping.set()
-        self._queue.put(Stop())
-        if self._thread is not None:
-            self._thread.join(10.0)
         if self.worker is not None:
             self.worker.stop()
 
@@ -302,51 +320,10 @@ class AlertingService:
     def _count_attempt(self, d: Delivery, r: AttemptResult) -> None:
         self.attempts["delivered" if r.delivered else ("retryable_error" if r.retryable else "failed")] += 1
 
-    def _loop(self) -> None:
-        assert self.manager is not None
-        tick_s = self.settings.alert_tick_s
-        last_tick = 0.0
-        while not self._stopping.is_set():
-            items: list[AlertingInput] = []
-            try:
-                items.append(self._queue.get(timeout=tick_s))
-                while True:
-                    items.append(self._queue.get_nowait())
-            except queue.Empty:
-                pass
-            drains = [item for item in items if isinstance(item, Drain)]
-            try:
-                for item in items:
-                    if not isinstance(item, (Stop, Drain)):
-                        self._handle(item)
-                now = self.clock()
-                if now - last_tick >= tick_s or any(d.tick for d in drains):
-                    self.manager.tick(now)
-                    last_tick = now
-            except Exception:  # one bad batch must not end alerting for the process
-                log.exception("alerting loop failed on %d items", len(items))
-            for d in drains:
-                d.done.set()
 
-    def drain(self, timeout_s: float = 10.0, *, tick: bool = False) -> bool:
-        """Wait until everything queued so far has been processed (and, with ``tick``, the
-        manager ticked at the clock's time now); False if that took longer than ``timeout_s``."""
-        barrier = Drain(tick=tick)
-        self._queue.put(barrier)
-        return barrier.done.wait(timeout_s)
-
-    def _handle(self, item: Annotate | RolledBack | RunOwned) -> None:
-        assert self.manager is not None
-        if isinstance(item, RunOwned):
-            if self.ownership.owns(item.run_id):
-                self._adopt(item.run_id)
-            return
-        if isinstance(item, RolledBack) and not self.ownership.owns(item.run_id):
-            return  # the owner hears of it from the monitor hub (the event, handed on)
-        if isinstance(item, Annotate):
-            self.manager.annotate(item.run_id, self.clock())
-            return
-        self.manager.rollback(item.run_id, item.step, self.clock(), onset=self._incident_onset(item.run_id))
+def _log_failure(done: Future) -> None:
+    if done.exception() is not None:   # the next tick does what this one could not
+        log.error("alerting: a tick failed: %s", done.exception())
 
 
 class _AlertingCollector:

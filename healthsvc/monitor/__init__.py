@@ -20,12 +20,8 @@ def install(app: FastAPI, ctx: ServiceContext) -> None:
         return
     hub = MonitorHub(ctx.store, ctx.findings, clock=ctx.clock, tick_interval_s=settings.tick_interval_s,
                      snapshot_every_s=settings.snapshot_every_s, align_timeout_s=settings.align_timeout_s,
-                     ownership=ctx.ownership, release_after_s=settings.run_release_after_s)
-    # Alerting follows the runs this replica owns (replicas; healthsvc.ownership).
-    hub.ownership_listeners.append(ctx.alerting.on_ownership)
-    hub.remote_event_listeners.append(ctx.alerting.on_store_results)
-    # A finished run's lease is kept while alerting still owes its receivers something.
-    hub.release_guards.append(ctx.alerting.keeps_run)
+                     ownership=ctx.ownership, release_after_s=settings.run_release_after_s,
+                     alerts=ctx.alerting)   # the run's owner owns its alerts (hub.RunAlerts)
     app.state.monitor = ctx.monitor = hub
     # A run whose stored config was refused at start says so in its summary (GET /v1/runs/{id}).
     ctx.summaries.add_contributor(lambda run_id: {"config_error": hub.config_errors.get(run_id)})

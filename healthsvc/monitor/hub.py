@@ -12,6 +12,13 @@ notification, others read by id: :mod:`healthsvc.ownership.remote_chunks`; each 
 chunks after its watermark, the replay path), and a run taken over from a dead replica is
 restored the same way as at start, one run at a time. Every ownership change reaches the hub as a
 message on its queue, so all of its state stays on its one thread.
+
+The run's owner owns its alerts too (:class:`RunAlerts`, alerting's service): the findings job
+folds them (alerting's stage), and the hub, on its thread, tells alerting when a run is taken
+over or let go, ticks the alerts with its own ticks, hands on a ``rollback`` event (accepted here
+or by another replica), reloads a run's alerts an operator changed through another replica, and
+has the rollback target looked up for a corruption alert opened without one (:class:`Annotate`,
+queued when a commit shows one waits).
 """
 from __future__ import annotations
 
@@ -23,11 +30,12 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Protocol, Union
 
 from healthsvc_detectors.finding import Finding
 from healthsvc.findings import FindingsService
-from healthsvc.messages import Drain, RunOwned, Stop, Tick, handle_in_order
+from healthsvc.findings import FindingsRecorded
+from healthsvc.messages import Annotate, Drain, RunOwned, Stop, Tick, handle_in_order
 from healthsvc.monitor import coalesce
 from healthsvc.ownership import remote_chunks
 from healthsvc.ownership import RemoteMessage, RunOwnership, SoleOwner
@@ -57,7 +65,31 @@ class FindingsUnstored:
 
 
 # What the monitor thread consumes: committed input from the store, and its own control messages.
-MonitorInput = Union[IngestResult, RunEvent, RunOwned, RemotePush, FindingsUnstored, Tick, Drain, Stop]
+MonitorInput = Union[IngestResult, RunEvent, RunOwned, RemotePush, FindingsUnstored, Annotate, Tick, Drain, Stop]
+
+
+class RunAlerts(Protocol):
+    """What the run's owner does for its runs' alerts (alerting's
+    :class:`~healthsvc.alerting.service.AlertingService`), called on the monitor thread."""
+
+    def owned(self, run_id: str, gained: bool) -> None:
+        """The run was taken over here (load its alerts, fold what its findings left) or let go
+        (forget them); also called to reload a run's alerts changed on another replica."""
+
+    def keeps_run(self, run_id: str) -> bool:
+        """Whether a finished run's lease is still needed (a page or a resolution owed)."""
+
+    def tick(self, now: float, asked: bool = False) -> None:
+        """Do what is due at ``now`` (group intervals, resolve timeouts), without waiting."""
+
+    def rolled_back(self, run_id: str, step: int) -> None:
+        """The run resumed from the checkpoint at ``step``: resolve what that undid."""
+
+    def awaiting(self) -> bool:
+        """Whether a corruption alert waits for its rollback target (on the writer thread)."""
+
+    def annotate(self) -> None:
+        """Look up the rollback targets awaited and send what their groups held back."""
 
 
 def _dump_state(state: dict) -> bytes:
@@ -68,14 +100,13 @@ def _dump_state(state: dict) -> bytes:
 class MonitorHub:
     def __init__(self, store: Store, findings: FindingsService, *, clock: Callable[[], float] = time.time,
                  tick_interval_s: float = 1.0, snapshot_every_s: float = 5.0, align_timeout_s: float = 5.0,
-                 ownership: RunOwnership | None = None, release_after_s: float = 0.0) -> None:
+                 ownership: RunOwnership | None = None, release_after_s: float = 0.0,
+                 alerts: RunAlerts | None = None) -> None:
         self.store = store
         self.ownership: RunOwnership = ownership or SoleOwner()
-        # Told (on this thread) when a run is taken over here (True) or let go (False), before
-        # the findings of its restore are recorded: alerting loads or forgets the run's alerts.
-        self.ownership_listeners: list[Callable[[str, bool], None]] = []
-        # Told of events accepted by another replica (a rollback resolves latched alerts).
-        self.remote_event_listeners: list[Callable[[list[RunEvent]], None]] = []
+        # The runs' alerts: told (on this thread) when a run is taken over here or let go,
+        # before the findings of its restore are recorded; ticked with the detectors.
+        self.alerts = alerts
         self.findings = findings
         self.clock = clock
         self.tick_interval_s = tick_interval_s
@@ -100,10 +131,8 @@ class MonitorHub:
         # run_id -> why its stored config was refused (the run runs on default detectors).
         self.config_errors: dict[str, str] = {}
         # Letting go of finished runs (see _release_quiet): after this long without input (0: never).
+        # The lease goes only once the run's alerts no longer need it (alerts.keeps_run).
         self.release_after_s = release_after_s
-        # Asked before a released run's lease goes: True while something of the run's owner still
-        # needs the lease (alerting: a page or a resolution still owed to a receiver).
-        self.release_guards: list[Callable[[str], bool]] = []
         self._parked: set[str] = set()   # monitors let go whose lease a guard still needs
         self._store_released_at = 0.0
         self.runs_released = 0
@@ -139,16 +168,20 @@ class MonitorHub:
         self._queue.put(barrier)
         return barrier.done.wait(timeout_s)
 
-    def tick(self) -> None:
-        """Queue the absence checks (hang, stall, aligner timeouts) at the clock's time now."""
-        self._queue.put(Tick(self.clock()))
+    def tick(self, asked: bool = False) -> None:
+        """Queue the absence checks (hang, stall, aligner timeouts) and the alerts' tick at the
+        clock's time now (``asked``: by a drain, so the alerts tick whatever their interval)."""
+        self._queue.put(Tick(self.clock(), asked))
 
     # -- input ----------------------------------------------------------------------------
     def committed(self, results: list[Any]) -> None:
         """A group commit's results (the pipeline's stage, on the writer thread): queue ours, in
         one queue put per group commit (``coalesce.unpacked`` spreads it out again)."""
-        wanted = [res for res in results if isinstance(res, RunEvent)
-                  or (isinstance(res, IngestResult) and not res.duplicate and res.batch is not None)]
+        wanted: list[Any] = [res for res in results if isinstance(res, RunEvent)
+                             or (isinstance(res, IngestResult) and not res.duplicate and res.batch is not None)]
+        if (self.alerts is not None and any(isinstance(res, FindingsRecorded) for res in results)
+                and self.alerts.awaiting()):
+            wanted.append(Annotate())
         if wanted:
             self._queue.put(wanted)
 
@@ -202,6 +235,12 @@ class MonitorHub:
                 self._record(mon, mon.tick(item.now))
                 self._snapshot(run_id)
             self._release_quiet(item.now)
+            if self.alerts is not None:
+                self.alerts.tick(item.now, item.asked)
+            return
+        if isinstance(item, Annotate):
+            if self.alerts is not None:
+                self.alerts.annotate()
             return
         if isinstance(item, RunOwned):
             if not item.gained:
@@ -210,8 +249,7 @@ class MonitorHub:
                 if item.run_id not in self.monitors:
                     self._adopt(item.run_id)
                 else:  # the lease lapsed here and came back: alerting may have let the run go
-                    for listener in self.ownership_listeners:
-                        listener(item.run_id, True)
+                    self._alerts_owned(item.run_id, True)
             return
         if isinstance(item, RemotePush):
             self._remote(item)
@@ -240,6 +278,13 @@ class MonitorHub:
             found = []
         elif ev.kind == "event" and ev.data["kind"] == "world_size_change" and "new" in ev.data["data"]:
             found = mon.on_world_size(int(ev.data["data"]["new"]), ev.received_at)
+        elif ev.kind == "event" and ev.data["kind"] == "rollback" and ev.data.get("step") is not None:
+            if self.alerts is not None:   # latched alerts of corruption the rollback undid resolve
+                self.alerts.rolled_back(ev.run_id, int(ev.data["step"]))
+            found = []
+        elif ev.kind == "alerts_changed":   # an operator changed its alerts through another replica
+            self._alerts_owned(ev.run_id, True)   # (told by it, once stored): read them again
+            found = []
         else:
             found = []
         self._record(mon, found)
@@ -297,10 +342,7 @@ class MonitorHub:
             if msg["event"] == "config":
                 row = self.store.reads.get_run_row(item.run_id)
                 data = row["config"] if row else data
-            ev = RunEvent(item.run_id, msg["event"], data, float(msg.get("at") or self.clock()))
-            self._handle(ev)
-            for listener in self.remote_event_listeners:
-                listener([ev])
+            self._handle(RunEvent(item.run_id, msg["event"], data, float(msg.get("at") or self.clock())))
             return
         if self.ownership.owns(item.run_id):
             if item.run_id not in self.monitors:
@@ -357,8 +399,7 @@ class MonitorHub:
         """Forget a run another replica owns now (it writes the run's snapshots from here on)."""
         if self.monitors.pop(run_id, None) is not None:
             log.info("run %s is watched by another replica now", run_id)
-            for listener in self.ownership_listeners:
-                listener(run_id, False)
+            self._alerts_owned(run_id, False)
         self._last_snapshot.pop(run_id, None)
         self._fed.forget(run_id)
         self._recording.pop(run_id, None)
@@ -480,12 +521,15 @@ class MonitorHub:
         if run_id in self.monitors or not self.ownership.owns(run_id):
             self._parked.discard(run_id)   # input came back, or the lease went elsewhere
             return
-        if any(guard(run_id) for guard in self.release_guards):
+        if self.alerts is not None and self.alerts.keeps_run(run_id):
             return   # asked again at the next tick
         self._parked.discard(run_id)
-        for listener in self.ownership_listeners:   # alerting forgets the run's alerts
-            listener(run_id, False)
+        self._alerts_owned(run_id, False)   # alerting forgets the run's alerts
         self.ownership.release(run_id)
+
+    def _alerts_owned(self, run_id: str, gained: bool) -> None:
+        if self.alerts is not None:
+            self.alerts.owned(run_id, gained)
 
     def held(self) -> dict[str, int]:
         """Per-run state this hub holds, by kind: monitors, leases kept for alerting after the
@@ -523,8 +567,7 @@ class MonitorHub:
         log.info("restored monitor of run %s (replayed %d chunks)", r.run_id, r.replayed)
 
     def _hand_over(self, r: "_Restore") -> None:
-        for listener in self.ownership_listeners:
-            listener(r.run_id, True)
+        self._alerts_owned(r.run_id, True)
 
     def _replay(self, r: "_Restore") -> None:
         run_id, row = r.run_id, r.row

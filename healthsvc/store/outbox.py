@@ -33,6 +33,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +196,35 @@ class Outbox:
         if out.error is not None:
             raise out.error
         return out.value
+
+    def submit_in_job(self, fn: Callable[[sqlite3.Connection], T]) -> "Future[T]":
+        """:meth:`run_in_job` without waiting for the writer: the future resolves to ``fn``'s
+        value once the job is durable and its :meth:`after_commit` callbacks ran (on the writer
+        thread: they only hand work on). For a caller that must not stop while the writer is
+        busy or the database is down (the run's owner ticking its alerts between detector
+        inputs). Inside a job, or on the outbox's own connection: at once, like ``run_in_job``."""
+        done: Future[T] = Future()
+        if self._store is None or getattr(self._bound, "bound", None) is not None:
+            try:
+                done.set_result(self.run_in_job(fn))
+            except Exception as exc:  # noqa: BLE001 - handed to the future's reader
+                done.set_exception(exc)
+            return done
+
+        def finished(job: "Future[_Outcome]") -> None:
+            try:
+                out = job.result()
+            except BaseException as exc:  # noqa: BLE001 - the commit failed: nothing is durable
+                done.set_exception(exc)
+                return
+            for callback in out.after:
+                callback()
+            if out.error is not None:
+                done.set_exception(out.error)
+            else:
+                done.set_result(out.value)
+        self._store.write(lambda conn: self._attempt(fn, conn)).add_done_callback(finished)
+        return done
 
     def _attempt(self, fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> "_Outcome":
         with self.bound(conn) as after:

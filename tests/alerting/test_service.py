@@ -169,10 +169,12 @@ def test_a_finding_its_alert_and_its_notification_commit_in_one_job(tmp_path, db
     with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
         ctx = svc.app.state.ctx
         ctx.store.control.submit_run_config("r1", {}).result()
-        # Hold the alerting thread: nothing below may depend on it.
-        held, handle = threading.Event(), ctx.alerting._handle
-        ctx.alerting._handle = lambda item: (held.wait(10), handle(item))
-        ctx.alerting._queue.put(Annotate("nobody"))
+        # Hold the run's owner (the monitor thread): nothing below may depend on it.
+        held, holding = threading.Event(), threading.Event()
+        real_annotate = ctx.alerting.annotate
+        ctx.alerting.annotate = lambda: (holding.set(), held.wait(10), real_annotate())
+        ctx.monitor._queue.put(Annotate())
+        assert holding.wait(10)
         (stored,) = ctx.findings.record("r1", 1, [hang()], HOSTS).result().findings
         (alert,) = ctx.alerting.manager.alerts(run="r1")
         assert alert.ranks == (3,) and alert.hosts == ("node0",)
@@ -182,6 +184,7 @@ def test_a_finding_its_alert_and_its_notification_commit_in_one_job(tmp_path, db
         cursor = "findings:r1" if db_uri.startswith("postgresql") else "findings"
         assert ctx.alerting.outbox.records("cursor")[cursor]["id"] == stored.id
         held.set()
+        del ctx.alerting.annotate
         svc.drain()
         assert len(rx.delivered()) == 1
 
@@ -241,7 +244,7 @@ def test_a_run_adopted_in_the_group_commit_that_stores_its_first_alert_still_pag
         stored = ctx.findings.record("r1", 1, [nan(step=7)], HOSTS)
         real_write = ctx.store.write
         ctx.store.write = lambda job, **kw: (real_write(job, **kw), adopt_queued.set())[0]
-        adopting = threading.Thread(target=ctx.alerting.on_ownership, args=("r1", True))
+        adopting = threading.Thread(target=ctx.alerting.owned, args=("r1", True))
         adopting.start()
         assert adopt_queued.wait(10)
         del ctx.store.write
@@ -252,3 +255,27 @@ def test_a_run_adopted_in_the_group_commit_that_stores_its_first_alert_still_pag
         (got,) = rx.delivered()
         (alert,) = json.loads(got.body)["alerts"]
         assert alert["annotations"]["rollback_target"] == "step 5 (mem://r1/5)"
+
+
+def test_ticking_the_alerts_never_makes_the_runs_owner_wait_for_the_writer(tmp_path, db_uri):
+    # The monitor thread ticks its runs' alerts with its own ticks, as a job it does not wait for:
+    # a writer held up (a long group commit, a database that is down) holds up alerting, never
+    # the detectors. With the writer held, a tick asked for and the monitor's barrier behind it
+    # both go through; the alert's tick is done once the writer is free.
+    with Receiver() as rx, service(tmp_path, db_uri, rx.url) as svc:
+        ctx = svc.app.state.ctx
+        record(svc, "r1", [hang()])
+        (sent,) = rx.delivered()
+        running, gate = threading.Event(), threading.Event()
+        held = ctx.store.write(lambda conn: (running.set(), gate.wait(30)))
+        assert running.wait(10)
+        try:
+            ctx.monitor.tick(asked=True)
+            assert ctx.monitor.drain(5.0), "the monitor waited for the writer"
+            assert not held.done()
+        finally:
+            gate.set()
+        held.result(10)
+        svc.drain()
+        (alert,) = ctx.alerting.manager.alerts(run="r1")
+        assert alert.status == "firing" and len(rx.delivered()) == 1
