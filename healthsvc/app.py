@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
 
     tokens = TokenStore(store, clock, admin_token=settings.admin_token, exposed=not is_loopback(settings.host))
     metrics.registry.register(LeasesCollector(ownership))
-    trimmer = allocator.Trimmer(settings.malloc_trim_every_s)
+    trimmer = allocator.Trimmer(settings.malloc_trim_every_s, grown_bytes=int(settings.malloc_trim_grown_mib * 2**20))
     metrics.registry.register(allocator.AllocatorCollector(trimmer))
 
     @asynccontextmanager

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
                                   "set at start-up); 0 keeps glibc's default of 8 per core (healthsvc.ops.allocator).")
     malloc_trim_every_s: float = Field(30.0, ge=0, description="On glibc: give the memory malloc freed back to the system "
                                        "(malloc_trim) this often, seconds; 0 never (healthsvc.ops.allocator).")
+    malloc_trim_grown_mib: float = Field(4.0, ge=0, le=1e6, description="On glibc: also trim as soon as the RSS grew this much "
+                                         "above what the last trim left, MiB (checked every second); 0: only every "
+                                         "malloc_trim_every_s (healthsvc.ops.allocator).")
     lease_ttl_s: float = Field(10.0, gt=0, description="Replicas (a postgresql:// store): a run's owner renews its lease every third of this; "
                                                        "when the owner dies another replica takes the run over within it, seconds.")
     replica_id: str = Field("", description="Replicas: this replica's name in the leases table (default: host:port, so a replica "

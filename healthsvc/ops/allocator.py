@@ -14,10 +14,15 @@ that process's 275 MiB at once.
 
 So ``healthsvc serve`` (:func:`tune`, at start-up, before any thread allocates) caps the arenas
 at ``malloc_arena_max`` (default 2: the server's threads mostly hold the GIL, so more arenas buy
-little parallelism and cost memory) and a :class:`Trimmer` calls ``malloc_trim(0)`` every
-``malloc_trim_every_s`` (default 30 s), which gives back the free pages of every arena, also
-inside a heap. A trim walks the free chunks of each arena under its lock: milliseconds for a
-few hundred MiB, so every 30 s costs nothing measurable. Its count, the RSS it gave back and
+little parallelism and cost memory) and a :class:`Trimmer` calls ``malloc_trim(0)``, which gives
+back the free pages of every arena, also inside a heap: every ``malloc_trim_every_s`` (default
+30 s), and as soon as the RSS grew ``malloc_trim_grown_mib`` (default 4 MiB) above what the last
+trim left (read from ``/proc`` every second: a few microseconds). Why both: in the 30-minute
+soak a replica busy taking runs over freed 15-30 MiB between two trims 30 s apart, so its RSS
+swung by that much with the moment it was read; trimmed when it grew, the RSS says what the
+process holds, not how long ago the last trim was. A trim walks the free chunks of each arena
+under its lock: milliseconds for a few hundred MiB. Growth that is live memory gives nothing
+back, and the next trim waits for the RSS to grow again from there. Its count, the RSS it gave back and
 the number of arenas are on ``/metrics`` (``healthsvc_malloc_*``).
 
 Not glibc (macOS, musl): nothing is tuned, nothing trimmed, the gauges read 0.
@@ -117,11 +122,16 @@ def heap() -> tuple[int, int]:
 
 
 class Trimmer:
-    """``malloc_trim(0)`` every ``every_s`` on a daemon thread, until :meth:`stop`; counts the
-    trims and the RSS they gave back (one owner of these figures: this object)."""
+    """``malloc_trim(0)`` on a daemon thread, until :meth:`stop`: every ``every_s``, and when the
+    RSS grew ``grown_bytes`` above what the last trim left (checked every ``check_s``; 0: only
+    on the period). Counts the trims and the RSS they gave back (one owner of these figures:
+    this object)."""
 
-    def __init__(self, every_s: float) -> None:
+    def __init__(self, every_s: float, grown_bytes: int = 0, check_s: float = 1.0) -> None:
         self.every_s = every_s
+        self.grown_bytes = grown_bytes
+        self.check_s = check_s
+        self._left_bytes = 0   # the RSS the last trim left
         self.trims = 0
         self.returned_bytes = 0
         self.last_s = 0.0
@@ -129,7 +139,7 @@ class Trimmer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> "Trimmer":
-        if _LIBC is not None and self.every_s > 0:
+        if _LIBC is not None and (self.every_s > 0 or self.grown_bytes > 0):
             self._thread = threading.Thread(target=self._loop, name="healthsvc-malloc-trim", daemon=True)
             self._thread.start()
         return self
@@ -149,10 +159,19 @@ class Trimmer:
         returned = max(0, before - rss_bytes())
         self.trims += 1
         self.returned_bytes += returned
+        self._left_bytes = rss_bytes()
         return returned
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
+        waits = [w for w, on in ((self.every_s, self.every_s > 0), (self.check_s, self.grown_bytes > 0)) if on]
+        last = time.monotonic()
+        self._left_bytes = rss_bytes()
+        while not self._stop.wait(min(waits)):
+            now = time.monotonic()
+            grown = self.grown_bytes > 0 and rss_bytes() - self._left_bytes >= self.grown_bytes
+            if not grown and not (self.every_s > 0 and now - last >= self.every_s):
+                continue
+            last = now
             try:
                 self.trim()
             except Exception:  # noqa: BLE001 - never let the trimmer take the process down
