@@ -116,9 +116,14 @@ class Notifier:
     def process(self, run_id: str, findings: Iterable[tuple[Finding, Sequence[str | None]]], now: float,
                 target_later: bool = False, rollback_target: Any = NOT_GIVEN) -> list[str]:
         """See :meth:`~healthsvc.alerting.manager.AlertManager.process`."""
+        # What fell due before these findings goes out first, as it stood: a tick comes late
+        # when the run's owner is busy (a takeover's replay) or the writer is, and a finding
+        # folded meanwhile must not change what a receiver is told. Without this, a warning that
+        # fired past its group's wait and is resolved by the next finding was never paged.
+        enqueued = self._flush(run_id, now)
         for f, hosts in findings:
             self._apply(run_id, f, hosts, now, target_later, rollback_target)
-        return self._flush(run_id, now) + self._pass_through(now)
+        return enqueued + self._flush(run_id, now) + self._pass_through(now)
 
     def opens_latched(self, run_id: str, findings: Iterable[Finding]) -> bool:
         if self._rollback_lookup is None:

@@ -236,7 +236,9 @@ class MonitorHub:
                 self._snapshot(run_id)
             self._release_quiet(item.now)
             if self.alerts is not None:
-                self.alerts.tick(item.now, item.asked)
+                # On the clock now, not the tick's: a tick queued behind a busy hub (a takeover's
+                # replay) is late, and alerts are timed by the wall clock.
+                self.alerts.tick(self.clock(), item.asked)
             return
         if isinstance(item, Annotate):
             if self.alerts is not None:

@@ -230,3 +230,27 @@ def test_an_alert_keeps_its_identity_as_ranks_join_the_fault():
     # ... and it keeps that identity as its set grows or shrinks while it fires.
     assert m.process("r1", blamed([hang((9, 10, 11), 53), hang((10,), 54)]), now=103.0) == []
     assert sorted((x.label_dict["rank"], x.ranks) for x in m.alerts()) == [("3", (3, 4)), ("9-10", (9, 10, 11))]
+
+
+def cleared(step=50, rank=3):
+    return Finding("loss_spike", step=step, ranks=(rank,), severity="info", metric="loss", status="resolved")
+
+
+def test_a_late_tick_does_not_hide_a_warning_that_fired_past_its_group_wait():
+    # The group's first flush fell due at 130 (group_wait 30 s) and no tick came by then (the
+    # run's owner was busy replaying a run it took over); the finding that resolves the alert is
+    # folded at 150. The receiver hears what a tick on time would have told it: the alert fired.
+    m = manager()
+    assert m.process("r1", blamed([spike(rank=3)]), now=100.0) == []
+    ids = m.process("r1", blamed([cleared()]), now=150.0)
+    assert [b["status"] for b in bodies(m, ids)][:1] == ["firing"]
+    assert m.alerts(run="r1")[0].status == "resolved"
+
+
+def test_an_alert_resolved_within_its_group_wait_is_never_paged():
+    # Alertmanager's rule, kept: a blip that fires and clears before its group's first flush is
+    # not worth a page (the late-tick rule above applies only past the wait).
+    m = manager()
+    assert m.process("r1", blamed([spike(rank=3)]), now=100.0) == []
+    assert m.process("r1", blamed([cleared()]), now=110.0) == []
+    assert m.tick(130.0) == [] and m.tick(1000.0) == []
