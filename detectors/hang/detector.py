@@ -51,8 +51,14 @@ Definitions (times in seconds of the caller's clock):
 - *Pause*: while an expected rank's fresh heartbeat says one of ``pause_phases`` and it has been
   silent for less than ``pause_timeout_s``, no rank is overdue: a checkpoint that pauses every
   rank for minutes, or rank 0 saving while the others wait for it in a barrier, is no stall.
-  When progress resumes, silence counts from then (as after a stall). A heartbeat that stops
-  ends the pause.
+  A heartbeat that stops ends the pause.
+- *Resuming* (the first progress after a stall, or after a tick that a pause held): each
+  expected rank that was taking part when the job went quiet counts its silence from then, as
+  its records arrive one by one. Taking part: no open ``hang``, and its deadline had not passed
+  before the job's last progress (the time the stall or pause began). A rank whose deadline had
+  passed while others still progressed was already hanging (its hang held back by the pause, or
+  no tick fell in between): it keeps its silence and is found at the next tick, as without the
+  pause; a rank with an open ``hang`` keeps its silence too.
 - After ``finish(now)`` nothing fires; records arriving later re-open the run.
 - A ``hang`` resolves when its rank progresses again, a ``stall`` when any rank does.
 
@@ -158,13 +164,14 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
             last[:-1] = ranks[1:] != ranks[:-1]
             ranks, steps = ranks[last], steps[last]
         self._finished = False   # data after finish: the run was resumed and can hang again
+        before = self._last_progress_s   # the job's last progress until this push
         pos = None if whole else self._positions(ranks, now)
         if pos is None and self._steady_push(steps, now):
             # Every rank moved: the first and last rank stand for the push's front (a
             # synchronous job's ranks are at one step; a max would be a pass over the ranks).
             self._advance_front(max(int(steps[0]), int(steps[-1])), now)
             if self._hung.any() or self._stalled or self._held:
-                return self._on_progress(slice(None), None, now)
+                return self._on_progress(slice(None), None, now, before)
             return []
         sel = slice(None) if pos is None else pos
         prev = self._last_step[sel]
@@ -188,7 +195,7 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         self._push_s[sel] = np.where(moved, now, self._push_s[sel])
         self._active[sel] = True
         self._refresh_deadlines(sel)
-        return self._on_progress(sel, moved, now)
+        return self._on_progress(sel, moved, now, before)
 
     def _steady_push(self, steps: np.ndarray, now: float) -> bool:
         """The common case in few array operations: every known rank pushed a new step and
@@ -230,6 +237,7 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         """A heartbeat of ``rank`` arrived at ``now``: it is at ``step`` (negative: unknown) in
         ``phase``."""
         self._finished = False
+        before = self._last_progress_s   # the job's last progress until this heartbeat
         j = int(np.searchsorted(self._ids, rank))
         if j == len(self._ids) or self._ids[j] != rank:
             self._positions(np.asarray([rank], dtype=np.int64), now)
@@ -256,7 +264,7 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
             return []
         mask = np.zeros(len(self._ids), dtype=bool)
         mask[j] = True
-        return self._on_progress(slice(None), mask, now)
+        return self._on_progress(slice(None), mask, now, before)
 
     def finish(self, now: float) -> list[Finding]:
         """The run finished at ``now``: silence is normal; open hangs and the stall resolve."""
@@ -313,7 +321,9 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
                 & (now - self._progress_s < self.pause_timeout_s))
 
     def _on_progress(self, sel: slice | np.ndarray, moved: np.ndarray | None,
-                     now: float) -> list[Finding]:
+                     now: float, before: float) -> list[Finding]:
+        """Ranks progressed at ``now`` (``sel``, those of it that ``moved``; None: all of it);
+        ``before`` is the job's last progress until then."""
         mask = np.zeros(len(self._ids), dtype=bool)
         mask[sel] = True if moved is None else moved
         was_stalled = self._stalled or self._held
@@ -321,9 +331,13 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         out = self._resolve_stall(now, reason="progress resumed")
         if was_stalled:
             # When a stall (or a pause) ends every rank resumes, but their records arrive one by
-            # one: measure each rank's silence from the end of the stall, or the ranks that
-            # waited in the collective would be reported hung for the moment between two arrivals.
-            act = self._active
-            self._progress_s[act] = np.maximum(self._progress_s[act], now)
+            # one: measure the silence of the ranks that waited from the end of the stall, or
+            # they would be reported hung for the moment between two arrivals. No rank progressed
+            # since the tick that found the stall (or held the pause), so ``before`` is when the
+            # job went quiet: a rank whose deadline had passed by then (the job went on without
+            # it: tick's test for a new hang) or whose hang is open did not wait, it was already
+            # hanging; it keeps its silence. The ranks that moved are at ``now`` already.
+            waited = self._active & ~self._hung & (self._deadline_s >= before)
+            self._progress_s[waited] = np.maximum(self._progress_s[waited], now)
             self._refresh_deadlines()
         return out + self._resolve_hangs(mask & self._hung, now, reason="progress resumed")

@@ -269,6 +269,86 @@ def test_when_a_stall_ends_the_ranks_that_waited_are_not_reported_hung():
         raise AssertionError("the rank that never resumed was not reported")
 
 
+def _scripted(det: HangDetector, events) -> list[tuple[float, str, str, tuple, dict]]:
+    """Drive ``det`` through (t, what, ...) events: ("push", ranks, step), ("beat", ranks, step,
+    phase), ("tick",); returns (t, kind, status, ranks, evidence) of every finding."""
+    out = []
+    for t, what, *args in sorted(events, key=lambda e: e[0]):
+        if what == "push":
+            ranks = np.asarray(args[0], dtype=np.int64)
+            found = det.observe(ranks, np.full(len(ranks), args[1]), t)
+        elif what == "beat":
+            found = [f for r in args[0] for f in det.heartbeat(r, args[1], args[2], t)]
+        else:
+            found = det.tick(t)
+        out += [(t, f.kind, f.status, f.ranks, f.evidence) for f in found]
+    return out
+
+
+def test_a_rank_hanging_before_a_checkpoint_pause_is_found_when_the_pause_ends():
+    # Rank 3 last pushes at t=50 (step 50): 1 s interval, 30 s floor, so its deadline is t=80.
+    # Ranks 0-2 push step 81 at t=81, after that deadline, and within the same second begin a
+    # checkpoint: their heartbeats say "checkpoint" from t=81.5, so the tick at 81.9, the first to
+    # see rank 3's hang, is held. The checkpoint ends at t=200 (step 82 pushed; at 200.5 the
+    # heartbeats say "forward"). Ticks every second at .9.
+    def job(det):
+        ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2], t) for t in range(1, 82)]
+        ev += [(t + 0.5, "beat", [0, 1, 2], 81, "checkpoint") for t in range(81, 200)]
+        ev += [(float(t), "push", [0, 1, 2], t - 118) for t in range(200, 260)]
+        ev += [(t + 0.5, "beat", [0, 1, 2], t - 118, "forward") for t in range(200, 260)]
+        ev += [(t + 0.9, "tick") for t in range(1, 260)]
+        return [(t, k, s, r, e) for t, k, s, r, e in _scripted(det, ev)]
+
+    found = job(HangDetector(timeout_floor_s=30.0))
+    # Rank 3 keeps its silence through the pause: the first tick after it, 150.9 s after its last
+    # progress, finds the hang (main restarted its clock at t=200 and found it at 230.9).
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [(200.9, "hang", "firing", (3,))]
+    ev = found[0][4]
+    assert ev["silent_s"] == pytest.approx(150.9) and ev["timeout_s"] == pytest.approx(30.0)
+    # The barrier: without a pause phase the same job has the hang at the tick the pause held
+    # (then a stall, as ranks 0-2 fall silent for 119 s).
+    no_pause = job(HangDetector(timeout_floor_s=30.0, pause_phases=()))
+    assert [(t, k, s, r) for t, k, s, r, _ in no_pause][:2] == [
+        (81.9, "hang", "firing", (3,)), (111.9, "stall", "firing", ())]
+
+
+def test_a_stall_first_seen_late_names_the_rank_that_hung_before_it_when_the_job_resumes():
+    # Rank 3 last pushes at t=50 (deadline t=80); ranks 0-2 go on to t=85, then every rank is
+    # silent. No tick falls between t=79.9 and 120.9 (the caller was busy), so the first tick sees
+    # every rank overdue: a stall, with no culprit named. Ranks 0-2 resume at t=150; rank 3 was
+    # silent past its deadline while they progressed, so it did not wait in the stall: the next
+    # tick names it (main restarted its clock at t=150 and named it at 181.9).
+    ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2], t) for t in range(1, 86)]
+    ev += [(float(t), "push", [0, 1, 2], t - 64) for t in range(150, 200)]
+    ev += [(t + 0.9, "tick") for t in [*range(1, 80), *range(120, 200)]]
+    found = _scripted(HangDetector(timeout_floor_s=30.0), ev)
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [
+        (120.9, "stall", "firing", ()), (150.0, "stall", "resolved", ()),
+        (150.9, "hang", "firing", (3,))]
+    assert found[2][4]["silent_s"] == pytest.approx(100.9)
+
+
+def test_a_rank_already_hung_keeps_its_silence_when_a_stall_ends():
+    # Rank 3 pushes every 5 s (timeout 50 s), ranks 0-2 every second (the 30 s floor). Rank 3
+    # last pushes at t=60 and hangs (found at 111.9); ranks 0-2 stop after t=120 (a stall at
+    # 150.9), resume at t=200 and stop again after t=210.
+    ev = [(float(t), "push", [0, 1, 2, 3] if t % 5 == 0 and t <= 60 else [0, 1, 2], t)
+          for t in [*range(1, 121), *range(200, 211)]]
+    ev += [(t + 0.9, "tick") for t in range(1, 300)]
+    det = HangDetector(timeout_floor_s=30.0)
+    found = _scripted(det, [e for e in ev if e[0] < 201])
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [
+        (111.9, "hang", "firing", (3,)), (150.9, "stall", "firing", ()),
+        (200.0, "stall", "resolved", ())]
+    # The stall's end restarts the clocks of the ranks that waited in it, not rank 3's: it still
+    # has been silent since t=60, and its hang stays open (not resolved, not raised again).
+    assert det.state_dict()["progress_s"] == [200.0, 200.0, 200.0, 60.0]
+    later = _scripted(det, [e for e in ev if e[0] >= 201])
+    # The next stall comes when ranks 0-2 are 30 s overdue (main waited for rank 3's restarted
+    # 50 s timeout: 250.9).
+    assert [(t, k, s, r) for t, k, s, r, _ in later] == [(240.9, "stall", "firing", ())]
+
+
 # ------------------------------------------------------------------ the collective-wait path
 class SyncJob:
     """A synchronous data-parallel job on a fake clock (integer milliseconds, so it is exact).
