@@ -53,12 +53,12 @@ Definitions (times in seconds of the caller's clock):
   rank for minutes, or rank 0 saving while the others wait for it in a barrier, is no stall.
   A heartbeat that stops ends the pause.
 - *Resuming* (the first progress after a stall, or after a tick that a pause held): each
-  expected rank that was taking part when the job went quiet counts its silence from then, as
-  its records arrive one by one. Taking part: no open ``hang``, and its deadline had not passed
-  before the job's last progress (the time the stall or pause began). A rank whose deadline had
-  passed while others still progressed was already hanging (its hang held back by the pause, or
-  no tick fell in between): it keeps its silence and is found at the next tick, as without the
-  pause; a rank with an open ``hang`` keeps its silence too.
+  expected rank that waited counts its silence from that progress on, so the moment between two
+  ranks' records arriving is no hang. A rank did not wait, and keeps its silence, when its
+  ``hang`` is open or its deadline had passed before the job went quiet (the latest progress of
+  an expected rank when the stall was found or a pause first held a tick): the job went on
+  without it, so it was hanging already (its hang held back by the pause, or no tick fell in
+  between) and is found at the next tick, as without the pause.
 - After ``finish(now)`` nothing fires; records arriving later re-open the run.
 - A ``hang`` resolves when its rank progresses again, a ``stall`` when any rank does.
 
@@ -164,14 +164,13 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
             last[:-1] = ranks[1:] != ranks[:-1]
             ranks, steps = ranks[last], steps[last]
         self._finished = False   # data after finish: the run was resumed and can hang again
-        before = self._last_progress_s   # the job's last progress until this push
         pos = None if whole else self._positions(ranks, now)
         if pos is None and self._steady_push(steps, now):
             # Every rank moved: the first and last rank stand for the push's front (a
             # synchronous job's ranks are at one step; a max would be a pass over the ranks).
             self._advance_front(max(int(steps[0]), int(steps[-1])), now)
             if self._hung.any() or self._stalled or self._held:
-                return self._on_progress(slice(None), None, now, before)
+                return self._on_progress(slice(None), None, now)
             return []
         sel = slice(None) if pos is None else pos
         prev = self._last_step[sel]
@@ -195,7 +194,7 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         self._push_s[sel] = np.where(moved, now, self._push_s[sel])
         self._active[sel] = True
         self._refresh_deadlines(sel)
-        return self._on_progress(sel, moved, now, before)
+        return self._on_progress(sel, moved, now)
 
     def _steady_push(self, steps: np.ndarray, now: float) -> bool:
         """The common case in few array operations: every known rank pushed a new step and
@@ -237,7 +236,6 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         """A heartbeat of ``rank`` arrived at ``now``: it is at ``step`` (negative: unknown) in
         ``phase``."""
         self._finished = False
-        before = self._last_progress_s   # the job's last progress until this heartbeat
         j = int(np.searchsorted(self._ids, rank))
         if j == len(self._ids) or self._ids[j] != rank:
             self._positions(np.asarray([rank], dtype=np.int64), now)
@@ -264,7 +262,7 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
             return []
         mask = np.zeros(len(self._ids), dtype=bool)
         mask[j] = True
-        return self._on_progress(slice(None), mask, now, before)
+        return self._on_progress(slice(None), mask, now)
 
     def finish(self, now: float) -> list[Finding]:
         """The run finished at ``now``: silence is normal; open hangs and the stall resolve."""
@@ -281,6 +279,7 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         self._hb_s[self._hb_s != _NEVER] += shift_s
         self._deadline_s += shift_s
         self._last_progress_s += shift_s
+        self._quiet_s += shift_s
         self._front_s += shift_s
 
     # ------------------------------------------------------------------------------ decisions
@@ -299,6 +298,7 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         if paused is not None and (paused & self._active).any():
             # A checkpoint holds the job: its silence is not judged until the pause ends (or
             # outlasts pause_timeout_s); the others may be waiting for it in a barrier.
+            self._going_quiet()
             self._held = True
             return []
         overdue = self._deadline_s < now
@@ -321,9 +321,7 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
                 & (now - self._progress_s < self.pause_timeout_s))
 
     def _on_progress(self, sel: slice | np.ndarray, moved: np.ndarray | None,
-                     now: float, before: float) -> list[Finding]:
-        """Ranks progressed at ``now`` (``sel``, those of it that ``moved``; None: all of it);
-        ``before`` is the job's last progress until then."""
+                     now: float) -> list[Finding]:
         mask = np.zeros(len(self._ids), dtype=bool)
         mask[sel] = True if moved is None else moved
         was_stalled = self._stalled or self._held
@@ -332,12 +330,11 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         if was_stalled:
             # When a stall (or a pause) ends every rank resumes, but their records arrive one by
             # one: measure the silence of the ranks that waited from the end of the stall, or
-            # they would be reported hung for the moment between two arrivals. No rank progressed
-            # since the tick that found the stall (or held the pause), so ``before`` is when the
-            # job went quiet: a rank whose deadline had passed by then (the job went on without
-            # it: tick's test for a new hang) or whose hang is open did not wait, it was already
-            # hanging; it keeps its silence. The ranks that moved are at ``now`` already.
-            waited = self._active & ~self._hung & (self._deadline_s >= before)
+            # they would be reported hung for the moment between two arrivals. A rank whose
+            # deadline had passed before the job went quiet (the job went on without it: tick's
+            # test for a new hang) or whose hang is open did not wait: it was already hanging,
+            # and keeps its silence. The ranks that moved are at ``now`` already.
+            waited = self._active & ~self._hung & (self._deadline_s >= self._quiet_s)
             self._progress_s[waited] = np.maximum(self._progress_s[waited], now)
             self._refresh_deadlines()
         return out + self._resolve_hangs(mask & self._hung, now, reason="progress resumed")

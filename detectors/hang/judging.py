@@ -75,6 +75,7 @@ class HangJudging(HangState):
     def _stall(self, now: float, silent: np.ndarray, timeout: np.ndarray, *,
                found: tuple[list[int], str] | None = None, trigger: str = "timeout",
                extra: dict[str, Any] | None = None) -> list[Finding]:
+        self._going_quiet()
         self._stalled = True
         act = np.flatnonzero(self._active)
         culprits, reason = self._culprits(act, now) if found is None else found

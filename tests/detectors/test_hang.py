@@ -291,13 +291,21 @@ def test_a_rank_hanging_before_a_checkpoint_pause_is_found_when_the_pause_ends()
     # checkpoint: their heartbeats say "checkpoint" from t=81.5, so the tick at 81.9, the first to
     # see rank 3's hang, is held. The checkpoint ends at t=200 (step 82 pushed; at 200.5 the
     # heartbeats say "forward"). Ticks every second at .9.
-    def job(det):
+    def job(det, save_at=None, drop=()):
         ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2], t) for t in range(1, 82)]
         ev += [(t + 0.5, "beat", [0, 1, 2], 81, "checkpoint") for t in range(81, 200)]
         ev += [(float(t), "push", [0, 1, 2], t - 118) for t in range(200, 260)]
         ev += [(t + 0.5, "beat", [0, 1, 2], t - 118, "forward") for t in range(200, 260)]
         ev += [(t + 0.9, "tick") for t in range(1, 260)]
-        return [(t, k, s, r, e) for t, k, s, r, e in _scripted(det, ev)]
+        if save_at is None:
+            return _scripted(det, ev)
+        found = _scripted(det, [e for e in ev if e[0] < save_at])
+        state = json.loads(json.dumps(det.state_dict()))
+        for key in drop:
+            del state[key]
+        fresh = HangDetector(timeout_floor_s=30.0)
+        fresh.load_state_dict(state)
+        return found + _scripted(fresh, [e for e in ev if e[0] >= save_at])
 
     found = job(HangDetector(timeout_floor_s=30.0))
     # Rank 3 keeps its silence through the pause: the first tick after it, 150.9 s after its last
@@ -305,11 +313,32 @@ def test_a_rank_hanging_before_a_checkpoint_pause_is_found_when_the_pause_ends()
     assert [(t, k, s, r) for t, k, s, r, _ in found] == [(200.9, "hang", "firing", (3,))]
     ev = found[0][4]
     assert ev["silent_s"] == pytest.approx(150.9) and ev["timeout_s"] == pytest.approx(30.0)
+    # The same from a snapshot taken in the pause, and from one of before "quiet_s" was kept.
+    assert job(HangDetector(timeout_floor_s=30.0), save_at=150.0) == found
+    assert job(HangDetector(timeout_floor_s=30.0), save_at=150.0, drop=("quiet_s",)) == found
     # The barrier: without a pause phase the same job has the hang at the tick the pause held
     # (then a stall, as ranks 0-2 fall silent for 119 s).
     no_pause = job(HangDetector(timeout_floor_s=30.0, pause_phases=()))
     assert [(t, k, s, r) for t, k, s, r, _ in no_pause][:2] == [
         (81.9, "hang", "firing", (3,)), (111.9, "stall", "firing", ())]
+
+
+def test_a_rank_joining_during_a_checkpoint_pause_does_not_make_the_waiters_hang_after_it():
+    # Every rank checkpoints from t=50.5 to 200; the world grows to 5 ranks at t=120 (the new
+    # rank is known from then on, which tick counts as the job's latest progress). When the pause
+    # ends, ranks 0 and 1 push first and ranks 2-4 0.6 s later, with a tick in between: ranks 2
+    # and 3 waited in the pause (their deadlines passed during it, not before it began).
+    det = HangDetector(timeout_floor_s=30.0)
+    det.set_world(range(4), 0.0)
+    ev = [(float(t), "push", [0, 1, 2, 3], t) for t in range(1, 51)]
+    ev += [(t + 0.5, "beat", [0, 1, 2, 3], 50, "checkpoint") for t in range(50, 199)]
+    ev += [(199.8, "beat", [0, 1, 2, 3], 50, "forward")]
+    ev += [(float(t), "push", [0, 1], t - 149) for t in range(200, 210)]
+    ev += [(t + 0.6, "push", [2, 3, 4], t - 149) for t in range(200, 210)]
+    ev += [(t + 0.9, "tick") for t in range(1, 199)] + [(t + 0.3, "tick") for t in range(200, 210)]
+    found = _scripted(det, [e for e in ev if e[0] < 120.2])
+    det.set_world(range(5), 120.2)
+    assert found + _scripted(det, [e for e in ev if e[0] >= 120.2]) == []
 
 
 def test_a_stall_first_seen_late_names_the_rank_that_hung_before_it_when_the_job_resumes():
