@@ -341,6 +341,70 @@ def test_a_rank_joining_during_a_checkpoint_pause_does_not_make_the_waiters_hang
     assert found + _scripted(det, [e for e in ev if e[0] >= 120.2]) == []
 
 
+def test_a_rank_stuck_in_a_checkpoint_while_the_others_go_on_hangs_after_pause_timeout_s():
+    # Rank 3 last pushes at t=50 (1 s interval, 30 s floor: deadline t=80), then its heartbeats
+    # say "checkpoint" at step 51 every second, for good; ranks 0-2 go on pushing a step a second
+    # (their heartbeats say "compute"). Nobody waits for rank 3, so its pause holds nothing: it
+    # is excused while silent for less than pause_timeout_s (300 s), and the first tick after
+    # t=350 finds it, silent since t=50 (main restarted its clock at every push after a held
+    # tick, and found nothing, ever).
+    def job(det, save_at=None, back_s=None):
+        end = 400 if back_s is None else back_s
+        ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2], t) for t in range(1, 400)]
+        ev += [(t + 0.5, "beat", [0, 1, 2], t + 1, "compute") for t in range(1, 400)]
+        ev += [(t + 0.5, "beat", [3], 51, "checkpoint") for t in range(50, end)]
+        if back_s is not None:   # the save ends: the heartbeat says so before the next record
+            ev += [(back_s + 0.2, "beat", [3], 51, "forward")]
+            ev += [(t + 0.6, "push", [3], t) for t in range(back_s, 400)]
+            ev += [(t + 0.9, "beat", [3], t + 1, "compute") for t in range(back_s + 1, 400)]
+        ev += [(t + 0.9, "tick") for t in range(1, 400)] + [(t + 0.3, "tick") for t in range(1, 400)]
+        if save_at is None:
+            return _scripted(det, ev)
+        found = _scripted(det, [e for e in ev if e[0] < save_at])
+        fresh = HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0)
+        fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
+        return found + _scripted(fresh, [e for e in ev if e[0] >= save_at])
+
+    found = job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0))
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [(350.3, "hang", "firing", (3,))]
+    ev = found[0][4]
+    assert ev["silent_s"] == pytest.approx(300.3) and ev["timeout_s"] == pytest.approx(30.0)
+    assert ev["phase"] == "checkpoint" and "a pause longer than pause_timeout_s" in ev["reason"]
+    # The same through a snapshot taken in the pause.
+    assert job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0), save_at=200.0) == found
+    # A save that ends within pause_timeout_s is excused, also in the moment between the heartbeat
+    # that leaves the checkpoint (150.2) and the rank's next record (150.6), with a tick (150.3).
+    assert job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0), back_s=150) == []
+
+
+def test_a_checkpoint_of_the_whole_job_is_no_hang_when_the_heartbeats_resume_before_the_records():
+    # Every rank checkpoints from t=50.5 (heartbeats every second); rank 4 joins the world at
+    # t=120.2 (the new rank counts as the job's latest progress) and sends nothing. At 199.8 the
+    # heartbeats of ranks 0-3 leave the checkpoint, a tick falls at 199.9, the records come at 200
+    # (ranks 0 and 1) and 200.6 (ranks 2-4), a tick in between. The ranks came back from the
+    # pause that held the job: the job resumes with them (main found ranks 0-3 hung at 199.9).
+    def job(det, world=range(5), others="checkpoint"):
+        det.set_world(range(4), 0.0)
+        ev = [(float(t), "push", [0, 1, 2, 3], t) for t in range(1, 51)]
+        ev += [(t + 0.5, "beat", [0], 50, "checkpoint") for t in range(50, 199)]
+        ev += [(t + 0.5, "beat", [1, 2, 3], 50, others) for t in range(50, 199)]
+        ev += [(199.8, "beat", [0, 1, 2, 3], 50, "forward")]
+        ev += [(float(t), "push", [0, 1], t - 149) for t in range(200, 240)]
+        ev += [(t + 0.6, "push", [2, 3, 4], t - 149) for t in range(200, 240)]
+        ev += [(t + 0.9, "tick") for t in range(1, 240)] + [(t + 0.3, "tick") for t in range(200, 240)]
+        found = _scripted(det, [e for e in ev if e[0] < 120.2])
+        det.set_world(world, 120.2)
+        return found + _scripted(det, [e for e in ev if e[0] >= 120.2])
+
+    assert job(HangDetector(timeout_floor_s=30.0)) == []
+    assert job(HangDetector(timeout_floor_s=30.0), world=range(4)) == []
+    # Rank 0 saving while ranks 1-3 wait for it in a barrier: the same.
+    assert job(HangDetector(timeout_floor_s=30.0), others="collective") == []
+    # The barrier for those "nothing": without a pause phase the checkpoint is a stall.
+    assert [(t, k) for t, k, *_ in job(HangDetector(timeout_floor_s=30.0, pause_phases=()))][:1] == [
+        (80.9, "stall")]
+
+
 def test_a_stall_first_seen_late_names_the_rank_that_hung_before_it_when_the_job_resumes():
     # Rank 3 last pushes at t=50 (deadline t=80); ranks 0-2 go on to t=85, then every rank is
     # silent. No tick falls between t=79.9 and 120.9 (the caller was busy), so the first tick sees
