@@ -377,6 +377,21 @@ def test_a_rank_stuck_in_a_checkpoint_while_the_others_go_on_hangs_after_pause_t
     assert job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0), back_s=150) == []
 
 
+def test_a_rank_stuck_in_a_checkpoint_does_not_hide_another_rank_that_hangs_meanwhile():
+    # As above (rank 3 "saving" since t=50), and rank 2 stops at t=100 with no heartbeat: ranks 0
+    # and 1 go on without both. Rank 2 is found 30 s after its last push (main held every tick
+    # for rank 3's pause and restarted rank 2's clock at each push: neither was ever found).
+    ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2] if t <= 100 else [0, 1], t)
+          for t in range(1, 400)]
+    ev += [(t + 0.5, "beat", [3], 51, "checkpoint") for t in range(50, 400)]
+    ev += [(t + 0.9, "tick") for t in range(1, 400)]
+    found = _scripted(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0), ev)
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [
+        (131.9, "hang", "firing", (2,)), (350.9, "hang", "firing", (3,))]
+    assert found[0][4]["silent_s"] == pytest.approx(31.9)
+    assert found[1][4]["silent_s"] == pytest.approx(300.9)
+
+
 def test_a_checkpoint_of_the_whole_job_is_no_hang_when_the_heartbeats_resume_before_the_records():
     # Every rank checkpoints from t=50.5 (heartbeats every second); rank 4 joins the world at
     # t=120.2 (the new rank counts as the job's latest progress) and sends nothing. At 199.8 the
