@@ -48,11 +48,27 @@ Definitions (times in seconds of the caller's clock):
   collective is ahead of S: then the timeouts decide. The *typical step duration* is the median
   of the last ``_STEP_SAMPLES`` samples of the job's front (highest record step): seconds
   between pushes that advanced it, per step advanced; no sample yet, no fast path.
-- *Pause*: while an expected rank's fresh heartbeat says one of ``pause_phases`` and it has been
-  silent for less than ``pause_timeout_s``, no rank is overdue: a checkpoint that pauses every
-  rank for minutes, or rank 0 saving while the others wait for it in a barrier, is no stall.
-  When progress resumes, silence counts from then (as after a stall). A heartbeat that stops
-  ends the pause.
+- *Pause*: an expected rank whose fresh heartbeat says one of ``pause_phases`` and that has been
+  silent for less than ``pause_timeout_s`` pauses: it is not overdue. The job *goes on* while
+  some expected rank that does not pause pushed a record with a new step within its timeout (a
+  rank first known, or a clock restarted at the end of a stall, is no sign of it). While it
+  does not (a checkpoint that pauses every rank for minutes, or rank 0 saving while the others
+  wait for it in a barrier), the pause *holds* the job: no rank is judged, no stall, no hang.
+  While it goes on, nobody waits for the pausing ranks: only their own silence is excused, the
+  others are judged as always, and a rank still "saving" once its silence reaches
+  ``pause_timeout_s`` is judged like any rank: a ``hang`` at that tick (the job went on without
+  it), its silence counted from its last progress. A heartbeat that stops ends the pause. A
+  heartbeat that leaves the pause phases while the pause excuses the rank ends it too: the rank
+  is back at work (its records come later) and counts its silence from that heartbeat; if the
+  pause held the job, the job resumes with it.
+- *Resuming* (the first progress after a stall, or after a tick that a pause held, or a rank
+  coming back from a pause that held the job): each expected rank that waited counts its
+  silence from then on, so the moment between two ranks' records arriving is no hang. A rank
+  did not wait, and keeps its silence, when its ``hang`` is open or its deadline had passed
+  before the job went quiet (the latest progress of an expected rank when the stall was found
+  or a pause first held a tick): the job went on without it, so it was hanging already (its hang
+  held back by the pause, or no tick fell in between) and is found at the next tick, as without
+  the pause. A pause that does not hold the job restarts no clock: the job did not wait.
 - After ``finish(now)`` nothing fires; records arriving later re-open the run.
 - A ``hang`` resolves when its rank progresses again, a ``stall`` when any rank does.
 
@@ -241,13 +257,19 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
             self._phases.append(phase)
         known = step >= 0   # a negative step means "not told": alive, no progress information
         moved = known and self._hb_s[j] != _NEVER and int(self._hb_step[j]) != int(step)
+        prev_code = int(self._hb_phase[j])
+        back = code != prev_code and not moved and self._back_from_pause(j, prev_code, phase, now)
         self._hb_s[j], self._hb_phase[j] = now, code
         if known:
             self._hb_step[j] = step
         self._active[j] = True
-        if moved:
+        if moved or back:
             self._progress_s[j] = now
             self._last_progress_s = now
+        if back and self._held:
+            # The job that waited for the pause resumes with it (its records come later).
+            self._held = False
+            self._resume(now)
         interval = float(self._interval_s[j])
         timeout = (max(self.timeout_floor_s, self.timeout_factor * interval) if interval > 0
                    else max(self.timeout_floor_s, self.startup_timeout_s))
@@ -257,6 +279,15 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         mask = np.zeros(len(self._ids), dtype=bool)
         mask[j] = True
         return self._on_progress(slice(None), mask, now)
+
+    def _back_from_pause(self, j: int, prev_code: int, phase: str, now: float) -> bool:
+        """Rank ``j``'s heartbeat leaves the pause that excused it (the one before said a pause
+        phase, was fresh, and the rank's silence is shorter than pause_timeout_s): it is back at
+        work, and its record of the next step comes later."""
+        return (prev_code >= 0 and self._phases[prev_code] in self.pause_phases
+                and phase not in self.pause_phases and bool(self._active[j]) and not self._hung[j]
+                and now - float(self._hb_s[j]) <= self.heartbeat_timeout_s
+                and now - float(self._progress_s[j]) < self.pause_timeout_s)
 
     def finish(self, now: float) -> list[Finding]:
         """The run finished at ``now``: silence is normal; open hangs and the stall resolve."""
@@ -273,6 +304,7 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         self._hb_s[self._hb_s != _NEVER] += shift_s
         self._deadline_s += shift_s
         self._last_progress_s += shift_s
+        self._quiet_s += shift_s
         self._front_s += shift_s
 
     # ------------------------------------------------------------------------------ decisions
@@ -287,13 +319,20 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
                 return out
         if not len(self._deadline_s) or not self._deadline_s.min() < now:
             return []   # the common case: one reduction
-        paused = self._pausing(now)
-        if paused is not None and (paused & self._active).any():
-            # A checkpoint holds the job: its silence is not judged until the pause ends (or
-            # outlasts pause_timeout_s); the others may be waiting for it in a barrier.
-            self._held = True
-            return []
         overdue = self._deadline_s < now
+        paused = self._pausing(now)
+        if paused is not None and (paused := paused & self._active).any():
+            if not self._going_on(paused, now):
+                # The others stopped too: they may be waiting for the checkpoint in a barrier, so
+                # it holds the job, and no silence is judged until the pause ends (or outlasts
+                # pause_timeout_s).
+                self._going_quiet()
+                self._held = True
+                return []
+            # The job goes on while these ranks pause: nobody waits for them, so it is not
+            # held (no clock restarts when it "resumes"); only their own silence is excused,
+            # until it outlasts pause_timeout_s.
+            overdue &= ~paused
         timeout = self._timeouts()
         silent = now - self._progress_s
         if overdue[self._active].all():
@@ -312,6 +351,15 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         return (np.isin(self._hb_phase, codes) & (now - self._hb_s <= self.heartbeat_timeout_s)
                 & (now - self._progress_s < self.pause_timeout_s))
 
+    def _going_on(self, paused: np.ndarray, now: float) -> bool:
+        """Some expected rank that does not pause progresses: its last record with a new step
+        came within its timeout. Records only: a rank's clock also starts when it is first
+        known, or restarts when a stall ends, and neither shows the job going on."""
+        others = self._active & ~paused & (self._last_step >= 0)
+        if not others.any():
+            return False
+        return bool((self._push_s[others] + self._timeouts(self._interval_s[others]) >= now).any())
+
     def _on_progress(self, sel: slice | np.ndarray, moved: np.ndarray | None,
                      now: float) -> list[Finding]:
         mask = np.zeros(len(self._ids), dtype=bool)
@@ -320,10 +368,17 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         self._held = False
         out = self._resolve_stall(now, reason="progress resumed")
         if was_stalled:
-            # When a stall (or a pause) ends every rank resumes, but their records arrive one by
-            # one: measure each rank's silence from the end of the stall, or the ranks that
-            # waited in the collective would be reported hung for the moment between two arrivals.
-            act = self._active
-            self._progress_s[act] = np.maximum(self._progress_s[act], now)
-            self._refresh_deadlines()
+            self._resume(now)
         return out + self._resolve_hangs(mask & self._hung, now, reason="progress resumed")
+
+    def _resume(self, now: float) -> None:
+        """A stall (or a pause that held the job) ends at ``now``."""
+        # Every rank resumes, but their records arrive one by one: measure the silence of the
+        # ranks that waited from the end of the stall, or they would be reported hung for the
+        # moment between two arrivals. A rank whose deadline had passed before the job went quiet
+        # (the job went on without it: tick's test for a new hang) or whose hang is open did not
+        # wait: it was already hanging, and keeps its silence. The ranks that moved are at
+        # ``now`` already.
+        waited = self._active & ~self._hung & (self._deadline_s >= self._quiet_s)
+        self._progress_s[waited] = np.maximum(self._progress_s[waited], now)
+        self._refresh_deadlines()

@@ -25,6 +25,7 @@ class HangJudging(HangState):
     collective_wait_s: float | None
     collective_wait_steps: float
     pause_phases: tuple[str, ...]
+    pause_timeout_s: float
 
     def _collective_wait(self, now: float) -> list[Finding]:
         """The fast path: a stall named by the heartbeats' split around a collective."""
@@ -75,6 +76,7 @@ class HangJudging(HangState):
     def _stall(self, now: float, silent: np.ndarray, timeout: np.ndarray, *,
                found: tuple[list[int], str] | None = None, trigger: str = "timeout",
                extra: dict[str, Any] | None = None) -> list[Finding]:
+        self._going_quiet()
         self._stalled = True
         act = np.flatnonzero(self._active)
         culprits, reason = self._culprits(act, now) if found is None else found
@@ -145,6 +147,9 @@ class HangJudging(HangState):
                    if self._hb_s[j] == _NEVER
                    else f"{self._rank_words(j, now)}; no progress for {quiet:.0f} s "
                         "while its peers progress")
+            if (self._hb_s[j] != _NEVER and now - self._hb_s[j] <= self.heartbeat_timeout_s
+                    and self._phases[int(self._hb_phase[j])] in self.pause_phases):
+                why += f" (a pause longer than pause_timeout_s, {self.pause_timeout_s:.0f} s)"
         evidence: dict[str, Any] = {
             "silent_s": round(quiet, 3), "timeout_s": round(limit, 3),
             "last_step": int(self._last_step[j]), "interval_s": round(float(self._interval_s[j]), 3),

@@ -59,6 +59,9 @@ class HangState:
         self._finished = False
         self._stalled = False
         self._held = False   # a pause excused silence (the job waited for a checkpoint)
+        # The job's last progress when the open stall or hold began: the ranks whose deadline
+        # had passed by then were hanging already, not waiting (see _going_quiet).
+        self._quiet_s = 0.0
         # The job's front (highest record step) and when it last advanced; seconds per step of
         # the last advances (the typical step duration is their median).
         self._front_step = -1
@@ -83,7 +86,7 @@ class HangState:
     def state_dict(self) -> dict[str, Any]:
         state = {name: getattr(self, "_" + name).tolist() for name in self._ARRAYS}
         state.update(phases=list(self._phases), finished=self._finished, stalled=self._stalled,
-                     held=self._held,
+                     held=self._held, quiet_s=self._quiet_s,
                      front_step=self._front_step, front_s=self._front_s,
                      step_samples=list(self._step_samples))
         return state
@@ -102,7 +105,17 @@ class HangState:
                                    maxlen=_STEP_SAMPLES)
         self._deadline_s = np.zeros(len(self._ids))
         self._last_progress_s = float(self._progress_s.max()) if len(self._ids) else 0.0
+        # Older snapshots lack it: the latest progress stands for it (no rank progressed since
+        # a stall or hold began).
+        self._quiet_s = float(state.get("quiet_s", self._last_progress_s))
         self._refresh_deadlines()
+
+    def _going_quiet(self) -> None:
+        """A stall is found or a pause holds the job: when this begins a quiet spell, remember the
+        job's last progress (of the expected ranks, as ``tick`` judges a hang against)."""
+        if not (self._stalled or self._held):
+            act = self._active
+            self._quiet_s = float(self._progress_s[act].max()) if act.any() else self._last_progress_s
 
     def _positions(self, ids: np.ndarray, now: float) -> np.ndarray | None:
         """Table positions of ``ids`` (sorted, unique), adding new ranks; None = the whole table."""

@@ -269,6 +269,194 @@ def test_when_a_stall_ends_the_ranks_that_waited_are_not_reported_hung():
         raise AssertionError("the rank that never resumed was not reported")
 
 
+def _scripted(det: HangDetector, events) -> list[tuple[float, str, str, tuple, dict]]:
+    """Drive ``det`` through (t, what, ...) events: ("push", ranks, step), ("beat", ranks, step,
+    phase), ("tick",); returns (t, kind, status, ranks, evidence) of every finding."""
+    out = []
+    for t, what, *args in sorted(events, key=lambda e: e[0]):
+        if what == "push":
+            ranks = np.asarray(args[0], dtype=np.int64)
+            found = det.observe(ranks, np.full(len(ranks), args[1]), t)
+        elif what == "beat":
+            found = [f for r in args[0] for f in det.heartbeat(r, args[1], args[2], t)]
+        else:
+            found = det.tick(t)
+        out += [(t, f.kind, f.status, f.ranks, f.evidence) for f in found]
+    return out
+
+
+def test_a_rank_hanging_before_a_checkpoint_pause_is_found_when_the_pause_ends():
+    # Rank 3 last pushes at t=50 (step 50): 1 s interval, 30 s floor, so its deadline is t=80.
+    # Ranks 0-2 push step 81 at t=81, after that deadline, and within the same second begin a
+    # checkpoint: their heartbeats say "checkpoint" from t=81.5, so the tick at 81.9, the first to
+    # see rank 3's hang, is held. The checkpoint ends at t=200 (step 82 pushed; at 200.5 the
+    # heartbeats say "forward"). Ticks every second at .9.
+    def job(det, save_at=None, drop=()):
+        ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2], t) for t in range(1, 82)]
+        ev += [(t + 0.5, "beat", [0, 1, 2], 81, "checkpoint") for t in range(81, 200)]
+        ev += [(float(t), "push", [0, 1, 2], t - 118) for t in range(200, 260)]
+        ev += [(t + 0.5, "beat", [0, 1, 2], t - 118, "forward") for t in range(200, 260)]
+        ev += [(t + 0.9, "tick") for t in range(1, 260)]
+        if save_at is None:
+            return _scripted(det, ev)
+        found = _scripted(det, [e for e in ev if e[0] < save_at])
+        state = json.loads(json.dumps(det.state_dict()))
+        for key in drop:
+            del state[key]
+        fresh = HangDetector(timeout_floor_s=30.0)
+        fresh.load_state_dict(state)
+        return found + _scripted(fresh, [e for e in ev if e[0] >= save_at])
+
+    found = job(HangDetector(timeout_floor_s=30.0))
+    # Rank 3 keeps its silence through the pause: the first tick after it, 150.9 s after its last
+    # progress, finds the hang (main restarted its clock at t=200 and found it at 230.9).
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [(200.9, "hang", "firing", (3,))]
+    ev = found[0][4]
+    assert ev["silent_s"] == pytest.approx(150.9) and ev["timeout_s"] == pytest.approx(30.0)
+    # The same from a snapshot taken in the pause, and from one of before "quiet_s" was kept.
+    assert job(HangDetector(timeout_floor_s=30.0), save_at=150.0) == found
+    assert job(HangDetector(timeout_floor_s=30.0), save_at=150.0, drop=("quiet_s",)) == found
+    # The barrier: without a pause phase the same job has the hang at the tick the pause held
+    # (then a stall, as ranks 0-2 fall silent for 119 s).
+    no_pause = job(HangDetector(timeout_floor_s=30.0, pause_phases=()))
+    assert [(t, k, s, r) for t, k, s, r, _ in no_pause][:2] == [
+        (81.9, "hang", "firing", (3,)), (111.9, "stall", "firing", ())]
+
+
+def test_a_rank_joining_during_a_checkpoint_pause_does_not_make_the_waiters_hang_after_it():
+    # Every rank checkpoints from t=50.5 to 200; the world grows to 5 ranks at t=120 (the new
+    # rank is known from then on, which tick counts as the job's latest progress). When the pause
+    # ends, ranks 0 and 1 push first and ranks 2-4 0.6 s later, with a tick in between: ranks 2
+    # and 3 waited in the pause (their deadlines passed during it, not before it began).
+    det = HangDetector(timeout_floor_s=30.0)
+    det.set_world(range(4), 0.0)
+    ev = [(float(t), "push", [0, 1, 2, 3], t) for t in range(1, 51)]
+    ev += [(t + 0.5, "beat", [0, 1, 2, 3], 50, "checkpoint") for t in range(50, 199)]
+    ev += [(199.8, "beat", [0, 1, 2, 3], 50, "forward")]
+    ev += [(float(t), "push", [0, 1], t - 149) for t in range(200, 210)]
+    ev += [(t + 0.6, "push", [2, 3, 4], t - 149) for t in range(200, 210)]
+    ev += [(t + 0.9, "tick") for t in range(1, 199)] + [(t + 0.3, "tick") for t in range(200, 210)]
+    found = _scripted(det, [e for e in ev if e[0] < 120.2])
+    det.set_world(range(5), 120.2)
+    assert found + _scripted(det, [e for e in ev if e[0] >= 120.2]) == []
+
+
+def test_a_rank_stuck_in_a_checkpoint_while_the_others_go_on_hangs_after_pause_timeout_s():
+    # Rank 3 last pushes at t=50 (1 s interval, 30 s floor: deadline t=80), then its heartbeats
+    # say "checkpoint" at step 51 every second, for good; ranks 0-2 go on pushing a step a second
+    # (their heartbeats say "compute"). Nobody waits for rank 3, so its pause holds nothing: it
+    # is excused while silent for less than pause_timeout_s (300 s), and the first tick after
+    # t=350 finds it, silent since t=50 (main restarted its clock at every push after a held
+    # tick, and found nothing, ever).
+    def job(det, save_at=None, back_s=None):
+        end = 400 if back_s is None else back_s
+        ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2], t) for t in range(1, 400)]
+        ev += [(t + 0.5, "beat", [0, 1, 2], t + 1, "compute") for t in range(1, 400)]
+        ev += [(t + 0.5, "beat", [3], 51, "checkpoint") for t in range(50, end)]
+        if back_s is not None:   # the save ends: the heartbeat says so before the next record
+            ev += [(back_s + 0.2, "beat", [3], 51, "forward")]
+            ev += [(t + 0.6, "push", [3], t) for t in range(back_s, 400)]
+            ev += [(t + 0.9, "beat", [3], t + 1, "compute") for t in range(back_s + 1, 400)]
+        ev += [(t + 0.9, "tick") for t in range(1, 400)] + [(t + 0.3, "tick") for t in range(1, 400)]
+        if save_at is None:
+            return _scripted(det, ev)
+        found = _scripted(det, [e for e in ev if e[0] < save_at])
+        fresh = HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0)
+        fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
+        return found + _scripted(fresh, [e for e in ev if e[0] >= save_at])
+
+    found = job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0))
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [(350.3, "hang", "firing", (3,))]
+    ev = found[0][4]
+    assert ev["silent_s"] == pytest.approx(300.3) and ev["timeout_s"] == pytest.approx(30.0)
+    assert ev["phase"] == "checkpoint" and "a pause longer than pause_timeout_s" in ev["reason"]
+    # The same through a snapshot taken in the pause.
+    assert job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0), save_at=200.0) == found
+    # A save that ends within pause_timeout_s is excused, also in the moment between the heartbeat
+    # that leaves the checkpoint (150.2) and the rank's next record (150.6), with a tick (150.3).
+    assert job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0), back_s=150) == []
+
+
+def test_a_rank_stuck_in_a_checkpoint_does_not_hide_another_rank_that_hangs_meanwhile():
+    # As above (rank 3 "saving" since t=50), and rank 2 stops at t=100 with no heartbeat: ranks 0
+    # and 1 go on without both. Rank 2 is found 30 s after its last push (main held every tick
+    # for rank 3's pause and restarted rank 2's clock at each push: neither was ever found).
+    ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2] if t <= 100 else [0, 1], t)
+          for t in range(1, 400)]
+    ev += [(t + 0.5, "beat", [3], 51, "checkpoint") for t in range(50, 400)]
+    ev += [(t + 0.9, "tick") for t in range(1, 400)]
+    found = _scripted(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0), ev)
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [
+        (131.9, "hang", "firing", (2,)), (350.9, "hang", "firing", (3,))]
+    assert found[0][4]["silent_s"] == pytest.approx(31.9)
+    assert found[1][4]["silent_s"] == pytest.approx(300.9)
+
+
+def test_a_checkpoint_of_the_whole_job_is_no_hang_when_the_heartbeats_resume_before_the_records():
+    # Every rank checkpoints from t=50.5 (heartbeats every second); rank 4 joins the world at
+    # t=120.2 (the new rank counts as the job's latest progress) and sends nothing. At 199.8 the
+    # heartbeats of ranks 0-3 leave the checkpoint, a tick falls at 199.9, the records come at 200
+    # (ranks 0 and 1) and 200.6 (ranks 2-4), a tick in between. The ranks came back from the
+    # pause that held the job: the job resumes with them (main found ranks 0-3 hung at 199.9).
+    def job(det, world=range(5), others="checkpoint"):
+        det.set_world(range(4), 0.0)
+        ev = [(float(t), "push", [0, 1, 2, 3], t) for t in range(1, 51)]
+        ev += [(t + 0.5, "beat", [0], 50, "checkpoint") for t in range(50, 199)]
+        ev += [(t + 0.5, "beat", [1, 2, 3], 50, others) for t in range(50, 199)]
+        ev += [(199.8, "beat", [0, 1, 2, 3], 50, "forward")]
+        ev += [(float(t), "push", [0, 1], t - 149) for t in range(200, 240)]
+        ev += [(t + 0.6, "push", [2, 3, 4], t - 149) for t in range(200, 240)]
+        ev += [(t + 0.9, "tick") for t in range(1, 240)] + [(t + 0.3, "tick") for t in range(200, 240)]
+        found = _scripted(det, [e for e in ev if e[0] < 120.2])
+        det.set_world(world, 120.2)
+        return found + _scripted(det, [e for e in ev if e[0] >= 120.2])
+
+    assert job(HangDetector(timeout_floor_s=30.0)) == []
+    assert job(HangDetector(timeout_floor_s=30.0), world=range(4)) == []
+    # Rank 0 saving while ranks 1-3 wait for it in a barrier: the same.
+    assert job(HangDetector(timeout_floor_s=30.0), others="collective") == []
+    # The barrier for those "nothing": without a pause phase the checkpoint is a stall.
+    assert [(t, k) for t, k, *_ in job(HangDetector(timeout_floor_s=30.0, pause_phases=()))][:1] == [
+        (80.9, "stall")]
+
+
+def test_a_stall_first_seen_late_names_the_rank_that_hung_before_it_when_the_job_resumes():
+    # Rank 3 last pushes at t=50 (deadline t=80); ranks 0-2 go on to t=85, then every rank is
+    # silent. No tick falls between t=79.9 and 120.9 (the caller was busy), so the first tick sees
+    # every rank overdue: a stall, with no culprit named. Ranks 0-2 resume at t=150; rank 3 was
+    # silent past its deadline while they progressed, so it did not wait in the stall: the next
+    # tick names it (main restarted its clock at t=150 and named it at 181.9).
+    ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2], t) for t in range(1, 86)]
+    ev += [(float(t), "push", [0, 1, 2], t - 64) for t in range(150, 200)]
+    ev += [(t + 0.9, "tick") for t in [*range(1, 80), *range(120, 200)]]
+    found = _scripted(HangDetector(timeout_floor_s=30.0), ev)
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [
+        (120.9, "stall", "firing", ()), (150.0, "stall", "resolved", ()),
+        (150.9, "hang", "firing", (3,))]
+    assert found[2][4]["silent_s"] == pytest.approx(100.9)
+
+
+def test_a_rank_already_hung_keeps_its_silence_when_a_stall_ends():
+    # Rank 3 pushes every 5 s (timeout 50 s), ranks 0-2 every second (the 30 s floor). Rank 3
+    # last pushes at t=60 and hangs (found at 111.9); ranks 0-2 stop after t=120 (a stall at
+    # 150.9), resume at t=200 and stop again after t=210.
+    ev = [(float(t), "push", [0, 1, 2, 3] if t % 5 == 0 and t <= 60 else [0, 1, 2], t)
+          for t in [*range(1, 121), *range(200, 211)]]
+    ev += [(t + 0.9, "tick") for t in range(1, 300)]
+    det = HangDetector(timeout_floor_s=30.0)
+    found = _scripted(det, [e for e in ev if e[0] < 201])
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [
+        (111.9, "hang", "firing", (3,)), (150.9, "stall", "firing", ()),
+        (200.0, "stall", "resolved", ())]
+    # The stall's end restarts the clocks of the ranks that waited in it, not rank 3's: it still
+    # has been silent since t=60, and its hang stays open (not resolved, not raised again).
+    assert det.state_dict()["progress_s"] == [200.0, 200.0, 200.0, 60.0]
+    later = _scripted(det, [e for e in ev if e[0] >= 201])
+    # The next stall comes when ranks 0-2 are 30 s overdue (main waited for rank 3's restarted
+    # 50 s timeout: 250.9).
+    assert [(t, k, s, r) for t, k, s, r, _ in later] == [(240.9, "stall", "firing", ())]
+
+
 # ------------------------------------------------------------------ the collective-wait path
 class SyncJob:
     """A synchronous data-parallel job on a fake clock (integer milliseconds, so it is exact).
