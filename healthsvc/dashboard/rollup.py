@@ -55,6 +55,17 @@ def _median_of_rows(v: np.ndarray) -> np.ndarray:
     return (part[:, :hi].max(axis=1) + part[:, hi]) / 2
 
 
+def _max_of_bins(x: np.ndarray) -> np.ndarray:
+    """``x.max(axis=2)`` (each bin's ranks), by halving an even last axis with elementwise
+    maxima: numpy reduces a short last axis cell by cell (16 steps x 256 bins of 4 ranks: 158
+    us), where log2(width) maxima over whole arrays cost 41. The same numbers (a NaN propagates
+    through both)."""
+    while x.shape[2] > 1 and x.shape[2] % 2 == 0:
+        half = x.shape[2] // 2
+        x = np.maximum(x[:, :, :half], x[:, :, half:])
+    return x[:, :, 0] if x.shape[2] == 1 else x.max(axis=2)
+
+
 def _pow2_at_least(x: int) -> int:
     return 1 << max(0, int(np.ceil(np.log2(max(x, 1)))))
 
@@ -212,7 +223,7 @@ class RunRollup:
         width = grid.rank_width * MAX_RANK_BINS
         full = np.full((len(steps), width), _NO_RANK, np.float32)
         full[:, ranks] = ratio
-        bin_max = full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width).max(axis=2)
+        bin_max = _max_of_bins(full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width))
         bin_max[bin_max == _NO_RANK] = np.nan
         grid.add(steps, bin_max)
 

@@ -111,3 +111,16 @@ def test_a_heat_grid_adds_each_steps_bins_to_its_column_whatever_the_block():
         for col in range(grid.sums.shape[1]):
             np.testing.assert_allclose(grid.sums[:, col], want_s.get(col, np.zeros(MAX_RANK_BINS)), rtol=1e-5)
             assert np.array_equal(grid.counts[:, col], want_c.get(col, np.zeros(MAX_RANK_BINS)))
+
+
+def test_the_heat_bins_maxima_are_numpys_whatever_the_width():
+    # The heat's max over each bin's ranks (pairwise maxima) must be ``max(axis=2)``'s numbers:
+    # every width a grid can have (and odd ones, from any snapshot), NaN and the no-rank marker.
+    from healthsvc.dashboard.rollup import _NO_RANK, _max_of_bins
+    rng = np.random.default_rng(4)
+    for width in (1, 2, 3, 4, 6, 8, 16, 64, 256):
+        for _ in range(20):
+            x = rng.uniform(0.1, 5.0, (int(rng.integers(1, 5)), MAX_RANK_BINS, width)).astype(np.float32)
+            x[rng.random(x.shape) < 0.3] = _NO_RANK
+            x[rng.random(x.shape) < 0.02] = np.nan
+            assert np.array_equal(_max_of_bins(x), x.max(axis=2), equal_nan=True), width
