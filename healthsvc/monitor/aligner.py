@@ -199,9 +199,10 @@ class StepAligner:
             # Every pending step goes (the usual case): the pending columns are the block's
             # records as they are; nothing stays.
             block = batch_to_block(self._steps, self._ranks, self._values, self._present)
-            self._steps, self._ranks = self._steps[:0], self._ranks[:0]
-            self._values = {f: v[:0] for f, v in self._values.items()}
-            self._present = {f: p[:0] for f, p in self._present.items()}
+            # Empty arrays of their own (a view, even empty, would keep the columns alive).
+            self._steps, self._ranks = np.zeros(0, self._steps.dtype), np.zeros(0, self._ranks.dtype)
+            self._values = {f: np.zeros(0, v.dtype) for f, v in self._values.items()}
+            self._present = {f: np.zeros(0, p.dtype) for f, p in self._present.items()}
         else:
             out_mask = self._steps <= upto
             block = batch_to_block(self._steps[out_mask], self._ranks[out_mask],
