@@ -57,6 +57,17 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
     return StepBlock(steps=u_steps, ranks=u_ranks, values=block_values, present=block_present)
 
 
+def _step_counts(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(steps, return_counts=True)``; by runs, without a sort, when the steps come in
+    order (a push of whole steps, or pushes joined in step order: nearly always)."""
+    if len(steps) >= 64:   # below, the sort costs no more than the checks
+        gaps = np.diff(steps)
+        if (gaps >= 0).all():
+            starts = np.flatnonzero(np.concatenate(([True], gaps != 0)))
+            return steps[starts], np.diff(np.append(starts, len(steps)))
+    return np.unique(steps, return_counts=True)
+
+
 def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(a, return_inverse=True)`` for integers. Step and rank ids of a block span a
     range not much wider than the block: then a table over the range gives the same answer in
@@ -130,7 +141,7 @@ class StepAligner:
         if len(b) == 1:
             u, c = [int(b.steps[0])], [1]
         else:
-            steps, counts = np.unique(b.steps, return_counts=True)
+            steps, counts = _step_counts(b.steps)
             u, c = steps.tolist(), counts.tolist()
         for step, n in zip(u, c):
             count[step] = count.get(step, 0) + n
@@ -142,6 +153,16 @@ class StepAligner:
         lacks is not reported there: NaN, not present)."""
         if not self._chunks:
             return
+        if len(self._chunks) == 1 and not len(self._steps):
+            # Nothing pending but one batch (the usual case: the last block took every pending
+            # step): the batch's columns are the join, not copies of them, when it has the
+            # pending fields in their order (the aligner never writes into its columns).
+            only = self._chunks[0]
+            if list(only.values) == list(only.present) and list(self._values) == list(only.values)[:len(self._values)]:
+                self._chunks = []
+                self._steps, self._ranks = only.steps, only.ranks
+                self._values, self._present = dict(only.values), dict(only.present)
+                return
         parts = [MetricBatch(self._steps, self._ranks, self._values, self._present), *self._chunks]
         self._chunks = []
         fields = list(dict.fromkeys(f for part in parts for f in part.values))
@@ -174,14 +195,23 @@ class StepAligner:
             return []  # wait for a fuller block (flush_due on the ticker bounds the wait)
         upto = u_steps[n_ready - 1]
         self._join()
-        out_mask = self._steps <= upto
-        block = batch_to_block(self._steps[out_mask], self._ranks[out_mask],
-                               {f: v[out_mask] for f, v in self._values.items()},
-                               {f: p[out_mask] for f, p in self._present.items()})
-        rest = ~out_mask
-        self._steps, self._ranks = self._steps[rest], self._ranks[rest]
-        self._values = {f: v[rest] for f, v in self._values.items()}
-        self._present = {f: p[rest] for f, p in self._present.items()}
+        if n_ready == len(u_steps):
+            # Every pending step goes (the usual case): the pending columns are the block's
+            # records as they are; nothing stays.
+            block = batch_to_block(self._steps, self._ranks, self._values, self._present)
+            # Empty arrays of their own (a view, even empty, would keep the columns alive).
+            self._steps, self._ranks = np.zeros(0, self._steps.dtype), np.zeros(0, self._ranks.dtype)
+            self._values = {f: np.zeros(0, v.dtype) for f, v in self._values.items()}
+            self._present = {f: np.zeros(0, p.dtype) for f, p in self._present.items()}
+        else:
+            out_mask = self._steps <= upto
+            block = batch_to_block(self._steps[out_mask], self._ranks[out_mask],
+                                   {f: v[out_mask] for f, v in self._values.items()},
+                                   {f: p[out_mask] for f, p in self._present.items()})
+            rest = ~out_mask
+            self._steps, self._ranks = self._steps[rest], self._ranks[rest]
+            self._values = {f: v[rest] for f, v in self._values.items()}
+            self._present = {f: p[rest] for f, p in self._present.items()}
         for step in u_steps[:n_ready]:
             del count[step]
         self._first_seen = {s: t for s, t in first_seen.items() if s > upto}

@@ -88,3 +88,39 @@ def test_the_rows_medians_are_numpys_whatever_the_block():
         if trial % 3 == 0:
             v = np.round(v)   # ties
         assert np.array_equal(_median_of_rows(v), np.median(v, axis=1)), (rows, width)
+
+
+def test_a_heat_grid_adds_each_steps_bins_to_its_column_whatever_the_block():
+    # HeatGrid.add by slices (consecutive columns), by index (gaps) or summing steps that share a
+    # column first (wide step bins): each cell gets the sum of its steps' values and counts.
+    from healthsvc.dashboard.rollup import HeatGrid
+    rng = np.random.default_rng(6)
+    for trial in range(200):
+        grid, want_s, want_c = HeatGrid(step_width=int(rng.choice([1, 2, 4]))), {}, {}
+        for _ in range(int(rng.integers(1, 5))):
+            steps = np.sort(rng.choice(300, int(rng.integers(1, 12)), replace=False)) if trial % 2 else \
+                np.arange(s0 := int(rng.integers(0, 300)), s0 + int(rng.integers(1, 12)))
+            bins = rng.uniform(0.5, 2.0, (len(steps), MAX_RANK_BINS)).astype(np.float32)
+            bins[rng.random(bins.shape) < 0.3] = np.nan
+            grid.add(steps, bins)
+            for i, step in enumerate(steps.tolist()):
+                col = step // grid.step_width
+                ok = np.isfinite(bins[i])
+                want_s[col] = want_s.get(col, 0) + np.where(ok, bins[i], 0).astype(np.float64)
+                want_c[col] = want_c.get(col, 0) + ok
+        for col in range(grid.sums.shape[1]):
+            np.testing.assert_allclose(grid.sums[:, col], want_s.get(col, np.zeros(MAX_RANK_BINS)), rtol=1e-5)
+            assert np.array_equal(grid.counts[:, col], want_c.get(col, np.zeros(MAX_RANK_BINS)))
+
+
+def test_the_heat_bins_maxima_are_numpys_whatever_the_width():
+    # The heat's max over each bin's ranks (pairwise maxima) must be ``max(axis=2)``'s numbers:
+    # every width a grid can have (and odd ones, from any snapshot), NaN and the no-rank marker.
+    from healthsvc.dashboard.rollup import _NO_RANK, _max_of_bins
+    rng = np.random.default_rng(4)
+    for width in (1, 2, 3, 4, 6, 8, 16, 64, 256):
+        for _ in range(20):
+            x = rng.uniform(0.1, 5.0, (int(rng.integers(1, 5)), MAX_RANK_BINS, width)).astype(np.float32)
+            x[rng.random(x.shape) < 0.3] = _NO_RANK
+            x[rng.random(x.shape) < 0.02] = np.nan
+            assert np.array_equal(_max_of_bins(x), x.max(axis=2), equal_nan=True), width

@@ -103,3 +103,54 @@ def test_a_ranks_newest_reported_value_stands_when_a_later_record_lacks_or_botch
             r.batch.present["compute_time"] = present[part]
             rt.on_store_results([r])
         assert [(line.rank, line.value) for line in rt.top("r", 2)] == [(0, 3.0), (1, 1.0)]
+
+
+def test_a_push_that_replaces_the_pending_one_leaves_the_table_as_folding_every_push_does():
+    """A large push may take the place of the pending push before it (``ranks._supersedes``):
+    the table after any sequence of pushes (whole steps, several steps, late spools, restarts,
+    NaN and missing values, hosts, ranks in another order) is the one folding every push gives."""
+    from healthsvc.run_metrics.ranks import SUPERSEDE_FROM, _RankTable
+    rng = np.random.default_rng(5)
+    world = SUPERSEDE_FROM + 44
+    replaced = 0
+    for trial in range(80):
+        rt, every = RankTimes(), []
+        attempt, step = 1, 0
+        for _ in range(int(rng.integers(2, 12))):
+            roll = rng.random()
+            if roll < 0.1:
+                attempt, step = attempt + 1, int(rng.integers(0, step + 1))    # a restart
+            n_steps = int(rng.integers(1, 3))
+            at_step = step if rng.random() > 0.25 else max(0, step - 3)       # sometimes late
+            steps = np.repeat(np.arange(at_step, at_step + n_steps), world)
+            roll = rng.random()   # the job's ranks; in another order; another set of as many
+            ranks = np.tile(np.arange(world) if roll > 0.2 else rng.permutation(world) if roll > 0.1
+                            else np.arange(world) + 7, n_steps)
+            r = result("r", steps, ranks, attempt if rng.random() > 0.1 else max(1, attempt - 1))
+            for f in ("compute_time", "step_time"):
+                if rng.random() < 0.8:
+                    v = rng.uniform(0.5, 2.0, len(steps))
+                    p = np.ones(len(steps), bool)
+                    if rng.random() < 0.2:
+                        v[rng.integers(0, len(v))] = np.nan
+                    if rng.random() < 0.2:
+                        p[rng.integers(0, len(p))] = False
+                    r.batch.values[f], r.batch.present[f] = v, p
+            if rng.random() < 0.3:
+                r.batch.host_names = ["h0", "h1", f"h{trial}"]
+                r.batch.host_index = rng.integers(-1 if rng.random() < 0.3 else 0, 3, len(steps)).astype(np.int32)
+            step = max(step, at_step + n_steps)
+            before = len(rt._pending.get("r", []))
+            rt.on_store_results([r])
+            replaced += len(rt._pending["r"]) <= before
+            every.append((r.attempt, r.batch))
+        reference = _RankTable()
+        reference.fold(every)
+        table = rt._fold("r")
+        assert table.ids.tolist() == reference.ids.tolist()
+        for f in reference.values:
+            np.testing.assert_array_equal(table.values[f], reference.values[f])
+            np.testing.assert_array_equal(table.at[f], reference.at[f])
+        assert set(table.values) == set(reference.values)
+        assert [table.host(int(r)) for r in table.ids] == [reference.host(int(r)) for r in reference.ids]
+    assert replaced > 20   # the replacing path ran
