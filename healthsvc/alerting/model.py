@@ -281,6 +281,9 @@ def clear(existing: Alert, now: float) -> Alert:
     now; latched alerts (corruption) stay firing, their condition noted as cleared."""
     if existing.status == "resolved":
         return existing
+    # Findings are timed by when their input arrived, and one a tick raised (now) can be folded
+    # before one raised by a push that arrived just earlier: an alert never ends before it began.
+    now = max(now, existing.starts_at)
     if existing.latched:
         return replace(existing, cleared_at=now)
     return replace(existing, cleared_at=now, ends_at=now, resolved_by="condition")

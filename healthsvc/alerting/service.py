@@ -31,6 +31,7 @@ with the rollback feature's lookup, so corruption alerts carry the rollback targ
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter
 from concurrent.futures import Future
@@ -52,6 +53,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 log = logging.getLogger(__name__)
+
+
+def _folded_at(sf: Any, now: float) -> float:
+    """When a stored finding is folded into alerts: when its input arrived, if known and not
+    after ``now`` (see :meth:`AlertingService._fold`)."""
+    return now if sf.observed_at is None else min(now, sf.observed_at)
 
 
 def policy_from_settings(settings: Any) -> PolicyConfig:
@@ -182,13 +189,21 @@ class AlertingService:
 
     def _fold(self, run_id: str, stored: list, now: float, targets: dict[str, Any] | None = None) -> None:
         """Fold a run's stored findings (oldest first) into its alerts, in the current job, with
-        the rollback target its owner looked up (``prepare``), if it did."""
+        the rollback target its owner looked up (``prepare``), if it did.
+
+        Each finding is folded at the time its input reached the service (``observed_at``), not
+        later than ``now``: what a receiver is told must not depend on how late the run's owner
+        judged the data. Alertmanager times a group's wait from when an alert reached it; an
+        alert reaches alerting here when its data reached the service, and the owner's delay is
+        the service's own (a takeover's or a restart's replay judges minutes of pushes in a
+        moment: folded at its pace, a lasting loss spike fires and clears within its group's
+        wait and is never paged). Findings of one time fold together, in order, so what fell
+        due between two of them goes out between them, as it would have live."""
         assert self.manager is not None
-        found = [(sf.finding, sf.hosts) for sf in stored]
-        if targets is not None and run_id in targets:
-            self.manager.process(run_id, found, now, rollback_target=targets[run_id])
-        else:
-            self.manager.process(run_id, found, now, target_later=True)
+        target = ({"rollback_target": targets[run_id]} if targets is not None and run_id in targets
+                  else {"target_later": True})
+        for at, of_time in itertools.groupby(stored, key=lambda sf: _folded_at(sf, now)):
+            self.manager.process(run_id, [(sf.finding, sf.hosts) for sf in of_time], at, **target)
 
     # -- the run's owner's calls (the monitor thread) -------------------------------------------
 

@@ -58,16 +58,18 @@ class FindingsService:
                         log.exception("findings after-commit callback failed")
 
     def record(self, run_id: str, attempt: int, findings: list[Finding],
-               hosts: dict[int, str] | None = None, fence: Any = None) -> Future:
+               hosts: dict[int, str] | None = None, fence: Any = None, at: float | None = None) -> Future:
         """Store findings (skipping ones already stored); resolves to the newly stored ones. The
         blamed ranks' hosts are the store's (the run's state), unless ``hosts`` names them.
-        ``fence`` (replicas): stored only while this replica's lease of the run holds."""
+        ``fence`` (replicas): stored only while this replica's lease of the run holds. ``at``:
+        when the input that raised them arrived (``StoredFinding.observed_at``; their alerts
+        are timed by it)."""
         then: FindingsStage | None = None
         stage = self._stage
         if stage is not None:
             prepared = stage.prepare(run_id, attempt, findings)
             then = functools.partial(stage.in_job, prepared=prepared)
-        return self.store.findings.submit(run_id, attempt, findings, hosts, then=then, fence=fence)
+        return self.store.findings.submit(run_id, attempt, findings, hosts, then=then, fence=fence, observed_at=at)
 
     def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
               since_step: int | None = None, since: float | None = None, min_severity: str | None = None,

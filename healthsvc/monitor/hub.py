@@ -64,6 +64,7 @@ class FindingsUnstored:
     run_id: str
     attempt: int
     findings: list[Finding]
+    at: float | None = None   # when the input that raised them arrived (see MonitorHub._record)
 
 
 # What the monitor thread consumes: committed input from the store, and its own control messages.
@@ -140,7 +141,7 @@ class MonitorHub:
         # write failed): run_id -> [(attempt, findings)], recorded again at the next tick while
         # the run is owned here (_record, _stored). A detector raises a finding once (a hang
         # fires once), so one dropped here would never be found again by this replica.
-        self._unstored: dict[str, list[tuple[int, list[Finding]]]] = {}
+        self._unstored: dict[str, list[tuple[int, list[Finding], float | None]]] = {}
         self._recording: dict[str, Future] = {}   # run_id -> its last findings write
         self.findings_unstored = 0
         # run_id -> why its stored config was refused (the run runs on default detectors).
@@ -273,7 +274,7 @@ class MonitorHub:
             return
         if isinstance(item, FindingsUnstored):
             if item.run_id in self.monitors:
-                self._unstored.setdefault(item.run_id, []).append((item.attempt, item.findings))
+                self._unstored.setdefault(item.run_id, []).append((item.attempt, item.findings, item.at))
             else:   # let go meanwhile: its next owner restores from a snapshot taken before these
                 log.warning("run %s: %d findings not stored; the run is no longer watched here",
                             item.run_id, len(item.findings))
@@ -304,7 +305,7 @@ class MonitorHub:
             found = []
         else:
             found = []
-        self._record(mon, found)
+        self._record(mon, found, at=ev.received_at)
 
     def _pushes(self, pushes: list[IngestResult]) -> None:
         """A run's pushes of one attempt, queued together (:mod:`~healthsvc.monitor.coalesce`)."""
@@ -330,8 +331,8 @@ class MonitorHub:
         processes' last steps into the attempt that replaced them)."""
         if mon.attempt and run.attempt > mon.attempt:
             ended = mon.attempt
-            self._record(mon, mon.new_attempt(run.attempt, at), attempt=ended)
-        self._record(mon, mon.on_metrics(batch, self._finish_known(mon, run), chunk_id, at))
+            self._record(mon, mon.new_attempt(run.attempt, at), attempt=ended, at=at)
+        self._record(mon, mon.on_metrics(batch, self._finish_known(mon, run), chunk_id, at), at=at)
 
     # -- ownership ------------------------------------------------------------------------
     def _claim(self, item: IngestResult | RunEvent) -> bool:
@@ -423,8 +424,13 @@ class MonitorHub:
         if self._unstored.pop(run_id, None):   # the new owner restores from before them: found again there
             log.info("run %s: findings not stored are left to its new owner", run_id)
 
-    def _record(self, mon: RunMonitor, found: list[Finding], attempt: int | None = None) -> None:
-        """Store ``found`` in ``attempt`` (default: the monitor's current one)."""
+    def _record(self, mon: RunMonitor, found: list[Finding], attempt: int | None = None,
+                at: float | None = None) -> None:
+        """Store ``found`` in ``attempt`` (default: the monitor's current one). ``at``: when the
+        input that raised them arrived (a push's or an event's receipt; None for what a tick
+        found, now): their alerts are timed by it, so a fault replayed at once after a takeover or
+        a restart is paged as it would have been live (a ten-step loss spike folded in a quarter
+        of a second otherwise fires and clears inside its group's wait, and is never paged)."""
         if not found:
             return
         attempt = mon.attempt if attempt is None else attempt
@@ -434,15 +440,15 @@ class MonitorHub:
             # moved on as if this was stored (a hang fires once), so it is kept and recorded at
             # the next tick if the lease comes back; if another replica took the run, the run
             # is dropped with it and the new owner restores and finds these itself.
-            self._unstored.setdefault(run_id, []).append((attempt, found))
+            self._unstored.setdefault(run_id, []).append((attempt, found, at))
             return
         # The blamed ranks' hosts are looked up by the store's job, on the thread that owns them.
-        fut = self.findings.record(run_id, attempt, found, fence=self.ownership.fence(run_id))
+        fut = self.findings.record(run_id, attempt, found, fence=self.ownership.fence(run_id), at=at)
         self._recording[run_id] = fut
-        fut.add_done_callback(functools.partial(self._stored, run_id, attempt, found))
+        fut.add_done_callback(functools.partial(self._stored, run_id, attempt, found, at))
         self.findings_recorded += len(found)
 
-    def _stored(self, run_id: str, attempt: int, found: list[Finding], fut: Future) -> None:
+    def _stored(self, run_id: str, attempt: int, found: list[Finding], at: float | None, fut: Future) -> None:
         """A findings write ended (on the writer thread): one that failed (its fence found the
         lease expired in the database, which happens when a renewal comes late; the store was
         down) goes back to the hub's thread, to be recorded again while the run is owned here."""
@@ -451,15 +457,15 @@ class MonitorHub:
             self.findings_unstored += len(found)
             log.warning("run %s: %d findings not stored (%s); recorded again at the next tick if the run is "
                         "still watched here", run_id, len(found), exc)
-            self._queue.put(FindingsUnstored(run_id, attempt, found))
+            self._queue.put(FindingsUnstored(run_id, attempt, found, at))
 
     def _record_unstored(self, run_id: str) -> None:
         """Record again what could not be stored (:meth:`_record`, :meth:`_stored`); the run is
         owned here now. Findings are stored once by identity: one stored after all is skipped."""
         mon = self.monitors.get(run_id)
-        for attempt, found in self._unstored.pop(run_id, []):
+        for attempt, found, at in self._unstored.pop(run_id, []):
             if mon is not None:
-                self._record(mon, found, attempt)
+                self._record(mon, found, attempt, at)
 
     def _settled(self, run_id: str) -> bool:
         """Whether every finding raised on the run is stored (none waiting to be recorded again,
@@ -620,7 +626,7 @@ class MonitorHub:
         mon = self.monitors[r.run_id]
         for hb in self.store.reads.heartbeats(r.run_id):
             if hb["ts"] > (r.saved_at or 0.0):
-                self._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]))
+                self._record(mon, mon.on_heartbeat(hb["rank"], hb["step"], hb["phase"], hb["ts"]), at=hb["ts"])
 
     def _restore_finish(self, r: "_Restore") -> None:
         mon = self.monitors[r.run_id]

@@ -54,6 +54,10 @@ class StoredFinding:
     hosts: tuple[str | None, ...]   # one per blamed rank, None where unknown
     created_at: float               # when the service stored it, unix seconds
     finding: Finding
+    # When the input that raised it reached the service (a push's or an event's receipt), if
+    # its recorder said: earlier than created_at when the run's owner judged the data late (a
+    # takeover's or a restart's replay). Alerts are timed by it.
+    observed_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = self.finding.to_dict()
@@ -89,7 +93,7 @@ class FindingsTable:
 
     def submit(self, run_id: str, attempt: int, findings: list[Finding],
                hosts: dict[int, str] | None = None, then: FindingsStage | None = None,
-               fence: Fence | None = None) -> Future:
+               fence: Fence | None = None, observed_at: float | None = None) -> Future:
         """Store findings, skipping ones already stored; resolves to a :class:`FindingsRecorded`.
 
         The blamed ranks' hosts are the run's, as its :class:`~healthsvc.store.runstate.RunState`
@@ -102,7 +106,8 @@ class FindingsTable:
         finds them again, after its cursor).
 
         ``fence`` (replicas): stored only while this replica's lease of the run holds (see the
-        store's ``write``)."""
+        store's ``write``). ``observed_at``: when the input that raised them arrived
+        (:attr:`StoredFinding.observed_at`; None: not known)."""
         def job(conn: sqlite3.Connection) -> FindingsRecorded:
             now = self._clock()
             stored = []
@@ -115,13 +120,14 @@ class FindingsTable:
                     blamed_hosts = self._hosts_of(run_id, f.ranks)
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO findings (run_id, attempt, kind, metric, ranks, hosts, step, status, severity,"
-                    " score, onset_step, evidence, created_at, identity) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " score, onset_step, evidence, created_at, identity, observed_at)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (run_id, attempt, f.kind, f.metric, orjson.dumps(list(f.ranks)).decode(), orjson.dumps(blamed_hosts).decode(),
                      int(f.step), f.status, f.severity, float(f.score), f.onset_step,
-                     orjson.dumps(f.evidence).decode(), now, occurrence_key(attempt, f)))
+                     orjson.dumps(f.evidence).decode(), now, occurrence_key(attempt, f), observed_at))
                 if cur.rowcount:
                     assert cur.lastrowid is not None   # the row just inserted
-                    stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f))
+                    stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f, observed_at))
             after: list[Callable[[], None]] = []
             if then is not None and stored:
                 conn.execute("SAVEPOINT findings_stage")
@@ -141,7 +147,7 @@ class FindingsTable:
         """A run's stored findings, oldest first, filtered by every argument that is set (read
         through ``conn``, a job's connection, to see what the job wrote)."""
         sql = ("SELECT id, attempt, kind, metric, ranks, hosts, step, status, severity, score, onset_step, evidence,"
-               " created_at FROM findings WHERE run_id=?")
+               " created_at, observed_at FROM findings WHERE run_id=?")
         args: list[Any] = [run_id]
         for column, op, value in (("kind", "=", kind), ("status", "=", status), ("step", ">=", since_step),
                                   ("created_at", ">=", since), ("id", ">", since_id)):
@@ -151,13 +157,13 @@ class FindingsTable:
         sql += " ORDER BY id LIMIT ?"
         args.append(limit)
         out = []
-        for (fid, attempt, k, metric, ranks, hosts, step, st, sev, score, onset, evidence, created) in \
+        for (fid, attempt, k, metric, ranks, hosts, step, st, sev, score, onset, evidence, created, observed) in \
                 (conn or self._db.read_conn()).execute(sql, args):
             if min_severity is not None and SEVERITY_ORDER[sev] < SEVERITY_ORDER[min_severity]:
                 continue
             f = Finding(kind=k, step=step, ranks=tuple(orjson.loads(ranks)), severity=sev, score=score,
                         metric=metric, status=st, onset_step=onset, evidence=orjson.loads(evidence))
-            out.append(StoredFinding(fid, run_id, attempt, tuple(orjson.loads(hosts)), created, f))
+            out.append(StoredFinding(fid, run_id, attempt, tuple(orjson.loads(hosts)), created, f, observed))
         return out
 
     def runs_after(self, after_id: int, conn: sqlite3.Connection | None = None) -> list[str]:

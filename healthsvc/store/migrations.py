@@ -25,6 +25,9 @@ database at once take turns (an advisory lock), and a step is never applied twic
 - **Version 7** adds ``runs.created_by``: the id of the token whose request created the run (NULL
   in open mode, for admin tokens and for runs made before it), so ``max_runs_per_token`` counts a
   token's runs on every replica and across restarts.
+- **Version 8** adds ``findings.observed_at``: when the input that raised a finding reached the
+  service (NULL for findings stored before it, and for ones stored by hand), so a finding judged
+  late (a takeover's or a restart's replay) is alerted on as it would have been live.
 
 A database newer than the code (a downgrade) is refused: :class:`SchemaTooNew`, whose message
 says what to do; the server does not start on it.
@@ -123,6 +126,8 @@ STEPS: tuple[Migration, ...] = (
     Migration(7, "who created each run: the token's id, for the cap on runs per token", """
         ALTER TABLE runs ADD COLUMN created_by TEXT;
         CREATE INDEX runs_created_by ON runs (created_by);"""),
+    Migration(8, "when the input that raised each finding arrived: alerts are timed by it", """
+        ALTER TABLE findings ADD COLUMN observed_at REAL;"""),
 )
 LATEST = STEPS[-1].version
 

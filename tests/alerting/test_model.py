@@ -89,6 +89,13 @@ def test_a_resolved_finding_resolves_the_alert_at_once_and_a_new_firing_reopens_
     assert (again.status, again.starts_at, again.cleared_at) == ("firing", 150.0, None)
 
 
+def test_an_alert_never_ends_before_it_began():
+    """Findings are folded at the time their input arrived: one a tick raised (at the time of the
+    tick) may be followed by one a push that arrived a moment earlier raised."""
+    a = model.clear(model.fire(None, f(kind="stall"), "r1", (), 100.0), 99.5)
+    assert (a.status, a.starts_at, a.ends_at, a.cleared_at) == ("resolved", 100.0, 100.0, 100.0)
+
+
 def test_an_alert_cleared_by_an_earlier_version_still_resolves_after_the_timeout():
     a = model.fire(None, f(kind="hang"), "r1", (), 100.0)
     a = model.Alert(**{**a.__dict__, "cleared_at": 130.0})   # stored firing and cleared: that version waited
