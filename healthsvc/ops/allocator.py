@@ -17,7 +17,7 @@ at ``malloc_arena_max`` (default 2: the server's threads mostly hold the GIL, so
 little parallelism and cost memory) and a :class:`Trimmer` calls ``malloc_trim(0)``, which gives
 back the free pages of every arena, also inside a heap: every ``malloc_trim_every_s`` (default
 30 s), and as soon as the RSS grew ``malloc_trim_grown_mib`` (default 4 MiB) above what the last
-trim left (read from ``/proc`` every second: a few microseconds). Why both: in the 30-minute
+trim left (read from ``/proc`` once a second: one small file read). Why both: in the 30-minute
 soak a replica busy taking runs over freed 15-30 MiB between two trims 30 s apart, so its RSS
 swung by that much with the moment it was read; trimmed when it grew, the RSS says what the
 process holds, not how long ago the last trim was. A trim walks the free chunks of each arena

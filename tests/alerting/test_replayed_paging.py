@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from simulation import LossSpike, simulate_run
 from tests.alerting.receiver import Receiver
 from tests.harness import FakeClock, InProcessService
+from tests.pushes import step_pushes
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -32,20 +32,12 @@ N_RANKS = 4
 SPIKE_AT, SPIKE_STEPS, N_STEPS = 150, 15, 200
 # A warning's first flush 5 s after it fires (the default is 30 s): the spike lasts 15 s.
 TIMINGS = {"warning": {"group_wait_s": 5.0}}
-FIELDS = ("loss", "grad_norm", "local_grad_norm", "step_time")
 
 
 def step_bodies() -> list[bytes]:
     """One columnar push a step: a run whose loss jumps x3 for 15 steps at step 150."""
-    block = simulate_run(n_steps=N_STEPS, n_ranks=N_RANKS, seed=3, warmup_steps=10,
-                         faults=[LossSpike(step=SPIKE_AT, factor=3.0, duration=SPIKE_STEPS)]).block
-    bodies = []
-    for i, step in enumerate(block.steps.tolist()):
-        cols: dict[str, list] = {"step": [step] * N_RANKS, "rank": list(range(N_RANKS))}
-        for f in FIELDS:
-            cols[f] = np.asarray(block.values[f][i], dtype=float).tolist()
-        bodies.append(json.dumps({"columns": cols}).encode())
-    return bodies
+    return step_pushes(simulate_run(n_steps=N_STEPS, n_ranks=N_RANKS, seed=3, warmup_steps=10,
+                                    faults=[LossSpike(step=SPIKE_AT, factor=3.0, duration=SPIKE_STEPS)]).block)
 
 
 def push_a_step_a_second(svc, bodies: list[bytes], *, live: bool) -> None:

@@ -18,13 +18,13 @@ import json
 import time
 
 import httpx
-import numpy as np
 import pytest
 
 from simulation import LossSpike, simulate_run
 from tests.alerting.receiver import Receiver
 from tests.barriers import wait_until
 from tests.pg import fresh_database
+from tests.pushes import step_pushes
 from tests.server_process import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -41,15 +41,8 @@ def leases_of(rep: ServerProcess) -> dict:
 
 
 def bodies() -> list[bytes]:
-    block = simulate_run(n_steps=N_STEPS, n_ranks=WORLD, seed=3, warmup_steps=10,
-                         faults=[LossSpike(step=SPIKE_AT, factor=3.0, duration=SPIKE_STEPS)]).block
-    out = []
-    for i, step in enumerate(block.steps.tolist()):
-        cols: dict[str, list] = {"step": [step] * WORLD, "rank": list(range(WORLD))}
-        for f in ("loss", "grad_norm", "local_grad_norm", "step_time"):
-            cols[f] = np.asarray(block.values[f][i], dtype=float).tolist()
-        out.append(json.dumps({"columns": cols}).encode())
-    return out
+    return step_pushes(simulate_run(n_steps=N_STEPS, n_ranks=WORLD, seed=3, warmup_steps=10,
+                                    faults=[LossSpike(step=SPIKE_AT, factor=3.0, duration=SPIKE_STEPS)]).block)
 
 
 def loss_spike_pages(receiver: Receiver, run_id: str) -> list[str]:
