@@ -60,7 +60,9 @@ Definitions (times in seconds of the caller's clock):
   it), its silence counted from its last progress. A heartbeat that stops ends the pause. A
   heartbeat that leaves the pause phases while the pause excuses the rank ends it too: the rank
   is back at work (its records come later) and counts its silence from that heartbeat; if the
-  pause held the job, the job resumes with it.
+  pause held the job, the job resumes with it. A rank comes back once per step: a heartbeat that
+  leaves the pause again before the rank's step moved (its phase flapping between a pause and
+  work while its step stands still) restarts nothing, or a rank stuck that way would never hang.
 - *Resuming* (the first progress after a stall, or after a tick that a pause held, or a rank
   coming back from a pause that held the job): each expected rank that waited counts its
   silence from then on, so the moment between two ranks' records arriving is no hang. A rank
@@ -262,6 +264,8 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
         self._hb_s[j], self._hb_phase[j] = now, code
         if known:
             self._hb_step[j] = step
+        if back:
+            self._back_step[j] = self._step_of(j)
         self._active[j] = True
         if moved or back:
             self._progress_s[j] = now
@@ -283,11 +287,17 @@ class HangDetector(HangJudging, Detector, AbsenceDetector):
     def _back_from_pause(self, j: int, prev_code: int, phase: str, now: float) -> bool:
         """Rank ``j``'s heartbeat leaves the pause that excused it (the one before said a pause
         phase, was fresh, and the rank's silence is shorter than pause_timeout_s): it is back at
-        work, and its record of the next step comes later."""
+        work, and its record of the next step comes later. Once per step: a rank that came back
+        at this step already and made no progress since is not back again."""
         return (prev_code >= 0 and self._phases[prev_code] in self.pause_phases
                 and phase not in self.pause_phases and bool(self._active[j]) and not self._hung[j]
                 and now - float(self._hb_s[j]) <= self.heartbeat_timeout_s
-                and now - float(self._progress_s[j]) < self.pause_timeout_s)
+                and now - float(self._progress_s[j]) < self.pause_timeout_s
+                and self._step_of(j) > int(self._back_step[j]))
+
+    def _step_of(self, j: int) -> int:
+        """The furthest step rank ``j`` told of, by record or heartbeat (-1: none)."""
+        return max(int(self._last_step[j]), int(self._hb_step[j]))
 
     def finish(self, now: float) -> list[Finding]:
         """The run finished at ``now``: silence is normal; open hangs and the stall resolve."""

@@ -35,6 +35,7 @@ class HangState:
     _hb_s: np.ndarray
     _hb_step: np.ndarray
     _hb_phase: np.ndarray
+    _back_step: np.ndarray
     _active: np.ndarray
     _hung: np.ndarray
 
@@ -47,6 +48,7 @@ class HangState:
         "hb_s": (np.float64, _NEVER),       # when its last heartbeat arrived
         "hb_step": (np.int64, -1),
         "hb_phase": (np.int64, -1),         # index into self._phases
+        "back_step": (np.int64, -2),        # its step when it last came back from a pause (-2: never)
         "active": (np.bool_, True),         # expected: in the world, not departed
         "hung": (np.bool_, False),          # an open hang finding
     }
@@ -93,8 +95,11 @@ class HangState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reset()
-        for name, (dtype, _) in self._ARRAYS.items():
-            setattr(self, "_" + name, np.asarray(state[name], dtype=dtype))
+        n = len(state["ids"])
+        for name, (dtype, fill) in self._ARRAYS.items():
+            # A column newer than the snapshot (back_step) starts at its fill for every rank.
+            setattr(self, "_" + name, np.asarray(state[name], dtype=dtype) if name in state
+                    else np.full(n, fill, dtype=dtype))
         self._phases = list(state["phases"])
         self._finished, self._stalled = bool(state["finished"]), bool(state["stalled"])
         # Snapshots from before the collective-wait path lack these: start without samples.

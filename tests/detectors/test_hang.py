@@ -377,6 +377,50 @@ def test_a_rank_stuck_in_a_checkpoint_while_the_others_go_on_hangs_after_pause_t
     assert job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0), back_s=150) == []
 
 
+def test_a_rank_whose_phase_flaps_between_a_checkpoint_and_work_at_a_standing_step_hangs():
+    # Rank 3 last pushes at t=50 (1 s interval, 30 s floor); its heartbeats then say "checkpoint"
+    # and "forward" by turns at step 51, for good (a save retried in a loop, a phase set on a
+    # thread that is not stuck), while ranks 0-2 go on. Its first "forward" (51.5) brings it back
+    # from the pause and restarts its silence; the later ones are no progress: it is found at the
+    # first tick after the others progressed past its deadline (51.5 + 30 s) whose latest heartbeat
+    # does not say "checkpoint": at 82.9 it says so (82.5), at 83.9 it does not. Main restarted
+    # its silence at every "forward" and never found it.
+    def job(det, save_at=None):
+        ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2], t) for t in range(1, 300)]
+        ev += [(t + 0.5, "beat", [3], 51, "checkpoint" if t % 2 == 0 else "forward") for t in range(50, 300)]
+        ev += [(t + 0.9, "tick") for t in range(1, 300)]
+        if save_at is None:
+            return _scripted(det, ev)
+        found = _scripted(det, [e for e in ev if e[0] < save_at])
+        fresh = HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0)
+        fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
+        return found + _scripted(fresh, [e for e in ev if e[0] >= save_at])
+
+    found = job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0))
+    assert [(t, k, s, r) for t, k, s, r, _ in found] == [(83.9, "hang", "firing", (3,))]
+    assert found[0][4]["silent_s"] == pytest.approx(32.4)
+    assert job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0), save_at=60.0) == found
+    # A snapshot from before the rule (no "back_step"): it loads, every rank may come back once.
+    det = HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0)
+    _scripted(det, [(float(t), "push", [0, 1], t) for t in range(1, 5)])
+    old = {k: v for k, v in det.state_dict().items() if k != "back_step"}
+    again = HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0)
+    again.load_state_dict(old)
+    assert again.state_dict()["back_step"] == [-2, -2]
+
+
+def test_a_rank_that_checkpoints_again_at_a_later_step_comes_back_from_each_pause():
+    # Rank 3 saves at steps 50 and 120 (60 s each; its heartbeats say "checkpoint" then, and
+    # "forward" just before its next record), the others going on: both pauses are excused.
+    ev = [(float(t), "push", [0, 1, 2], t) for t in range(1, 300)]
+    ev += [(float(t), "push", [3], t) for t in range(1, 300) if not (50 < t <= 110 or 180 < t <= 240)]
+    ev += [(t + 0.5, "beat", [3], step, "checkpoint") for step, start in ((50, 50), (180, 180))
+           for t in range(start, start + 60)]
+    ev += [(110.2, "beat", [3], 50, "forward"), (240.2, "beat", [3], 180, "forward")]
+    ev += [(t + 0.9, "tick") for t in range(1, 300)] + [(t + 0.3, "tick") for t in range(1, 300)]
+    assert _scripted(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0), ev) == []
+
+
 def test_a_rank_stuck_in_a_checkpoint_does_not_hide_another_rank_that_hangs_meanwhile():
     # As above (rank 3 "saving" since t=50), and rank 2 stops at t=100 with no heartbeat: ranks 0
     # and 1 go on without both. Rank 2 is found 30 s after its last push (main held every tick
