@@ -132,7 +132,7 @@ def _slim(batch: MetricBatch) -> MetricBatch:
 
 class RollupHub:
     def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, align_timeout_s: float = 5.0,
-                 tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0, fold_every_s: float = 0.1) -> None:
+                 tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0, fold_every_s: float = 0.5) -> None:
         self.fold_every_s = fold_every_s
         self.store = store
         self.clock = clock
@@ -147,6 +147,8 @@ class RollupHub:
         self._thread = threading.Thread(target=self._loop, name="healthsvc-dashboard", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-dashboard-ticker", daemon=True)
         self._stopping = threading.Event()
+        # Ends the wait between folds now (a drain or a stop asked for what is queued so far).
+        self._wake = threading.Event()
         self._last_snapshot: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -157,6 +159,7 @@ class RollupHub:
     def stop(self) -> None:
         self._stopping.set()
         self._queue.put(Stop())
+        self._wake.set()
         self._thread.join(30)
         self._ticker.join(5)
         for run_id in list(self.feeds):
@@ -166,6 +169,7 @@ class RollupHub:
         """Wait until everything queued so far has been folded in (benchmarks, tests)."""
         barrier = Drain()
         self._queue.put(barrier)
+        self._wake.set()
         return barrier.done.wait(timeout_s)
 
     def tick(self) -> None:
@@ -218,11 +222,13 @@ class RollupHub:
         self.catching_up = False
         while handle_in_order(coalesce.group_pushes(coalesce.unpacked(coalesce.take(self._queue))), self._handle_locked,
                               log, "dashboard rollup"):
-            # The run page needs no fresher data than this: pushes gather meanwhile and are
-            # folded in one go (one wake-up, one aligned block for many pushes), instead of this
-            # thread waking per group commit and contending with the event loop and the writer
-            # for the GIL. A Drain waits at most this much longer; Stop ends the wait.
-            self._stopping.wait(self.fold_every_s)
+            # The run page needs no fresher data than this (it polls every 3 s, and the aligner
+            # holds steps back for fuller blocks anyway): pushes gather meanwhile and are folded
+            # in one go (one wake-up, one aligned block for many pushes), instead of this thread
+            # waking per group commit and contending with the event loop and the writer for the
+            # GIL. A drain or a stop ends the wait.
+            self._wake.wait(self.fold_every_s)
+            self._wake.clear()
 
     def _handle_locked(self, item: list[IngestResult] | RunEvent | RunsReleased | Tick | Flush) -> None:
         with self.lock:
@@ -266,7 +272,10 @@ class RollupHub:
     def _snapshot(self, run_id: str, force: bool = False) -> None:
         feed = self.feeds[run_id]
         now = self.clock()
-        if not feed.dirty or (not force and now - self._last_snapshot.get(run_id, 0.0) < self.snapshot_every_s):
+        # A run's first snapshot too waits ``snapshot_every_s``, from the first tick that sees
+        # it: until then a restart replays its chunks, as it does those after any snapshot, and
+        # a short run is not compressed and written in its first second.
+        if not feed.dirty or (not force and now - self._last_snapshot.setdefault(run_id, now) < self.snapshot_every_s):
             return
         blob, watermark = feed.to_bytes(), feed.watermark
         feed.dirty = False

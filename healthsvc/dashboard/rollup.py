@@ -221,8 +221,19 @@ class RunRollup:
         # is positive (or NaN: a step with no median), so the bins no rank filled keep the
         # negative marker through the max and become NaN after it (np.nanmax costs ~3x as much).
         width = grid.rank_width * MAX_RANK_BINS
-        full = np.full((len(steps), width), _NO_RANK, np.float32)
-        full[:, ranks] = ratio
+        n = len(ranks)
+        if n and ranks[0] == 0 and ranks[-1] == n - 1:
+            # A block's ranks are increasing: these are ranks 0..n-1 (the usual block), a slice
+            # of the row, not a scatter by index (numpy's fancy assignment along the rows' axis
+            # cost most of the heat: 340 us for 60 steps of 1,024 ranks, against 22 for a slice).
+            if n == width:
+                full = ratio.astype(np.float32)
+            else:
+                full = np.full((len(steps), width), _NO_RANK, np.float32)
+                full[:, :n] = ratio
+        else:
+            full = np.full((len(steps), width), _NO_RANK, np.float32)
+            full[:, ranks] = ratio
         bin_max = _max_of_bins(full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width))
         bin_max[bin_max == _NO_RANK] = np.nan
         grid.add(steps, bin_max)

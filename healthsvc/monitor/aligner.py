@@ -35,6 +35,15 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
         return StepBlock(steps=steps[:1], ranks=ranks,
                          values={f: np.where(present[f], v, np.nan)[None, :] for f, v in values.items()},
                          present={f: p[None, :] for f, p in present.items()})
+    width = _whole_steps(steps, ranks)
+    if width:
+        # Whole steps in order, each of the same ranks in order (one-step pushes of every rank
+        # joined: the usual block): the records are the block, found without the two
+        # inversions below (a dozen passes over the records, against three here).
+        shape = (len(steps) // width, width)
+        return StepBlock(steps=steps[::width].copy(), ranks=ranks[:width].copy(),
+                         values={f: np.where(present[f], v, np.nan).reshape(shape) for f, v in values.items()},
+                         present={f: p.reshape(shape) for f, p in present.items()})
     u_steps, si = _unique_inverse(steps)
     u_ranks, ri = _unique_inverse(ranks)
     shape = (len(u_steps), len(u_ranks))
@@ -55,6 +64,25 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
             pres[flat[p]] = True
             block_values[f], block_present[f] = mat.reshape(shape), pres.reshape(shape)
     return StepBlock(steps=u_steps, ranks=u_ranks, values=block_values, present=block_present)
+
+
+def _whole_steps(steps: np.ndarray, ranks: np.ndarray) -> int:
+    """``w`` when the records are steps of ``w`` records each, the steps increasing, and every
+    step holds the same increasing rank ids in the same order; else 0."""
+    n = len(steps)
+    if n < 2:
+        return 0
+    width = int(np.argmax(steps != steps[0]))   # records of the first step (0: one step only)
+    if width == 0 or n % width:
+        return 0
+    first = ranks[:width]
+    if width > 1 and not (first[1:] > first[:-1]).all():
+        return 0
+    by_step, by_rank = steps.reshape(-1, width), ranks.reshape(-1, width)
+    heads = by_step[:, 0]
+    if (heads[1:] <= heads[:-1]).any() or not (by_step == heads[:, None]).all() or not (by_rank == first).all():
+        return 0
+    return width
 
 
 def _step_counts(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

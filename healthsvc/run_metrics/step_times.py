@@ -10,13 +10,14 @@ import numpy as np
 from healthsvc.run_metrics.feed import new_batches
 
 STEP_TIME_WINDOW = 512  # step_time values kept per run for the median (all ranks, newest last)
+COMPACT_AT_PARTS = 256  # pushes held before they are cut to the window (objects the GC tracks)
 
 
 class StepTimes:
     """The newest ``STEP_TIME_WINDOW`` finite ``step_time`` values of each run (writer thread in,
     scrape thread out). A push only hands its column over (the writer thread does that for every
     push); the values are filtered and cut to the window when a scrape asks, or when a run holds
-    four windows' worth."""
+    four windows' worth or ``COMPACT_AT_PARTS`` pushes."""
 
     def __init__(self, window: int = STEP_TIME_WINDOW) -> None:
         self.window = window
@@ -31,7 +32,7 @@ class StepTimes:
             with self._lock:
                 self._parts.setdefault(r.run_id, []).append((batch.values["step_time"], batch.present["step_time"]))
                 held = self._held[r.run_id] = self._held.get(r.run_id, 0) + len(batch)
-                if held > 4 * self.window:
+                if held > 4 * self.window or len(self._parts[r.run_id]) > COMPACT_AT_PARTS:
                     self._compact(r.run_id)
 
     def _compact(self, run_id: str) -> np.ndarray:

@@ -124,3 +124,31 @@ def test_the_heat_bins_maxima_are_numpys_whatever_the_width():
             x[rng.random(x.shape) < 0.3] = _NO_RANK
             x[rng.random(x.shape) < 0.02] = np.nan
             assert np.array_equal(_max_of_bins(x), x.max(axis=2), equal_nan=True), width
+
+
+def test_a_blocks_heat_is_the_ranks_scattered_into_their_bins_whatever_ranks_it_holds():
+    # The heat takes a block of ranks 0..n-1 by a slice of the row (n the row's width or less)
+    # and other ranks by index: either way each bin holds the largest ratio to the step's median
+    # of its ranks (numpy's scatter and max over the bins, computed here), NaN where none reported.
+    rng = np.random.default_rng(8)
+    for trial in range(60):
+        n_ranks = int(rng.choice([1, 2, 5, 256, 300, 512, 1024, 1500]))
+        ranks = np.arange(n_ranks) if trial % 3 else np.sort(rng.choice(2 * n_ranks, n_ranks, replace=False))
+        steps = np.arange(10 * trial, 10 * trial + int(rng.integers(1, 20)))
+        ct = rng.uniform(0.5, 2.0, (len(steps), n_ranks))
+        present = rng.random(ct.shape) > 0.1
+        ct[rng.random(ct.shape) < 0.05] = np.nan
+        r = RunRollup()
+        r.add_block(StepBlock(steps, ranks, {"compute_time": ct}, {"compute_time": present}))
+        grid = r.heat["compute_time"]
+        ok = present & np.isfinite(ct) & (ct > 0)
+        med = np.array([np.median(row[m]) if m.any() else np.nan for row, m in zip(ct, ok)])
+        full = np.full((len(steps), grid.rank_width * MAX_RANK_BINS), -1.0, np.float32)
+        with np.errstate(invalid="ignore"):
+            full[:, ranks] = np.where(ok, ct / med[:, None], -1.0)
+        want = full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width).max(axis=2)
+        want[want == -1.0] = np.nan
+        cols = steps // grid.step_width
+        got = grid.sums[:, cols].T
+        assert np.array_equal(grid.counts[:, cols].T, np.isfinite(want).astype(np.float32)), trial
+        assert np.array_equal(got, np.where(np.isfinite(want), want, 0.0)), trial

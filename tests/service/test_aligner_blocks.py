@@ -24,7 +24,8 @@ def expected(steps, ranks, values, present):
     return np.array(u_steps), np.array(u_ranks), out
 
 
-@pytest.mark.parametrize("layout", ["in order", "shuffled", "repeats and gaps", "one step"])
+@pytest.mark.parametrize("layout", ["in order", "shuffled", "repeats and gaps", "one step", "a rank missing once",
+                                    "a step repeated", "steps of other ranks"])
 def test_a_block_holds_each_cells_last_reported_value(layout):
     rng = np.random.default_rng(len(layout))
     for _ in range(100):
@@ -36,6 +37,14 @@ def test_a_block_holds_each_cells_last_reported_value(layout):
         if layout == "shuffled":
             order = rng.permutation(len(steps))
             steps, ranks = steps[order], ranks[order]
+        elif layout == "a rank missing once" and len(steps) > 1:   # then not whole steps
+            drop = int(rng.integers(0, len(steps)))
+            steps, ranks = np.delete(steps, drop), np.delete(ranks, drop)
+        elif layout == "a step repeated":                           # whole steps, but not increasing
+            steps, ranks = np.concatenate([steps, steps[:n_ranks]]), np.concatenate([ranks, ranks[:n_ranks]])
+        elif layout == "steps of other ranks" and n_steps > 1:      # as many records, other ids
+            ranks = ranks.copy()
+            ranks[-1] += 1000
         elif layout == "repeats and gaps":
             pick = rng.integers(0, len(steps), len(steps))
             steps, ranks = steps[pick], ranks[pick]

@@ -154,3 +154,47 @@ def test_a_push_that_replaces_the_pending_one_leaves_the_table_as_folding_every_
         assert set(table.values) == set(reference.values)
         assert [table.host(int(r)) for r in table.ids] == [reference.host(int(r)) for r in reference.ids]
     assert replaced > 20   # the replacing path ran
+
+
+def test_many_small_pushes_are_folded_as_they_come_into_the_table_one_fold_of_all_gives():
+    """Pushes of a record or a few are folded every ``FOLD_AT_PUSHES`` (few objects held for the
+    garbage collector to walk): the rank table is the one folding every push at once gives, and
+    the step-time median is that of the newest ``STEP_TIME_WINDOW`` finite values."""
+    from healthsvc.run_metrics.ranks import FOLD_AT_PUSHES, _RankTable
+    from healthsvc.run_metrics.step_times import STEP_TIME_WINDOW, StepTimes
+    rng = np.random.default_rng(9)
+    for trial in range(6):
+        rt, st, every, times = RankTimes(), StepTimes(), [], []
+        attempt, step = 1, 0
+        for _ in range(int(rng.integers(3, 6)) * FOLD_AT_PUSHES):
+            if rng.random() < 0.002:
+                attempt, step = attempt + 1, int(rng.integers(0, step + 1))    # a restart
+            n = int(rng.integers(1, 4))
+            at_step = step if rng.random() > 0.1 else max(0, step - 3)         # sometimes late
+            r = result("r", np.full(n, at_step), rng.choice(40, n, replace=False),
+                       attempt if rng.random() > 0.05 else max(1, attempt - 1))
+            for f in ("compute_time", "step_time"):
+                if rng.random() < 0.9:
+                    v = rng.uniform(0.5, 2.0, n)
+                    v[rng.random(n) < 0.1] = np.nan
+                    r.batch.values[f], r.batch.present[f] = v, rng.random(n) > 0.1
+            if rng.random() < 0.2:
+                r.batch.host_names = ["h0", f"h{trial}"]
+                r.batch.host_index = rng.integers(-1, 2, n).astype(np.int32)
+            step += int(rng.random() < 0.5)
+            rt.on_store_results([r])
+            st.on_store_results([r])
+            assert len(rt._pending.get("r", [])) <= FOLD_AT_PUSHES
+            every.append((r.attempt, r.batch))
+            if "step_time" in r.batch.values:
+                v = r.batch.values["step_time"][r.batch.present["step_time"]]
+                times += v[np.isfinite(v)].tolist()
+        reference = _RankTable()
+        reference.fold(every)
+        table = rt._fold("r")
+        assert table.ids.tolist() == reference.ids.tolist() and set(table.values) == set(reference.values)
+        for f in reference.values:
+            np.testing.assert_array_equal(table.values[f], reference.values[f])
+            np.testing.assert_array_equal(table.at[f], reference.at[f])
+        assert [table.host(int(r)) for r in table.ids] == [reference.host(int(r)) for r in reference.ids]
+        assert st.median("r") == float(np.median(times[-STEP_TIME_WINDOW:]))

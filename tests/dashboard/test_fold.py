@@ -1,0 +1,124 @@
+"""The dashboard's thread folds what gathered between its wake-ups (``RollupHub.fold_every_s``)
+and snapshots a run every ``snapshot_every_s``, the first time too: a fold of many pushes draws
+the rollup that one push at a time draws, a drain does not wait out the interval, and a run not
+snapshotted yet is rebuilt from its chunks on restart."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from healthsvc.dashboard.hub import RollupHub, RunFeed
+from healthsvc.store.batch import MetricBatch
+from healthsvc.store.open import open_store
+from healthsvc.store.results import IngestResult
+from healthsvc.store.runstate import RunView
+
+FIELDS = ("loss", "grad_norm", "step_time", "compute_time", "comm_time")
+
+
+def rank_pushes(seed: int, n_steps: int = 300, n_ranks: int = 24) -> list[MetricBatch]:
+    """Pushes of a few ranks' records each, in step order with the ranks shuffled, some values
+    non-finite or missing, one rank slow."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in range(n_steps):
+        ranks = rng.permutation(n_ranks)
+        for part in np.array_split(ranks, rng.integers(1, 5)):
+            n = len(part)
+            b = MetricBatch(np.full(n, s), part.astype(np.int64))
+            for f in FIELDS:
+                v = 1.0 + 0.1 * rng.standard_normal(n) + (part == 3) * (f == "compute_time")
+                v[rng.random(n) < 0.02] = np.nan
+                b.values[f], b.present[f] = v, rng.random(n) > 0.03
+            out.append(b)
+    return out
+
+
+def results(pushes: list[MetricBatch]) -> list[IngestResult]:
+    n_ranks = int(max(b.ranks.max() for b in pushes)) + 1
+    return [IngestResult("r", len(b), False, 1, False, k + 1, 1000.0 + k * 1e-3, b, RunView(1, 0, n_ranks, False))
+            for k, b in enumerate(pushes)]
+
+
+def rollup_arrays(feed: RunFeed) -> dict[str, np.ndarray]:
+    """What the page can be shown: every step's statistics and heat up to the last step (the
+    room the arrays grew into beyond it, which depends on the blocks, is empty)."""
+    r = feed.rollup
+    n = r.last_step + 1
+    out = {f"line:{f}:{k}": a[:n] for f, st in r.lines.items() for k, a in st.items()}
+    for f, st in r.lines.items():
+        assert all(np.isnan(a[n:]).all() if a.dtype.kind == "f" else not a[n:].any() for a in st.values())
+    for f, g in r.heat.items():
+        cols = (n - 1) // g.step_width + 1
+        out[f"heat:{f}"] = np.concatenate([g.sums[:, :cols], g.counts[:, :cols]])
+        out[f"widths:{f}"] = np.array([g.rank_width, g.step_width])
+        assert not g.sums[:, cols:].any() and not g.counts[:, cols:].any()
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_fold_of_many_pushes_draws_what_one_push_at_a_time_draws(seed):
+    pushes = results(rank_pushes(seed))
+    alone, together = RunFeed(5.0, None), RunFeed(5.0, None)
+    for p in pushes:
+        alone.add_pushes([p])
+    at, rng = 0, np.random.default_rng(seed)
+    while at < len(pushes):
+        n = int(rng.integers(1, 200))   # what gathered between two wake-ups
+        together.add_pushes(pushes[at:at + n])
+        at += n
+    alone.flush_all()
+    together.flush_all()
+    a, b = rollup_arrays(alone), rollup_arrays(together)
+    assert a.keys() == b.keys() and alone.rollup.steps_seen == together.rollup.steps_seen == 300
+    for k in a:
+        assert np.array_equal(a[k], b[k], equal_nan=True), k
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_drain_does_not_wait_out_the_fold_interval_and_the_first_snapshot_waits_its_turn(tmp_path):
+    store = open_store(str(tmp_path / "fold.db"), snapshot_every_s=3600.0)
+    store.open()
+    clock = Clock()
+    # An interval no drain could wait out within its timeout.
+    hub = RollupHub(store, clock=clock, tick_interval_s=3600.0, snapshot_every_s=30.0, fold_every_s=3600.0)
+    store.subscribe(hub.committed)
+    hub.start()
+    try:
+        pushes = rank_pushes(7, n_steps=40, n_ranks=8)
+        for k, b in enumerate(pushes):
+            store.ingest.submit_metrics("r", b, f"d{k}").result(10)
+        assert hub.drain(10)
+        hub.flush("r")
+        assert hub.drain(10)
+        assert hub.read("r", lambda r: r.steps_seen) == 40
+
+        def snapshot_after_tick():
+            hub.tick()
+            assert hub.drain(10)
+            store.barrier().result(10)   # the snapshot's write, if one was asked
+            return store.snapshot("r", "dashboard")
+
+        assert snapshot_after_tick() is None   # the run's first tick: no snapshot yet ...
+        clock.now += 29.0
+        assert snapshot_after_tick() is None
+        clock.now += 1.0   # ... until snapshot_every_s after it
+        assert snapshot_after_tick() is not None
+        want = rollup_arrays(hub.feeds["r"])
+    finally:
+        hub.stop()
+    # A run with no snapshot is rebuilt from its chunks, to the same rollup.
+    rebuilt = RollupHub(store, clock=clock)._restored(store.reads.get_run_row("r"), None)
+    rebuilt.flush_all()
+    got = rollup_arrays(rebuilt)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert np.array_equal(got[k], want[k], equal_nan=True), k
+    store.close()
