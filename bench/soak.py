@@ -542,6 +542,7 @@ def main() -> int:
     two_ids = sum(len(ids) > 1 for ids in ids_by_body.values())
 
     per_kind: dict[str, Counter] = defaultdict(Counter)
+    delays: dict[str, list[float]] = defaultdict(list)
     others: Counter = Counter()
     misses: list[str] = []
     other_list: list[str] = []
@@ -557,6 +558,11 @@ def main() -> int:
         c["injected"] += 1
         c["findings"] += len(hits)
         c["missed" if not hits else ("found twice" if twice else "found once")] += 1
+        # How long detection took: from the arrival of the input that raised the first finding of
+        # the fault to its being stored (a takeover's replay shows here).
+        first = min(hits, key=lambda f: f["id"], default=None)
+        if first is not None and first.get("observed_at") is not None:
+            delays[ep.kind].append(first["created_at"] - first["observed_at"])
         # Pages: findings of warning or worse (info is recorded, never paged).
         pages = any(f["severity"] in ("warning", "critical") for f in hits)
         c["paged"] += (ep.run_id, ep.kind) in paged
@@ -580,12 +586,15 @@ def main() -> int:
     print(f"soak: {args.minutes:g} min, {args.ranks:,} ranks ({args.ranks // PER_HOST:,} hosts, one push per host and step) "
           f"at {args.step_rate:g} steps/s, {n_episodes} episodes of {args.episode_steps} steps, "
           f"{args.replicas} replicas on PostgreSQL behind nginx\n")
-    print("| fault | injected | found once | found twice | missed | to page | paged | findings of the kind |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| fault | injected | found once | found twice | missed | to page | paged | findings of the kind "
+          "| detection s, median | detection s, max |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for kind in FAULTS:
         c = per_kind[kind]
+        # A hang is found by a timer: no input raised it, so no delay is measured.
+        d = np.array(delays[kind]) if delays[kind] else np.array([np.nan])
         print(f"| {kind} | {c['injected']} | {c['found once']} | {c['found twice']} | {c['missed']} | {c['to page']} | {c['paged']} "
-              f"| {c['findings']} |")
+              f"| {c['findings']} | {float(np.median(d)):.2f} | {float(np.max(d)):.2f} |")
     print("\n| other findings (not injected) | count |\n|---|---:|")
     for kind, n in sorted(others.items()) or [("none", 0)]:
         print(f"| {kind} | {n} |")

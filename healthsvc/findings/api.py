@@ -29,6 +29,10 @@ class FindingOut(BaseModel):
     onset_step: int | None = Field(None, description="Estimated step the problem began, when earlier than `step`.")
     evidence: dict[str, Any] = Field(..., description="The numbers behind the decision.")
     created_at: float = Field(..., description="When the service stored it, unix seconds.")
+    observed_at: float | None = Field(
+        None, description="When the input that raised it (a push, a heartbeat, a finish) reached the service, unix "
+                          "seconds; null when not known (found by a timer, e.g. a hang, or stored before this field). "
+                          "`created_at - observed_at` is how long detection took; its alert is timed by it.")
 
 
 @router.get("/{run_id}/findings", response_model=list[FindingOut], summary="What the detectors found")

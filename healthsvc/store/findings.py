@@ -62,7 +62,7 @@ class StoredFinding:
     def to_dict(self) -> dict[str, Any]:
         d = self.finding.to_dict()
         d.update(id=self.id, run_id=self.run_id, attempt=self.attempt, hosts=list(self.hosts),
-                 created_at=self.created_at)
+                 created_at=self.created_at, observed_at=self.observed_at)
         return d
 
 
