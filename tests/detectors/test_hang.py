@@ -285,6 +285,17 @@ def _scripted(det: HangDetector, events) -> list[tuple[float, str, str, tuple, d
     return out
 
 
+def _scripted_across(det: HangDetector, events, save_at: float | None, fresh) -> list:
+    """:func:`_scripted`, through a snapshot taken at ``save_at`` (None: none) and loaded into
+    ``fresh()``, as a restart or a takeover would."""
+    if save_at is None:
+        return _scripted(det, events)
+    found = _scripted(det, [e for e in events if e[0] < save_at])
+    again = fresh()
+    again.load_state_dict(json.loads(json.dumps(det.state_dict())))
+    return found + _scripted(again, [e for e in events if e[0] >= save_at])
+
+
 def test_a_rank_hanging_before_a_checkpoint_pause_is_found_when_the_pause_ends():
     # Rank 3 last pushes at t=50 (step 50): 1 s interval, 30 s floor, so its deadline is t=80.
     # Ranks 0-2 push step 81 at t=81, after that deadline, and within the same second begin a
@@ -358,12 +369,7 @@ def test_a_rank_stuck_in_a_checkpoint_while_the_others_go_on_hangs_after_pause_t
             ev += [(t + 0.6, "push", [3], t) for t in range(back_s, 400)]
             ev += [(t + 0.9, "beat", [3], t + 1, "compute") for t in range(back_s + 1, 400)]
         ev += [(t + 0.9, "tick") for t in range(1, 400)] + [(t + 0.3, "tick") for t in range(1, 400)]
-        if save_at is None:
-            return _scripted(det, ev)
-        found = _scripted(det, [e for e in ev if e[0] < save_at])
-        fresh = HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0)
-        fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
-        return found + _scripted(fresh, [e for e in ev if e[0] >= save_at])
+        return _scripted_across(det, ev, save_at, lambda: HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0))
 
     found = job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0))
     assert [(t, k, s, r) for t, k, s, r, _ in found] == [(350.3, "hang", "firing", (3,))]
@@ -389,12 +395,7 @@ def test_a_rank_whose_phase_flaps_between_a_checkpoint_and_work_at_a_standing_st
         ev = [(float(t), "push", [0, 1, 2, 3] if t <= 50 else [0, 1, 2], t) for t in range(1, 300)]
         ev += [(t + 0.5, "beat", [3], 51, "checkpoint" if t % 2 == 0 else "forward") for t in range(50, 300)]
         ev += [(t + 0.9, "tick") for t in range(1, 300)]
-        if save_at is None:
-            return _scripted(det, ev)
-        found = _scripted(det, [e for e in ev if e[0] < save_at])
-        fresh = HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0)
-        fresh.load_state_dict(json.loads(json.dumps(det.state_dict())))
-        return found + _scripted(fresh, [e for e in ev if e[0] >= save_at])
+        return _scripted_across(det, ev, save_at, lambda: HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0))
 
     found = job(HangDetector(timeout_floor_s=30.0, pause_timeout_s=300.0))
     assert [(t, k, s, r) for t, k, s, r, _ in found] == [(83.9, "hang", "firing", (3,))]
