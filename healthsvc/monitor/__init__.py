@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 if TYPE_CHECKING:  # pragma: no cover
     from healthsvc.context import ServiceContext
+    from healthsvc.monitor.hub import MonitorHub
 
 
 def install(app: FastAPI, ctx: ServiceContext) -> None:
@@ -25,5 +26,22 @@ def install(app: FastAPI, ctx: ServiceContext) -> None:
     app.state.monitor = ctx.monitor = hub
     # A run whose stored config was refused at start says so in its summary (GET /v1/runs/{id}).
     ctx.summaries.add_contributor(lambda run_id: {"config_error": hub.config_errors.get(run_id)})
+    ctx.metrics.registry.register(LagCollector(hub))
     ctx.on_startup.append(hub.start)
     ctx.on_shutdown.append(hub.stop)
+
+
+class LagCollector:
+    """Prometheus, at scrape time: how far behind its input the run's owner judges."""
+
+    def __init__(self, hub: "MonitorHub") -> None:
+        self.hub = hub
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        yield GaugeMetricFamily(
+            "healthsvc_monitor_lag_seconds",
+            "Seconds from the arrival of the last input the detectors judged to their judging it: about 0 live, "
+            "the age of the data after a restart's or a takeover's replay, growing when the monitor falls behind.",
+            value=self.hub.lag_s)

@@ -144,6 +144,10 @@ class MonitorHub:
         self._unstored: dict[str, list[tuple[int, list[Finding], float | None]]] = {}
         self._recording: dict[str, Future] = {}   # run_id -> its last findings write
         self.findings_unstored = 0
+        # Seconds from the arrival of the last input the detectors judged to their judging it:
+        # ~0 live; a replay's (a restart's, a takeover's) is how old its data was; growing live,
+        # the hub is behind its input (healthsvc_monitor_lag_seconds).
+        self.lag_s = 0.0
         # run_id -> why its stored config was refused (the run runs on default detectors).
         self.config_errors: dict[str, str] = {}
         # Letting go of finished runs (see _release_quiet): after this long without input (0: never).
@@ -329,6 +333,7 @@ class MonitorHub:
         newer attempt first ends the monitor's: what that attempt left waiting is judged and
         recorded in it, never in the new one (a restart's first push must not carry the stopped
         processes' last steps into the attempt that replaced them)."""
+        self.lag_s = max(0.0, self.clock() - at)
         if mon.attempt and run.attempt > mon.attempt:
             ended = mon.attempt
             self._record(mon, mon.new_attempt(run.attempt, at), attempt=ended, at=at)
@@ -587,7 +592,8 @@ class MonitorHub:
             heartbeats=functools.partial(self._replay_heartbeats, r),
             finish=functools.partial(self._restore_finish, r),
             skip_downtime=functools.partial(self._skip_downtime, r)))
-        log.info("restored monitor of run %s (replayed %d chunks)", r.run_id, r.replayed)
+        log.info("restored monitor of run %s (replayed %d chunks, the last %.1f s after it arrived)",
+                 r.run_id, r.replayed, self.lag_s if r.replayed else 0.0)
 
     def _hand_over(self, r: "_Restore") -> None:
         self._alerts_owned(r.run_id, True)
