@@ -77,10 +77,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _freeze_startup_objects() -> None:
-    """Leave what start-up built (modules, routes, schemas: 110,000-150,000 objects) out of the
-    garbage collector's full collections, which walk every tracked object: they cost the ingest
-    bench's one-record pushes 11-26 us each, 4-6 once frozen (in process, 12,000 pushes). What
-    start-up left as garbage is collected first. (The server's process only: a process that
+    """Leave what start-up built (modules, routes, schemas: most of the process's tracked
+    objects, alive as long as it is) out of the garbage collector's full collections, which walk
+    every tracked object on every push that triggers one. What start-up left as garbage is
+    collected first. (The server's process only: a process that
     builds apps again and again, as the tests do, would keep their garbage for good.)"""
     gc.collect()
     gc.freeze()

@@ -32,8 +32,8 @@ TIMING_FIELDS = ("compute_time", "step_time")   # the first one a run reports is
 FOLD_AT_RECORDS = 1 << 16                        # pending records that trigger a fold at push time
 # ... or pending pushes: each holds a batch (five objects the garbage collector tracks), and a
 # run of one-record pushes held 65,536 of them until a scrape: the collections they caused, and
-# the full ones walking them, cost every thread (the ingest bench: 54 young collections in
-# 3,000 pushes, none in 91dd201). A fold of 256 small pushes costs about a microsecond a push.
+# the full ones walking them, cost every thread (in process, under the ingest bench's pushes:
+# dozens of young collections where 91dd201 had none). A fold of 256 small pushes is cheap.
 FOLD_AT_PUSHES = 256
 SUPERSEDE_FROM = 256     # records of a push from which it is checked for replacing the pending one
                          # before it (below, that check costs more than folding the push would)
