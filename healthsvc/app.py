@@ -71,13 +71,10 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     ownership = ownership_for(settings, store)   # which runs this replica watches (replicas)
     # Alerting's rollback annotation asks the rollback feature, which reads through ``ctx``
     # (bound below; the lookup is called only once the service runs).
-    alerting = AlertingService(Outbox(store), settings, clock, findings_after=findings.stored_after,
-                               newest_finding_id=findings.newest_id,
+    alerting = AlertingService(Outbox(store), settings, clock,
                                rollback_lookup=lambda run_id, pending=None: rollback.rollback_target(ctx, run_id, pending),
                                onset_lookup=lambda run_id: rollback.incident_onset(ctx, run_id),
-                               ownership=ownership,
-                               run_findings_after=lambda run_id, after, conn=None: store.findings.query(
-                                   run_id, since_id=after, limit=100_000, conn=conn))
+                               ownership=ownership)
     ctx = ServiceContext(settings=settings, store=store, metrics=metrics, summaries=RunSummaries(store),
                          findings=findings, health=RunHealth(findings, alerting.alert_states),
                          alerting=alerting, ownership=ownership, clock=clock)
@@ -133,9 +130,11 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     app.include_router(ops_api.router)
     app.include_router(auth_router)
     ctx.summaries.add_contributor(ctx.health.summary)
+    # Alerting starts before the monitor, whose first restore records findings (folded into
+    # alerts as they are recorded), and stops after it.
+    alerting_feature.install(app, ctx)
     monitor.install(app, ctx)
     economics.install(app, ctx)
-    alerting_feature.install(app, ctx)
     rollback.install(app, ctx)
     probes.install(app, ctx)
     supervise.install(app, ctx)

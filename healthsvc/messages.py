@@ -4,11 +4,10 @@ Each stage runs on its own thread and is fed through a queue; what travels on a 
 these (or a store result, :mod:`healthsvc.store.results`), never a tuple tagged by a string::
 
     store writer ──IngestResult, RunEvent──▶ monitor hub ──findings job──▶ store writer
-        (the findings job also folds them into alerts, notifications and outbox rows: one
-        transaction; a corruption page's rollback target is looked up by the hub before it)
+        (the hub folds the findings into alerts, notifications and outbox rows before the job,
+        with a corruption page's rollback target; the job writes all of it: one transaction)
     monitor hub, the run's owner, also does the rest of its runs' alerts: a Tick ticks them
-        (group intervals, resolve timeouts), a rollback event resolves latched ones, Annotate
-        looks up a rollback target a page waits for: one job each
+        (group intervals, resolve timeouts), a rollback event resolves latched ones: one job each
     ticker ──Tick──▶ every stage;   tests, shutdown ──Drain, Stop──▶ every stage
 """
 from __future__ import annotations
@@ -45,14 +44,6 @@ class Stop:
 class Flush:
     """Hand on a run's pending steps now (the run finished: nothing more will complete them)."""
     run_id: str
-
-
-@dataclass(frozen=True)
-class Annotate:
-    """A findings job that is now durable opened a corruption alert without its rollback target
-    (its findings were stored by hand, or folded by a job the run's owner did not prepare): the
-    run's owner looks the target up (decided from the stored findings) and sends what its group
-    held back."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ in :func:`build` is the pipeline's order; :meth:`Pipeline.drain` (the tests' bar
 ``healthsvc.drain.drain``) is derived from it: each stage in turn, then the writer, so that
 when it returns everything already caused is stored. A new stage goes into :func:`build`,
 nowhere else. Writer jobs 2 and 3 of a page (findings with their alerts, notifications and
-outbox rows; a delivery pass) are the monitor's and the delivery worker's (docs/architecture.md).
+outbox rows, folded by the monitor before the job; a delivery pass) are the monitor's and the
+delivery worker's (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -48,20 +49,16 @@ def build(ctx: ServiceContext) -> Pipeline:
     # The monitor's tick, asked by a drain, also ticks its runs' alerts whatever their interval.
     ticked_monitor = _ticked(lambda: monitor.tick(asked=True), monitor) if monitor else None
     stages = [
-        # The findings a job stored: what its stage asked for after the commit (the pages it
-        # claimed, handed to the delivery worker), then the replay probes they ask for.
-        Stage("findings", committed=ctx.findings.committed),
+        # The findings a job stored: the replay probes they ask for.
         Stage("replay probes", committed=_findings_only(ctx.auto_probe)) if ctx.auto_probe else None,
-        # The runs' detectors, on the run's owner: writer job 2 (findings, alerts, notifications,
-        # outbox rows, the page's rollback target looked up before it). The owner also ticks its
-        # runs' alerts, hands them rollbacks, and annotates a page opened without its target.
+        # The runs' detectors, on the run's owner: writer job 2 (findings with the alerts,
+        # notifications and outbox rows the owner folded them into before the job, a page's
+        # rollback target looked up then; the page handed to the delivery worker once it is
+        # durable). The owner also ticks its runs' alerts and hands them rollbacks.
         Stage("monitor", committed=monitor.committed, drain=ticked_monitor) if monitor else None,
         Stage("dashboard rollups", committed=dashboard.committed, drain=_ticked(dashboard.tick, dashboard))
         if dashboard else None,
         Stage("run metrics", committed=ctx.run_series.committed) if ctx.run_series else None,
-        # What the commits above asked of the run's owner: the rollback target of a corruption
-        # page opened without one (findings stored by hand, or folded by a job it did not prepare).
-        Stage("monitor follow-ups", drain=lambda timeout_s, tick: monitor.drain(timeout_s)) if monitor else None,
         # Sends; writer job 3, one per pass: record the finished attempts, pull forward, claim.
         Stage("webhook delivery worker",
               drain=lambda timeout_s, tick: alerting.worker is None or alerting.worker.drain(timeout_s)),

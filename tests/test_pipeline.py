@@ -11,8 +11,8 @@ from tests.harness import InProcessService
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The calls that register something to run after a commit: a store listener, the findings job's
-# stage (whose callbacks run once the job is durable), an outbox job's callback.
+# The calls that register something to run after a commit: a store listener, the findings'
+# stage (which folds them before their job), a change's callback for once its job is durable.
 REGISTRATIONS = ("subscribe", "set_stage", "after_commit")
 
 
@@ -36,8 +36,7 @@ def test_the_stages_in_order_are_the_stores_one_listener_and_the_drain_order(tmp
     with InProcessService(tmp_path) as svc:
         pipeline = svc.app.state.pipeline
         assert [s.name for s in pipeline.stages] == [
-            "findings", "replay probes", "monitor", "dashboard rollups", "run metrics", "monitor follow-ups",
-            "webhook delivery worker"]
+            "replay probes", "monitor", "dashboard rollups", "run metrics", "webhook delivery worker"]
         assert svc.app.state.store._listeners == [pipeline._committed]
         drained: list[str] = []
         for i, stage in enumerate(pipeline.stages):
@@ -47,12 +46,12 @@ def test_the_stages_in_order_are_the_stores_one_listener_and_the_drain_order(tmp
                     return real(timeout_s, tick)
                 pipeline.stages[i] = type(stage)(stage.name, stage.committed, spy)
         svc.drain()
-        assert drained == ["monitor", "dashboard rollups", "monitor follow-ups", "webhook delivery worker"]
+        assert drained == ["monitor", "dashboard rollups", "webhook delivery worker"]
 
 
 def test_no_thread_of_its_own_for_alerting(tmp_path):
-    # A run's alerts are its owner's: the monitor thread ticks them, hands them rollbacks and
-    # annotates their pages; alerting adds the delivery worker's threads, nothing else.
+    # A run's alerts are its owner's: the monitor thread folds its findings into them, ticks
+    # them and hands them rollbacks; alerting adds the delivery worker's threads, nothing else.
     with InProcessService(tmp_path):
         names = {t.name for t in threading.enumerate()}
         assert "healthsvc-monitor" in names and "alerting" not in names

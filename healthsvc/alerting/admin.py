@@ -1,7 +1,7 @@
 """What operators manage beside the notify pipeline: the silences (:class:`SilenceBook`) and the
 subscriptions (:class:`Subscriptions`), each the one owner of its state and of its rows in the
 outbox's record table. :class:`~healthsvc.alerting.manager.AlertManager` holds one of each, calls
-them under its lock inside a store job (:func:`one_job`), and hands them to the notify pipeline
+them under its lock with their writes collected into the change's job, and hands them to the notify pipeline
 (:class:`~healthsvc.alerting.notifier.Notifier`), which reads them where it decides.
 
 Errors::
@@ -12,9 +12,8 @@ Errors::
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Iterable, Mapping
 
 from healthsvc.alerting.model import Alert
 from healthsvc.alerting.policy import Matcher, Silence
@@ -22,24 +21,6 @@ from healthsvc.alerting.silences import Silences
 from healthsvc.alerting.signing import generate_message_id
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.store.outbox import Outbox
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def one_job(method: F) -> F:
-    """Run a method that changes the manager's state as ONE store job, holding the manager's lock
-    inside it (:meth:`~healthsvc.store.outbox.Outbox.run_in_job`): what it changes in memory and
-    the rows that record it happen together, on the writer thread; the findings job, which folds
-    new findings into alerts in the same transaction that stores them, runs there too, so no
-    thread ever waits for the writer while holding the lock the writer needs."""
-    @functools.wraps(method)
-    def in_job(self, *args: Any, **kwargs: Any) -> Any:
-        def body() -> Any:
-            with self._lock:
-                return method(self, *args, **kwargs)
-        return self.outbox.transaction(body)
-    return in_job  # type: ignore[return-value]
 
 
 class AlertingError(Exception):

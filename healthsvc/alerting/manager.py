@@ -18,14 +18,16 @@ The manager is small objects composed, each the one owner of its state: the
 :class:`~healthsvc.alerting.notifier.Notifier` (alerts, the notification log, the groups: the
 flow above), the :class:`~healthsvc.alerting.admin.SilenceBook` and the
 :class:`~healthsvc.alerting.admin.Subscriptions`; which runs it holds is the run's ownership's
-(:mod:`healthsvc.ownership`: every run, or with replicas those its replica owns). The manager
-holds the lock they share and makes every method that changes state one store job holding that
-lock inside it (:func:`~healthsvc.alerting.admin.one_job`); the findings job calls :meth:`AlertManager.process`
-inside its own transaction, so a finding, its alert and its notification commit together (a new
-corruption alert takes the rollback target its run's owner looked up before the job; without
-one its group waits for :meth:`AlertManager.annotate`, see ``process``). A notification's first
-row is handed to the delivery worker with the job (``hand_off``): claimed in it, sent once it
-is durable.
+(:mod:`healthsvc.ownership`: every run, or with replicas those its replica owns).
+
+Every change (a fold of new findings, a tick, an operator action) is made on its caller's
+thread under the manager's one lock, in memory; its writes are collected as plain data
+(:meth:`~healthsvc.store.outbox.Outbox.collect`) and submitted as ONE writer job *while the lock
+is still held*, so the writer applies changes in the order memory saw them. The findings job
+carries its fold's writes (:meth:`fold`: a finding, its alert and its page commit together); a
+notification's first row is claimed in that job for the delivery worker (``hand_off``) and
+handed over once it is durable. A job that fails leaves memory ahead of the store: the next
+change reads the store back first (:meth:`_resync`). The writer never takes the lock.
 Every method takes ``now`` (unix seconds) from the caller. State that must survive a restart
 (alerts, silences, API subscriptions, the notification log) is written to the outbox's record
 table on change and read back by the constructor.
@@ -33,7 +35,7 @@ table on change and read back by the constructor.
 Example::
 
     >>> from healthsvc_detectors.finding import Finding
-    >>> from healthsvc.store.outbox import Outbox
+    >>> from healthsvc.store.outbox import Ops, Outbox
     >>> from healthsvc.alerting.subscription import Subscription
     >>> m = AlertManager(Outbox(":memory:"), subscriptions=[Subscription("s", "http://127.0.0.1:9/h")])
     >>> f = Finding("non_finite", step=7, ranks=tuple(range(512)), severity="critical", metric="loss")
@@ -42,13 +44,16 @@ Example::
 """
 from __future__ import annotations
 
+import functools
+import itertools
+import logging
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
 
-from healthsvc.alerting.admin import AlertingError, NotFound, ReadOnly, SilenceBook, Subscriptions, one_job
+from healthsvc.alerting.admin import AlertingError, NotFound, ReadOnly, SilenceBook, Subscriptions
 from healthsvc.alerting.model import Alert, LifecyclePolicy
 from healthsvc.alerting.notifier import (  # noqa: F401 - HandOff: the delivery worker's protocol
     NOT_GIVEN, HandOff, ManagerCounters, Notifier, Presentation, RollbackLookup,
@@ -56,9 +61,26 @@ from healthsvc.alerting.notifier import (  # noqa: F401 - HandOff: the delivery 
 from healthsvc.alerting.policy import Matcher, PolicyConfig, Silence, inhibited
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.ownership import RunOwnership, SoleOwner
-from healthsvc.store.outbox import Outbox
+from healthsvc.store.outbox import Ops, Outbox
 
 __all__ = ["AlertManager", "AlertingError", "NotFound", "ReadOnly"]
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+# How long an operator's change waits for its job to be durable.
+CHANGE_TIMEOUT_S = 60.0
+
+
+def changes(method: F) -> F:
+    """A method that changes alert state: made and submitted as one job (:meth:`AlertManager._change`);
+    returns its value once the job is durable (raises what the method or the write raised)."""
+    @functools.wraps(method)
+    def changed(self: "AlertManager", *args: Any, **kwargs: Any) -> Any:
+        return self._change(lambda: method(self, *args, **kwargs)).result(timeout=CHANGE_TIMEOUT_S)
+    return changed  # type: ignore[return-value]
 
 
 class AlertManager:
@@ -93,6 +115,7 @@ class AlertManager:
         self.external_url = external_url
         self.runbook_url = runbook_url
         self._lock = threading.RLock()
+        self._stale = False   # a change's job failed: memory is ahead of the store (_resync)
         self._ownership: RunOwnership = ownership or SoleOwner()
         self._subscriptions = Subscriptions(outbox, subscriptions)
         self._silences = SilenceBook(outbox, policy.max_silences)
@@ -109,37 +132,93 @@ class AlertManager:
     def counters(self) -> ManagerCounters:
         return self._notifier.counters
 
-    @property
-    def awaiting_target(self) -> set[str]:
-        """Runs whose new corruption alert waits for its rollback target (see :meth:`process`)."""
-        return self._notifier.awaiting_target
+    # -- the one way state changes ---------------------------------------------------------------
+
+    def _change(self, change: Callable[[], T], write: Callable[[Ops], "Future[Any]"] | None = None) -> "Future[T]":
+        """Make ``change()`` under the lock with its writes collected, and submit them while the
+        lock is held (``write(ops)``: a job of the caller's that applies them, the findings
+        job; by default a job of their own). The future resolves to ``change``'s value once the
+        job is durable. What ``change`` decided before it raised is written too (it is in
+        memory), and its error raised after. A write that fails marks memory as ahead of the
+        store: the next change reads the store back first."""
+        done: Future[T] = Future()
+        with self._lock:
+            if self._stale:
+                self._resync()
+            with self.outbox.collect() as ops:
+                try:
+                    value, error = change(), None
+                except Exception as exc:  # noqa: BLE001 - raised to the caller once written
+                    value, error = None, exc
+            if not ops and write is None:   # nothing changed: no job
+                if error is not None:
+                    raise error
+                done.set_result(value)  # type: ignore[arg-type]
+                return done
+            job = write(ops) if write is not None else self.outbox.submit(ops)
+
+        def finished(fut: "Future[Any]") -> None:
+            exc = fut.exception()
+            if exc is not None:
+                self._stale = True
+                done.set_exception(exc)
+            elif error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(value)  # type: ignore[arg-type]
+        job.add_done_callback(finished)
+        return done
+
+    def _resync(self) -> None:
+        """Memory is ahead of the store (a change's job failed): wait for the jobs submitted
+        before, then read the alerts, the log, the silences and the subscriptions back (under
+        the lock). If the store cannot answer, the change that asked fails and the next tries."""
+        self.outbox.settled()
+        self._notifier.reload()
+        self._reload_shared()
+        self._stale = False
+        log.warning("alerting: a write of alert state failed; alert state was read back from the store")
 
     # -- findings -----------------------------------------------------------------------------
 
-    @one_job
+    def fold(self, run_id: str, findings: Sequence[tuple[Finding, Sequence[str | None], float]], *,
+             rollback_target: Callable[[], Any] | None, write: Callable[[Ops], "Future[Any]"]) -> "Future[Any]":
+        """Fold a run's new findings into its alerts (each ``(finding, hosts, at)``: the host of
+        each rank it blames, None where unknown, and when its input reached the service), then
+        ``write(ops)``: the job that stores the findings with what folding them wrote. A
+        finding is folded at ``at``; findings of one time fold together, in order, so what fell
+        due between two of them goes out between them, as it would have live.
+
+        ``rollback_target()`` is called (under the lock) when a corruption alert opens, for the
+        target its page carries (None: no look-up). Resolves to what ``write``'s job returned."""
+        def change() -> Any:
+            target = NOT_GIVEN
+            if rollback_target is not None and self._notifier.opens_latched(run_id, (f for f, _, _ in findings)):
+                target = rollback_target()
+            out: list[str] = []
+            for at, of_time in itertools.groupby(findings, key=lambda item: item[2]):
+                out += self._notifier.process(run_id, [(f, hosts) for f, hosts, _ in of_time], at, target)
+            return out
+        held: dict[str, Any] = {}
+
+        def write_keeping(ops: Ops) -> "Future[Any]":
+            held["job"] = self.outbox.when_durable(write(ops), ops)
+            return held["job"]
+        folded = self._change(change, write_keeping)
+        folded.add_done_callback(_log_fold_error)
+        return held["job"]
+
     def process(self, run_id: str, findings: Iterable[tuple[Finding, Sequence[str | None]]], now: float,
-                *, target_later: bool = False, rollback_target: Any = NOT_GIVEN) -> list[str]:
-        """Fold findings into alerts and flush the run's group if due; returns enqueued webhook ids.
+                *, rollback_target: Any = NOT_GIVEN) -> list[str]:
+        """Fold findings into alerts at ``now`` and flush the run's group if due, as a job of its
+        own; returns the webhook ids enqueued (tools and tests: the service folds with the
+        findings' own job, :meth:`fold`). Each finding comes with the host of each rank it
+        blames (None where unknown). ``rollback_target``: for a corruption alert that opens
+        here (not given: looked up with ``rollback_lookup``)."""
+        return self._change(lambda: self._notifier.process(run_id, findings, now, rollback_target)).result(
+            timeout=CHANGE_TIMEOUT_S)
 
-        Each finding comes with the host of each rank it blames (None where unknown), as it was
-        stored (``StoredFinding.hosts``): the one shape hosts have from the store to the page.
-
-        ``rollback_target``: the run's rollback target as its owner looked it up before the job
-        (with these findings counted: :meth:`opens_latched` says when it is needed), for a
-        corruption alert that opens here. Without it, ``target_later``: the findings are not
-        committed yet (this runs in the job that stores them), so the target, which is decided
-        from the stored findings, cannot be looked up now: a run whose corruption alert opens
-        waits (no flush) until :meth:`annotate` brings it, once the job is durable."""
-        return self._notifier.process(run_id, findings, now, target_later, rollback_target)
-
-    def opens_latched(self, run_id: str, findings: Iterable[Finding]) -> bool:
-        """Whether folding ``findings`` would open (or re-open) a latched alert of the run, whose
-        page carries the rollback target: the run's owner then looks the target up before the
-        job (:meth:`process`'s ``rollback_target``)."""
-        with self._lock:
-            return self._notifier.opens_latched(run_id, findings)
-
-    @one_job
+    @changes
     def tick(self, now: float) -> list[str]:
         """Resolve alerts whose condition stayed clear, flush due groups, forget old alerts."""
         return self._tick(now)
@@ -147,10 +226,7 @@ class AlertManager:
     def tick_later(self, now: float) -> Future[list[str]]:
         """:meth:`tick` as one job the caller does not wait for (the run's owner ticks its
         alerts between its detectors' inputs); resolves once the job is durable."""
-        def job(conn: Any) -> list[str]:
-            with self._lock:
-                return self._tick(now)
-        return self.outbox.submit_in_job(job)
+        return self._change(lambda: self._tick(now))
 
     def _tick(self, now: float) -> list[str]:
         if not self._ownership.holds_every_run():
@@ -165,16 +241,16 @@ class AlertManager:
 
     # -- operator actions ---------------------------------------------------------------------
 
-    @one_job
+    @changes
     def acknowledge(self, fp: str, by: str, now: float) -> Alert:
         return self._notifier.acknowledge(fp, by, now)
 
-    @one_job
+    @changes
     def resolve(self, fp: str, by: str, now: float) -> Alert:
         """Resolve by hand (latched alerts too); the resolution is notified at the next flush."""
         return self._notifier.resolve(fp, by, now)
 
-    @one_job
+    @changes
     def rollback(self, run_id: str, step: int, now: float, onset: int | None = None) -> list[Alert]:
         """A rollback to the checkpoint at ``step`` was performed: resolve the latched alerts of the
         run whose corruption began after it (their corrupted updates are gone); earlier onsets stay
@@ -183,31 +259,19 @@ class AlertManager:
         the run; without an estimate each alert's own onset (else first step) decides."""
         return self._notifier.rollback(run_id, step, now, onset)
 
-    def annotate(self, run_id: str, now: float) -> list[str]:
-        """Look up the rollback target of a run whose corruption alert opened in a findings job
-        (``process(target_later=True)``), annotate its alerts, and flush the group it held back.
-        The look-up reads the stored history: it runs on the caller's thread, not in the job."""
-        if run_id not in self.awaiting_target:
-            return []
-        return self._annotate(run_id, self._notifier.rollback_target(run_id), now)
-
-    @one_job
-    def _annotate(self, run_id: str, target: dict[str, Any] | None, now: float) -> list[str]:
-        return self._notifier.annotate(run_id, target, now)
-
-    @one_job
+    @changes
     def set_rollback_target(self, run_id: str, target: dict[str, Any] | None, now: float) -> None:
         """Annotate the run's firing corruption alerts with where to resume (``{"step", "uri"}``)."""
         self._notifier.set_rollback_target(run_id, target, now)
 
     # -- silences -----------------------------------------------------------------------------
 
-    @one_job
+    @changes
     def add_silence(self, matchers: Iterable[Matcher], starts_at: float, ends_at: float, now: float,
                     created_by: str = "", comment: str = "") -> Silence:
         return self._silences.add(matchers, starts_at, ends_at, now, created_by, comment)
 
-    @one_job
+    @changes
     def expire_silence(self, silence_id: str, now: float) -> Silence:
         """End a silence now (kept, listed as expired)."""
         return self._silences.expire(silence_id, now)
@@ -226,17 +290,25 @@ class AlertManager:
         with self._lock:
             return self._subscriptions.get(sub_id)
 
-    @one_job
+    @changes
     def put_subscription(self, sub: Subscription, now: float) -> Subscription:
         """Create or replace an API subscription."""
         return self._subscriptions.put(sub, now)
 
-    @one_job
     def delete_subscription(self, sub_id: str, now: float) -> int:
         """Delete an API subscription; its pending deliveries are cancelled (count returned)."""
-        self._subscriptions.delete(sub_id)
-        self._notifier.drop_subscription(sub_id)
-        return self.outbox.cancel_pending(sub_id, now)
+        def change() -> None:
+            self._subscriptions.delete(sub_id)
+            self._notifier.drop_subscription(sub_id)
+
+        def write(ops: Ops) -> "Future[int]":
+            def job(conn: Any) -> int:
+                self.outbox.apply(conn, ops)
+                return self.outbox.cancel_pending_in(conn, sub_id, now)
+            return self.outbox.submit_job(job, ops)
+        cancelled: dict[str, int] = {}
+        self._change(change, lambda ops: _keep(write(ops), cancelled)).result(timeout=CHANGE_TIMEOUT_S)
+        return cancelled["value"]
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -271,18 +343,20 @@ class AlertManager:
 
     # -- the runs held (replicas: those the replica owns) ----------------------------------------
 
-    @one_job
+    @changes
     def adopt_run(self, run_id: str, now: float | None = None) -> list[str]:
         """This replica took the run over: load its alerts and notification log as the previous
         owner left them (what it sent is not sent again), and the silences and API subscriptions
-        as they are now (any replica may have changed them). One job: ordered with the findings
-        jobs, so the run's next findings meet its loaded alerts.
+        as they are now (any replica may have changed them), once the jobs submitted before
+        are durable (what it reads includes this replica's own last writes). One change, under
+        the lock: the run's next findings meet its loaded alerts.
 
         With ``now``, a group whose notification fell due while the run had no owner (the owner
         died between storing a finding and its group's flush) is sent here, before the findings
         of the run's restore are folded in: those may resolve it (the run finished meanwhile),
         and a group resolved before its first notification is never sent. Returns the webhook
         ids enqueued."""
+        self.outbox.settled()
         self._notifier.load_run(run_id)
         self._reload_shared()
         return self._notifier.regroup(run_id, now)
@@ -298,8 +372,8 @@ class AlertManager:
             return self._notifier.runs_held()
 
     def keeps_run(self, run_id: str) -> bool:
-        """The run has a group (firing alerts, or a resolution still owed) or awaits its
-        rollback target: its owner must keep it."""
+        """The run has a group (firing alerts, or a resolution still owed): its owner must
+        keep it."""
         with self._lock:
             return self._notifier.keeps_run(run_id)
 
@@ -309,3 +383,17 @@ class AlertManager:
         mutes its pages within a tick."""
         self._silences.reload()
         self._subscriptions.reload()
+
+
+def _keep(job: "Future[Any]", into: dict[str, Any]) -> "Future[Any]":
+    """``job``, keeping its value in ``into["value"]`` once it resolves."""
+    def keep(done: "Future[Any]") -> None:
+        if done.exception() is None:
+            into["value"] = done.result()
+    job.add_done_callback(keep)
+    return job
+
+
+def _log_fold_error(folded: "Future[Any]") -> None:
+    if folded.exception() is not None:   # the findings job's own failure is its recorder's to handle
+        log.warning("alerting: folding findings into alerts failed: %s", folded.exception())

@@ -6,7 +6,8 @@ subscriptions and silences through their own objects (:mod:`healthsvc.alerting.a
 the run's ownership (:mod:`healthsvc.ownership`) which runs are its to hold.
 
 Not thread-safe, and every change writes records: the
-:class:`~healthsvc.alerting.manager.AlertManager` calls it under its lock, inside a store job.
+:class:`~healthsvc.alerting.manager.AlertManager` calls it under its lock, with the outbox's
+writes collected (``Outbox.collect``) into the job its caller submits.
 """
 from __future__ import annotations
 
@@ -30,14 +31,15 @@ from healthsvc.ownership import RunOwnership
 from healthsvc.store.outbox import Outbox, new_webhook_id
 
 RollbackLookup = Callable[[str], "dict[str, Any] | None"]
-# A rollback target not given (``process`` looks it up, or waits for ``annotate``).
+# A rollback target not given (``process`` looks it up).
 NOT_GIVEN: Any = object()
 
 
 class HandOff(Protocol):
-    """The delivery worker's side of a page enqueued in a writer job: ``reserve`` (in the job)
-    says for how long to claim the row for this worker, or None to leave it to the worker's own
-    claim; ``take`` (once the job is durable) hands the claimed row over to be sent at once."""
+    """The delivery worker's side of a page enqueued by a change: ``reserve`` (while the change
+    is made) says for how long to claim the row for this worker in the change's job, or None to
+    leave it to the worker's own claim; ``take`` (once the job is durable) hands the claimed row
+    over to be sent at once."""
 
     def reserve(self, subscription_id: str, webhook_id: str) -> float | None: ...
     def take(self, webhook_id: str) -> None: ...
@@ -104,9 +106,6 @@ class Notifier:
         # (subscription, run) -> last time an alertmanager_api receiver got every firing alert
         # (memory only: after a restart the first re-send is at once, which is harmless).
         self._resent_at: dict[tuple[str, str], float] = {}
-        # Runs whose new corruption alert waits for its rollback target (see process); memory
-        # only: after a restart the group flushes at the next tick, without the annotation.
-        self.awaiting_target: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._alerts)
@@ -114,7 +113,7 @@ class Notifier:
     # -- findings -----------------------------------------------------------------------------
 
     def process(self, run_id: str, findings: Iterable[tuple[Finding, Sequence[str | None]]], now: float,
-                target_later: bool = False, rollback_target: Any = NOT_GIVEN) -> list[str]:
+                rollback_target: Any = NOT_GIVEN) -> list[str]:
         """See :meth:`~healthsvc.alerting.manager.AlertManager.process`."""
         # What fell due before these findings goes out first, as it stood: a tick comes late
         # when the run's owner is busy (a takeover's replay) or the writer is, and a finding
@@ -122,7 +121,7 @@ class Notifier:
         # fired past its group's wait and is resolved by the next finding was never paged.
         enqueued = self._flush(run_id, now)
         for f, hosts in findings:
-            self._apply(run_id, f, hosts, now, target_later, rollback_target)
+            self._apply(run_id, f, hosts, now, rollback_target)
         return enqueued + self._flush(run_id, now) + self._pass_through(now)
 
     def opens_latched(self, run_id: str, findings: Iterable[Finding]) -> bool:
@@ -190,17 +189,6 @@ class Notifier:
         self._pass_through(now)
         return done
 
-    def rollback_target(self, run_id: str) -> dict[str, Any] | None:
-        """The run's rollback target, looked up now (None if the look-up fails)."""
-        return self._safe_rollback(run_id)
-
-    def annotate(self, run_id: str, target: dict[str, Any] | None, now: float) -> list[str]:
-        self.awaiting_target.discard(run_id)
-        for a in list(self._alerts.values()):
-            if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target is None:
-                self._store_alert(replace(a, rollback_target=target), now)
-        return self._flush(run_id, now) + self._pass_through(now)
-
     def set_rollback_target(self, run_id: str, target: dict[str, Any] | None, now: float) -> None:
         for a in list(self._alerts.values()):
             if a.run == run_id and a.latched and a.status == "firing" and a.rollback_target != target:
@@ -231,6 +219,22 @@ class Notifier:
         return a
 
     # -- the runs held ------------------------------------------------------------------------
+
+    def reload(self) -> None:
+        """Read every held run's alerts and notification log back from the store (a change's job
+        failed, so memory was ahead of it): every run where one process holds them all, else
+        the runs held, each as :meth:`load_run`."""
+        if self._ownership.holds_every_run():
+            self._alerts = {k: Alert.from_dict(v) for k, v in self.outbox.records("alert").items()}
+            self._nflog = {_log_key(k): NotificationLogEntry.from_dict(v)
+                           for k, v in self.outbox.records("nflog").items()}
+            self._groups = {}
+            self._rebuild_groups()
+            self._changed_runs = set(self._groups)
+            return
+        for run_id in {a.run for a in self._alerts.values()} | {run for _, run in self._nflog}:
+            self.load_run(run_id)
+            self.regroup(run_id, None)
 
     def load_run(self, run_id: str) -> None:
         """Load the run's alerts and notification log as the store has them (its previous owner
@@ -271,7 +275,7 @@ class Notifier:
         return len({a.run for a in self._alerts.values()})
 
     def keeps_run(self, run_id: str) -> bool:
-        return run_id in self._groups or run_id in self.awaiting_target
+        return run_id in self._groups
 
     def _tell_owner(self, run_id: str) -> None:
         """An operator changed an alert of a run another replica owns (the request reached this
@@ -284,7 +288,7 @@ class Notifier:
     # -- internals ----------------------------------------------------------------------------
 
     def _apply(self, run_id: str, f: Finding, hosts: Sequence[str | None], now: float,
-               target_later: bool = False, target: Any = NOT_GIVEN) -> None:
+               target: Any = NOT_GIVEN) -> None:
         self.counters.findings += 1
         fp = alert_fingerprint(run_id, f, (a for a in self._alerts.values() if a.run == run_id))
         existing = self._alerts.get(fp)
@@ -298,8 +302,6 @@ class Notifier:
             if a.latched and self._rollback_lookup is not None:
                 if target is not NOT_GIVEN:
                     a = replace(a, rollback_target=target)
-                elif target_later:
-                    self.awaiting_target.add(run_id)
                 else:
                     a = replace(a, rollback_target=self._safe_rollback(run_id))
         self._store_alert(a, now)
@@ -329,7 +331,7 @@ class Notifier:
 
     def _flush(self, run_id: str, now: float) -> list[str]:
         g = self._groups.get(run_id)
-        if g is None or run_id in self.awaiting_target:
+        if g is None:
             return []
         members = self._group_alerts(run_id)
         if not members:
@@ -409,15 +411,14 @@ class Notifier:
             self._on_enqueue()
 
     def _when_durable(self, callback: Callable[[], None]) -> None:
-        """The notifier's one after-commit registration: ``callback`` runs once the current job
-        (the findings job, or one of the manager's ``one_job`` methods) is durable."""
+        """The notifier's one after-commit registration: ``callback`` runs once the job that
+        writes the current change (the findings job, or a change's own) is durable."""
         self.outbox.after_commit(callback)
 
     def _pass_through(self, now: float) -> list[str]:
         """Send pass-through subscriptions what changed in the runs touched since the last call:
         alerts that began firing, and alerts they were sent that resolved."""
-        runs = self._changed_runs - self.awaiting_target   # those wait for their annotation
-        self._changed_runs -= runs
+        runs, self._changed_runs = self._changed_runs, set()
         subs = [s for s in self._subscriptions.all() if s.pass_through]
         enqueued: list[str] = []
         for run in runs if subs else ():

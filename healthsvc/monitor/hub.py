@@ -13,12 +13,11 @@ chunks after its watermark, the replay path), and a run taken over from a dead r
 restored the same way as at start, one run at a time. Every ownership change reaches the hub as a
 message on its queue, so all of its state stays on its one thread.
 
-The run's owner owns its alerts too (:class:`RunAlerts`, alerting's service): the findings job
-folds them (alerting's stage), and the hub, on its thread, tells alerting when a run is taken
-over or let go, ticks the alerts with its own ticks, hands on a ``rollback`` event (accepted here
-or by another replica), reloads a run's alerts an operator changed through another replica, and
-has the rollback target looked up for a corruption alert opened without one (:class:`Annotate`,
-queued when a commit shows one waits).
+The run's owner owns its alerts too (:class:`RunAlerts`, alerting's service): the findings it
+records are folded into alerts on its thread before their job (the findings' stage), and the
+hub, on its thread, tells alerting when a run is taken over or let go, ticks the alerts with its
+own ticks, hands on a ``rollback`` event (accepted here or by another replica), and reloads a
+run's alerts an operator changed through another replica.
 """
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ import orjson
 
 from healthsvc_detectors.finding import Finding
 from healthsvc.findings import FindingsService
-from healthsvc.findings import FindingsRecorded
-from healthsvc.messages import Annotate, Drain, RunOwned, Stop, Tick, handle_in_order
+from healthsvc.messages import Drain, RunOwned, Stop, Tick, handle_in_order
 from healthsvc.monitor import coalesce
 from healthsvc.ownership import remote_chunks
 from healthsvc.ownership import RemoteMessage, RunOwnership, SoleOwner
@@ -68,7 +66,7 @@ class FindingsUnstored:
 
 
 # What the monitor thread consumes: committed input from the store, and its own control messages.
-MonitorInput = Union[IngestResult, RunEvent, RunOwned, RemotePush, FindingsUnstored, Annotate, Tick, Drain, Stop]
+MonitorInput = Union[IngestResult, RunEvent, RunOwned, RemotePush, FindingsUnstored, Tick, Drain, Stop]
 
 
 class RunAlerts(Protocol):
@@ -88,11 +86,6 @@ class RunAlerts(Protocol):
     def rolled_back(self, run_id: str, step: int) -> None:
         """The run resumed from the checkpoint at ``step``: resolve what that undid."""
 
-    def awaiting(self) -> bool:
-        """Whether a corruption alert waits for its rollback target (on the writer thread)."""
-
-    def annotate(self) -> None:
-        """Look up the rollback targets awaited and send what their groups held back."""
 
 
 def _dump_state(state: dict) -> bytes:
@@ -199,9 +192,6 @@ class MonitorHub:
         one queue put per group commit (``coalesce.unpacked`` spreads it out again)."""
         wanted: list[Any] = [res for res in results if isinstance(res, RunEvent)
                              or (isinstance(res, IngestResult) and not res.duplicate and res.batch is not None)]
-        if (self.alerts is not None and any(isinstance(res, FindingsRecorded) for res in results)
-                and self.alerts.awaiting()):
-            wanted.append(Annotate())
         if wanted:
             self._queue.put(wanted)
 
@@ -259,10 +249,6 @@ class MonitorHub:
                 # On the clock now, not the tick's: a tick queued behind a busy hub (a takeover's
                 # replay) is late, and alerts are timed by the wall clock.
                 self.alerts.tick(self.clock(), item.asked)
-            return
-        if isinstance(item, Annotate):
-            if self.alerts is not None:
-                self.alerts.annotate()
             return
         if isinstance(item, RunOwned):
             if not item.gained:
@@ -425,6 +411,7 @@ class MonitorHub:
             self._alerts_owned(run_id, False)
         self._last_snapshot.pop(run_id, None)
         self._fed.forget(run_id)
+        self.findings.forget(run_id)
         self._recording.pop(run_id, None)
         if self._unstored.pop(run_id, None):   # the new owner restores from before them: found again there
             log.info("run %s: findings not stored are left to its new owner", run_id)

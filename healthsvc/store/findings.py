@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import orjson
@@ -19,6 +19,7 @@ from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
 from healthsvc.encode import jsonable
 from healthsvc.identity import occurrence_key
 from healthsvc.store.fencing import Fence
+from healthsvc.store.outbox import Ops, Outbox
 from healthsvc.store.seam import Clock, TableAccess
 
 log = logging.getLogger(__name__)
@@ -70,13 +71,12 @@ class StoredFinding:
 class FindingsRecorded:
     """The result of a findings job; the store's after-commit hook hands it to listeners."""
     findings: list[StoredFinding]
-    # What the job's in-transaction stage asked to run once it is durable (wake the sender).
-    after_commit: list[Callable[[], None]] = field(default_factory=list)
 
 
-# Runs inside the findings job, after the inserts, on the same connection: what it writes commits
-# with the findings or not at all. Returns callbacks for after the commit.
-FindingsStage = Callable[[sqlite3.Connection, list[StoredFinding]], list[Callable[[], None]]]
+class AlreadyStored(Exception):
+    """A findings job with writes decided from them found one of them stored already: its
+    recorder believed it new, so what it decided is not written either (the job is rolled back
+    whole; the recorder reads the store back and records again)."""
 
 # (run_id, ranks) -> each rank's host as the run's ingest state knows it (None where unknown);
 # called on the writer thread, which owns that state.
@@ -92,18 +92,19 @@ class FindingsTable:
         self._hosts_of = hosts_of
 
     def submit(self, run_id: str, attempt: int, findings: list[Finding],
-               hosts: dict[int, str] | None = None, then: FindingsStage | None = None,
-               fence: Fence | None = None, observed_at: float | None = None) -> Future:
+               hosts: dict[int, str] | None = None, *, blamed: Sequence[tuple[str | None, ...]] | None = None,
+               ops: Ops | None = None, fence: Fence | None = None, observed_at: float | None = None) -> Future:
         """Store findings, skipping ones already stored; resolves to a :class:`FindingsRecorded`.
 
-        The blamed ranks' hosts are the run's, as its :class:`~healthsvc.store.runstate.RunState`
-        knows them when the job runs (on the writer thread, which owns that state); ``hosts``
-        overrides them (tools and tests that record findings for ranks the store never saw).
+        The blamed ranks' hosts: ``blamed`` (one tuple per finding, as its recorder named them),
+        else ``hosts`` (rank -> host: tools and tests that record findings for ranks the store
+        never saw), else the run's, as its :class:`~healthsvc.store.runstate.RunState` knows them
+        when the job runs (on the writer thread, which owns that state).
 
-        ``then(conn, stored)`` runs in the same job (alerting folds the findings into alerts and
-        notifications there: one transaction, so a crash never leaves a finding without them).
-        If it raises, only its own writes are rolled back: the findings are kept (its caller
-        finds them again, after its cursor).
+        ``ops``: what folding these findings into alerts wrote (alert records, notifications,
+        outbox rows: plain data, ``Outbox.collect``), applied in the same job, so a crash never
+        leaves a finding without its alert and its page. They were decided with every finding
+        taken as new: if one is stored already the job fails whole (:class:`AlreadyStored`).
 
         ``fence`` (replicas): stored only while this replica's lease of the run holds (see the
         store's ``write``). ``observed_at``: when the input that raised them arrived
@@ -111,10 +112,12 @@ class FindingsTable:
         def job(conn: sqlite3.Connection) -> FindingsRecorded:
             now = self._clock()
             stored = []
-            for f in findings:
+            for i, f in enumerate(findings):
                 # What listeners see is what is stored: evidence with NaN as "NaN", never null.
                 f = replace(f, evidence=jsonable(f.evidence))
-                if hosts is not None:
+                if blamed is not None:
+                    blamed_hosts = tuple(blamed[i])
+                elif hosts is not None:
                     blamed_hosts = tuple(hosts.get(r) for r in f.ranks)
                 else:
                     blamed_hosts = self._hosts_of(run_id, f.ranks)
@@ -128,16 +131,11 @@ class FindingsTable:
                 if cur.rowcount:
                     assert cur.lastrowid is not None   # the row just inserted
                     stored.append(StoredFinding(cur.lastrowid, run_id, attempt, blamed_hosts, now, f, observed_at))
-            after: list[Callable[[], None]] = []
-            if then is not None and stored:
-                conn.execute("SAVEPOINT findings_stage")
-                try:
-                    after = then(conn, stored)
-                except Exception:  # noqa: BLE001 - the findings must not be lost with it
-                    log.exception("findings stage failed on run %s; its writes were rolled back", run_id)
-                    conn.execute("ROLLBACK TO findings_stage")
-                conn.execute("RELEASE findings_stage")
-            return FindingsRecorded(stored, after)
+                elif ops is not None:
+                    raise AlreadyStored(f"run {run_id}: a {f.kind} finding at step {f.step} is stored already")
+            if ops is not None:
+                Outbox.apply(conn, ops)
+            return FindingsRecorded(stored)
         return self._db.write(job, fence)
 
     def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
@@ -166,14 +164,9 @@ class FindingsTable:
             out.append(StoredFinding(fid, run_id, attempt, tuple(orjson.loads(hosts)), created, f, observed))
         return out
 
-    def runs_after(self, after_id: int, conn: sqlite3.Connection | None = None) -> list[str]:
-        """The runs with a finding stored after ``after_id``."""
-        return [r for (r,) in (conn or self._db.read_conn()).execute(
-            "SELECT DISTINCT run_id FROM findings WHERE id > ?", (after_id,))]
-
-    def newest_id(self) -> int:
-        """The id of the newest stored finding (0: none)."""
-        return int(self._db.read_conn().execute("SELECT coalesce(max(id), 0) FROM findings").fetchone()[0])
+    def identities(self, run_id: str) -> set[str]:
+        """The occurrence identities of the run's stored findings (a recorder skips these)."""
+        return {k for (k,) in self._db.read_conn().execute("SELECT identity FROM findings WHERE run_id=?", (run_id,))}
 
     def firing_counts(self, run_id: str) -> dict[str, int]:
         """Firing findings ever stored for the run, by kind."""

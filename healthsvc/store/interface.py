@@ -38,7 +38,8 @@ from healthsvc_detectors.finding import Finding
 from healthsvc.store.batch import MetricBatch
 from healthsvc.store.fencing import Fence
 from healthsvc.store.bisections import BisectionUpdate
-from healthsvc.store.findings import FindingsStage, StoredFinding
+from healthsvc.store.findings import FindingsRecorded, StoredFinding
+from healthsvc.store.outbox import Ops
 from healthsvc.store.probes import ProbeReport, ProbeRow
 from healthsvc.store.runstate import RunSnapshot, RunState
 from healthsvc.store.snapshots import Snapshot, SnapshotKind, StoredChunk
@@ -85,6 +86,7 @@ class RunReads(Protocol):
     def run_state(self, run_id: str) -> RunState | None: ...   # the writer thread's only
     def run_view(self, run_id: str) -> RunSnapshot | None: ...  # a copy, for any thread
     def ranks_not_past(self, run_id: str, step: int) -> tuple[int, ...] | None: ...
+    def hosts_of(self, run_id: str, ranks: Sequence[int]) -> tuple[str | None, ...]: ...  # any thread
     def runs_held(self) -> int: ...   # runs whose ingest state is in memory
     def run_exists(self, run_id: str) -> bool: ...
     def newest_time(self) -> float: ...
@@ -116,13 +118,13 @@ class Snapshots(Protocol):
 class FindingsStore(Protocol):
     """``store.findings`` (:class:`~healthsvc.store.findings.FindingsTable`)."""
     def submit(self, run_id: str, attempt: int, findings: list[Finding],
-               hosts: dict[int, str] | None = None, then: FindingsStage | None = None,
-               fence: Fence | None = None, observed_at: float | None = None) -> Future: ...
+               hosts: dict[int, str] | None = None, *, blamed: Sequence[tuple[str | None, ...]] | None = None,
+               ops: Ops | None = None, fence: Fence | None = None,
+               observed_at: float | None = None) -> "Future[FindingsRecorded]": ...
     def query(self, run_id: str, *, kind: str | None = None, status: str | None = None,
               since_step: int | None = None, since: float | None = None, min_severity: str | None = None,
               limit: int = 1000, since_id: int | None = None, conn: Any = None) -> list[StoredFinding]: ...
-    def runs_after(self, after_id: int, conn: Any = None) -> list[str]: ...
-    def newest_id(self) -> int: ...
+    def identities(self, run_id: str) -> set[str]: ...
     def firing_counts(self, run_id: str) -> dict[str, int]: ...
 
 

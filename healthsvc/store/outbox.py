@@ -29,13 +29,14 @@ Example::
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import sqlite3
 import threading
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, Sequence, TypeVar
 
@@ -43,6 +44,8 @@ from healthsvc.encode import jsonable
 from healthsvc.store import outbox_tables
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 
@@ -56,6 +59,7 @@ class StoreLike(Protocol):
 
     def write(self, job: Callable[[sqlite3.Connection], Any]) -> Any: ...
     def read_conn(self) -> sqlite3.Connection: ...
+    def barrier(self) -> Future: ...
 
 
 DeliveryState = Literal["pending", "delivered", "failed", "dead", "cancelled"]
@@ -117,11 +121,16 @@ class Attempt:
 
 
 @dataclass
-class _Outcome:
-    """What a job of :meth:`Outbox.run_in_job` hands back to its caller."""
-    value: Any
-    error: Exception | None
-    after: list[Callable[[], None]]
+class Ops:
+    """What a change to the alert state writes, as plain data (:meth:`Outbox.collect`): the
+    statements to run in one writer job, and what to run once that job is durable (hand a page
+    to the delivery worker, tell a run's owner). Built on the thread that made the change; run
+    by :meth:`Outbox.apply` inside a job, any job (the findings job runs a fold's)."""
+    statements: list[tuple[str, tuple]] = field(default_factory=list)
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.statements or self.after)
 
 
 class Outbox:
@@ -130,14 +139,18 @@ class Outbox:
     - a SQLite path (or ``":memory:"``): the outbox opens and owns its connection (tests, tools);
     - the service store (any object with ``write(job) -> Future`` running ``job(conn)`` in its
       single writer's transaction, and ``read_conn()``): every write goes through the store's
-      writer and is durable when the call returns. Its tables are created by the store's
-      migrations (``healthsvc.store.migrations``); use it once the store is open.
+      writer. Its tables are created by the store's migrations (``healthsvc.store.migrations``);
+      use it once the store is open.
+
+    The alert manager's writes (records, enqueued deliveries, cancellations) are made inside
+    :meth:`collect`: they become :class:`Ops`, which its caller submits as one job
+    (:meth:`submit`, or with the findings that caused them). The delivery worker's writes
+    (claims, attempts) are jobs of their own, made at once.
     """
 
     def __init__(self, db: "str | Path | StoreLike") -> None:
-        self._lock = threading.RLock()      # the own connection's statements
-        self._tx_lock = threading.RLock()   # the own connection's transactions
-        self._bound = threading.local()     # this thread's job (see bound)
+        self._lock = threading.RLock()      # the own connection's statements and transactions
+        self._collecting = threading.local()   # this thread's Ops (see collect)
         self._store: StoreLike | None = None
         self._conn: sqlite3.Connection | None = None
         if hasattr(db, "write") and hasattr(db, "read_conn"):
@@ -156,108 +169,80 @@ class Outbox:
                 self._conn.close()
 
     @contextmanager
-    def bound(self, conn: sqlite3.Connection) -> Iterator[list[Callable[[], None]]]:
-        """Inside a job of the store's writer (``conn`` is its transaction): this thread's
-        writes run at once on ``conn``, so they commit with whatever else the job wrote (the
-        findings job stores findings, their alerts and notifications as one). Yields the
-        :meth:`after_commit` callbacks, for the job's owner to run once it is durable."""
-        after: list[Callable[[], None]] = []
-        outer = getattr(self._bound, "bound", None)
-        self._bound.bound = (conn, after)
+    def collect(self) -> Iterator[Ops]:
+        """On this thread, until the block ends, the outbox's writes of alert state
+        (:meth:`put_record`, :meth:`delete_record`, :meth:`enqueue`, :meth:`cancel_pending`)
+        and :meth:`after_commit` callbacks are collected into the yielded :class:`Ops` instead of
+        run: the caller makes its change in memory and writes it as one job."""
+        outer = getattr(self._collecting, "ops", None)
+        ops = Ops()
+        self._collecting.ops = ops
         try:
-            yield after
+            yield ops
         finally:
-            self._bound.bound = outer
+            self._collecting.ops = outer
 
-    def run_in_job(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` as ONE job (one transaction) with this thread's writes bound to it
-        (:meth:`bound`), then its :meth:`after_commit` callbacks. Already inside a job: inline.
+    @staticmethod
+    def apply(conn: Any, ops: Ops) -> None:
+        """Run ``ops``' statements on ``conn``, inside the caller's job."""
+        for sql, args in ops.statements:
+            conn.execute(sql, args)
 
-        The alert manager's state changes run this way, so the change in memory and its rows
-        happen together on the writer thread, in the order the writer runs them; and no caller
-        holds the manager's lock while it waits for the writer (the findings job takes it)."""
-        current = getattr(self._bound, "bound", None)
-        if current is not None:
-            return fn(current[0])
-        if self._store is not None:
-            out: _Outcome = self._store.write(lambda conn: self._attempt(fn, conn)).result(timeout=60)
-        else:
-            with self._tx_lock:
-                assert self._conn is not None
-                self._execute("BEGIN IMMEDIATE")
-                try:
-                    out = self._attempt(fn, self._conn)
-                except BaseException:
-                    self._execute("ROLLBACK")
-                    raise
-                self._execute("COMMIT")
-        for callback in out.after:
-            callback()
-        if out.error is not None:
-            raise out.error
-        return out.value
+    def submit(self, ops: Ops) -> "Future[None]":
+        """Write ``ops`` as one job; the future resolves once it is durable and its callbacks ran
+        (on the writer thread: they only hand work on). Not waited for here: a caller holding a
+        lock submits under it, so jobs reach the writer in the order their changes were made."""
+        return self.submit_job(lambda conn: self.apply(conn, ops), ops)
 
-    def submit_in_job(self, fn: Callable[[sqlite3.Connection], T]) -> "Future[T]":
-        """:meth:`run_in_job` without waiting for the writer: the future resolves to ``fn``'s
-        value once the job is durable and its :meth:`after_commit` callbacks ran (on the writer
-        thread: they only hand work on). For a caller that must not stop while the writer is
-        busy or the database is down (the run's owner ticking its alerts between detector
-        inputs). Inside a job, or on the outbox's own connection: at once, like ``run_in_job``."""
-        done: Future[T] = Future()
-        if self._store is None or getattr(self._bound, "bound", None) is not None:
+    def submit_job(self, job: Callable[[Any], T], ops: Ops) -> "Future[T]":
+        """``job`` as one writer job, then ``ops.after`` once it is durable (see :meth:`submit`)."""
+        if self._store is None:   # the own connection: at once
+            done: Future[T] = Future()
             try:
-                done.set_result(self.run_in_job(fn))
+                with self._lock:
+                    self._execute("BEGIN IMMEDIATE")
+                    try:
+                        value = job(self._conn)
+                    except BaseException:
+                        self._execute("ROLLBACK")
+                        raise
+                    self._execute("COMMIT")
             except Exception as exc:  # noqa: BLE001 - handed to the future's reader
                 done.set_exception(exc)
+                return done
+            _run_after(ops)
+            done.set_result(value)
             return done
+        return self.when_durable(self._store.write(job), ops)
 
-        def finished(job: "Future[_Outcome]") -> None:
-            try:
-                out = job.result()
-            except BaseException as exc:  # noqa: BLE001 - the commit failed: nothing is durable
-                done.set_exception(exc)
-                return
-            for callback in out.after:
-                callback()
-            if out.error is not None:
-                done.set_exception(out.error)
-            else:
-                done.set_result(out.value)
-        self._store.write(lambda conn: self._attempt(fn, conn)).add_done_callback(finished)
-        return done
-
-    def _attempt(self, fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> "_Outcome":
-        with self.bound(conn) as after:
-            try:
-                return _Outcome(fn(conn), None, after)
-            except Exception as exc:  # noqa: BLE001 - re-raised to the caller by run_in_job
-                # What ``fn`` wrote before it raised was decided (and is in memory): commit it,
-                # as the manager always did, and raise to the caller after.
-                return _Outcome(None, exc, after)
-
-    def transaction(self, fn: Callable[[], T]) -> T:
-        """:meth:`run_in_job` for a function that writes only through the outbox."""
-        return self.run_in_job(lambda conn: fn())
+    @staticmethod
+    def when_durable(job: "Future[T]", ops: Ops) -> "Future[T]":
+        """Run ``ops.after`` once ``job`` (the job that applies ``ops``) is durable; ``job``."""
+        if ops.after:
+            job.add_done_callback(lambda f: _run_after(ops) if f.exception() is None else None)
+        return job
 
     def after_commit(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` once this thread's writes are durable: at the end of the current
-        job (:meth:`bound`), or now outside one."""
-        bound = getattr(self._bound, "bound", None)
-        if bound is None:
+        """Run ``callback`` once this thread's collected writes are durable (:meth:`collect`);
+        outside a collection, now."""
+        ops = getattr(self._collecting, "ops", None)
+        if ops is None:
             callback()
-        elif callback not in bound[1]:
-            bound[1].append(callback)
+        elif callback not in ops.after:
+            ops.after.append(callback)
+
+    def _change(self, sql: str, args: tuple) -> int | None:
+        """A write of alert state: collected (:meth:`collect`; no row count), else one job now."""
+        ops = getattr(self._collecting, "ops", None)
+        if ops is not None:
+            ops.statements.append((sql, args))
+            return None
+        return self._write(lambda conn: conn.execute(sql, args).rowcount)
 
     def _write(self, job: Callable[[sqlite3.Connection], T]) -> T:
-        bound = getattr(self._bound, "bound", None)
-        if bound is not None:
-            if self._store is not None:
-                return job(bound[0])
-            with self._lock:  # the own connection is shared with readers on other threads
-                return job(bound[0])
         if self._store is not None:
             return self._store.write(job).result(timeout=60)
-        return self.run_in_job(lambda conn: self._write(job))  # the own connection: bound, locked
+        return self.submit_job(job, Ops()).result()
 
     def _execute(self, sql: str) -> None:
         with self._lock:
@@ -285,12 +270,12 @@ class Outbox:
         if webhook_id is None:
             webhook_id = new_webhook_id()
         claimed_until = None if claim_s is None else now + claim_s
-        self._write(lambda conn: conn.execute(
-                "INSERT INTO alert_outbox (webhook_id, subscription_id, url, secret, content_type,"
-                " body, group_key, reason, state, created_at, next_attempt_at, claimed_until)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
-                (webhook_id, subscription_id, url, secret, content_type, body, group_key, reason, now, now,
-                 claimed_until)))
+        self._change(
+            "INSERT INTO alert_outbox (webhook_id, subscription_id, url, secret, content_type,"
+            " body, group_key, reason, state, created_at, next_attempt_at, claimed_until)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+            (webhook_id, subscription_id, url, secret, content_type, body, group_key, reason, now, now,
+             claimed_until))
         return webhook_id
 
     def due(self, now: float, limit: int = 32, exclude: Iterable[str] = (),
@@ -424,7 +409,12 @@ class Outbox:
 
     def cancel_pending(self, subscription_id: str, now: float) -> int:
         """Stop delivering to a deleted subscription; returns how many were cancelled."""
-        return self._write(lambda conn: conn.execute(
+        return self._write(lambda conn: self.cancel_pending_in(conn, subscription_id, now))
+
+    @staticmethod
+    def cancel_pending_in(conn: Any, subscription_id: str, now: float) -> int:
+        """:meth:`cancel_pending` inside the caller's job."""
+        return int(conn.execute(
             "UPDATE alert_outbox SET state = 'cancelled', last_error = 'subscription deleted',"
             " last_attempt_at = COALESCE(last_attempt_at, ?)"
             " WHERE subscription_id = ? AND state = 'pending'", (now, subscription_id)).rowcount)
@@ -439,27 +429,32 @@ class Outbox:
 
     def put_record(self, kind: str, key: str, value: dict[str, Any], now: float) -> None:
         text = json.dumps(jsonable(value), allow_nan=False)
-        self._write(lambda conn: conn.execute(
+        self._change(
             "INSERT INTO alert_records (kind, key, value, updated_at) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-            (kind, key, text, now)))
+            (kind, key, text, now))
 
-    def delete_record(self, kind: str, key: str) -> bool:
-        return self._write(lambda conn: conn.execute(
-            "DELETE FROM alert_records WHERE kind = ? AND key = ?", (kind, key)).rowcount) == 1
+    def delete_record(self, kind: str, key: str) -> None:
+        self._change("DELETE FROM alert_records WHERE kind = ? AND key = ?", (kind, key))
 
-    def records(self, kind: str, conn: sqlite3.Connection | None = None) -> dict[str, dict[str, Any]]:
-        """The records of one kind; through ``conn`` (a job's), what the job's transaction sees.
-
-        Inside a job (:meth:`bound`) without ``conn``, the job's connection too: a job that
-        loads records (a replica adopting a run's alerts) must see what the jobs before it in
-        the same group commit wrote, which another connection cannot see before the commit."""
-        bound = getattr(self._bound, "bound", None)
-        conn = conn if conn is not None else (bound[0] if bound is not None else None)
-        sql, args = "SELECT key, value FROM alert_records WHERE kind = ? ORDER BY key", (kind,)
-        with self._lock:   # an own connection is shared with readers on other threads
-            rows = conn.execute(sql, args).fetchall() if conn is not None else self._read(sql, args)
+    def records(self, kind: str) -> dict[str, dict[str, Any]]:
+        """The records of one kind, as committed (a caller that must see its own submitted
+        changes waits for them first: :meth:`settled`)."""
+        rows = self._read("SELECT key, value FROM alert_records WHERE kind = ? ORDER BY key", (kind,))
         return {k: json.loads(v) for k, v in rows}
+
+    def settled(self, timeout_s: float = 60.0) -> None:
+        """Return once every job submitted before this call is durable (a reload reads them)."""
+        if self._store is not None:
+            self._store.barrier().result(timeout=timeout_s)
+
+
+def _run_after(ops: Ops) -> None:
+    for callback in ops.after:
+        try:
+            callback()
+        except Exception:  # noqa: BLE001 - one hand-off must not stop the others
+            log.exception("outbox: an after-commit callback failed")
 
 
 def _delivery(row: tuple) -> Delivery:

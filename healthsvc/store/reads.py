@@ -7,7 +7,7 @@ and the ingest, whose runs' in-memory states it reads through :class:`RunStates`
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 import orjson
@@ -59,6 +59,12 @@ class StoreReads:
         dashboard, scrapes); None for a run that has no state (never pushed to)."""
         st = self._runs.state(run_id) or self._released_state(run_id)
         return None if st is None else st.snapshot()
+
+    def hosts_of(self, run_id: str, ranks: Sequence[int]) -> tuple[str | None, ...]:
+        """Each rank's host as the run's state knows it (None where unknown), for any thread:
+        the run's owner names the hosts of its findings' alerts before their job."""
+        st = self._runs.state(run_id) or self._released_state(run_id)
+        return st.hosts_for_reader(ranks) if st is not None else (None,) * len(ranks)
 
     def ranks_not_past(self, run_id: str, step: int) -> tuple[int, ...] | None:
         """The ranks seen in the run's current attempt that have not stored a record beyond

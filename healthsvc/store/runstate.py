@@ -396,6 +396,18 @@ class RunState:
         codes[known] = self.host_code[pos[known]]
         return tuple(self.host_names[c] if c >= 0 else None for c in codes.tolist())
 
+    def hosts_for_reader(self, ranks: Sequence[int]) -> tuple[str | None, ...]:
+        """:meth:`hosts_of` for a thread other than the writer (the run's owner, folding its
+        findings into alerts before their job). The writer may be swapping the per-rank arrays
+        while this reads them (see :meth:`snapshot`): a read that saw half a swap is taken
+        again; a host named by a push this read raced with may be missed (None)."""
+        for _ in range(3):
+            try:
+                return self.hosts_of(ranks)
+            except (IndexError, ValueError):
+                continue
+        return (None,) * len(ranks)
+
     def ranks_seen(self) -> np.ndarray:
         return self.ids[self.last_step >= 0]
 
