@@ -243,11 +243,11 @@ class DeliveryWorker:
     # -- hand-off: a page claimed in the job that enqueued it ---------------------------------
 
     def reserve(self, subscription_id: str, webhook_id: str) -> float | None:
-        """In the writer job that enqueues a delivery: if a sender is free and the subscription
-        has no attempt in flight, the row is this worker's from that job on (claimed for the
-        returned seconds: the attempt starts as soon as the job is durable, :meth:`take`);
-        else None, and the worker claims it itself. A reservation whose job never committed
-        lapses with its claim."""
+        """While a change enqueues a delivery (before its job): if a sender is free and the
+        subscription has no attempt in flight, the row is this worker's from that job on
+        (claimed in it for the returned seconds: the attempt starts as soon as the job is
+        durable, :meth:`take`); else None, and the worker claims it itself. A reservation whose
+        job never committed lapses with its claim."""
         now = self._clock()
         with self._inflight_lock:
             self._expire(now)
@@ -266,6 +266,13 @@ class DeliveryWorker:
                 return   # lapsed: the row is claimed again once its claim runs out
             self._handed.append(webhook_id)
         self._wake.set()
+
+    def release(self, webhook_id: str) -> None:
+        """The job that reserved ``webhook_id`` failed (the row was never written): the sender
+        and the subscription are free again at once, not when the claim would have run out."""
+        with self._inflight_lock:
+            if self._reserved.pop(webhook_id, None) is not None:
+                self._inflight.pop(webhook_id, None)
 
     def _expire(self, now: float) -> None:
         """Forget reservations whose claim ran out (their job failed, or the hand-off came late)."""

@@ -39,10 +39,11 @@ class HandOff(Protocol):
     """The delivery worker's side of a page enqueued by a change: ``reserve`` (while the change
     is made) says for how long to claim the row for this worker in the change's job, or None to
     leave it to the worker's own claim; ``take`` (once the job is durable) hands the claimed row
-    over to be sent at once."""
+    over to be sent at once; ``release`` (the job failed) gives the reservation back."""
 
     def reserve(self, subscription_id: str, webhook_id: str) -> float | None: ...
     def take(self, webhook_id: str) -> None: ...
+    def release(self, webhook_id: str) -> None: ...
 
 
 @dataclass
@@ -283,7 +284,7 @@ class Notifier:
         tell = self._on_changed_elsewhere
         if tell is None or self._ownership.owns(run_id):
             return
-        self._when_durable(lambda: tell(run_id))
+        self._when_durable(lambda durable: tell(run_id) if durable else None)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -401,18 +402,22 @@ class Notifier:
             self._when_durable(functools.partial(self._enqueued, handed))
         return ids
 
-    def _enqueued(self, handed: list[str]) -> None:
-        """Deliveries were enqueued by a job that is now durable: hand over those claimed in it
-        for the delivery worker, and wake it for the rest."""
+    def _enqueued(self, handed: list[str], durable: bool) -> None:
+        """The job that enqueued deliveries ended: once durable, hand over those claimed in it
+        for the delivery worker, and wake it for the rest; if it failed, give the reservations
+        back (a sender held for a row never written would keep its subscription waiting)."""
         if self._hand_off is not None:
             for wid in handed:
-                self._hand_off.take(wid)
-        if self._on_enqueue is not None:
+                if durable:
+                    self._hand_off.take(wid)
+                else:
+                    self._hand_off.release(wid)
+        if durable and self._on_enqueue is not None:
             self._on_enqueue()
 
-    def _when_durable(self, callback: Callable[[], None]) -> None:
-        """The notifier's one after-commit registration: ``callback`` runs once the job that
-        writes the current change (the findings job, or a change's own) is durable."""
+    def _when_durable(self, callback: Callable[[bool], None]) -> None:
+        """The notifier's one after-commit registration: ``callback(durable)`` runs once the
+        job that writes the current change (the findings job, or a change's own) ended."""
         self.outbox.after_commit(callback)
 
     def _pass_through(self, now: float) -> list[str]:

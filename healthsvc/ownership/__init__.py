@@ -30,7 +30,7 @@ which it is running under. Each method is named for what it decides:
   and with it alerting's copy of the run);
 - :meth:`~RunOwnership.readiness`: what ``/readyz`` says of it (a replica's id and leases);
 - :meth:`~RunOwnership.holds_every_run`: whether this process holds every run from start-up to
-  shutdown, so alerting may keep every run's alerts (and one findings cursor) at once, or runs
+  shutdown, so alerting may keep every run's alerts at once, or runs
   come and go, and alerting keeps those it owns and reads again what other replicas change.
 
 Two implementations:

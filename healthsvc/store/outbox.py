@@ -123,11 +123,12 @@ class Attempt:
 @dataclass
 class Ops:
     """What a change to the alert state writes, as plain data (:meth:`Outbox.collect`): the
-    statements to run in one writer job, and what to run once that job is durable (hand a page
-    to the delivery worker, tell a run's owner). Built on the thread that made the change; run
-    by :meth:`Outbox.apply` inside a job, any job (the findings job runs a fold's)."""
+    statements to run in one writer job, and what to run once that job ended, told whether it
+    is durable (hand a page to the delivery worker or give its reservation back, tell a run's
+    owner). Built on the thread that made the change; run by :meth:`Outbox.apply` inside a job,
+    any job (the findings job runs a fold's)."""
     statements: list[tuple[str, tuple]] = field(default_factory=list)
-    after: list[Callable[[], None]] = field(default_factory=list)
+    after: list[Callable[[bool], None]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.statements or self.after)
@@ -195,7 +196,7 @@ class Outbox:
         return self.submit_job(lambda conn: self.apply(conn, ops), ops)
 
     def submit_job(self, job: Callable[[Any], T], ops: Ops) -> "Future[T]":
-        """``job`` as one writer job, then ``ops.after`` once it is durable (see :meth:`submit`)."""
+        """``job`` as one writer job, then ``ops.after`` once it ended (see :meth:`submit`)."""
         if self._store is None:   # the own connection: at once
             done: Future[T] = Future()
             try:
@@ -208,26 +209,28 @@ class Outbox:
                         raise
                     self._execute("COMMIT")
             except Exception as exc:  # noqa: BLE001 - handed to the future's reader
+                _run_after(ops, False)
                 done.set_exception(exc)
                 return done
-            _run_after(ops)
+            _run_after(ops, True)
             done.set_result(value)
             return done
         return self.when_durable(self._store.write(job), ops)
 
     @staticmethod
     def when_durable(job: "Future[T]", ops: Ops) -> "Future[T]":
-        """Run ``ops.after`` once ``job`` (the job that applies ``ops``) is durable; ``job``."""
+        """Run ``ops.after`` once ``job`` (the job that applies ``ops``) ended, told whether it is
+        durable; ``job``."""
         if ops.after:
-            job.add_done_callback(lambda f: _run_after(ops) if f.exception() is None else None)
+            job.add_done_callback(lambda f: _run_after(ops, f.exception() is None))
         return job
 
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` once this thread's collected writes are durable (:meth:`collect`);
-        outside a collection, now."""
+    def after_commit(self, callback: Callable[[bool], None]) -> None:
+        """Run ``callback(durable)`` once the job of this thread's collected writes ended
+        (:meth:`collect`); outside a collection, now (``durable``: they were written at once)."""
         ops = getattr(self._collecting, "ops", None)
         if ops is None:
-            callback()
+            callback(True)
         elif callback not in ops.after:
             ops.after.append(callback)
 
@@ -449,10 +452,10 @@ class Outbox:
             self._store.barrier().result(timeout=timeout_s)
 
 
-def _run_after(ops: Ops) -> None:
+def _run_after(ops: Ops, durable: bool) -> None:
     for callback in ops.after:
         try:
-            callback()
+            callback(durable)
         except Exception:  # noqa: BLE001 - one hand-off must not stop the others
             log.exception("outbox: an after-commit callback failed")
 

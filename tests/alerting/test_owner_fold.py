@@ -1,0 +1,82 @@
+"""The run's owner folds its findings into alerts before their job, and writes both in one job:
+what happens when that job fails, and when the owner's idea of what is stored is stale.
+
+Both cases leave memory ahead of the store for a moment; the next change reads the store back
+(``AlertManager._resync``), so what the service shows and pages is what is stored, once."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from healthsvc_detectors.finding import Finding
+from healthsvc.store.findings import AlreadyStored
+from healthsvc.store.outbox import Outbox
+from tests.alerting.receiver import Receiver
+from tests.harness import InProcessService
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.both_stores]
+
+JSON = {"content-type": "application/json"}
+
+
+def push(svc, step: int, loss: list[float]) -> None:
+    body = {"columns": {"step": [step] * len(loss), "rank": list(range(len(loss))), "loss": loss}}
+    assert svc.http.post("/v1/runs/r/metrics", content=json.dumps(body), headers=JSON).status_code == 202
+
+
+def test_a_findings_job_that_fails_is_recorded_again_and_pages_once(tmp_path, db_uri, monkeypatch):
+    with Receiver() as rx, InProcessService(tmp_path, db=db_uri, alert_webhooks=[
+            {"id": "oncall", "url": rx.url, "format": "json"}]) as svc:
+        ctx = svc.app.state.ctx
+        for step in range(5):
+            push(svc, step, [1.0, 1.0])
+        svc.drain()
+        failures = []
+        real_apply = Outbox.apply
+
+        def failing_once(conn, ops):
+            if not failures:
+                failures.append(ops)
+                raise OSError("disk I/O error")   # the findings job fails whole
+            return real_apply(conn, ops)
+        monkeypatch.setattr(Outbox, "apply", staticmethod(failing_once))
+        push(svc, 5, [float("nan"), 1.0])
+        svc.drain()
+        assert failures and ctx.findings.query("r") == []      # nothing of that job is stored
+        assert rx.delivered() == []
+        # The owner's memory folded the NaN: the next change reads the store back first.
+        svc.advance(1.0)   # the owner's tick records the findings again
+        (stored,) = ctx.findings.query("r")
+        assert stored.finding.kind == "non_finite" and stored.finding.step == 5
+        (alert,) = ctx.alerting.manager.alerts(run="r")
+        assert alert.kind == "non_finite" and set(ctx.alerting.outbox.records("alert")) == {alert.fingerprint}
+        (page,) = rx.delivered()
+        assert json.loads(page.body)["alerts"][0]["labels"]["alertname"] == "non_finite"
+
+
+def test_a_finding_stored_behind_the_recorders_back_fails_its_job_whole(tmp_path, db_uri):
+    # The recorder loaded the run's stored identities, then a tool stored a finding straight into
+    # the store. Recorded through the service, it was folded as new: the job refuses to store
+    # the fold's writes for a finding already there, and nothing of it is stored or paged.
+    with Receiver() as rx, InProcessService(tmp_path, db=db_uri, alert_webhooks=[
+            {"id": "oncall", "url": rx.url, "format": "json"}]) as svc:
+        ctx = svc.app.state.ctx
+        ctx.store.control.submit_run_config("r", {}).result()
+        first = Finding("hang", step=50, ranks=(3,), severity="critical")
+        ctx.findings.record("r", 1, [first], {3: "node0"}).result()   # loads the identities
+        svc.drain()
+        assert len(rx.delivered()) == 1
+        behind = Finding("hang", step=90, ranks=(4,), severity="critical")
+        ctx.store.findings.submit("r", 1, [behind], {4: "node0"}).result()
+        with pytest.raises(AlreadyStored):
+            ctx.findings.record("r", 1, [behind], {4: "node0"}).result()
+        assert [a.ranks for a in ctx.alerting.manager.alerts(run="r")] == [(3,), (4,)]   # memory ahead
+        # Recorded again (as its owner would): the identities are read again, the finding is
+        # stored already, so nothing is folded; the next change reads the alerts back.
+        assert ctx.findings.record("r", 1, [behind], {4: "node0"}).result().findings == []
+        ctx.alerting.manager.tick(svc.clock())
+        assert [a.ranks for a in ctx.alerting.manager.alerts(run="r")] == [(3,)]
+        svc.drain()
+        assert len(rx.delivered()) == 1
+        assert sorted(sf.finding.step for sf in ctx.findings.query("r")) == [50, 90]
