@@ -224,18 +224,17 @@ class Notifier:
     def reload(self) -> None:
         """Read every held run's alerts and notification log back from the store (a change's job
         failed, so memory was ahead of it): every run where one process holds them all, else
-        the runs held, each as :meth:`load_run`."""
-        if self._ownership.holds_every_run():
-            self._alerts = {k: Alert.from_dict(v) for k, v in self.outbox.records("alert").items()}
-            self._nflog = {_log_key(k): NotificationLogEntry.from_dict(v)
-                           for k, v in self.outbox.records("nflog").items()}
-            self._groups = {}
-            self._rebuild_groups()
-            self._changed_runs = set(self._groups)
-            return
-        for run_id in {a.run for a in self._alerts.values()} | {run for _, run in self._nflog}:
-            self.load_run(run_id)
-            self.regroup(run_id, None)
+        the runs held."""
+        every = self._ownership.holds_every_run()
+        held = {a.run for a in self._alerts.values()} | {run for _, run in self._nflog}
+        alerts = {k: Alert.from_dict(v) for k, v in self.outbox.records("alert").items()}
+        nflog = {_log_key(k): NotificationLogEntry.from_dict(v) for k, v in self.outbox.records("nflog").items()}
+        self._alerts = {k: a for k, a in alerts.items() if every or a.run in held}
+        self._nflog = {k: e for k, e in nflog.items() if every or k[1] in held}
+        self._resent_at = {k: t for k, t in self._resent_at.items() if k in self._nflog}
+        self._groups = {}
+        self._rebuild_groups()
+        self._changed_runs = set(self._groups)
 
     def load_run(self, run_id: str) -> None:
         """Load the run's alerts and notification log as the store has them (its previous owner
