@@ -35,7 +35,7 @@ table on change and read back by the constructor.
 Example::
 
     >>> from healthsvc_detectors.finding import Finding
-    >>> from healthsvc.store.outbox import Ops, Outbox
+    >>> from healthsvc.store.outbox import Outbox
     >>> from healthsvc.alerting.subscription import Subscription
     >>> m = AlertManager(Outbox(":memory:"), subscriptions=[Subscription("s", "http://127.0.0.1:9/h")])
     >>> f = Finding("non_finite", step=7, ranks=tuple(range(512)), severity="critical", metric="loss")
@@ -140,11 +140,16 @@ class AlertManager:
         job; by default a job of their own). The future resolves to ``change``'s value once the
         job is durable. What ``change`` decided before it raised is written too (it is in
         memory), and its error raised after. A write that fails marks memory as ahead of the
-        store: the next change reads the store back first."""
+        store: the next change reads the store back first; if that read fails, so does the
+        change (nothing made, nothing written). Never raises: every error is the future's."""
         done: Future[T] = Future()
         with self._lock:
-            if self._stale:
-                self._resync()
+            try:
+                if self._stale:
+                    self._resync()
+            except Exception as exc:  # noqa: BLE001 - the store is still down: the caller retries
+                done.set_exception(exc)
+                return done
             with self.outbox.collect() as ops:
                 try:
                     value, error = change(), None
@@ -152,8 +157,9 @@ class AlertManager:
                     value, error = None, exc
             if not ops and write is None:   # nothing changed: no job
                 if error is not None:
-                    raise error
-                done.set_result(value)  # type: ignore[arg-type]
+                    done.set_exception(error)
+                else:
+                    done.set_result(value)  # type: ignore[arg-type]
                 return done
             job = write(ops) if write is not None else self.outbox.submit(ops)
 
@@ -206,7 +212,7 @@ class AlertManager:
             return held["job"]
         folded = self._change(change, write_keeping)
         folded.add_done_callback(_log_fold_error)
-        return held["job"]
+        return held.get("job", folded)   # no job: the read-back before it failed
 
     def process(self, run_id: str, findings: Iterable[tuple[Finding, Sequence[str | None]]], now: float,
                 *, rollback_target: Any = NOT_GIVEN) -> list[str]:
@@ -297,14 +303,17 @@ class AlertManager:
 
     def delete_subscription(self, sub_id: str, now: float) -> int:
         """Delete an API subscription; its pending deliveries are cancelled (count returned)."""
+        deleted: list[str] = []
+
         def change() -> None:
-            self._subscriptions.delete(sub_id)
+            self._subscriptions.delete(sub_id)   # raises for an unknown or read-only one
             self._notifier.drop_subscription(sub_id)
+            deleted.append(sub_id)
 
         def write(ops: Ops) -> "Future[int]":
             def job(conn: Any) -> int:
                 self.outbox.apply(conn, ops)
-                return self.outbox.cancel_pending_in(conn, sub_id, now)
+                return self.outbox.cancel_pending_in(conn, sub_id, now) if deleted else 0
             return self.outbox.submit_job(job, ops)
         cancelled: dict[str, int] = {}
         self._change(change, lambda ops: _keep(write(ops), cancelled)).result(timeout=CHANGE_TIMEOUT_S)

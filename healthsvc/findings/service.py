@@ -65,7 +65,17 @@ class FindingsService:
         On the caller's thread (the run's owner), before the job: which findings are new, their
         hosts, and (the stage) their alerts, notifications and pages. One writer job then stores
         all of it. A job that fails (the store down, the lease gone) stores none of it: the
-        caller records them again."""
+        caller records them again. Never raises: an error is the future's."""
+        try:
+            job = self._record(run_id, attempt, findings, hosts, fence, at)
+        except Exception as exc:  # noqa: BLE001 - the store cannot be read: recorded again later
+            job = Future()
+            job.set_exception(exc)
+        job.add_done_callback(lambda fut: self.forget(run_id) if fut.exception() is not None else None)
+        return job
+
+    def _record(self, run_id: str, attempt: int, findings: list[Finding], hosts: dict[int, str] | None,
+                fence: Any, at: float | None) -> Future:
         with self._lock:
             stored = self._stored.get(run_id)
             if stored is None:
@@ -91,7 +101,6 @@ class FindingsService:
             job = (stage.fold(run_id, attempt, [(f, h, at) for f, h in zip(new, blamed)], write)
                    if stage is not None else write(None))
             stored |= keys
-        job.add_done_callback(lambda fut: self.forget(run_id) if fut.exception() is not None else None)
         return job
 
     def forget(self, run_id: str) -> None:

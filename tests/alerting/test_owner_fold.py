@@ -12,7 +12,7 @@ import pytest
 from healthsvc_detectors.finding import Finding
 from healthsvc.store.findings import AlreadyStored
 from healthsvc.store.outbox import Outbox
-from tests.alerting.receiver import Receiver
+from tests.alerting.receiver import Receiver, free_port
 from tests.harness import InProcessService
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_stores]
@@ -80,3 +80,19 @@ def test_a_finding_stored_behind_the_recorders_back_fails_its_job_whole(tmp_path
         svc.drain()
         assert len(rx.delivered()) == 1
         assert sorted(sf.finding.step for sf in ctx.findings.query("r")) == [50, 90]
+
+
+def test_deleting_a_settings_subscription_is_refused_and_cancels_nothing(tmp_path, db_uri):
+    # The subscription's deletion is refused in memory; the job that would have cancelled its
+    # pending deliveries must not run that cancel either.
+    down = f"http://127.0.0.1:{free_port()}/hook"   # nothing listens: the page stays pending
+    with InProcessService(tmp_path, db=db_uri, alert_webhooks=[{"id": "oncall", "url": down, "format": "json"}]) as svc:
+        ctx = svc.app.state.ctx
+        ctx.store.control.submit_run_config("r", {}).result()
+        ctx.findings.record("r", 1, [Finding("hang", step=50, ranks=(3,), severity="critical")], {3: "n"}).result()
+        svc.drain()
+        (page,) = ctx.alerting.outbox.deliveries()
+        assert page.state == "pending"
+        r = svc.http.delete("/v1/webhooks/oncall")
+        assert r.status_code == 409, r.text
+        assert ctx.alerting.outbox.get(page.webhook_id).state == "pending"
