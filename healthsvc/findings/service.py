@@ -103,6 +103,10 @@ class FindingsService:
             stored |= keys
         return job
 
+    def runs_held(self) -> int:
+        """Runs whose stored identities are in memory (``healthsvc_runs_held``)."""
+        return len(self._stored)
+
     def forget(self, run_id: str) -> None:
         """Read the run's stored identities again at its next record (a write failed, or the
         run is let go here). Without the lock: a failed job's callback calls it on the writer

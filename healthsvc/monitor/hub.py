@@ -522,6 +522,7 @@ class MonitorHub:
         self.monitors.pop(run_id, None)
         self._last_snapshot.pop(run_id, None)
         self._fed.forget(run_id)
+        self.findings.forget(run_id)   # its stored identities: read again if it comes back
         self._recording.pop(run_id, None)
         self.config_errors.pop(run_id, None)
         self.runs_released += 1

@@ -18,6 +18,9 @@ def holders(app: Any) -> dict[str, int]:
     if monitor is not None:
         out.update({f"monitor_{k}": v for k, v in monitor.held().items()})
         out["leases"] = len(monitor.ownership.held())
+    ctx = getattr(st, "ctx", None)
+    if ctx is not None:
+        out["findings_identities"] = ctx.findings.runs_held()
     alerting = getattr(st, "alerting", None)
     manager = getattr(alerting, "manager", None)
     if manager is not None:
