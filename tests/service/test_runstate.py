@@ -165,3 +165,34 @@ def test_rank_positions_are_those_of_a_binary_search_whether_the_ranks_are_dense
         grown = np.unique(asked)
         st.advance(batch(np.ones(len(grown), int), grown))   # ids grow: dense or not any more
         assert (st._positions(st.ids)[0] == np.arange(len(st.ids))).all()
+
+
+def test_a_reader_names_hosts_while_the_writer_adds_ranks_never_wrongly():
+    # The run's owner names the hosts of its findings on its own thread while the writer goes on
+    # adding ranks (swapping the per-rank arrays): each answer is the rank's host or None, never
+    # another rank's, and the read never raises.
+    import threading
+    st = RunState("r")
+    st.open_attempt(0)
+    done = threading.Event()
+    wrong: list = []
+
+    def read() -> None:
+        while not done.is_set():
+            ranks = tuple(range(0, 1200, 7))
+            for r, h in zip(ranks, st.hosts_for_reader(ranks)):
+                if h is not None and h != f"h{r}":
+                    wrong.append((r, h))
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for first in range(0, 1200, 30):   # ranks join 30 at a time, in reverse order
+            ranks = list(range(first, first + 30))[::-1]
+            b = batch([0] * 30, ranks, hosts=[f"h{r}" for r in ranks])
+            st.advance(b)
+            st.set_hosts(st.host_updates(b))
+    finally:
+        done.set()
+        reader.join(10)
+    assert wrong == []
+    assert st.hosts_for_reader((0, 1199, 1200)) == ("h0", "h1199", None)
