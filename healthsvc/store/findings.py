@@ -19,7 +19,7 @@ from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
 from healthsvc.encode import jsonable
 from healthsvc.identity import occurrence_key
 from healthsvc.store.fencing import Fence
-from healthsvc.store.outbox import Ops, Outbox
+from healthsvc.store.ops import Ops, apply_ops
 from healthsvc.store.seam import Clock, TableAccess
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class FindingsTable:
                 elif ops is not None:
                     raise AlreadyStored(f"run {run_id}: a {f.kind} finding at step {f.step} is stored already")
             if ops is not None:
-                Outbox.apply(conn, ops)
+                apply_ops(conn, ops)
             return FindingsRecorded(stored)
         return self._db.write(job, fence)
 

@@ -29,23 +29,22 @@ Example::
 from __future__ import annotations
 
 import json
-import logging
 import secrets
 import sqlite3
 import threading
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, Sequence, TypeVar
 
 from healthsvc.encode import jsonable
 from healthsvc.store import outbox_tables
+from healthsvc.store.ops import Ops, apply_ops
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
 
 
 
@@ -120,20 +119,6 @@ class Attempt:
     pull_forward: str | None = None
 
 
-@dataclass
-class Ops:
-    """What a change to the alert state writes, as plain data (:meth:`Outbox.collect`): the
-    statements to run in one writer job, and what to run once that job ended, told whether it
-    is durable (hand a page to the delivery worker or give its reservation back, tell a run's
-    owner). Built on the thread that made the change; run by :meth:`Outbox.apply` inside a job,
-    any job (the findings job runs a fold's)."""
-    statements: list[tuple[str, tuple]] = field(default_factory=list)
-    after: list[Callable[[bool], None]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.statements or self.after)
-
-
 class Outbox:
     """The outbox over one of:
 
@@ -183,11 +168,7 @@ class Outbox:
         finally:
             self._collecting.ops = outer
 
-    @staticmethod
-    def apply(conn: Any, ops: Ops) -> None:
-        """Run ``ops``' statements on ``conn``, inside the caller's job."""
-        for sql, args in ops.statements:
-            conn.execute(sql, args)
+    apply = staticmethod(apply_ops)
 
     def submit(self, ops: Ops) -> "Future[None]":
         """Write ``ops`` as one job; the future resolves once it is durable and its callbacks ran
@@ -209,10 +190,10 @@ class Outbox:
                         raise
                     self._execute("COMMIT")
             except Exception as exc:  # noqa: BLE001 - handed to the future's reader
-                _run_after(ops, False)
+                ops.ended(False)
                 done.set_exception(exc)
                 return done
-            _run_after(ops, True)
+            ops.ended(True)
             done.set_result(value)
             return done
         return self.when_durable(self._store.write(job), ops)
@@ -222,7 +203,7 @@ class Outbox:
         """Run ``ops.after`` once ``job`` (the job that applies ``ops``) ended, told whether it is
         durable; ``job``."""
         if ops.after:
-            job.add_done_callback(lambda f: _run_after(ops, f.exception() is None))
+            job.add_done_callback(lambda f: ops.ended(f.exception() is None))
         return job
 
     def after_commit(self, callback: Callable[[bool], None]) -> None:
@@ -450,14 +431,6 @@ class Outbox:
         """Return once every job submitted before this call is durable (a reload reads them)."""
         if self._store is not None:
             self._store.barrier().result(timeout=timeout_s)
-
-
-def _run_after(ops: Ops, durable: bool) -> None:
-    for callback in ops.after:
-        try:
-            callback(durable)
-        except Exception:  # noqa: BLE001 - one hand-off must not stop the others
-            log.exception("outbox: an after-commit callback failed")
 
 
 def _delivery(row: tuple) -> Delivery:
