@@ -11,7 +11,7 @@ import pytest
 
 from healthsvc_detectors.finding import Finding
 from healthsvc.store.findings import AlreadyStored
-from healthsvc.store.outbox import Outbox
+from healthsvc.store import findings as store_findings
 from tests.alerting.receiver import Receiver, free_port
 from tests.harness import InProcessService
 
@@ -33,14 +33,14 @@ def test_a_findings_job_that_fails_is_recorded_again_and_pages_once(tmp_path, db
             push(svc, step, [1.0, 1.0])
         svc.drain()
         failures = []
-        real_apply = Outbox.apply
+        real_apply = store_findings.apply_ops
 
         def failing_once(conn, ops):
             if not failures:
                 failures.append(ops)
                 raise OSError("disk I/O error")   # the findings job fails whole
             return real_apply(conn, ops)
-        monkeypatch.setattr(Outbox, "apply", staticmethod(failing_once))
+        monkeypatch.setattr(store_findings, "apply_ops", failing_once)   # in the findings job
         push(svc, 5, [float("nan"), 1.0])
         svc.drain()
         assert failures and ctx.findings.query("r") == []      # nothing of that job is stored
