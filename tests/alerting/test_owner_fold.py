@@ -96,3 +96,35 @@ def test_deleting_a_settings_subscription_is_refused_and_cancels_nothing(tmp_pat
         r = svc.http.delete("/v1/webhooks/oncall")
         assert r.status_code == 409, r.text
         assert ctx.alerting.outbox.get(page.webhook_id).state == "pending"
+
+
+def test_every_change_is_submitted_to_the_writer_while_the_managers_lock_is_held(tmp_path, db_uri):
+    # What keeps the store in the order memory saw the changes: each change's job (a fold's
+    # findings job, a tick's, an operator's) reaches the writer's queue while its thread still
+    # holds the manager's lock, so no other change can be made between the two. Checked at
+    # every write the store is handed, for each kind of change.
+    with Receiver() as rx, InProcessService(tmp_path, db=db_uri, alert_webhooks=[
+            {"id": "oncall", "url": rx.url, "format": "json"}]) as svc:
+        ctx = svc.app.state.ctx
+        manager = ctx.alerting.manager
+        ctx.store.control.submit_run_config("r", {}).result()
+        svc.drain()
+        seen: list[tuple[str, bool]] = []
+        real_write = ctx.store.write
+
+        def write(job, *args, **kwargs):
+            seen.append((getattr(job, "__qualname__", ""), manager._lock._is_owned()))
+            return real_write(job, *args, **kwargs)
+        ctx.store.write = write
+        try:
+            ctx.findings.record("r", 1, [Finding("hang", step=50, ranks=(3,), severity="critical")], {3: "n"}).result()
+            (alert,) = manager.alerts(run="r")
+            manager.acknowledge(alert.fingerprint, "op", svc.clock())
+            manager.tick_later(svc.clock()).result(10)
+            manager.resolve(alert.fingerprint, "op", svc.clock())
+        finally:
+            del ctx.store.write
+        # (The delivery worker's passes are its own jobs, of no alert state; a tick with nothing
+        # to do writes nothing.)
+        changes = [(name, held) for name, held in seen if name.startswith(("FindingsTable.submit", "Outbox.submit"))]
+        assert [held for _, held in changes] == [True, True, True], seen
