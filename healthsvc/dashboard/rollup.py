@@ -107,7 +107,8 @@ class HeatGrid:
                 setattr(self, name, new)
 
     def add(self, steps: np.ndarray, bin_max: np.ndarray) -> None:
-        """``bin_max``: (n_steps, MAX_RANK_BINS) ratio per rank bin, NaN where no rank reported."""
+        """``bin_max``: (n_steps, bins) ratio per rank bin, NaN where no rank reported; the
+        first ``bins`` of the MAX_RANK_BINS (those after them get nothing)."""
         self.fit_step(int(steps.max()))
         cols = steps // self.step_width
         ok = np.isfinite(bin_max)
@@ -128,8 +129,9 @@ class HeatGrid:
         # Consecutive columns (the usual block): added through a slice, not gathered and
         # scattered by index (a block of 32 one-rank steps: most of the heat's cost).
         where = slice(int(touched[0]), int(touched[-1]) + 1) if touched[-1] - touched[0] == len(touched) - 1 else touched
-        self.sums[:, where] += vals.T
-        self.counts[:, where] += counts.T
+        rows = slice(0, vals.shape[1])
+        self.sums[rows, where] += vals.T
+        self.counts[rows, where] += counts.T
 
     def truncate(self, step: int) -> None:
         """Forget steps >= ``step`` (a new attempt resumes there); the bin holding it is cleared
@@ -234,7 +236,10 @@ class RunRollup:
             # value reported, finite and positive (NaN fails both comparisons) takes no mask.
             clean = bool(p.all()) and bool((v.min(axis=1) > 0).all()) and bool((v.max(axis=1) < np.inf).all())
             med = None
-        width = grid.rank_width * MAX_RANK_BINS
+        # Only the bins up to the block's highest rank: the others would only add zeros (a run
+        # of 64 ranks fills 64 of the 256 bins; the bins no rank filled count nothing either way).
+        bins = min(MAX_RANK_BINS, -(-(int(ranks.max()) + 1) // grid.rank_width))
+        width = grid.rank_width * bins
         n = len(ranks)
         dense = bool(n) and ranks[0] == 0 and ranks[-1] == n - 1
         if clean:
@@ -279,7 +284,7 @@ class RunRollup:
             else:
                 full = np.full((len(steps), width), _NO_RANK, np.float32)
                 full[:, ranks] = ratio
-        bin_max = _max_of_bins(full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width))
+        bin_max = _max_of_bins(full.reshape(len(steps), bins, grid.rank_width))
         if not (clean and dense and n == width):   # else every bin holds a rank's ratio
             bin_max[bin_max == _NO_RANK] = np.nan
         grid.add(steps, bin_max)
