@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import logging
-from dataclasses import dataclass
 import queue
 import threading
 import time
@@ -67,12 +66,11 @@ class RunFeed:
             self.rollup.add_block(block)
         self.dirty = True
 
-    def add_pushes(self, pushes: list[IngestResult], held: HeldColumns | None = None) -> None:
+    def add_pushes(self, pushes: list[IngestResult]) -> None:
         """A run's consecutive committed pushes of one attempt, fed as one batch (see
         ``healthsvc.monitor.coalesce``): the aligner joins a step's ranks whichever push brought
         them, so the rollup is the same, and its fixed cost per call is paid once. Pushes already
-        replayed from the store on start are passed by. A push whose records wait in ``held``
-        (a :class:`Queued`, its ``batch`` let go) is read from there: the same records."""
+        replayed from the store on start are passed by."""
         fresh = [p for p in pushes if p.chunk_id is None or p.chunk_id > self.watermark]
         if not fresh:
             return
@@ -80,24 +78,9 @@ class RunFeed:
         last = fresh[-1]
         # Only pushes that committed records are queued here (RollupHub's listener), and those
         # carry the run's state committed with them.
+        batches = [p.batch for p in fresh if p.batch is not None]
         assert last.run is not None
-        pieces: list[MetricBatch] = []
-        waiting: list[Queued] = []   # consecutive pushes whose records are held
-        for p in fresh:
-            if isinstance(p, Queued) and p.batch is None:
-                waiting.append(p)
-                continue
-            if waiting:
-                pieces.append(_read_held(held, waiting))
-                waiting = []
-            if p.batch is not None:
-                pieces.append(p.batch)
-        if waiting:
-            if not pieces:   # the usual group: all held, read as one batch of the drawn fields
-                self.add(_read_held(held, waiting), last.run, max(chunk_ids) if chunk_ids else None, last.received_at)
-                return
-            pieces.append(_read_held(held, waiting))
-        self.add(MetricBatch.concat(pieces, only=FIELDS), last.run, max(chunk_ids) if chunk_ids else None,
+        self.add(MetricBatch.concat(batches, only=FIELDS), last.run, max(chunk_ids) if chunk_ids else None,
                  last.received_at)
 
     def tick(self, now: float) -> None:
@@ -141,151 +124,10 @@ class RunFeed:
             self.ranks_seen = int(seen) if seen.ndim == 0 else len(seen)
 
 
-def _read_held(held: HeldColumns | None, pushes: list[Queued]) -> MetricBatch:
-    assert held is not None   # a Queued push comes from the hub, which passes its columns
-    return held.read([(p.start, p.stop) for p in pushes], list(dict.fromkeys(f for p in pushes for f in p.fields)))
-
-
 def _slim(batch: MetricBatch) -> MetricBatch:
     """The batch's columns the rollups draw (no hosts or labels: nothing to merge by name)."""
     wanted = {f: v for f, v in batch.values.items() if f in FIELDS}
     return MetricBatch(batch.steps, batch.ranks, wanted, {f: batch.present[f] for f in wanted})
-
-
-@dataclass
-class Queued(IngestResult):
-    """A committed push on the hub's queue, its records copied into the hub's
-    :class:`HeldColumns` (positions ``start`` to ``stop``; ``fields``: the drawn fields it
-    reported, in its order) and its own batch let go (``batch`` is None)."""
-    start: int = 0
-    stop: int = 0
-    fields: tuple[str, ...] = ()
-
-
-_ORDER = tuple(sorted(FIELDS))
-HOLD_FROM_RECORDS = 1024  # a group commit's records from which they are copied into the held columns
-MAX_IDLE_SLOTS = 1 << 21   # held columns' room kept once empty, records (~60 MB; a fold's worth is far less)
-
-
-class HeldColumns:
-    """The records of committed pushes the dashboard's thread has not folded yet, in commit
-    order: copied by the writer thread (:meth:`put`, one copy per column per group commit) into
-    columns that are reused from one fold to the next, read by the dashboard's thread
-    (:meth:`read`) and let go once folded (:meth:`release`).
-
-    Why not keep the pushes: the thread folds every ``fold_every_s``, and pushes held that long
-    (their parsed columns, their encoded chunk) kept every push's memory alive for half a
-    second instead of handing it back for the next push at once: new memory for every push,
-    page faults and cold caches in the threads that parse and store (bench/ingest.py: the
-    dashboard's stage cost the event loop and the writer more than its own thread; see
-    docs/performance.md, fifth pass). These columns are written where the last fold's were.
-
-    A record is known by its position, counted from the start; ``origin`` is the position of
-    the columns' first slot. Only the writer thread writes (at the end, under the lock) and
-    only the dashboard's thread reads and releases, so a read copies without the lock: the
-    slots it reads are below the end and nothing moves them until its own release."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.origin = 0
-        self.end = 0
-        self._empty()
-
-    def _empty(self) -> None:
-        self.steps = np.zeros(0, np.int64)
-        self.ranks = np.zeros(0, np.int64)
-        self.values = {f: np.zeros(0, np.float64) for f in _ORDER}
-        self.present = {f: np.zeros(0, bool) for f in _ORDER}
-
-    def put(self, batches: list[MetricBatch]) -> int:
-        """Copy ``batches``' records (the drawn fields; a field a batch lacks is not reported
-        there) after those held; the position of the first (writer thread)."""
-        k = sum(len(b) for b in batches)
-        with self._lock:
-            at = self.end - self.origin
-            if at + k > len(self.steps):
-                self._grow(at + k)
-            sl = slice(at, at + k)
-            if len(batches) == 1:
-                b = batches[0]
-                self.steps[sl], self.ranks[sl] = b.steps, b.ranks
-            else:
-                np.concatenate([b.steps for b in batches], out=self.steps[sl])
-                np.concatenate([b.ranks for b in batches], out=self.ranks[sl])
-            for f in _ORDER:
-                if len(batches) == 1 and f in batches[0].values:
-                    self.values[f][sl], self.present[f][sl] = batches[0].values[f], batches[0].present[f]
-                    continue
-                if all(f in b.values for b in batches):
-                    np.concatenate([b.values[f] for b in batches], out=self.values[f][sl])
-                    np.concatenate([b.present[f] for b in batches], out=self.present[f][sl])
-                    continue
-                i = at
-                for b in batches:
-                    if f in b.values:
-                        self.values[f][i:i + len(b)] = b.values[f]
-                        self.present[f][i:i + len(b)] = b.present[f]
-                    else:
-                        self.values[f][i:i + len(b)] = np.nan
-                        self.present[f][i:i + len(b)] = False
-                    i += len(b)
-            start = self.end
-            self.end += k
-        return start
-
-    def _grow(self, need: int) -> None:
-        n = self.end - self.origin
-        size = max(need, 2 * len(self.steps), 1024)
-
-        def grown(a: np.ndarray) -> np.ndarray:
-            new = np.empty(size, a.dtype)
-            new[:n] = a[:n]
-            return new
-        # New arrays (a read in progress keeps the old ones, whose slots stay as they were).
-        self.steps, self.ranks = grown(self.steps), grown(self.ranks)
-        self.values = {f: grown(v) for f, v in self.values.items()}
-        self.present = {f: grown(p) for f, p in self.present.items()}
-
-    def read(self, spans: list[tuple[int, int]], fields: list[str]) -> MetricBatch:
-        """A batch of the records in ``spans`` ((start, stop) positions, in order): copies,
-        ``fields`` only (dashboard thread)."""
-        with self._lock:
-            origin, steps, ranks, values, present = self.origin, self.steps, self.ranks, self.values, self.present
-        cuts = [slice(a - origin, b - origin) for a, b in spans]
-        if len(cuts) > 1:   # adjacent spans (a run's consecutive pushes) as one slice
-            merged = [cuts[0]]
-            for c in cuts[1:]:
-                if c.start == merged[-1].stop:
-                    merged[-1] = slice(merged[-1].start, c.stop)
-                else:
-                    merged.append(c)
-            cuts = merged
-
-        def take(a: np.ndarray) -> np.ndarray:
-            return a[cuts[0]].copy() if len(cuts) == 1 else np.concatenate([a[c] for c in cuts])
-        return MetricBatch(take(steps), take(ranks), {f: take(values[f]) for f in fields},
-                           {f: take(present[f]) for f in fields})
-
-    def release(self, upto: int) -> None:
-        """The records before position ``upto`` are folded: their slots are free (dashboard
-        thread). What the writer added since is moved to the front (little: what arrived
-        during the fold)."""
-        with self._lock:
-            cut, n = upto - self.origin, self.end - self.origin
-            if cut <= 0:
-                return
-            if cut >= n and len(self.steps) > MAX_IDLE_SLOTS:
-                self._empty()   # a backlog worked off: its room is not kept
-                self.origin = upto
-                return
-            if cut < n:
-                left = slice(cut, n)
-                self.steps[:n - cut] = self.steps[left]
-                self.ranks[:n - cut] = self.ranks[left]
-                for f in _ORDER:
-                    self.values[f][:n - cut] = self.values[f][left]
-                    self.present[f][:n - cut] = self.present[f][left]
-            self.origin = upto
 
 
 class RollupHub:
@@ -298,7 +140,6 @@ class RollupHub:
         self.tick_interval_s = tick_interval_s
         self.snapshot_every_s = snapshot_every_s
         self.feeds: dict[str, RunFeed] = {}
-        self.held = HeldColumns()     # the queued pushes' records (writer thread in, this one out)
         self.lock = threading.Lock()  # readers (HTTP threads) vs the hub thread
         self.catching_up = True
         self._queue: queue.Queue[list[IngestResult | RunEvent | RunsReleased] | Tick | Flush | Drain | Stop] = \
@@ -362,26 +203,12 @@ class RollupHub:
         """A group commit's results (the pipeline's stage, on the writer thread): queue ours."""
         # One hand-off per group commit, not one per push: a queue put wakes this thread (a
         # lock and a condition) and costs the writer thread more than the rest of this loop.
-        wanted: list[Any] = [res for res in results
-                             if (isinstance(res, IngestResult) and not res.duplicate and res.batch is not None)
-                             or isinstance(res, RunsReleased)
-                             or (isinstance(res, RunEvent) and res.kind in ("finish", "config"))]
-        if not wanted:
-            return
-        # The records of a group commit's large pushes are copied into the held columns (one
-        # copy per column for the group commit) and the pushes let go now: see HeldColumns.
-        # Small ones are queued as they are (little memory; the copy would cost more).
-        batches = [res.batch for res in wanted if isinstance(res, IngestResult) and res.batch is not None]
-        if batches and sum(len(b) for b in batches) >= HOLD_FROM_RECORDS:
-            at = self.held.put(batches)
-            for i, res in enumerate(wanted):
-                if isinstance(res, IngestResult) and res.batch is not None:
-                    b = res.batch
-                    wanted[i] = Queued(res.run_id, res.accepted, False, res.attempt, res.new_attempt, res.chunk_id,
-                                       res.received_at, None, res.run, None, at, at + len(b),
-                                       tuple(f for f in b.values if f in FIELDS))
-                    at += len(b)
-        self._queue.put(wanted)
+        wanted = [res for res in results
+                  if (isinstance(res, IngestResult) and not res.duplicate and res.batch is not None)
+                  or isinstance(res, RunsReleased)
+                  or (isinstance(res, RunEvent) and res.kind in ("finish", "config"))]
+        if wanted:
+            self._queue.put(wanted)
 
     def _tick_loop(self) -> None:
         while not self._stopping.wait(self.tick_interval_s):
@@ -393,15 +220,8 @@ class RollupHub:
         except Exception:
             log.exception("dashboard rollups could not be restored; they fill from new data")
         self.catching_up = False
-        while True:
-            items = coalesce.unpacked(coalesce.take(self._queue))
-            going = handle_in_order(coalesce.group_pushes(items), self._handle_locked, log, "dashboard rollup")
-            # Every push taken is folded (or failed, logged): its held records' slots are free.
-            upto = max((item.stop for item in items if isinstance(item, Queued)), default=None)
-            if upto is not None:
-                self.held.release(upto)
-            if not going:
-                return
+        while handle_in_order(coalesce.group_pushes(coalesce.unpacked(coalesce.take(self._queue))), self._handle_locked,
+                              log, "dashboard rollup"):
             # The run page needs no fresher data than this (it polls every 3 s, and the aligner
             # holds steps back for fuller blocks anyway): pushes gather meanwhile and are folded
             # in one go (one wake-up, one aligned block for many pushes), instead of this thread
@@ -442,7 +262,7 @@ class RollupHub:
                 self.feeds[item.run_id].flush_all()
             return
         if isinstance(item, list):   # a run's pushes (coalesce.group_pushes)
-            self._feed(item[0].run_id).add_pushes(item, self.held)
+            self._feed(item[0].run_id).add_pushes(item)
         elif item.kind == "finish":
             self._feed(item.run_id).flush_all()
         elif item.kind == "config":
