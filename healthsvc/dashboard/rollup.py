@@ -107,11 +107,15 @@ class HeatGrid:
                 setattr(self, name, new)
 
     def add(self, steps: np.ndarray, bin_max: np.ndarray) -> None:
-        """``bin_max``: (n_steps, MAX_RANK_BINS) ratio per rank bin, NaN where no rank reported."""
+        """``bin_max``: (n_steps, bins) ratio per rank bin, NaN where no rank reported; the
+        first ``bins`` of the MAX_RANK_BINS (those after them get nothing)."""
         self.fit_step(int(steps.max()))
         cols = steps // self.step_width
         ok = np.isfinite(bin_max)
-        vals = np.where(ok, bin_max, 0.0).astype(np.float32)
+        if ok.all():   # the usual block: every bin has a rank (no mask to apply)
+            vals = bin_max.astype(np.float32, copy=False)
+        else:
+            vals = np.where(ok, bin_max, 0.0).astype(np.float32)
         if len(cols) > 1 and (np.diff(cols) < 0).any():   # the aligner emits steps in order
             order = np.argsort(cols, kind="stable")
             cols, vals, ok = cols[order], vals[order], ok[order]
@@ -125,8 +129,9 @@ class HeatGrid:
         # Consecutive columns (the usual block): added through a slice, not gathered and
         # scattered by index (a block of 32 one-rank steps: most of the heat's cost).
         where = slice(int(touched[0]), int(touched[-1]) + 1) if touched[-1] - touched[0] == len(touched) - 1 else touched
-        self.sums[:, where] += vals.T
-        self.counts[:, where] += counts.T
+        rows = slice(0, vals.shape[1])
+        self.sums[rows, where] += vals.T
+        self.counts[rows, where] += counts.T
 
     def truncate(self, step: int) -> None:
         """Forget steps >= ``step`` (a new attempt resumes there); the bin holding it is cleared
@@ -173,69 +178,115 @@ class RunRollup:
         self.max_rank = max(self.max_rank, int(block.ranks.max()))
         self.steps_seen += block.n_steps
         self.last_step = max(self.last_step, int(steps.max()))
-        medians = {}   # a field both drawn and heated (step_time) is partitioned once
+        # A field both drawn and heated (step_time) is partitioned once; the rows' minima of a
+        # field whose every value is reported and finite say the heat whether all are positive.
+        medians: dict[str, np.ndarray | None] = {}
+        minima: dict[str, np.ndarray] = {}
         for f in LINE_FIELDS:
             if f in block.values:
-                medians[f] = self._add_line(f, steps, block.values[f], block.present[f])
+                medians[f] = self._add_line(f, steps, block.values[f], block.present[f], minima)
         for f in HEAT_FIELDS:
             if f in block.values and block.present[f].any():
-                self._add_heat(f, steps, block.ranks, block.values[f], block.present[f], medians.get(f))
+                self._add_heat(f, steps, block.ranks, block.values[f], block.present[f], medians.get(f), minima.get(f))
 
-    def _add_line(self, f: str, steps: np.ndarray, v: np.ndarray, p: np.ndarray) -> np.ndarray | None:
-        """Fold the block's cross-rank statistics of ``f``; the medians when every value counted."""
-        finite = p & np.isfinite(v)
+    def _add_line(self, f: str, steps: np.ndarray, v: np.ndarray, p: np.ndarray,
+                  minima: dict[str, np.ndarray] | None = None) -> np.ndarray | None:
+        """Fold the block's cross-rank statistics of ``f``; the medians when every value counted
+        (and then the rows' minima into ``minima[f]``)."""
         st = self.lines[f]
-        med = None
-        if finite.all():   # the usual block: plain reductions, one vectorised median
-            st["median"][steps] = med = _median_of_rows(v)
-            st["min"][steps], st["max"][steps] = v.min(axis=1), v.max(axis=1)
-        else:
-            has = finite.any(axis=1)
-            if has.any():
-                xs = np.where(finite, v, np.nan)[has]
-                st["median"][steps[has]] = row_median(v[has], finite[has])
-                st["min"][steps[has]] = np.nanmin(xs, axis=1)
-                st["max"][steps[has]] = np.nanmax(xs, axis=1)
+        if p.all():
+            # The usual block: every value reported. The rows' minima and maxima are drawn
+            # anyway, and they say whether every value is finite (a NaN makes its row's minimum
+            # NaN, an infinity is its row's minimum or maximum): then no mask is built and
+            # nothing is counted (no value is non-finite, every rank reported).
+            lo, hi = v.min(axis=1), v.max(axis=1)
+            if np.isfinite(lo).all() and np.isfinite(hi).all():
+                st["median"][steps] = med = _median_of_rows(v)
+                st["min"][steps], st["max"][steps] = lo, hi
+                st["nonfinite"][steps] = 0
+                st["reported"][steps] = v.shape[1]
+                if minima is not None:
+                    minima[f] = lo
+                return med
+        finite = p & np.isfinite(v)
+        has = finite.any(axis=1)
+        if has.any():
+            xs = np.where(finite, v, np.nan)[has]
+            st["median"][steps[has]] = row_median(v[has], finite[has])
+            st["min"][steps[has]] = np.nanmin(xs, axis=1)
+            st["max"][steps[has]] = np.nanmax(xs, axis=1)
         st["nonfinite"][steps] = (p & ~np.isfinite(v)).sum(axis=1)
         st["reported"][steps] = p.sum(axis=1)
-        return med
+        return None
 
     def _add_heat(self, f: str, steps: np.ndarray, ranks: np.ndarray, v: np.ndarray, p: np.ndarray,
-                  all_values_median: np.ndarray | None = None) -> None:
+                  all_values_median: np.ndarray | None = None, row_minima: np.ndarray | None = None) -> None:
         """``all_values_median``: the rows' medians over every value, when the line already took
-        them (equal to this field's medians when every value is also positive)."""
+        them (every value reported and finite), ``row_minima`` the rows' minima then; equal to
+        this field's medians when every value is also positive."""
         grid = self.heat.get(f)
         if grid is None:
             grid = self.heat[f] = HeatGrid(rank_width=_pow2_at_least(-(-(self.max_rank + 1) // MAX_RANK_BINS)))
         grid.fit_ranks(self.max_rank + 1)
-        with np.errstate(invalid="ignore"):
-            finite = p & np.isfinite(v) & (v > 0)
-        # np.nanmedian loops over the rows in Python; a step where no rank reported has NaN.
-        if not finite.all():
-            med = row_median(v, finite)
+        if all_values_median is not None and row_minima is not None:
+            clean = bool((row_minima > 0).all())
+            med = all_values_median
         else:
-            med = _median_of_rows(v) if all_values_median is None else all_values_median
-        with np.errstate(all="ignore"):
-            ratio = np.where(finite, v / med[:, None], _NO_RANK)
-        # Scatter ranks (ids, maybe sparse) into full-width rows, then max over each bin. A ratio
-        # is positive (or NaN: a step with no median), so the bins no rank filled keep the
-        # negative marker through the max and become NaN after it (np.nanmax costs ~3x as much).
-        width = grid.rank_width * MAX_RANK_BINS
+            # Not a line field (compute_time), or a line with missing or non-finite values: every
+            # value reported, finite and positive (NaN fails both comparisons) takes no mask.
+            clean = bool(p.all()) and bool((v.min(axis=1) > 0).all()) and bool((v.max(axis=1) < np.inf).all())
+            med = None
+        # Only the bins up to the block's highest rank: the others would only add zeros (a run
+        # of 64 ranks fills 64 of the 256 bins; the bins no rank filled count nothing either way).
+        bins = min(MAX_RANK_BINS, -(-(int(ranks.max()) + 1) // grid.rank_width))
+        width = grid.rank_width * bins
         n = len(ranks)
-        if n and ranks[0] == 0 and ranks[-1] == n - 1:
-            # A block's ranks are increasing: these are ranks 0..n-1 (the usual block), a slice
-            # of the row, not a scatter by index (numpy's fancy assignment along the rows' axis
-            # was most of the heat's cost, a slice a small part of it: timed in process).
-            if n == width:
-                full = ratio.astype(np.float32)
+        dense = bool(n) and ranks[0] == 0 and ranks[-1] == n - 1
+        if clean:
+            # Every ratio is a value over its row's median: divided straight into the float32
+            # row (numpy divides in float64 and rounds once, as the cast of the masked ratios
+            # below does). The same numbers as the general way, without its masks.
+            if med is None:
+                med = _median_of_rows(v)
+            if dense and n == width:
+                full = np.empty((len(steps), width), np.float32)
+                np.divide(v, med[:, None], out=full, casting="unsafe")
             else:
                 full = np.full((len(steps), width), _NO_RANK, np.float32)
-                full[:, :n] = ratio
+                if dense:
+                    np.divide(v, med[:, None], out=full[:, :n], casting="unsafe")
+                else:
+                    full[:, ranks] = v / med[:, None]
         else:
-            full = np.full((len(steps), width), _NO_RANK, np.float32)
-            full[:, ranks] = ratio
-        bin_max = _max_of_bins(full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width))
-        bin_max[bin_max == _NO_RANK] = np.nan
+            with np.errstate(invalid="ignore"):
+                finite = p & np.isfinite(v) & (v > 0)
+            # np.nanmedian loops over the rows in Python; a step where no rank reported has NaN.
+            if not finite.all():
+                med = row_median(v, finite)
+            elif med is None:
+                med = _median_of_rows(v)
+            with np.errstate(all="ignore"):
+                ratio = np.where(finite, v / med[:, None], _NO_RANK)
+            # Scatter ranks (ids, maybe sparse) into full-width rows, then max over each bin. A
+            # ratio is positive (or NaN: a step with no median), so the bins no rank filled keep
+            # the negative marker through the max and become NaN after it (np.nanmax costs ~3x
+            # as much).
+            if dense:
+                # A block's ranks are increasing: these are ranks 0..n-1 (the usual block), a
+                # slice of the row, not a scatter by index (numpy's fancy assignment along the
+                # rows' axis was most of the heat's cost, a slice a small part of it: timed in
+                # process).
+                if n == width:
+                    full = ratio.astype(np.float32)
+                else:
+                    full = np.full((len(steps), width), _NO_RANK, np.float32)
+                    full[:, :n] = ratio
+            else:
+                full = np.full((len(steps), width), _NO_RANK, np.float32)
+                full[:, ranks] = ratio
+        bin_max = _max_of_bins(full.reshape(len(steps), bins, grid.rank_width))
+        if not (clean and dense and n == width):   # else every bin holds a rank's ratio
+            bin_max[bin_max == _NO_RANK] = np.nan
         grid.add(steps, bin_max)
 
     def truncate(self, step: int) -> None:

@@ -152,3 +152,63 @@ def test_a_blocks_heat_is_the_ranks_scattered_into_their_bins_whatever_ranks_it_
         got = grid.sums[:, cols].T
         assert np.array_equal(grid.counts[:, cols].T, np.isfinite(want).astype(np.float32)), trial
         assert np.array_equal(got, np.where(np.isfinite(want), want, 0.0)), trial
+
+
+def test_a_blocks_lines_and_heat_are_the_masked_statistics_whether_or_not_every_value_counts():
+    # A block whose every value is reported, finite and positive (the usual one) is folded
+    # without masks; any other by them. Either way each step's line is the median, min and max
+    # of its reported finite values with their counts, and its heat each bin's largest ratio of a
+    # reported finite positive value to their median (float32, rounded once): computed here
+    # row by row, for blocks of every kind (one NaN, an infinity, a zero or negative value, a
+    # missing value, huge ratios) over widths below, at and above the grid's 256 bins.
+    rng = np.random.default_rng(11)
+    kinds = ("clean", "nan", "inf", "-inf", "negative", "zero", "missing", "huge")
+    for trial in range(96):
+        kind = kinds[trial % len(kinds)]
+        n_ranks = int(rng.choice([1, 2, 3, 64, 256, 300, 1024]))
+        ranks = np.arange(n_ranks) if trial % 5 else np.sort(rng.choice(3 * n_ranks, n_ranks, replace=False))
+        steps = np.arange(20 * trial, 20 * trial + int(rng.integers(1, 18)))
+        values, present = {}, {}
+        for f in ("loss", "grad_norm", "step_time", "compute_time"):
+            v = rng.uniform(0.5, 2.0, (len(steps), n_ranks)) * 10.0 ** int(rng.integers(-4, 4))
+            p = np.ones(v.shape, bool)
+            cell = (int(rng.integers(len(steps))), int(rng.integers(n_ranks)))
+            if f in ("step_time", "compute_time") or rng.random() < 0.5:
+                if kind == "missing":
+                    p[cell] = False
+                elif kind == "huge":
+                    v[cell] = 1e308 if rng.random() < 0.5 else 1e-300
+                elif kind != "clean":
+                    v[cell] = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "negative": -v[cell], "zero": 0.0}[kind]
+            values[f], present[f] = v, p
+        r = RunRollup()
+        with np.errstate(all="ignore"):
+            r.add_block(StepBlock(steps, ranks, {f: v.copy() for f, v in values.items()},
+                                  {f: p.copy() for f, p in present.items()}))
+        for f in ("loss", "grad_norm", "step_time"):
+            v, p = values[f], present[f]
+            ok = p & np.isfinite(v)
+            st = {k: a[steps] for k, a in r.lines[f].items()}
+            for i in range(len(steps)):
+                row = v[i][ok[i]]
+                want = (np.median(row), row.min(), row.max()) if len(row) else (np.nan, np.nan, np.nan)
+                got = (st["median"][i], st["min"][i], st["max"][i])
+                with np.errstate(over="ignore"):   # 1e308 is inf in float32, there as here
+                    want = np.array(want, np.float32)
+                assert np.array_equal(np.array(got), want, equal_nan=True), (trial, kind, f, i)
+            assert np.array_equal(st["nonfinite"], (p & ~np.isfinite(v)).sum(axis=1)), (trial, kind, f)
+            assert np.array_equal(st["reported"], p.sum(axis=1)), (trial, kind, f)
+        for f in ("step_time", "compute_time"):
+            v, p = values[f], present[f]
+            grid = r.heat[f]
+            with np.errstate(invalid="ignore"):
+                ok = p & np.isfinite(v) & (v > 0)
+            med = np.array([np.median(row[m]) if m.any() else np.nan for row, m in zip(v, ok)])
+            full = np.full((len(steps), grid.rank_width * MAX_RANK_BINS), -1.0, np.float32)
+            with np.errstate(all="ignore"):
+                full[:, ranks] = np.where(ok, v / med[:, None], -1.0)
+            want = full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width).max(axis=2)
+            want[want == -1.0] = np.nan
+            cols = steps // grid.step_width
+            assert np.array_equal(grid.counts[:, cols].T, np.isfinite(want).astype(np.float32)), (trial, kind, f)
+            assert np.array_equal(grid.sums[:, cols].T, np.where(np.isfinite(want), want, 0.0)), (trial, kind, f)
