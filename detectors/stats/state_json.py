@@ -15,14 +15,22 @@ import numpy as np
 
 def array_to_json(a: np.ndarray) -> list:
     # JSON has no NaN: encode non-finite floats as strings so state survives any JSON encoder.
-    if a.dtype.kind == "f":
-        return [float(v) if math.isfinite(v) else repr(float(v)) for v in a.tolist()]
-    return a.tolist()
+    # numpy's tolist() makes the list in C; only the non-finite entries are replaced, by index
+    # (a 16,384-rank run's detector state has several such arrays, written every few seconds
+    # on the run owner's thread: a loop over every value held its pages back by a second).
+    out = a.tolist()
+    if a.dtype.kind == "f" and a.ndim == 1:
+        for i in np.flatnonzero(~np.isfinite(a)).tolist():
+            out[i] = repr(out[i])
+    elif a.dtype.kind == "f":
+        return [float(v) if math.isfinite(v) else repr(float(v)) for v in out]
+    return out
 
 
 def array_from_json(values: list, dtype: np.dtype) -> np.ndarray:
     if dtype.kind == "f":
-        return np.array([float(v) for v in values], dtype=dtype)
+        # numpy reads the strings 'nan', 'inf' and '-inf' itself, as float() does.
+        return np.asarray(values, dtype=dtype)
     return np.asarray(values, dtype=dtype)
 
 

@@ -88,6 +88,27 @@ class RunAlerts(Protocol):
 
 
 
+# A snapshot holds the run's owner for as long as it takes, and that grows with the run: a
+# 16,384-rank job's detector state took most of a second of this thread (bench/alert_latency.py
+# --load --load-ranks 16384), during which nothing is judged and no page is folded. So a
+# snapshot that took long is followed by a longer wait, SNAPSHOT_COST_RATIO times its cost:
+# snapshots take at most 1/ratio of the owner's time whatever the run's size, and a page waits
+# behind one rarely. A snapshot quicker than SNAPSHOT_COST_FLOOR_S keeps snapshot_every_s (a
+# small run's interval does not follow the machine's noise). The price: a restart or a takeover
+# replays the chunks of a longer interval (a 16,384-rank job: about 80 s of them).
+SNAPSHOT_COST_RATIO = 100.0
+SNAPSHOT_COST_FLOOR_S = 0.05
+
+
+def snapshot_wait(every_s: float, cost_s: float) -> float:
+    """How long after a snapshot that took ``cost_s`` the run's next one waits.
+
+    >>> snapshot_wait(5.0, 0.002), snapshot_wait(5.0, 0.8)
+    (5.0, 80.0)
+    """
+    return every_s if cost_s < SNAPSHOT_COST_FLOOR_S else max(every_s, SNAPSHOT_COST_RATIO * cost_s)
+
+
 def _dump_state(state: dict) -> bytes:
     """The state as JSON that ``json.loads`` reads back equal to it, NaN and Infinity kept.
 
@@ -110,7 +131,7 @@ class MonitorHub:
     def __init__(self, store: Store, findings: FindingsService, *, clock: Callable[[], float] = time.time,
                  tick_interval_s: float = 1.0, snapshot_every_s: float = 5.0, align_timeout_s: float = 5.0,
                  ownership: RunOwnership | None = None, release_after_s: float = 0.0,
-                 alerts: RunAlerts | None = None) -> None:
+                 alerts: RunAlerts | None = None, cost_clock: Callable[[], float] = time.perf_counter) -> None:
         self.store = store
         self.ownership: RunOwnership = ownership or SoleOwner()
         # The runs' alerts: told (on this thread) when a run is taken over here or let go,
@@ -122,7 +143,8 @@ class MonitorHub:
         self.snapshot_every_s = snapshot_every_s
         self.align_timeout_s = align_timeout_s
         self.monitors: dict[str, RunMonitor] = {}
-        self._last_snapshot: dict[str, float] = {}
+        self._next_snapshot: dict[str, float] = {}   # run -> when its next snapshot is due
+        self._cost_clock = cost_clock
         # Which chunks each run's monitor was fed (see _seen), kept as the ownership says.
         self._fed = self.ownership.fed_chunks()
         self._queue: queue.Queue[MonitorInput | list[IngestResult | RunEvent]] = queue.Queue()
@@ -409,7 +431,7 @@ class MonitorHub:
         if self.monitors.pop(run_id, None) is not None:
             log.info("run %s is watched by another replica now", run_id)
             self._alerts_owned(run_id, False)
-        self._last_snapshot.pop(run_id, None)
+        self._next_snapshot.pop(run_id, None)
         self._fed.forget(run_id)
         self.findings.forget(run_id)
         self._recording.pop(run_id, None)
@@ -478,15 +500,16 @@ class MonitorHub:
         """Save the run's detector state now and then (``force``: now); the store's future, or
         None when nothing was saved."""
         now = self.clock()
-        if not force and now - self._last_snapshot.get(run_id, 0.0) < self.snapshot_every_s:
+        if not force and now < self._next_snapshot.get(run_id, 0.0):
             return None
         if not self.ownership.owns(run_id) or not self._settled(run_id):
             return None
         mon = self.monitors[run_id]
+        began = self._cost_clock()
         state = mon.state_dict()
         state["saved_at"] = now
         blob = _dump_state(state)
-        self._last_snapshot[run_id] = now
+        self._next_snapshot[run_id] = now + snapshot_wait(self.snapshot_every_s, self._cost_clock() - began)
         # Fenced: a replica that lost the run meanwhile must not overwrite the new owner's snapshot.
         return self.store.save_snapshot(run_id, "monitor", mon.watermark, blob, fence=self.ownership.fence(run_id))
 
@@ -520,7 +543,7 @@ class MonitorHub:
             log.warning("run %s: snapshot before letting go failed; kept", run_id, exc_info=True)
             return
         self.monitors.pop(run_id, None)
-        self._last_snapshot.pop(run_id, None)
+        self._next_snapshot.pop(run_id, None)
         self._fed.forget(run_id)
         self.findings.forget(run_id)   # its stored identities: read again if it comes back
         self._recording.pop(run_id, None)
@@ -551,7 +574,7 @@ class MonitorHub:
         """Per-run state this hub holds, by kind: monitors, leases kept for alerting after the
         monitor was let go, and the chunk bookkeeping of replicas (the memory test counts them)."""
         return {"monitors": len(self.monitors), "parked": len(self._parked), "fed": len(self._fed),
-                "snapshot_times": len(self._last_snapshot), "config_errors": len(self.config_errors),
+                "snapshot_times": len(self._next_snapshot), "config_errors": len(self.config_errors),
                 "unstored": len(self._unstored)}
 
     def _restore(self) -> None:
