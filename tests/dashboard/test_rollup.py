@@ -140,18 +140,7 @@ def test_a_blocks_heat_is_the_ranks_scattered_into_their_bins_whatever_ranks_it_
         ct[rng.random(ct.shape) < 0.05] = np.nan
         r = RunRollup()
         r.add_block(StepBlock(steps, ranks, {"compute_time": ct}, {"compute_time": present}))
-        grid = r.heat["compute_time"]
-        ok = present & np.isfinite(ct) & (ct > 0)
-        med = np.array([np.median(row[m]) if m.any() else np.nan for row, m in zip(ct, ok)])
-        full = np.full((len(steps), grid.rank_width * MAX_RANK_BINS), -1.0, np.float32)
-        with np.errstate(invalid="ignore"):
-            full[:, ranks] = np.where(ok, ct / med[:, None], -1.0)
-        want = full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width).max(axis=2)
-        want[want == -1.0] = np.nan
-        cols = steps // grid.step_width
-        got = grid.sums[:, cols].T
-        assert np.array_equal(grid.counts[:, cols].T, np.isfinite(want).astype(np.float32)), trial
-        assert np.array_equal(got, np.where(np.isfinite(want), want, 0.0)), trial
+        assert_heat_is_the_row_by_row_ratio(r.heat["compute_time"], ct, present, steps, ranks, trial)
 
 
 def test_a_blocks_lines_and_heat_are_the_masked_statistics_whether_or_not_every_value_counts():
@@ -199,16 +188,20 @@ def test_a_blocks_lines_and_heat_are_the_masked_statistics_whether_or_not_every_
             assert np.array_equal(st["nonfinite"], (p & ~np.isfinite(v)).sum(axis=1)), (trial, kind, f)
             assert np.array_equal(st["reported"], p.sum(axis=1)), (trial, kind, f)
         for f in ("step_time", "compute_time"):
-            v, p = values[f], present[f]
-            grid = r.heat[f]
-            with np.errstate(invalid="ignore"):
-                ok = p & np.isfinite(v) & (v > 0)
-            med = np.array([np.median(row[m]) if m.any() else np.nan for row, m in zip(v, ok)])
-            full = np.full((len(steps), grid.rank_width * MAX_RANK_BINS), -1.0, np.float32)
-            with np.errstate(all="ignore"):
-                full[:, ranks] = np.where(ok, v / med[:, None], -1.0)
-            want = full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width).max(axis=2)
-            want[want == -1.0] = np.nan
-            cols = steps // grid.step_width
-            assert np.array_equal(grid.counts[:, cols].T, np.isfinite(want).astype(np.float32)), (trial, kind, f)
-            assert np.array_equal(grid.sums[:, cols].T, np.where(np.isfinite(want), want, 0.0)), (trial, kind, f)
+            assert_heat_is_the_row_by_row_ratio(r.heat[f], values[f], present[f], steps, ranks, (trial, kind, f))
+
+
+def assert_heat_is_the_row_by_row_ratio(grid, v, present, steps, ranks, what) -> None:
+    """Each heat bin of each step holds the largest ratio of a reported finite positive value of
+    its ranks to the step's median of those (float32; empty bins count 0), computed row by row."""
+    with np.errstate(invalid="ignore"):
+        ok = present & np.isfinite(v) & (v > 0)
+    med = np.array([np.median(row[m]) if m.any() else np.nan for row, m in zip(v, ok)])
+    full = np.full((len(steps), grid.rank_width * MAX_RANK_BINS), -1.0, np.float32)
+    with np.errstate(all="ignore"):
+        full[:, ranks] = np.where(ok, v / med[:, None], -1.0)
+    want = full.reshape(len(steps), MAX_RANK_BINS, grid.rank_width).max(axis=2)
+    want[want == -1.0] = np.nan
+    cols = steps // grid.step_width
+    assert np.array_equal(grid.counts[:, cols].T, np.isfinite(want).astype(np.float32)), what
+    assert np.array_equal(grid.sums[:, cols].T, np.where(np.isfinite(want), want, 0.0)), what
