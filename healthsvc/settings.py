@@ -36,7 +36,8 @@ class Settings(BaseSettings):
     max_metric_names: int = Field(1024, ge=1, le=1_000_000, description="Most distinct metric names (fields) one run may have; "
                                                                        "a push that would take a run beyond is a 422.")
     dedupe_window_s: float = Field(3600.0, gt=0, description="How long a re-sent batch is recognised as a duplicate, seconds.")
-    snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds.")
+    snapshot_every_s: float = Field(5.0, gt=0, description="How often run state is snapshotted, seconds (a run whose "
+                                  "detector-state snapshot took over 50 ms waits 100 times that, if longer).")
     run_release_after_s: float = Field(600.0, ge=0, description="A finished run with no input for this long "
                                        "is let go from memory (its state stays in the store and is restored if "
                                        "it is pushed to again), seconds; 0 keeps every run in memory.")
