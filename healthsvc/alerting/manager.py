@@ -61,7 +61,8 @@ from healthsvc.alerting.notifier import (  # noqa: F401 - HandOff: the delivery 
 from healthsvc.alerting.policy import Matcher, PolicyConfig, Silence, inhibited
 from healthsvc.alerting.subscription import Subscription
 from healthsvc.ownership import RunOwnership, SoleOwner
-from healthsvc.store.outbox import Ops, Outbox
+from healthsvc.store.ops import Ops, apply_ops
+from healthsvc.store.outbox import Outbox
 
 __all__ = ["AlertManager", "AlertingError", "NotFound", "ReadOnly"]
 
@@ -79,7 +80,7 @@ def changes(method: F) -> F:
     returns its value once the job is durable (raises what the method or the write raised)."""
     @functools.wraps(method)
     def changed(self: "AlertManager", *args: Any, **kwargs: Any) -> Any:
-        return self._change(lambda: method(self, *args, **kwargs)).result(timeout=CHANGE_TIMEOUT_S)
+        return self._change(lambda: method(self, *args, **kwargs))[0].result(timeout=CHANGE_TIMEOUT_S)
     return changed  # type: ignore[return-value]
 
 
@@ -134,14 +135,16 @@ class AlertManager:
 
     # -- the one way state changes ---------------------------------------------------------------
 
-    def _change(self, change: Callable[[], T], write: Callable[[Ops], "Future[Any]"] | None = None) -> "Future[T]":
+    def _change(self, change: Callable[[], T], write: Callable[[Ops], "Future[Any]"] | None = None
+                ) -> "tuple[Future[T], Future[Any] | None]":
         """Make ``change()`` under the lock with its writes collected, and submit them while the
-        lock is held (``write(ops)``: a job of the caller's that applies them, the findings
-        job; by default a job of their own). The future resolves to ``change``'s value once the
-        job is durable. What ``change`` decided before it raised is written too (it is in
-        memory), and its error raised after. A write that fails marks memory as ahead of the
-        store: the next change reads the store back first; if that read fails, so does the
-        change (nothing made, nothing written). Never raises: every error is the future's."""
+        lock is held (``write(ops)``: a job of the caller's that applies them, such as the
+        findings job; by default a job of their own). Returns a future of ``change``'s value,
+        resolved once the job is durable, and the job's own future (None: no job). What
+        ``change`` decided before it raised is written too (it is in memory), and its error
+        raised after. A write that fails marks memory as ahead of the store: the next change
+        reads the store back first; if that read fails, so does the change (nothing made,
+        nothing written). Never raises: every error is the futures'."""
         done: Future[T] = Future()
         with self._lock:
             try:
@@ -149,7 +152,7 @@ class AlertManager:
                     self._resync()
             except Exception as exc:  # noqa: BLE001 - the store is still down: the caller retries
                 done.set_exception(exc)
-                return done
+                return done, None
             with self.outbox.collect() as ops:
                 try:
                     value, error = change(), None
@@ -160,8 +163,9 @@ class AlertManager:
                     done.set_exception(error)
                 else:
                     done.set_result(value)  # type: ignore[arg-type]
-                return done
-            job = write(ops) if write is not None else self.outbox.submit(ops)
+                return done, None
+            job = write(ops) if write is not None else self.outbox.submit_job(lambda conn: apply_ops(conn, ops))
+        job.add_done_callback(lambda fut: ops.ended(fut.exception() is None))
 
         def finished(fut: "Future[Any]") -> None:
             exc = fut.exception()
@@ -173,7 +177,7 @@ class AlertManager:
             else:
                 done.set_result(value)  # type: ignore[arg-type]
         job.add_done_callback(finished)
-        return done
+        return done, job
 
     def _resync(self) -> None:
         """Memory is ahead of the store (a change's job failed): wait for the jobs submitted
@@ -205,14 +209,9 @@ class AlertManager:
             for at, of_time in itertools.groupby(findings, key=lambda item: item[2]):
                 out += self._notifier.process(run_id, [(f, hosts) for f, hosts, _ in of_time], at, target)
             return out
-        held: dict[str, Any] = {}
-
-        def write_keeping(ops: Ops) -> "Future[Any]":
-            held["job"] = self.outbox.when_durable(write(ops), ops)
-            return held["job"]
-        folded = self._change(change, write_keeping)
+        folded, job = self._change(change, write)
         folded.add_done_callback(_log_fold_error)
-        return held.get("job", folded)   # no job: the read-back before it failed
+        return job or folded   # no job: the read-back before it failed
 
     def process(self, run_id: str, findings: Iterable[tuple[Finding, Sequence[str | None]]], now: float,
                 *, rollback_target: Any = NOT_GIVEN) -> list[str]:
@@ -221,7 +220,7 @@ class AlertManager:
         findings' own job, :meth:`fold`). Each finding comes with the host of each rank it
         blames (None where unknown). ``rollback_target``: for a corruption alert that opens
         here (not given: looked up with ``rollback_lookup``)."""
-        return self._change(lambda: self._notifier.process(run_id, findings, now, rollback_target)).result(
+        return self._change(lambda: self._notifier.process(run_id, findings, now, rollback_target))[0].result(
             timeout=CHANGE_TIMEOUT_S)
 
     @changes
@@ -232,7 +231,7 @@ class AlertManager:
     def tick_later(self, now: float) -> Future[list[str]]:
         """:meth:`tick` as one job the caller does not wait for (the run's owner ticks its
         alerts between its detectors' inputs); resolves once the job is durable."""
-        return self._change(lambda: self._tick(now))
+        return self._change(lambda: self._tick(now))[0]
 
     def _tick(self, now: float) -> list[str]:
         if not self._ownership.holds_every_run():
@@ -310,14 +309,13 @@ class AlertManager:
             self._notifier.drop_subscription(sub_id)
             deleted.append(sub_id)
 
-        def write(ops: Ops) -> "Future[int]":
-            def job(conn: Any) -> int:
-                self.outbox.apply(conn, ops)
-                return self.outbox.cancel_pending_in(conn, sub_id, now) if deleted else 0
-            return self.outbox.submit_job(job, ops)
-        cancelled: dict[str, int] = {}
-        self._change(change, lambda ops: _keep(write(ops), cancelled)).result(timeout=CHANGE_TIMEOUT_S)
-        return cancelled["value"]
+        def job(conn: Any, ops: Ops) -> int:
+            apply_ops(conn, ops)
+            return self.outbox.cancel_pending(conn, sub_id, now) if deleted else 0
+        done, written = self._change(change, lambda ops: self.outbox.submit_job(lambda conn: job(conn, ops)))
+        done.result(timeout=CHANGE_TIMEOUT_S)   # raises what the deletion or its job raised
+        assert written is not None
+        return int(written.result())
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -392,15 +390,6 @@ class AlertManager:
         mutes its pages within a tick."""
         self._silences.reload()
         self._subscriptions.reload()
-
-
-def _keep(job: "Future[Any]", into: dict[str, Any]) -> "Future[Any]":
-    """``job``, keeping its value in ``into["value"]`` once it resolves."""
-    def keep(done: "Future[Any]") -> None:
-        if done.exception() is None:
-            into["value"] = done.result()
-    job.add_done_callback(keep)
-    return job
 
 
 def _log_fold_error(folded: "Future[Any]") -> None:

@@ -95,18 +95,14 @@ class Notifier:
         self._hand_off = hand_off
         self._rollback_lookup = rollback_lookup
         self._on_changed_elsewhere = on_changed_elsewhere
-        every = ownership.holds_every_run()
-        self._alerts: dict[str, Alert] = (
-            {k: Alert.from_dict(v) for k, v in outbox.records("alert").items()} if every else {})
-        self._nflog: dict[tuple[str, str], NotificationLogEntry] = (
-            {_log_key(k): NotificationLogEntry.from_dict(v) for k, v in outbox.records("nflog").items()}
-            if every else {})
+        self._alerts: dict[str, Alert] = {}
+        self._nflog: dict[tuple[str, str], NotificationLogEntry] = {}
         self._groups: dict[str, _Group] = {}
-        self._rebuild_groups()
-        self._changed_runs: set[str] = set(self._groups)   # runs whose alerts changed (pass-through)
+        self._changed_runs: set[str] = set()   # runs whose alerts changed (pass-through)
         # (subscription, run) -> last time an alertmanager_api receiver got every firing alert
         # (memory only: after a restart the first re-send is at once, which is harmless).
         self._resent_at: dict[tuple[str, str], float] = {}
+        self.reload()   # every run's, where one process holds them all; else none yet
 
     def __len__(self) -> int:
         return len(self._alerts)
@@ -222,11 +218,13 @@ class Notifier:
     # -- the runs held ------------------------------------------------------------------------
 
     def reload(self) -> None:
-        """Read every held run's alerts and notification log back from the store (a change's job
-        failed, so memory was ahead of it): every run where one process holds them all, else
-        the runs held."""
+        """Read the alerts and the notification log of the runs held back from the store (at
+        start, and when a change's job failed, leaving memory ahead of it): every run where one
+        process holds them all, else the runs held (none at start)."""
         every = self._ownership.holds_every_run()
         held = {a.run for a in self._alerts.values()} | {run for _, run in self._nflog}
+        if not every and not held:
+            return
         alerts = {k: Alert.from_dict(v) for k, v in self.outbox.records("alert").items()}
         nflog = {_log_key(k): NotificationLogEntry.from_dict(v) for k, v in self.outbox.records("nflog").items()}
         self._alerts = {k: a for k, a in alerts.items() if every or a.run in held}
@@ -283,7 +281,7 @@ class Notifier:
         tell = self._on_changed_elsewhere
         if tell is None or self._ownership.owns(run_id):
             return
-        self._when_durable(lambda durable: tell(run_id) if durable else None)
+        self._when_written(lambda durable: tell(run_id) if durable else None)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -398,7 +396,7 @@ class Notifier:
                 handed.append(wid)
         self.counters.notifications[reason.value] = self.counters.notifications.get(reason.value, 0) + 1
         if ids:
-            self._when_durable(functools.partial(self._enqueued, handed))
+            self._when_written(functools.partial(self._enqueued, handed))
         return ids
 
     def _enqueued(self, handed: list[str], durable: bool) -> None:
@@ -414,9 +412,10 @@ class Notifier:
         if durable and self._on_enqueue is not None:
             self._on_enqueue()
 
-    def _when_durable(self, callback: Callable[[bool], None]) -> None:
+    def _when_written(self, callback: Callable[[bool], None]) -> None:
         """The notifier's one after-commit registration: ``callback(durable)`` runs once the
-        job that writes the current change (the findings job, or a change's own) ended."""
+        job that writes the current change (the findings job, or a change's own) ended, told
+        whether it is durable."""
         self.outbox.after_commit(callback)
 
     def _pass_through(self, now: float) -> list[str]:

@@ -76,7 +76,7 @@ class AlertingService:
                  ownership: RunOwnership | None = None) -> None:
         self.outbox = outbox
         # A run's alert lifecycle is its owner's (healthsvc.ownership): where runs change hands
-        # (replicas), a run taken over is loaded from the store (_adopt).
+        # (replicas), a run taken over is loaded from the store (owned).
         self.ownership: RunOwnership = ownership or SoleOwner()
         self.settings = settings
         self.clock = clock
@@ -122,8 +122,8 @@ class AlertingService:
             return write(Ops())
         now = self.clock()
         items = [(f, hosts, now if at is None else min(now, at)) for f, hosts, at in found]
-        lookup = self.rollback_lookup
-        target = None if lookup is None else (lambda: self._rollback_target(run_id, attempt, [f for f, _, _ in found]))
+        target = (None if self.rollback_lookup is None
+                  else lambda: self._rollback_target(run_id, attempt, [f for f, _, _ in found]))
         return m.fold(run_id, items, rollback_target=target, write=write)
 
     def _rollback_target(self, run_id: str, attempt: int, findings: list) -> dict[str, Any] | None:

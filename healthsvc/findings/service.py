@@ -16,7 +16,7 @@ from healthsvc_detectors.finding import Finding
 from healthsvc.identity import condition_key, occurrence_key
 from healthsvc.store.findings import FindingsRecorded, StoredFinding
 from healthsvc.store.interface import Store
-from healthsvc.store.outbox import Ops
+from healthsvc.store.ops import Ops
 
 __all__ = ["AlertStage", "FindingsRecorded", "FindingsService", "StoredFinding"]
 

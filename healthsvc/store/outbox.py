@@ -41,10 +41,9 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, Sequenc
 
 from healthsvc.encode import jsonable
 from healthsvc.store import outbox_tables
-from healthsvc.store.ops import Ops, apply_ops
+from healthsvc.store.ops import Ops
 
 T = TypeVar("T")
-
 
 
 
@@ -128,10 +127,10 @@ class Outbox:
       writer. Its tables are created by the store's migrations (``healthsvc.store.migrations``);
       use it once the store is open.
 
-    The alert manager's writes (records, enqueued deliveries, cancellations) are made inside
-    :meth:`collect`: they become :class:`Ops`, which its caller submits as one job
-    (:meth:`submit`, or with the findings that caused them). The delivery worker's writes
-    (claims, attempts) are jobs of their own, made at once.
+    The alert manager's writes (records, enqueued deliveries) are made inside :meth:`collect`:
+    they become :class:`Ops`, which its caller writes as one job (:meth:`submit_job`, or the
+    findings job of the findings that caused them). The delivery worker's writes (claims,
+    attempts) are jobs of their own, made at once.
     """
 
     def __init__(self, db: "str | Path | StoreLike") -> None:
@@ -157,9 +156,9 @@ class Outbox:
     @contextmanager
     def collect(self) -> Iterator[Ops]:
         """On this thread, until the block ends, the outbox's writes of alert state
-        (:meth:`put_record`, :meth:`delete_record`, :meth:`enqueue`, :meth:`cancel_pending`)
-        and :meth:`after_commit` callbacks are collected into the yielded :class:`Ops` instead of
-        run: the caller makes its change in memory and writes it as one job."""
+        (:meth:`put_record`, :meth:`delete_record`, :meth:`enqueue`) and :meth:`after_commit`
+        callbacks are collected into the yielded :class:`Ops` instead of run: the caller makes
+        its change in memory and writes it as one job (``apply_ops`` in it; ``Ops.ended`` after)."""
         outer = getattr(self._collecting, "ops", None)
         ops = Ops()
         self._collecting.ops = ops
@@ -168,43 +167,27 @@ class Outbox:
         finally:
             self._collecting.ops = outer
 
-    apply = staticmethod(apply_ops)
-
-    def submit(self, ops: Ops) -> "Future[None]":
-        """Write ``ops`` as one job; the future resolves once it is durable and its callbacks ran
-        (on the writer thread: they only hand work on). Not waited for here: a caller holding a
-        lock submits under it, so jobs reach the writer in the order their changes were made."""
-        return self.submit_job(lambda conn: self.apply(conn, ops), ops)
-
-    def submit_job(self, job: Callable[[Any], T], ops: Ops) -> "Future[T]":
-        """``job`` as one writer job, then ``ops.after`` once it ended (see :meth:`submit`)."""
-        if self._store is None:   # the own connection: at once
-            done: Future[T] = Future()
-            try:
-                with self._lock:
-                    self._execute("BEGIN IMMEDIATE")
-                    try:
-                        value = job(self._conn)
-                    except BaseException:
-                        self._execute("ROLLBACK")
-                        raise
-                    self._execute("COMMIT")
-            except Exception as exc:  # noqa: BLE001 - handed to the future's reader
-                ops.ended(False)
-                done.set_exception(exc)
-                return done
-            ops.ended(True)
-            done.set_result(value)
+    def submit_job(self, job: Callable[[Any], T]) -> "Future[T]":
+        """``job`` as one writer job, not waited for (a caller holding a lock submits under it,
+        so jobs reach the writer in the order their changes were made); on the outbox's own
+        connection, run at once."""
+        if self._store is not None:
+            return self._store.write(job)
+        done: Future[T] = Future()
+        try:
+            with self._lock:
+                self._execute("BEGIN IMMEDIATE")
+                try:
+                    value = job(self._conn)
+                except BaseException:
+                    self._execute("ROLLBACK")
+                    raise
+                self._execute("COMMIT")
+        except Exception as exc:  # noqa: BLE001 - handed to the future's reader
+            done.set_exception(exc)
             return done
-        return self.when_durable(self._store.write(job), ops)
-
-    @staticmethod
-    def when_durable(job: "Future[T]", ops: Ops) -> "Future[T]":
-        """Run ``ops.after`` once ``job`` (the job that applies ``ops``) ended, told whether it is
-        durable; ``job``."""
-        if ops.after:
-            job.add_done_callback(lambda f: ops.ended(f.exception() is None))
-        return job
+        done.set_result(value)
+        return done
 
     def after_commit(self, callback: Callable[[bool], None]) -> None:
         """Run ``callback(durable)`` once the job of this thread's collected writes ended
@@ -215,18 +198,18 @@ class Outbox:
         elif callback not in ops.after:
             ops.after.append(callback)
 
-    def _change(self, sql: str, args: tuple) -> int | None:
-        """A write of alert state: collected (:meth:`collect`; no row count), else one job now."""
+    def _change(self, sql: str, args: tuple) -> None:
+        """A write of alert state: collected (:meth:`collect`), else one job now."""
         ops = getattr(self._collecting, "ops", None)
         if ops is not None:
             ops.statements.append((sql, args))
-            return None
-        return self._write(lambda conn: conn.execute(sql, args).rowcount)
+        else:
+            self._write(lambda conn: conn.execute(sql, args))
 
     def _write(self, job: Callable[[sqlite3.Connection], T]) -> T:
         if self._store is not None:
             return self._store.write(job).result(timeout=60)
-        return self.submit_job(job, Ops()).result()
+        return self.submit_job(job).result()
 
     def _execute(self, sql: str) -> None:
         with self._lock:
@@ -391,13 +374,10 @@ class Outbox:
             "UPDATE alert_outbox SET next_attempt_at = ? WHERE subscription_id = ? AND state = 'pending'"
             " AND next_attempt_at > ?", (now, subscription_id, now)).rowcount
 
-    def cancel_pending(self, subscription_id: str, now: float) -> int:
-        """Stop delivering to a deleted subscription; returns how many were cancelled."""
-        return self._write(lambda conn: self.cancel_pending_in(conn, subscription_id, now))
-
     @staticmethod
-    def cancel_pending_in(conn: Any, subscription_id: str, now: float) -> int:
-        """:meth:`cancel_pending` inside the caller's job."""
+    def cancel_pending(conn: Any, subscription_id: str, now: float) -> int:
+        """Stop delivering to a deleted subscription, inside the caller's job (with the change
+        that deleted it); returns how many were cancelled."""
         return int(conn.execute(
             "UPDATE alert_outbox SET state = 'cancelled', last_error = 'subscription deleted',"
             " last_attempt_at = COALESCE(last_attempt_at, ?)"

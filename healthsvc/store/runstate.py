@@ -397,16 +397,25 @@ class RunState:
         return tuple(self.host_names[c] if c >= 0 else None for c in codes.tolist())
 
     def hosts_for_reader(self, ranks: Sequence[int]) -> tuple[str | None, ...]:
-        """:meth:`hosts_of` for a thread other than the writer (the run's owner, folding its
-        findings into alerts before their job). The writer may be swapping the per-rank arrays
-        while this reads them (see :meth:`snapshot`): a read that saw half a swap is taken
-        again; a host named by a push this read raced with may be missed (None)."""
-        for _ in range(3):
-            try:
-                return self.hosts_of(ranks)
-            except (IndexError, ValueError):
-                continue
-        return (None,) * len(ranks)
+        """:meth:`hosts_of` for a thread other than the writer (the run's owner, naming its
+        findings' hosts before their job). The writer swaps ``ids`` and ``host_code`` one after
+        the other when ranks join, and a join moves the known ranks' positions: a read that paired
+        one generation's ``ids`` with the other's codes would name another rank's host. So the
+        pair is read first and used only when it belongs together (arrays only grow, so equal
+        lengths are one generation), and positions are found in that ``ids``, not the live one.
+        A host set after the read is missed (None)."""
+        want = np.asarray(ranks, dtype=np.int64)
+        while True:
+            ids, codes = self.ids, self.host_code
+            if len(ids) == len(codes):
+                break
+        names = list(self.host_names)
+        pos = np.searchsorted(ids, want)
+        known = pos < len(ids)
+        known[known] = ids[pos[known]] == want[known]
+        found = np.full(len(want), -1, dtype=np.int64)
+        found[known] = codes[pos[known]]
+        return tuple(names[c] if 0 <= c < len(names) else None for c in found.tolist())
 
     def ranks_seen(self) -> np.ndarray:
         return self.ids[self.last_step >= 0]

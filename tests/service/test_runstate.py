@@ -169,30 +169,36 @@ def test_rank_positions_are_those_of_a_binary_search_whether_the_ranks_are_dense
 
 def test_a_reader_names_hosts_while_the_writer_adds_ranks_never_wrongly():
     # The run's owner names the hosts of its findings on its own thread while the writer goes on
-    # adding ranks (swapping the per-rank arrays): each answer is the rank's host or None, never
-    # another rank's, and the read never raises.
+    # adding ranks, each join swapping the per-rank arrays one after the other. Ranks join from
+    # the top down, so every join moves the known ranks' positions: a read that paired the new
+    # ranks with the old hosts would name another rank's host. Each answer must be the rank's
+    # host or None (not known yet). The interpreter switches threads as often as it can here.
+    import sys
     import threading
     st = RunState("r")
     st.open_attempt(0)
     done = threading.Event()
     wrong: list = []
+    ranks = tuple(range(0, 1200, 7))
 
     def read() -> None:
         while not done.is_set():
-            ranks = tuple(range(0, 1200, 7))
             for r, h in zip(ranks, st.hosts_for_reader(ranks)):
                 if h is not None and h != f"h{r}":
                     wrong.append((r, h))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        for first in range(0, 1200, 30):   # ranks join 30 at a time, in reverse order
-            ranks = list(range(first, first + 30))[::-1]
-            b = batch([0] * 30, ranks, hosts=[f"h{r}" for r in ranks])
+        for first in range(1170, -1, -30):   # 30 ranks join at a time, below all the known ones
+            joining = list(range(first, first + 30))
+            b = batch([0] * 30, joining, hosts=[f"h{r}" for r in joining])
             st.advance(b)
             st.set_hosts(st.host_updates(b))
     finally:
         done.set()
         reader.join(10)
+        sys.setswitchinterval(interval)
     assert wrong == []
     assert st.hosts_for_reader((0, 1199, 1200)) == ("h0", "h1199", None)
