@@ -139,8 +139,10 @@ def test_strong_straggler_is_blamed(url, shared_http, tmp_path):
     train(url, "e2e-straggler", tmp_path, "--steps", "120", "--fault", "straggler",
           "--fault-rank", "1", "--fault-step", "20", "--slow-factor", "3")
     stragglers = findings(shared_http, "e2e-straggler", "straggler")
-    assert stragglers and {tuple(f["ranks"]) for f in stragglers} == {(1,)}
-    assert all(f["step"] >= 20 for f in stragglers)
+    blamed = [f for f in stragglers if f["ranks"] == [1]]
+    assert blamed and all(f["step"] >= 20 for f in blamed)
+    # A neighbour in the suite may slow another rank for a moment: named at info, never paged.
+    assert [f["ranks"] for f in raised(stragglers) if f["ranks"] != [1]] == []
 
 
 def test_mild_straggler_is_blamed_on_a_noisy_machine_on_default_settings(url, shared_http, tmp_path):
