@@ -34,6 +34,13 @@ from healthsvc.dashboard.rollup import HEAT_FIELDS, LINE_FIELDS, RunRollup
 log = logging.getLogger(__name__)
 
 FIELDS = frozenset(LINE_FIELDS) | frozenset(HEAT_FIELDS)
+# Records queued that end the wait between folds early. What waits is whole pushes, every field:
+# at 600 pushes of 1,024 records a second, half a second of them was 20-35 MB, held and then
+# freed at once, and that memory went back to the system between folds (the allocator's trim),
+# so the pushes parsed next paid page faults for fresh memory (bench/ingest.py: 19 a push, 3
+# without the dashboard; 8 with this bound). 16,384 records are about 1 MB; a fold of them still
+# pays its fixed cost once for 16 such pushes.
+FOLD_AT_RECORDS = 1 << 14
 
 
 class RunFeed:
@@ -147,8 +154,10 @@ class RollupHub:
         self._thread = threading.Thread(target=self._loop, name="healthsvc-dashboard", daemon=True)
         self._ticker = threading.Thread(target=self._tick_loop, name="healthsvc-dashboard-ticker", daemon=True)
         self._stopping = threading.Event()
-        # Ends the wait between folds now (a drain or a stop asked for what is queued so far).
+        # Ends the wait between folds now (a drain or a stop asked for what is queued so far, or
+        # FOLD_AT_RECORDS records are waiting).
         self._wake = threading.Event()
+        self._queued_records = 0      # records queued since the fold began to wait (writer thread's count)
         self._last_snapshot: dict[str, float] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -209,6 +218,11 @@ class RollupHub:
                   or (isinstance(res, RunEvent) and res.kind in ("finish", "config"))]
         if wanted:
             self._queue.put(wanted)
+            self._queued_records += sum(len(res.batch) for res in wanted
+                                        if isinstance(res, IngestResult) and res.batch is not None)
+            if self._queued_records >= FOLD_AT_RECORDS:
+                self._queued_records = 0
+                self._wake.set()
 
     def _tick_loop(self) -> None:
         while not self._stopping.wait(self.tick_interval_s):

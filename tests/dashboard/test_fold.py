@@ -4,6 +4,8 @@ the rollup that one push at a time draws, a drain does not wait out the interval
 snapshotted yet is rebuilt from its chunks on restart."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -122,3 +124,28 @@ def test_a_drain_does_not_wait_out_the_fold_interval_and_the_first_snapshot_wait
     for k in want:
         assert np.array_equal(got[k], want[k], equal_nan=True), k
     store.close()
+
+
+def test_the_fold_does_not_wait_out_its_interval_once_fold_at_records_are_queued(tmp_path):
+    # What waits for a fold is whole pushes: a busy service must not hold an interval's worth of
+    # them (tens of MB at 1,024-record pushes), so FOLD_AT_RECORDS queued records end the wait.
+    from healthsvc.dashboard.hub import FOLD_AT_RECORDS
+    store = open_store(str(tmp_path / "bound.db"), snapshot_every_s=3600.0)
+    store.open()
+    hub = RollupHub(store, clock=Clock(), tick_interval_s=3600.0, fold_every_s=3600.0)
+    store.subscribe(hub.committed)
+    hub.start()
+    try:
+        n_ranks, rng = 1024, np.random.default_rng(0)
+        n_steps = -(-FOLD_AT_RECORDS // n_ranks)
+        for s in range(n_steps):
+            b = MetricBatch(np.full(n_ranks, s), np.arange(n_ranks, dtype=np.int64))
+            b.values["step_time"], b.present["step_time"] = 1.0 + 0.1 * rng.random(n_ranks), np.ones(n_ranks, bool)
+            store.ingest.submit_metrics("r", b, f"d{s}").result(10)
+        deadline = time.monotonic() + 20.0   # no drain: only the bound can end the hour's wait
+        while (hub.read("r", lambda r: r.steps_seen) or 0) < n_steps and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hub.read("r", lambda r: r.steps_seen) == n_steps
+    finally:
+        hub.stop()
+        store.close()
