@@ -40,6 +40,13 @@ CLIENTS = 4      # concurrent pushes (what the group commit sees)
 WARM = 16        # pushes per client before the clock starts (the runs exist, caches are warm)
 
 
+def minor_faults() -> int:
+    """Page faults of this process so far that found the page in memory (fresh or returned
+    memory touched again: what a heap that grows and shrinks costs)."""
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
 def thread_cpu() -> dict[str, float]:
     """CPU-seconds of each thread of this process, by thread name (pool threads summed)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -130,14 +137,14 @@ async def run_case(app: App, form: str, n_records: int, pushes: int) -> dict:
 
     await asyncio.gather(*(client(k, slice(0, WARM)) for k in range(CLIENTS)))
     await asyncio.sleep(0.6)   # the stages catch up with the warm-up
-    threads0, cpu0 = thread_cpu(), time.process_time()
+    threads0, cpu0, faults0 = thread_cpu(), time.process_time(), minor_faults()
     await asyncio.gather(*(client(k, slice(WARM, None)) for k in range(CLIENTS)))
     await asyncio.sleep(0.6)   # ... and with what the timed pushes caused (folds wait up to 0.5 s)
-    cpu, threads1 = time.process_time() - cpu0, thread_cpu()
+    cpu, threads1, faults = time.process_time() - cpu0, thread_cpu(), minor_faults() - faults0
     done = CLIENTS * per_client
     per_thread = {name: (t - threads0.get(name, 0.0)) * 1e3 / done for name, t in threads1.items()}
     return {"form": form, "records": n_records, "pushes": done, "ms_per_push": cpu * 1e3 / done,
-            "points_per_cpu_s": done * n_records * 6 / cpu,
+            "points_per_cpu_s": done * n_records * 6 / cpu, "faults_per_push": faults / done,
             "threads": {n: v for n, v in sorted(per_thread.items(), key=lambda kv: -kv[1]) if v > 0.0005}}
 
 
@@ -171,11 +178,11 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     service = "ingest" + (" + detectors" if args.detect else "") + (f", without {args.without}" if args.without else "")
-    print("\n| form | records/push | service | pushes | ms CPU / push | M points / CPU-s |")
-    print("|---|---:|---|---:|---:|---:|")
+    print("\n| form | records/push | service | pushes | ms CPU / push | M points / CPU-s | page faults / push |")
+    print("|---|---:|---|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['form']} | {r['records']:,} | {service} | {r['pushes']:,} | {r['ms_per_push']:.3f} | "
-              f"{r['points_per_cpu_s'] / 1e6:.2f} |")
+              f"{r['points_per_cpu_s'] / 1e6:.2f} | {r['faults_per_push']:.1f} |")
     print("\n| form | records/push | thread | ms CPU / push |")
     print("|---|---:|---|---:|")
     for r in rows:

@@ -35,11 +35,11 @@ log = logging.getLogger(__name__)
 
 FIELDS = frozenset(LINE_FIELDS) | frozenset(HEAT_FIELDS)
 # Records queued that end the wait between folds early. What waits is whole pushes, every field:
-# at 600 pushes of 1,024 records a second, half a second of them was 20-35 MB, held and then
-# freed at once, and that memory went back to the system between folds (the allocator's trim),
-# so the pushes parsed next paid page faults for fresh memory (bench/ingest.py: 19 a push, 3
-# without the dashboard; 8 with this bound). 16,384 records are about 1 MB; a fold of them still
-# pays its fixed cost once for 16 such pushes.
+# at 600 pushes of 1,024 records a second, half a second of them is some 20 MB (300 pushes of
+# 1,024 records of about 70 bytes), held and then freed at once, memory the process faulted in
+# again and again. 16,384 records are about 1 MB; a fold of them still pays its fixed
+# cost once for 16 such pushes. (The dashboard still causes the few page faults a push that
+# bench/ingest_inproc.py counts; without it there are none.)
 FOLD_AT_RECORDS = 1 << 14
 
 
