@@ -37,9 +37,9 @@ FIELDS = frozenset(LINE_FIELDS) | frozenset(HEAT_FIELDS)
 # Records queued that end the wait between folds early. What waits is whole pushes, every field:
 # at 600 pushes of 1,024 records a second, half a second of them is some 20 MB (300 pushes of
 # 1,024 records of about 70 bytes), held and then freed at once, memory the process faulted in
-# again and again. 65,536 records are about 4 MB; a fold of them still pays its fixed
-# cost once for 64 such pushes (1 << 14 was no better in bench/ingest_inproc.py). (The dashboard still causes the few page faults a push that
-# bench/ingest_inproc.py counts; without it there are none.)
+# again and again. 65,536 records are about 4 MB; a fold of them still pays its fixed cost once
+# for 64 such pushes (1 << 14 was no better in bench/ingest_inproc.py). The dashboard still
+# causes the few page faults a push that bench/ingest_inproc.py counts; without it, none.
 FOLD_AT_RECORDS = 1 << 16
 
 
