@@ -8,12 +8,13 @@ the run reports it (in synchronous training every rank waits at the collective, 
 is nearly equal on all ranks and ``compute_time`` shows the straggler), else ``step_time``.
 A ratio of 2.0 is "twice as slow as its peers", whatever the job's own speed.
 
-Each push is folded into its run's table as it is committed (on the writer thread): for each
-timing field a masked copy (a step of every rank the table knows, in rank order: the usual push)
-or a search and a scatter, 10 to 20 microseconds a push. Nothing is held between pushes: pushes
-used to be kept and folded in bulk when a scrape asked, which pinned every column of their
-batches (up to 65,536 records a run) and needed a rule for a push replacing the one before it;
-measured in process (bench/ingest_inproc.py), folding at once costs the same.
+Pushes only hand their columns over (the writer thread does that for every push); the newest
+value of each rank is folded in when a scrape asks, or when a run holds many pending records. A
+large push that leaves nothing of the push pending before it (the same ranks, all newer, every
+timing field the older one reports finite everywhere: the usual step of a job) replaces it in
+the pending list instead of joining it, so a busy run's pending list stays one push long and its
+fold is of that push alone (folding 64 pushes of 1,024 records cost the writer thread 117 us a
+push, most of it a sort and scatters of 65,536 records that the next push overwrote anyway).
 """
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ from healthsvc_detectors.finding import SEVERITY_ORDER
 from healthsvc.run_metrics.feed import new_batches
 
 TIMING_FIELDS = ("compute_time", "step_time")   # the first one a run reports is the one ranked
+FOLD_AT_RECORDS = 1 << 16                        # pending records that trigger a fold at push time
+# ... or pending pushes: each holds a batch (five objects the garbage collector tracks), and a
+# run of one-record pushes held 65,536 of them until a scrape: the collections they caused, and
+# the full ones walking them, cost every thread (in process, under the ingest bench's pushes:
+# dozens of young collections where 91dd201 had none). A fold of 256 small pushes is cheap.
+FOLD_AT_PUSHES = 256
+SUPERSEDE_FROM = 256     # records of a push from which it is checked for replacing the pending one
+                         # before it (below, that check costs more than folding the push would)
 
 
 @dataclass
@@ -42,10 +51,9 @@ class _RankTable:
     host_codes: dict[str, int] = field(default_factory=dict)
 
     def fold(self, pending: list[tuple[int, Any]]) -> None:
-        """(attempt, batch) pairs, oldest first (one push as it is committed, or many: a table
-        rebuilt), in one pass: their records are concatenated and sorted once (no sort when they
-        are in order already, nearly always). For each field, a rank's newest reported finite
-        value wins.
+        """(attempt, batch) pairs, oldest first, in one pass: their records are concatenated and
+        sorted once (one sort of everything pending, not one per push: the fixed numpy cost per
+        call was most of a fold). For each field, a rank's newest reported finite value wins.
 
         The sort is by (attempt, step) alone, stable, and the values are then written in that
         order: of a rank's records the newest is written last and stays (numpy assigns repeated
@@ -53,39 +61,18 @@ class _RankTable:
         so the sort is close to linear (a sort by rank first, as a lexsort, was the fold's cost)."""
         if not pending:
             return
-        if len(pending) == 1:   # a push as it is committed: its own columns, no copies
-            (attempt, only), = pending
-            ranks = np.asarray(only.ranks, np.int64)
-            key = (np.int64(attempt) << 40) + np.asarray(only.steps, np.int64)
-        else:
-            ranks = np.concatenate([np.asarray(b.ranks, np.int64) for _, b in pending])
-            key = np.concatenate([(np.int64(a) << 40) + np.asarray(b.steps, np.int64) for a, b in pending])
-        # The usual push is a step of every rank the table knows, in rank order: then record i
-        # is the table's row i, and each field is one masked copy (no positions, no gathers).
-        same = len(ranks) == len(self.ids) and bool((ranks == self.ids).all())
-        pos_all = None if same else self._grow(ranks)
-        # Pushes come in step order: their keys are nearly always sorted already (one step, or
-        # several in order), and then the order is the records' own.
-        in_order = len(key) < 2 or bool((key[1:] >= key[:-1]).all())
-        order = None if in_order else np.argsort(key, kind="stable")
+        ranks = np.concatenate([np.asarray(b.ranks, np.int64) for _, b in pending])
+        key = np.concatenate([(np.int64(a) << 40) + np.asarray(b.steps, np.int64) for a, b in pending])
+        pos_all = self._grow(ranks)
+        order = np.argsort(key, kind="stable")
         for f in TIMING_FIELDS:
             if not any(f in b.values for _, b in pending):
                 continue
-            if len(pending) == 1:
-                v, p = pending[0][1].values[f], pending[0][1].present[f]
-            else:
-                v = np.concatenate([b.values[f] if f in b.values else np.full(len(b), np.nan) for _, b in pending])
-                p = np.concatenate([b.present[f] if f in b.present else np.zeros(len(b), bool) for _, b in pending])
-            if f not in self.values:
-                self.values[f], self.at[f] = np.full(len(self.ids), np.nan), np.full(len(self.ids), -1, np.int64)
-            col, at = self.values[f], self.at[f]
-            ok = p & np.isfinite(v)
-            if pos_all is None:   # each rank once, at its own row (order needs no sort then)
-                ok &= key >= at                             # not older than the table's
-                np.copyto(col, v, where=ok)
-                np.copyto(at, key, where=ok)
-                continue
-            o = ok.nonzero()[0] if order is None else order[ok[order]]
+            v = np.concatenate([b.values[f] if f in b.values else np.full(len(b), np.nan) for _, b in pending])
+            p = np.concatenate([b.present[f] if f in b.present else np.zeros(len(b), bool) for _, b in pending])
+            col = self.values.setdefault(f, np.full(len(self.ids), np.nan))
+            at = self.at.setdefault(f, np.full(len(self.ids), -1, np.int64))
+            o = order[(p & np.isfinite(v))[order]]
             pos = pos_all[o]
             newer = key[o] >= at[pos]                       # not older than the table's
             o, pos = o[newer], pos[newer]
@@ -151,6 +138,8 @@ class RankTimes:
 
     def __init__(self) -> None:
         self._tables: dict[str, _RankTable] = {}
+        self._pending: dict[str, list[Any]] = {}
+        self._held: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -158,13 +147,22 @@ class RankTimes:
 
     def on_store_results(self, results: list[Any]) -> None:
         for r, batch in new_batches(results):
-            if not any(f in batch.values for f in TIMING_FIELDS) and batch.host_index is None:
-                continue   # nothing the table holds
             with self._lock:
-                table = self._tables.get(r.run_id)
-                if table is None:
-                    table = self._tables[r.run_id] = _RankTable()
-                table.fold([(r.attempt, batch)])
+                pending = self._pending.setdefault(r.run_id, [])
+                held = self._held.get(r.run_id, 0) + len(batch)
+                if pending and len(batch) >= SUPERSEDE_FROM and _supersedes(r.attempt, batch, *pending[-1]):
+                    held -= len(pending.pop()[1])
+                pending.append((r.attempt, batch))
+                self._held[r.run_id] = held
+                if held > FOLD_AT_RECORDS or len(pending) > FOLD_AT_PUSHES:
+                    self._fold(r.run_id)
+
+    def _fold(self, run_id: str) -> _RankTable:
+        """The run's table with its pending batches folded in, oldest first (the lock held)."""
+        table = self._tables.setdefault(run_id, _RankTable())
+        table.fold(self._pending.pop(run_id, []))
+        self._held[run_id] = 0
+        return table
 
     def top(self, run_id: str, k: int, named: Iterable[tuple[int, str | None]] = ()) -> list[RankLine]:
         """At most ``k`` ranks: those in ``named`` first ((rank, host) of active findings, most
@@ -175,7 +173,7 @@ class RankTimes:
             counts[int(rank)] = counts.get(int(rank), 0) + 1
             named_hosts.setdefault(int(rank), host)
         with self._lock:
-            table = self._tables.get(run_id) or _RankTable()
+            table = self._fold(run_id)
             f = next((f for f in TIMING_FIELDS if f in table.values and np.isfinite(table.values[f]).any()), None)
             chosen = list(counts)[:k]
             ratio = np.zeros(0)
@@ -208,12 +206,33 @@ class RankTimes:
         with self._lock:
             for run_id in run_ids:
                 self._tables.pop(run_id, None)
+                self._pending.pop(run_id, None)
+                self._held.pop(run_id, None)
 
     def keep_only(self, run_ids: set[str]) -> None:
         """Forget runs that are no longer exported (bounded memory)."""
         with self._lock:
-            for run_id in set(self._tables) - run_ids:
-                del self._tables[run_id]
+            for run_id in (set(self._tables) | set(self._pending)) - run_ids:
+                self._tables.pop(run_id, None)
+                self._pending.pop(run_id, None)
+                self._held.pop(run_id, None)
+
+
+def _supersedes(attempt: int, batch: Any, old_attempt: int, old: Any) -> bool:
+    """Whether folding ``old`` then ``batch`` leaves the table as folding ``batch`` alone does:
+    ``batch`` has the same ranks in the same order, every record of it is at least as new as
+    every record of ``old`` by (attempt, step) (and it arrived later: ties go to it), every timing
+    field ``old`` reports is reported finite in every record of ``batch``, and if ``old`` names
+    hosts, every record of ``batch`` names one. Then each rank's newest value and host that
+    ``old`` could give, ``batch`` gives newer (the host codes' numbering aside, which is internal)."""
+    if len(batch) != len(old) or (attempt << 40) + int(batch.steps.min()) < (old_attempt << 40) + int(old.steps.max()):
+        return False
+    if not np.array_equal(batch.ranks, old.ranks):
+        return False
+    for f in TIMING_FIELDS:
+        if f in old.values and not (f in batch.values and batch.present[f].all() and np.isfinite(batch.values[f]).all()):
+            return False
+    return old.host_index is None or (batch.host_index is not None and bool((batch.host_index >= 0).all()))
 
 
 def named_ranks(active: list[Any]) -> list[tuple[int, str | None]]:

@@ -10,46 +10,54 @@ import numpy as np
 from healthsvc.run_metrics.feed import new_batches
 
 STEP_TIME_WINDOW = 512  # step_time values kept per run for the median (all ranks, newest last)
+COMPACT_AT_PARTS = 256  # pushes held before they are cut to the window (objects the GC tracks)
 
 
 class StepTimes:
     """The newest ``STEP_TIME_WINDOW`` finite ``step_time`` values of each run (writer thread in,
-    scrape thread out). Each push's values go into its run's window as it is committed: at most
-    ``STEP_TIME_WINDOW`` floats copied, and no push held (a held push kept every column of its
-    batch alive until the next scrape; see ``ranks.py``)."""
+    scrape thread out). A push only hands its column over (the writer thread does that for every
+    push); the values are filtered and cut to the window when a scrape asks, or when a run holds
+    four windows' worth or ``COMPACT_AT_PARTS`` pushes."""
 
     def __init__(self, window: int = STEP_TIME_WINDOW) -> None:
         self.window = window
-        self._windows: dict[str, np.ndarray] = {}   # run -> its newest finite values, oldest first
+        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}   # (values, present), oldest first
+        self._held: dict[str, int] = {}      # records in a run's parts
         self._lock = threading.Lock()
 
     def on_store_results(self, results: list[Any]) -> None:
         for r, batch in new_batches(results):
             if "step_time" not in batch.values:
                 continue
-            v = batch.values["step_time"]
-            v = v[batch.present["step_time"] & np.isfinite(v)][-self.window:]
-            if not len(v):
-                continue
             with self._lock:
-                old = self._windows.get(r.run_id)
-                keep = self.window - len(v)
-                self._windows[r.run_id] = v.copy() if old is None or keep == 0 else \
-                    np.concatenate([old[len(old) - min(keep, len(old)):], v])
+                self._parts.setdefault(r.run_id, []).append((batch.values["step_time"], batch.present["step_time"]))
+                held = self._held[r.run_id] = self._held.get(r.run_id, 0) + len(batch)
+                if held > 4 * self.window or len(self._parts[r.run_id]) > COMPACT_AT_PARTS:
+                    self._compact(r.run_id)
+
+    def _compact(self, run_id: str) -> np.ndarray:
+        """The run's window as one array (the lock held)."""
+        v = np.concatenate([values[present] for values, present in self._parts[run_id]])
+        v = v[np.isfinite(v)][-self.window:]
+        self._parts[run_id], self._held[run_id] = [(v, np.ones(len(v), bool))], len(v)
+        return v
 
     def median(self, run_id: str) -> float | None:
         with self._lock:
-            v = self._windows.get(run_id)
-        return float(np.median(v)) if v is not None and len(v) else None
+            if run_id not in self._parts:
+                return None
+            v = self._compact(run_id)
+        return float(np.median(v)) if v.size else None
 
     def forget(self, run_ids: Iterable[str]) -> None:
         """Let go of runs the store let go of (finished and quiet)."""
         with self._lock:
             for run_id in run_ids:
-                self._windows.pop(run_id, None)
+                self._parts.pop(run_id, None)
+                self._held.pop(run_id, None)
 
     def keep_only(self, run_ids: set[str]) -> None:
         """Forget runs that are no longer exported (bounded memory)."""
         with self._lock:
-            for run_id in set(self._windows) - run_ids:
-                del self._windows[run_id]
+            for run_id in set(self._parts) - run_ids:
+                del self._parts[run_id], self._held[run_id]

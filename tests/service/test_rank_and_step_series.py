@@ -105,74 +105,68 @@ def test_a_ranks_newest_reported_value_stands_when_a_later_record_lacks_or_botch
         assert [(line.rank, line.value) for line in rt.top("r", 2)] == [(0, 3.0), (1, 1.0)]
 
 
-def random_pushes(rng: np.random.Generator, trial: int, world: int, n_pushes: int) -> list[IngestResult]:
-    """Pushes as jobs send them and worse: whole steps, several steps, late spools, restarts, NaN
-    and missing values, hosts, ranks in another order or another set of them."""
-    out = []
-    attempt, step = 1, 0
-    for _ in range(n_pushes):
-        if rng.random() < 0.1:
-            attempt, step = attempt + 1, int(rng.integers(0, step + 1))    # a restart
-        n_steps = int(rng.integers(1, 3))
-        at_step = step if rng.random() > 0.25 else max(0, step - 3)       # sometimes late
-        steps = np.repeat(np.arange(at_step, at_step + n_steps), world)
-        roll = rng.random()   # the job's ranks; in another order; another set of as many
-        ranks = np.tile(np.arange(world) if roll > 0.2 else rng.permutation(world) if roll > 0.1
-                        else np.arange(world) + 7, n_steps)
-        r = result("r", steps, ranks, attempt if rng.random() > 0.1 else max(1, attempt - 1))
-        for f in ("compute_time", "step_time"):
-            if rng.random() < 0.8:
-                v = rng.uniform(0.5, 2.0, len(steps))
-                p = np.ones(len(steps), bool)
-                if rng.random() < 0.2:
-                    v[rng.integers(0, len(v))] = np.nan
-                if rng.random() < 0.2:
-                    p[rng.integers(0, len(p))] = False
-                r.batch.values[f], r.batch.present[f] = v, p
-        if rng.random() < 0.3:
-            r.batch.host_names = ["h0", "h1", f"h{trial}"]
-            r.batch.host_index = rng.integers(-1 if rng.random() < 0.3 else 0, 3, len(steps)).astype(np.int32)
-        step = max(step, at_step + n_steps)
-        out.append(r)
-    return out
-
-
-def assert_same_table(table, reference) -> None:
-    assert table.ids.tolist() == reference.ids.tolist() and set(table.values) == set(reference.values)
-    for f in reference.values:
-        np.testing.assert_array_equal(table.values[f], reference.values[f])
-        np.testing.assert_array_equal(table.at[f], reference.at[f])
-    assert [table.host(int(r)) for r in table.ids] == [reference.host(int(r)) for r in reference.ids]
-
-
-def test_pushes_folded_as_they_come_give_the_table_one_fold_of_them_all_gives():
-    """Each push is folded into the table as it is committed: after any sequence of pushes the
-    table (each rank's newest reported finite value per field, by attempt and step, and its host)
-    is the one a single fold of every push gives."""
-    from healthsvc.run_metrics.ranks import _RankTable
+def test_a_push_that_replaces_the_pending_one_leaves_the_table_as_folding_every_push_does():
+    """A large push may take the place of the pending push before it (``ranks._supersedes``):
+    the table after any sequence of pushes (whole steps, several steps, late spools, restarts,
+    NaN and missing values, hosts, ranks in another order) is the one folding every push gives."""
+    from healthsvc.run_metrics.ranks import SUPERSEDE_FROM, _RankTable
     rng = np.random.default_rng(5)
+    world = SUPERSEDE_FROM + 44
+    replaced = 0
     for trial in range(80):
-        world = int(rng.choice([1, 3, 64, 300]))
-        pushes = random_pushes(rng, trial, world, int(rng.integers(2, 12)))
-        rt = RankTimes()
-        for r in pushes:
+        rt, every = RankTimes(), []
+        attempt, step = 1, 0
+        for _ in range(int(rng.integers(2, 12))):
+            roll = rng.random()
+            if roll < 0.1:
+                attempt, step = attempt + 1, int(rng.integers(0, step + 1))    # a restart
+            n_steps = int(rng.integers(1, 3))
+            at_step = step if rng.random() > 0.25 else max(0, step - 3)       # sometimes late
+            steps = np.repeat(np.arange(at_step, at_step + n_steps), world)
+            roll = rng.random()   # the job's ranks; in another order; another set of as many
+            ranks = np.tile(np.arange(world) if roll > 0.2 else rng.permutation(world) if roll > 0.1
+                            else np.arange(world) + 7, n_steps)
+            r = result("r", steps, ranks, attempt if rng.random() > 0.1 else max(1, attempt - 1))
+            for f in ("compute_time", "step_time"):
+                if rng.random() < 0.8:
+                    v = rng.uniform(0.5, 2.0, len(steps))
+                    p = np.ones(len(steps), bool)
+                    if rng.random() < 0.2:
+                        v[rng.integers(0, len(v))] = np.nan
+                    if rng.random() < 0.2:
+                        p[rng.integers(0, len(p))] = False
+                    r.batch.values[f], r.batch.present[f] = v, p
+            if rng.random() < 0.3:
+                r.batch.host_names = ["h0", "h1", f"h{trial}"]
+                r.batch.host_index = rng.integers(-1 if rng.random() < 0.3 else 0, 3, len(steps)).astype(np.int32)
+            step = max(step, at_step + n_steps)
+            before = len(rt._pending.get("r", []))
             rt.on_store_results([r])
+            replaced += len(rt._pending["r"]) <= before
+            every.append((r.attempt, r.batch))
         reference = _RankTable()
-        reference.fold([(r.attempt, r.batch) for r in pushes])
-        assert_same_table(rt._tables["r"], reference)
+        reference.fold(every)
+        table = rt._fold("r")
+        assert table.ids.tolist() == reference.ids.tolist()
+        for f in reference.values:
+            np.testing.assert_array_equal(table.values[f], reference.values[f])
+            np.testing.assert_array_equal(table.at[f], reference.at[f])
+        assert set(table.values) == set(reference.values)
+        assert [table.host(int(r)) for r in table.ids] == [reference.host(int(r)) for r in reference.ids]
+    assert replaced > 20   # the replacing path ran
 
 
-def test_many_small_pushes_give_the_table_and_median_one_pass_over_them_all_gives():
-    """Pushes of a record or a few, thousands of them: the rank table is the one folding every
-    push at once gives, and the step-time median is that of the newest ``STEP_TIME_WINDOW``
-    finite values."""
-    from healthsvc.run_metrics.ranks import _RankTable
+def test_many_small_pushes_are_folded_as_they_come_into_the_table_one_fold_of_all_gives():
+    """Pushes of a record or a few are folded every ``FOLD_AT_PUSHES`` (few objects held for the
+    garbage collector to walk): the rank table is the one folding every push at once gives, and
+    the step-time median is that of the newest ``STEP_TIME_WINDOW`` finite values."""
+    from healthsvc.run_metrics.ranks import FOLD_AT_PUSHES, _RankTable
     from healthsvc.run_metrics.step_times import STEP_TIME_WINDOW, StepTimes
     rng = np.random.default_rng(9)
     for trial in range(6):
         rt, st, every, times = RankTimes(), StepTimes(), [], []
         attempt, step = 1, 0
-        for _ in range(int(rng.integers(3, 6)) * 256):
+        for _ in range(int(rng.integers(3, 6)) * FOLD_AT_PUSHES):
             if rng.random() < 0.002:
                 attempt, step = attempt + 1, int(rng.integers(0, step + 1))    # a restart
             n = int(rng.integers(1, 4))
@@ -190,24 +184,17 @@ def test_many_small_pushes_give_the_table_and_median_one_pass_over_them_all_give
             step += int(rng.random() < 0.5)
             rt.on_store_results([r])
             st.on_store_results([r])
+            assert len(rt._pending.get("r", [])) <= FOLD_AT_PUSHES
             every.append((r.attempt, r.batch))
             if "step_time" in r.batch.values:
                 v = r.batch.values["step_time"][r.batch.present["step_time"]]
                 times += v[np.isfinite(v)].tolist()
-            if rng.random() < 0.01:   # a scrape now and then sees the window so far
-                assert st.median("r") == float(np.median(times[-STEP_TIME_WINDOW:]))
         reference = _RankTable()
         reference.fold(every)
-        assert_same_table(rt._tables["r"], reference)
+        table = rt._fold("r")
+        assert table.ids.tolist() == reference.ids.tolist() and set(table.values) == set(reference.values)
+        for f in reference.values:
+            np.testing.assert_array_equal(table.values[f], reference.values[f])
+            np.testing.assert_array_equal(table.at[f], reference.at[f])
+        assert [table.host(int(r)) for r in table.ids] == [reference.host(int(r)) for r in reference.ids]
         assert st.median("r") == float(np.median(times[-STEP_TIME_WINDOW:]))
-
-
-def test_a_push_larger_than_the_window_leaves_its_newest_values_and_no_push_is_held():
-    from healthsvc.run_metrics.step_times import STEP_TIME_WINDOW, StepTimes
-    st = StepTimes()
-    big = np.arange(3 * STEP_TIME_WINDOW, dtype=float)
-    st.on_store_results([result("r", np.zeros(len(big)), np.arange(len(big)), 1, step_time=big)])
-    assert st.median("r") == float(np.median(big[-STEP_TIME_WINDOW:]))
-    st.on_store_results([result("r", [1, 1], [0, 1], 1, step_time=[np.nan, 1e9])])   # NaN is not a time
-    assert st.median("r") == float(np.median(np.r_[big[-STEP_TIME_WINDOW + 1:], 1e9]))
-    assert all(w.base is None or w.base.size <= STEP_TIME_WINDOW for w in st._windows.values())
