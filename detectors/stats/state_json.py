@@ -8,8 +8,6 @@ keep one, so non-finite floats are written as the strings ``'nan'``, ``'inf'``, 
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 
@@ -18,28 +16,15 @@ def array_to_json(a: np.ndarray) -> list:
     # numpy's tolist() makes the list in C; only the non-finite entries are replaced, by index
     # (a 16,384-rank run's detector state has several such arrays, written every few seconds
     # on the run owner's thread: a loop over every value held its pages back by a second).
+    if a.ndim > 1:
+        return [array_to_json(row) for row in a]
     out = a.tolist()
-    if a.dtype.kind == "f" and a.ndim == 1:
+    if a.dtype.kind == "f":
         for i in np.flatnonzero(~np.isfinite(a)).tolist():
             out[i] = repr(out[i])
-    elif a.dtype.kind == "f":
-        return [float(v) if math.isfinite(v) else repr(float(v)) for v in out]
     return out
 
 
 def array_from_json(values: list, dtype: np.dtype) -> np.ndarray:
-    if dtype.kind == "f":
-        # numpy reads the strings 'nan', 'inf' and '-inf' itself, as float() does.
-        return np.asarray(values, dtype=dtype)
+    # numpy reads the strings 'nan', 'inf' and '-inf' itself, as float() does.
     return np.asarray(values, dtype=dtype)
-
-
-def float_to_json(v: float | None) -> float | str | None:
-    """A float for a JSON state dict: non-finite values as the strings 'nan', 'inf', '-inf'."""
-    if v is None:
-        return None
-    return float(v) if math.isfinite(v) else repr(float(v))
-
-
-def float_from_json(v: float | str | None) -> float | None:
-    return None if v is None else float(v)
