@@ -1,9 +1,15 @@
 """Parse a metrics body (rows or columns form) straight into numpy columns.
 
-The hot path reads the body once: ``orjson`` decodes it (the Python ``json`` module only when the
-body carries NaN/Infinity tokens, which orjson rejects), and each column becomes a numpy array in
-one ``np.array`` call. Per-element Python work happens only on the slow path, for columns that
-hold nulls, strings or values of the wrong type, so that the error can name the exact element.
+The columns form of a well-formed push (what relays and aggregators send: the big pushes) is read
+by simdjson straight into numpy, one buffer per column, without a Python object per value
+(:func:`_numeric_columns`: at 1,024 records a push, half the cost of decoding with orjson and
+converting with ``np.array``). Anything it does not take as it is (a null, a string among numbers,
+a NaN token, a nested list, a repeated key, a body of another shape) goes the general way,
+which decides what is accepted and words every error: ``orjson`` decodes the body (the Python
+``json`` module only when the body carries NaN/Infinity tokens, which orjson rejects), and each
+column becomes a numpy array in one ``np.array`` call. Per-element Python work happens only for
+columns that hold nulls, strings or values of the wrong type, so that the error can name the
+exact element.
 
 Accepted values of a numeric field: a JSON number, the tokens ``NaN``/``Infinity``/``-Infinity``,
 the strings ``"NaN"``/``"Infinity"``/``"-Infinity"``; ``null`` or an absent key means "not
@@ -22,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import simdjson
 import xxhash
 
 from healthsvc_client.wire import INTEGER_FIELDS, KEY_FIELDS, LABEL_FIELDS, NON_FINITE_STRINGS, STRING_FIELDS
@@ -31,6 +38,9 @@ from healthsvc.store.batch import MetricBatch
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
 RESERVED_FIELDS = frozenset({"attempt", "batch_id"})
 TOP_LEVEL_KEYS = ("records", "columns", "batch_id")
+# Bodies from this size on are worth the fast columns decode: it costs some 12 us more than
+# orjson for a one-record push, and saves half the decode from about 30 records (4 KB) on.
+FAST_COLUMNS_MIN_BYTES = 4096
 
 
 def decode_body(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
@@ -82,6 +92,12 @@ def parse_metrics(body: bytes, max_ranks: int = 1 << 20, max_names: int = 1 << 2
     Rank ids must be below ``max_ranks`` and a reported ``world_size`` at most that; a batch
     names at most ``max_names`` fields besides ``step``, ``rank`` and ``host`` (checked before any
     column is built: 300,000 names in one push cost 158 MiB)."""
+    fast = _numeric_columns(body, max_names)
+    if fast is not None:
+        columns, n, batch_id = fast
+        batch = _build_batch(columns, n, _Where(("body", "columns"), rows=False))
+        _check_ranks(batch, max_ranks, _Where(("body", "columns"), rows=False))
+        return batch, ("id:" + batch_id) if batch_id is not None else "h:" + xxhash.xxh3_128_hexdigest(body)
     doc = load_json(body)
     if not isinstance(doc, dict):
         raise InvalidInput("body must be a JSON object with 'records' or 'columns'", loc=("body",))
@@ -106,6 +122,56 @@ def parse_metrics(body: bytes, max_ranks: int = 1 << 20, max_names: int = 1 << 2
     batch = _build_batch(columns, n, where)
     _check_ranks(batch, max_ranks, where)
     return batch, body_digest(body, doc)
+
+
+def _numeric_columns(body: bytes, max_names: int) -> tuple[dict[str, Any], int, str | None] | None:
+    """``(columns, n, batch_id)`` of a columns push whose every column simdjson reads as it is:
+    ``step`` and ``rank`` as int64, a metric as float64 (numbers only), a string or label column
+    (and an integer field, whose check reads the numbers as sent) as a list. None for anything
+    else, which the general path then accepts or rejects as it always did: a body that is not
+    plain JSON (NaN tokens), other top-level keys, a ``batch_id`` that is not a string, a repeated
+    key, a column that is not a list or holds a null, a boolean, a string or a nested list, or
+    columns of unequal lengths."""
+    if len(body) < FAST_COLUMNS_MIN_BYTES or b'"columns"' not in body:
+        return None   # a small push (its fixed cost would not pay), or rows
+    try:
+        # A parser per body: as cheap as reusing one, and nothing shared between threads.
+        doc = simdjson.Parser().parse(body)
+        if not isinstance(doc, simdjson.Object):
+            return None
+        keys = list(doc.keys())
+        if set(keys) - {"columns", "batch_id"} or len(keys) != len(set(keys)) or "columns" not in doc:
+            return None
+        batch_id = doc.get("batch_id")
+        if batch_id is not None and (type(batch_id) is not str or not 0 < len(batch_id) <= 128):
+            return None
+        cols = doc["columns"]
+        if not isinstance(cols, simdjson.Object):
+            return None
+        names = list(cols.keys())
+        if len(names) != len(set(names)) or len(names) > max_names + len(KEY_FIELDS) or not all(
+                type(cols[k]) is simdjson.Array for k in names):
+            return None
+        # as_buffer flattens nested lists ([[1], 2] reads as [1, 2]): one '[' a column, no more.
+        if body.count(b"[") != len(names):
+            return None
+        out: dict[str, Any] = {}
+        n = -1
+        for name in names:
+            col = cols[name]
+            if name in KEY_FIELDS:
+                out[name] = np.frombuffer(col.as_buffer(of_type="i"), np.int64)
+            elif name in STRING_FIELDS or name in LABEL_FIELDS or name in INTEGER_FIELDS:
+                out[name] = col.as_list()
+            else:
+                out[name] = np.frombuffer(col.as_buffer(of_type="d"), np.float64)
+            if n < 0:
+                n = len(out[name])
+            elif len(out[name]) != n:
+                return None
+        return out, max(n, 0), batch_id
+    except Exception:   # noqa: BLE001 - simdjson's errors (not plain JSON, not such a column): the general path judges
+        return None
 
 
 def _check_ranks(batch: MetricBatch, max_ranks: int, where: "_Where") -> None:
@@ -222,7 +288,12 @@ def _valid_name(name: str) -> bool:
     return True
 
 
-def _int_column(name: str, col: list, where: _Where) -> np.ndarray:
+def _int_column(name: str, col: list | np.ndarray, where: _Where) -> np.ndarray:
+    if type(col) is np.ndarray:   # read as int64 already (_numeric_columns)
+        if col.size and col.min() < 0:
+            i = int(np.argmax(col < 0))
+            raise InvalidInput(f"{name} must be an integer >= 0, got {int(col[i])}", loc=where(name, i))
+        return col
     if len(col) == 1 and type(col[0]) is int and 0 <= col[0] <= _INT64_MAX:   # a rank's own push
         return np.array(col, np.int64)
     arr = _try_array(col)
@@ -258,7 +329,9 @@ def _holds_bool(col: list, arr: np.ndarray) -> bool:
     return any(type(col[i]) is bool for i in small.tolist())
 
 
-def _float_column(name: str, col: list, where: _Where) -> tuple[np.ndarray, np.ndarray]:
+def _float_column(name: str, col: list | np.ndarray, where: _Where) -> tuple[np.ndarray, np.ndarray]:
+    if type(col) is np.ndarray:   # read as float64 already (_numeric_columns)
+        return col, np.ones(len(col), dtype=bool)
     if len(col) == 1 and type(col[0]) is float:   # a rank's own push
         return np.array(col, np.float64), np.ones(1, bool)
     arr = _try_array(col)
@@ -326,6 +399,11 @@ def _string_column(name: str, col: list, where: _Where, max_chars: int = 255,
 
 
 def _check_unique_keys(steps: np.ndarray, ranks: np.ndarray, where: _Where) -> None:
+    # The usual push comes in (step, rank) order: pairs that strictly increase are distinct, seen
+    # in one pass without the sort (which was a third of a 1,024-record push's column building).
+    later = steps[1:] > steps[:-1]
+    if (later | ((steps[1:] == steps[:-1]) & (ranks[1:] > ranks[:-1]))).all():
+        return
     order = np.lexsort((ranks, steps))
     s, r = steps[order], ranks[order]
     same = (s[1:] == s[:-1]) & (r[1:] == r[:-1])

@@ -33,7 +33,7 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
         # One step of distinct ranks in order (what a rank-0 aggregator sends, or one rank's
         # own push): no sorting.
         return StepBlock(steps=steps[:1], ranks=ranks,
-                         values={f: np.where(present[f], v, np.nan)[None, :] for f, v in values.items()},
+                         values={f: _masked(v, present[f])[None, :] for f, v in values.items()},
                          present={f: p[None, :] for f, p in present.items()})
     width = _whole_steps(steps, ranks)
     if width:
@@ -42,7 +42,7 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
         # inversions below (a dozen passes over the records, against three here).
         shape = (len(steps) // width, width)
         return StepBlock(steps=steps[::width].copy(), ranks=ranks[:width].copy(),
-                         values={f: np.where(present[f], v, np.nan).reshape(shape) for f, v in values.items()},
+                         values={f: _masked(v, present[f]).reshape(shape) for f, v in values.items()},
                          present={f: p.reshape(shape) for f, p in present.items()})
     u_steps, si = _unique_inverse(steps)
     u_ranks, ri = _unique_inverse(ranks)
@@ -53,7 +53,7 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
         # Every cell once, step by step in rank order (one-step pushes of all ranks joined):
         # the records already are the block.
         for f, v in values.items():
-            block_values[f] = np.where(present[f], v, np.nan).reshape(shape)
+            block_values[f] = _masked(v, present[f]).reshape(shape)
             block_present[f] = present[f].reshape(shape)
     else:
         for f, v in values.items():
@@ -64,6 +64,12 @@ def batch_to_block(steps: np.ndarray, ranks: np.ndarray, values: dict[str, np.nd
             pres[flat[p]] = True
             block_values[f], block_present[f] = mat.reshape(shape), pres.reshape(shape)
     return StepBlock(steps=u_steps, ranks=u_ranks, values=block_values, present=block_present)
+
+
+def _masked(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """The values, NaN where not reported: the column itself when every value was (the usual
+    column; blocks are read, never written: the conformance suite checks every detector)."""
+    return values if present.all() else np.where(present, values, np.nan)
 
 
 def _whole_steps(steps: np.ndarray, ranks: np.ndarray) -> int:
