@@ -149,16 +149,17 @@ def _numeric_columns(body: bytes, max_names: int) -> tuple[dict[str, Any], int, 
         if not isinstance(cols, simdjson.Object):
             return None
         names = list(cols.keys())
-        if len(names) != len(set(names)) or len(names) > max_names + len(KEY_FIELDS) or not all(
-                type(cols[k]) is simdjson.Array for k in names):
+        if len(names) != len(set(names)) or len(names) > max_names + len(KEY_FIELDS):
+            return None
+        arrays = {name: col for name in names if isinstance(col := cols[name], simdjson.Array)}
+        if len(arrays) != len(names):
             return None
         # as_buffer flattens nested lists ([[1], 2] reads as [1, 2]): one '[' a column, no more.
         if body.count(b"[") != len(names):
             return None
         out: dict[str, Any] = {}
         n = -1
-        for name in names:
-            col = cols[name]
+        for name, col in arrays.items():
             if name in KEY_FIELDS:
                 out[name] = np.frombuffer(col.as_buffer(of_type="i"), np.int64)
             elif name in STRING_FIELDS or name in LABEL_FIELDS or name in INTEGER_FIELDS:
@@ -289,7 +290,7 @@ def _valid_name(name: str) -> bool:
 
 
 def _int_column(name: str, col: list | np.ndarray, where: _Where) -> np.ndarray:
-    if type(col) is np.ndarray:   # read as int64 already (_numeric_columns)
+    if isinstance(col, np.ndarray):   # read as int64 already (_numeric_columns)
         if col.size and col.min() < 0:
             i = int(np.argmax(col < 0))
             raise InvalidInput(f"{name} must be an integer >= 0, got {int(col[i])}", loc=where(name, i))
@@ -330,7 +331,7 @@ def _holds_bool(col: list, arr: np.ndarray) -> bool:
 
 
 def _float_column(name: str, col: list | np.ndarray, where: _Where) -> tuple[np.ndarray, np.ndarray]:
-    if type(col) is np.ndarray:   # read as float64 already (_numeric_columns)
+    if isinstance(col, np.ndarray):   # read as float64 already (_numeric_columns)
         return col, np.ones(len(col), dtype=bool)
     if len(col) == 1 and type(col[0]) is float:   # a rank's own push
         return np.array(col, np.float64), np.ones(1, bool)
