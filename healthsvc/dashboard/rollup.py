@@ -56,14 +56,22 @@ def _median_of_rows(v: np.ndarray) -> np.ndarray:
 
 
 def _max_of_bins(x: np.ndarray) -> np.ndarray:
-    """``x.max(axis=2)`` (each bin's ranks), by halving an even last axis with elementwise
-    maxima: numpy reduces a short last axis cell by cell (16 steps x 256 bins of 4 ranks: 158
-    us), where log2(width) maxima over whole arrays cost 41. The same numbers (a NaN propagates
-    through both)."""
-    while x.shape[2] > 1 and x.shape[2] % 2 == 0:
-        half = x.shape[2] // 2
+    """``x.max(axis=2)`` (each bin's ranks), as elementwise maxima over whole arrays: numpy
+    reduces a short last axis cell by cell (16 steps x 256 bins of 4 ranks: 158 us). A wide bin
+    is halved first (log2 steps), then its last few columns are taken one by one into the result
+    (16 x 256 x 4: 10 us, where halving all the way cost 44: each halved array is a copy with an
+    inner axis of two). The same numbers (a NaN propagates through both)."""
+    width = x.shape[2]
+    while width > 8 and width % 2 == 0:
+        half = width // 2
         x = np.maximum(x[:, :, :half], x[:, :, half:])
-    return x[:, :, 0] if x.shape[2] == 1 else x.max(axis=2)
+        width = half
+    if width == 1:
+        return x[:, :, 0]
+    out = np.maximum(x[:, :, 0], x[:, :, 1])
+    for j in range(2, width):
+        np.maximum(out, x[:, :, j], out=out)
+    return out
 
 
 def _pow2_at_least(x: int) -> int:
@@ -99,7 +107,10 @@ class HeatGrid:
             self.step_width *= 2
         need = step // self.step_width + 1
         if need > self.sums.shape[1]:
-            grow = max(need, min(MAX_STEP_BINS, 2 * self.sums.shape[1], need + 256))
+            # Doubling (from 64 columns): a run's grid is copied O(log) times as it grows, not
+            # every 256 steps (each copy of all 256 rank bins: a third of the fold's cost for
+            # 64-record pushes, and most of its page faults). Never past MAX_STEP_BINS.
+            grow = max(need, min(MAX_STEP_BINS, max(64, 2 * self.sums.shape[1])))
             for name in ("sums", "counts"):
                 old = getattr(self, name)
                 new = np.zeros((MAX_RANK_BINS, grow), np.float32)
@@ -162,7 +173,9 @@ class RunRollup:
     def _ensure_steps(self, last_step: int) -> None:
         if last_step < self.n_steps:
             return
-        n = max(last_step + 1, self.n_steps + _GROW)
+        # By half again (at least _GROW steps): amortised, a long run's lines are not copied
+        # whole every 1,024 steps.
+        n = max(last_step + 1, self.n_steps + max(_GROW, self.n_steps // 2))
         for f, stats in self.lines.items():
             grown = self._empty(n)
             for k, arr in stats.items():
