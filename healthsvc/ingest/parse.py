@@ -326,6 +326,8 @@ def _holds_bool(col: list, arr: np.ndarray) -> bool:
     reads true and false as 1 and 0, so only the elements read as 0 or 1 can be one: their types
     are checked (a push's steps and ranks hold few; a pass over every element's type was most of
     what this module added to a push's parse since 91dd201, timed in process)."""
+    if len(col) <= 64:   # a short column: one pass over its types costs less than numpy's calls
+        return bool in set(map(type, col))
     small = np.flatnonzero(arr <= 1)
     if len(small) > 64:   # many zeros and ones: one C-speed pass over the types instead
         return bool in set(map(type, col))
@@ -402,6 +404,9 @@ def _string_column(name: str, col: list, where: _Where, max_chars: int = 255,
 
 
 def _check_unique_keys(steps: np.ndarray, ranks: np.ndarray, where: _Where) -> None:
+    if len(steps) <= 32:   # a rank's or a host's few records: a set of pairs, no numpy calls
+        if len(set(zip(steps.tolist(), ranks.tolist()))) == len(steps):
+            return
     # The usual push comes in (step, rank) order: pairs that strictly increase are distinct, seen
     # in one pass without the sort (which was a third of a 1,024-record push's column building).
     later = steps[1:] > steps[:-1]
