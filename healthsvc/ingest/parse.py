@@ -95,9 +95,10 @@ def parse_metrics(body: bytes, max_ranks: int = 1 << 20, max_names: int = 1 << 2
     fast = _numeric_columns(body, max_names)
     if fast is not None:
         columns, n, batch_id = fast
-        batch = _build_batch(columns, n, _Where(("body", "columns"), rows=False))
-        _check_ranks(batch, max_ranks, _Where(("body", "columns"), rows=False))
-        return batch, ("id:" + batch_id) if batch_id is not None else "h:" + xxhash.xxh3_128_hexdigest(body)
+        where = _Where(("body", "columns"), rows=False)
+        batch = _build_batch(columns, n, where)
+        _check_ranks(batch, max_ranks, where)
+        return batch, body_digest(body, {"batch_id": batch_id})
     doc = load_json(body)
     if not isinstance(doc, dict):
         raise InvalidInput("body must be a JSON object with 'records' or 'columns'", loc=("body",))
