@@ -157,8 +157,9 @@ def _numeric_columns(body: bytes, max_names: int) -> tuple[dict[str, Any], int, 
         arrays = {name: col for name in names if isinstance(col := cols[name], simdjson.Array)}
         if len(arrays) != len(names):
             return None
-        # as_buffer flattens nested lists ([[1], 2] reads as [1, 2]): one '[' a column, no more.
-        if body.count(b"[") != len(names):
+        # as_buffer flattens nested lists ([[1], 2] reads as [1, 2]): one '[' a column, no more
+        # (counted by numpy: bytes.count of one byte was a fifth of this decode).
+        if np.count_nonzero(np.frombuffer(body, np.uint8) == ord("[")) != len(names):
             return None
         out: dict[str, Any] = {}
         n = -1
