@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 # How long the first announcement waits for others to go with it: a few milliseconds of the
 # 100 ms in which the owner must hear of a push.
 NOTIFY_GATHER_S = 0.005
+DEADLOCK_RETRIES = 3       # a renewal failed by PostgreSQL's deadlock check is run again this often
+DEADLOCK_BACKOFF_S = 0.05  # ... after this long (times the attempt, jittered up to twice)
 
 
 def channel(replica_id: str) -> str:
@@ -279,20 +281,25 @@ class PgLeases:
 
     def _renewed(self, held: dict[str, tuple[int, float]]) -> set[str]:
         """RENEW the held leases; the runs whose lease is still this replica's. A deadlock is
-        retried at once: the renewal updates many lease rows, while a store's group commit
-        holds some of them ``FOR SHARE`` (its fenced writes, in the jobs' order) and waits for
-        another; PostgreSQL breaks the cycle by failing one side, and a renewal that failed
-        lets every lease run out here (the soak saw runs lost and taken over for it)."""
+        retried: the renewal updates many lease rows, while a store's group commit holds some
+        of them ``FOR SHARE`` (its fenced writes, in the jobs' order) and waits for another;
+        PostgreSQL breaks the cycle by failing one side, and a renewal that failed lets every
+        lease run out here (the soak saw runs lost and taken over for it).
+
+        The retry waits a moment first (:data:`DEADLOCK_BACKOFF_S`, jittered): retried at once,
+        the renewal can lock the first row again before the fenced write it just released
+        takes it, and the same cycle forms again with the fenced write as the one failed."""
         import psycopg
 
         args = {"runs": list(held), "tokens": [t for t, _ in held.values()], "ttl": self.ttl_s, "me": self.replica_id}
-        for attempt in range(3):
+        for attempt in range(DEADLOCK_RETRIES + 1):
             try:
                 return {r for (r,) in self._conn.execute(lease_table.RENEW, args).fetchall()}
             except psycopg.errors.DeadlockDetected:
-                if attempt == 2:
+                if attempt == DEADLOCK_RETRIES:
                     raise
                 log.warning("leases: renewal deadlocked with a fenced write; renewing again")
+                self._stopping.wait(DEADLOCK_BACKOFF_S * (attempt + 1) * (1.0 + secrets.randbelow(1000) / 1000))
         return set()
 
     def _listen_loop(self) -> None:

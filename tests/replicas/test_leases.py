@@ -178,6 +178,20 @@ def test_a_running_run_that_nobody_claimed_is_taken_by_the_sweep(dsn):
         a.stop()
 
 
+def waiting_on_a_lock(conn: psycopg.Connection, n: int, timeout_s: float = 30.0) -> bool:
+    """Whether ``n`` other sessions of this database wait on a lock within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(conn.info.dsn, autocommit=True) as probe:
+        while time.monotonic() < deadline:
+            (waiting,) = probe.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()").fetchone()
+            if waiting >= n:
+                return True
+            time.sleep(0.01)
+    return False
+
+
 def test_a_renewal_that_deadlocks_with_a_fenced_write_is_retried_and_keeps_every_lease(dsn, caplog):
     """A store's group commit holds a lease row ``FOR SHARE`` for each fenced write (in its jobs'
     order) while the renewal updates every held row: each can wait for the other. PostgreSQL
@@ -197,7 +211,7 @@ def test_a_renewal_that_deadlocks_with_a_fenced_write_is_retried_and_keeps_every
                 errors.append(exc)
         renewing = threading.Thread(target=renew)
         renewing.start()                   # updates r1, then waits for r2
-        time.sleep(0.3)
+        assert waiting_on_a_lock(writer, n=1)   # barrier: the renewal waits first, so its check fires first
         with caplog.at_level("WARNING", logger="healthsvc.ownership.leases"):
             writer.execute("SELECT 1 FROM leases WHERE run_id = 'r1' FOR SHARE")   # then one of r1: a cycle
             writer.commit()
