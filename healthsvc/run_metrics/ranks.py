@@ -61,15 +61,19 @@ class _RankTable:
         so the sort is close to linear (a sort by rank first, as a lexsort, was the fold's cost)."""
         if not pending:
             return
-        ranks = np.concatenate([np.asarray(b.ranks, np.int64) for _, b in pending])
-        key = np.concatenate([(np.int64(a) << 40) + np.asarray(b.steps, np.int64) for a, b in pending])
+        batches = [b for _, b in pending]
+        ranks = np.concatenate([b.ranks for b in batches]).astype(np.int64, copy=False)
+        # (attempt, step) as one integer: the attempts spread over their batches' records in one
+        # call, not a shifted copy of every batch's steps (a fold of 256 small pushes: half its cost).
+        attempts = np.repeat(np.array([a for a, _ in pending], np.int64), [len(b) for b in batches])
+        key = (attempts << 40) + np.concatenate([b.steps for b in batches]).astype(np.int64, copy=False)
         pos_all = self._grow(ranks)
         order = np.argsort(key, kind="stable")
         for f in TIMING_FIELDS:
-            if not any(f in b.values for _, b in pending):
+            if not any(f in b.values for b in batches):
                 continue
-            v = np.concatenate([b.values[f] if f in b.values else np.full(len(b), np.nan) for _, b in pending])
-            p = np.concatenate([b.present[f] if f in b.present else np.zeros(len(b), bool) for _, b in pending])
+            v = np.concatenate([b.values[f] if f in b.values else np.full(len(b), np.nan) for b in batches])
+            p = np.concatenate([b.present[f] if f in b.present else np.zeros(len(b), bool) for b in batches])
             col = self.values.setdefault(f, np.full(len(self.ids), np.nan))
             at = self.at.setdefault(f, np.full(len(self.ids), -1, np.int64))
             o = order[(p & np.isfinite(v))[order]]
@@ -77,7 +81,7 @@ class _RankTable:
             newer = key[o] >= at[pos]                       # not older than the table's
             o, pos = o[newer], pos[newer]
             col[pos], at[pos] = v[o], key[o]
-        for _, batch in pending:
+        for batch in batches:
             if batch.host_index is not None:
                 self._fold_hosts(batch)
 
