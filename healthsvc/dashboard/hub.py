@@ -12,7 +12,6 @@ chunks stored after it, in the background (``catching_up`` is true meanwhile).
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 import logging
 import queue
@@ -138,14 +137,6 @@ def _slim(batch: MetricBatch) -> MetricBatch:
     return MetricBatch(batch.steps, batch.ranks, wanted, {f: batch.present[f] for f in wanted})
 
 
-def _drawn(res: IngestResult) -> IngestResult:
-    """A committed push as the queue holds it until the next fold (up to ``fold_every_s``): the
-    columns the rollups draw, not the stored chunk's bytes nor the other columns. (Held whole,
-    half a second of 1,024-record pushes was some 20 MB, freed at once and faulted in again.)"""
-    assert res.batch is not None
-    return dataclasses.replace(res, batch=_slim(res.batch), payload=None)
-
-
 class RollupHub:
     def __init__(self, store: Store, *, clock: Callable[[], float] = time.time, align_timeout_s: float = 5.0,
                  tick_interval_s: float = 1.0, snapshot_every_s: float = 30.0, fold_every_s: float = 0.5) -> None:
@@ -221,7 +212,7 @@ class RollupHub:
         """A group commit's results (the pipeline's stage, on the writer thread): queue ours."""
         # One hand-off per group commit, not one per push: a queue put wakes this thread (a
         # lock and a condition) and costs the writer thread more than the rest of this loop.
-        wanted = [_drawn(res) if isinstance(res, IngestResult) else res for res in results
+        wanted = [res for res in results
                   if (isinstance(res, IngestResult) and not res.duplicate and res.batch is not None)
                   or isinstance(res, RunsReleased)
                   or (isinstance(res, RunEvent) and res.kind in ("finish", "config"))]

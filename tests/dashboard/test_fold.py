@@ -149,29 +149,3 @@ def test_the_fold_does_not_wait_out_its_interval_once_fold_at_records_are_queued
     finally:
         hub.stop()
         store.close()
-
-
-def test_what_waits_for_a_fold_is_the_drawn_columns_not_the_chunk_bytes_nor_other_columns(tmp_path):
-    # Between two folds the queue holds every committed push (half a second of a busy service):
-    # the columns the rollups draw, not the stored chunk's bytes or the columns nothing draws.
-    from healthsvc.dashboard.hub import FIELDS as DRAWN
-    store = open_store(str(tmp_path / "held.db"), snapshot_every_s=3600.0)
-    store.open()
-    hub = RollupHub(store, clock=Clock(), tick_interval_s=3600.0, fold_every_s=3600.0)   # not started
-    store.subscribe(hub.committed)
-    try:
-        pushes = rank_pushes(0, n_steps=3)
-        for k, b in enumerate(pushes):
-            b.values["local_grad_norm"], b.present["local_grad_norm"] = np.ones(len(b)), np.ones(len(b), bool)
-            store.ingest.submit_metrics("r", b, f"d{k}").result(10)
-        store.barrier().result(10)
-        held = [res for item in list(hub._queue.queue) for res in item if isinstance(res, IngestResult)]
-        assert len(held) == len(pushes)
-        for res, pushed in zip(held, pushes):
-            assert res.payload is None
-            assert set(res.batch.values) == set(res.batch.present) == set(pushed.values) & DRAWN
-            np.testing.assert_array_equal(res.batch.steps, pushed.steps)
-            for f in res.batch.values:
-                np.testing.assert_array_equal(res.batch.values[f], pushed.values[f])
-    finally:
-        store.close()
