@@ -22,7 +22,8 @@ reason (after Alertmanager's ``needsUpdate``/``NotifyReason``); the service gath
 6. As many supervised restarts as ``max_restarts``: **stop** (``budget_spent``).
 7. Less than ``cooldown_s`` since the last supervised restart: **continue** (``cooling_down``),
    with ``retry_after_s``.
-8. No clean checkpoint in the rollback answer: **stop** (``no_clean_checkpoint``).
+8. No clean checkpoint in the rollback answer: **stop** (``no_clean_checkpoint``; the message
+   quotes the answer's reason, which says why none is clean).
 9. The hosts blamed by causes of the ``leave_out_kinds`` are left out; when that leaves no rank:
    **stop** (``no_hosts_left``).
 10. Otherwise **restart** (``finding`` or ``crash``) from the rollback answer's checkpoint.
@@ -140,6 +141,7 @@ class RollbackView:
     checkpoint_id: int | None = None
     proven_clean: bool = False
     resumed_from: int | None = None   # the corruption began right after a resume from this step
+    reason: str = ""                  # the answer's own paragraph: why this checkpoint, or why none
 
 
 @dataclass(frozen=True)
@@ -224,8 +226,11 @@ def decide_action(s: Situation, p: Policy) -> Action:
                                         f"the cool-down of {p.cooldown_s:g} s; asking again in "
                                         f"{wait:.0f} s.", causes=causes, retry_after_s=wait)
     if s.rollback.step is None:
+        # Why none is the question the person reading this asks next: the answer says it.
+        why = s.rollback.reason.strip()
+        why = f" The rollback answer: {why}{'' if why.endswith('.') else '.'}" if why else ""
         return out(Reason.NO_CLEAN_CHECKPOINT, f"There is no clean checkpoint to resume from after "
-                                               f"{what}.", causes=causes)
+                                               f"{what}.{why}", causes=causes)
     hosts = tuple(sorted({h for f in causes if f.kind in p.leave_out_kinds for h in f.hosts
                           if h is not None}))
     by_host = {h: tuple(sorted(r for r, rh in s.rank_hosts.items() if rh == h)) for h in hosts}

@@ -88,7 +88,8 @@ def situation(ctx: ServiceContext, run_id: str, exited: int | None) -> tuple[Sit
                             uri=None if ckpt is None else ckpt["uri"],
                             checkpoint_id=None if ckpt is None else ckpt["id"],
                             proven_clean=bool(answer["proven_clean"]),
-                            resumed_from=answer["evidence"].get("resumed_from"))
+                            resumed_from=answer["evidence"].get("resumed_from"),
+                            reason=answer["reason"] or "")
     events = store.reads.events(run_id)
     s = Situation(findings=findings, rollback=rollback, restarts=tuple(past_restarts(events)),
                   attempt=0 if current is None else current["attempt"],

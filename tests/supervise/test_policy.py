@@ -141,3 +141,12 @@ def test_a_proven_checkpoint_and_the_left_out_host_are_in_the_sentence():
     assert a.message == ("Restart from step 99 (clean by proof) without n1 because replica_mismatch "
                          "(critical) at step 120.")
     assert a.ranks_by_host == {"n1": (2, 3)} and a.world_size_new == 2
+
+
+def test_no_clean_checkpoint_says_why_in_the_rollback_answers_words():
+    why = "The corruption began at step 5 (4-6); every checkpoint (9, 19) comes after it."
+    a = decide_action(situation(NAN, rollback=RollbackView(step=None, reason=why)), Policy())
+    assert a.reason is Reason.NO_CLEAN_CHECKPOINT
+    assert a.message.endswith(f"The rollback answer: {why}")
+    bare = decide_action(situation(NAN, rollback=RollbackView(step=None)), Policy())
+    assert bare.message.startswith("There is no clean checkpoint") and "rollback answer" not in bare.message
