@@ -128,9 +128,8 @@ def test_the_dashboard_rates_counters_only_and_links_every_panel_to_the_run_page
 def test_the_step_time_median_is_over_the_newest_finite_values_whatever_the_pushes():
     # Property: pushes of random sizes, with NaN, infinities and unreported values among them; the
     # median is over the newest `window` finite values, whenever it is asked. A third of the
-    # pushes are larger than the window, and half of all are clean: such a push is the window
-    # by itself (the shortcut that replaces what the run held); a fifth report every value, so
-    # that a non-finite one must keep a push from taking that shortcut.
+    # pushes are larger than the window (one push can fill it alone), half of all are clean, and
+    # a fifth report every value (a non-finite value among them still counts for nothing).
     rng = np.random.default_rng(7)
     times, kept = StepTimes(window=64), []
     for i in range(400):
