@@ -387,6 +387,13 @@ CONNECT_TIMEOUT_S = 5
 # (a network that stops answering leaves a statement waiting for minutes: the ping runs in a
 # thread of its own and is given up on, one at a time).
 PING_WAIT_S = 1.0
+# A writer connection left inside an open transaction for longer than this is ended by the server.
+# A replica cut off from the database mid-transaction (a network that stops answering, nothing
+# closed) otherwise keeps its row locks until TCP gives up, hours later: the ``FOR SHARE`` of its
+# fenced writes on a lease row, which another replica's takeover (``FOR UPDATE SKIP LOCKED``)
+# then skips for as long (tests/faults/test_replica_cut_off.py saw it). Between two statements of
+# one group commit the writer only encodes and binds; seconds there are already pathological.
+IDLE_IN_TRANSACTION_S = 5.0
 
 
 class PgMetricsIngest(MetricsIngest):
@@ -445,6 +452,7 @@ class PostgresStore(StoreBase):
     def _connect(self) -> psycopg.Connection:
         conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         _configure(conn)
+        conn.execute(f"SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}")
         return conn
 
     def _writer_connection(self) -> PgConnection:
@@ -452,9 +460,14 @@ class PostgresStore(StoreBase):
 
     def _migrate(self, conn: PgConnection) -> list[int]:
         raw = conn.raw
-        # Migrations run their DDL and their own DML directly (no catalog yet).
-        applied = migrations.migrate(_Direct(raw), "postgresql", self.path, time.time(), ddl=pg_ddl,
-                                     lock=f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+        # Migrations run their DDL and their own DML directly (no catalog yet). A data migration
+        # may work in Python between its statements for as long as the data takes: no idle bound.
+        raw.execute("SET idle_in_transaction_session_timeout = 0")
+        try:
+            applied = migrations.migrate(_Direct(raw), "postgresql", self.path, time.time(), ddl=pg_ddl,
+                                         lock=f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+        finally:
+            raw.execute(f"SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}")
         self._refresh_catalog(raw)
         return applied
 

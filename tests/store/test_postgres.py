@@ -1,9 +1,10 @@
 """What is PostgreSQL's own: every read format answers byte for byte what SQLite's store
 answers for the same pushes (NaN, ±Inf and missing included), and the writer survives a lost
-connection (the group that saw it fails with 503, the next is stored)."""
+connection (the group that saw it fails with 503, the next is stored), even when cut off inside a transaction."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import psycopg
@@ -85,3 +86,43 @@ def test_chunk_reads_stream_in_batches_and_other_reads_go_on_meanwhile():
             assert len(list(store.chunks_after("r", 10))) == 2 * StreamedRows.BATCH + 6 - 10
         finally:
             store.close()
+
+
+def test_a_writer_cut_off_inside_a_transaction_lets_its_row_locks_go():
+    """The network freezes between a group commit's statements (nothing forwarded, nothing
+    closed): the server ends the session once it has idled in its transaction for
+    ``IDLE_IN_TRANSACTION_S``, so another connection can take the rows it locked (a replica's
+    takeover of a lease row a cut-off owner held ``FOR SHARE``), instead of waiting on TCP."""
+    from healthsvc.store.postgres import IDLE_IN_TRANSACTION_S
+    from tests.barriers import wait_until
+    from tests.faults.proxy import FreezableProxy
+
+    with fresh_database() as uri:
+        port = int(uri.rsplit(":", 1)[1].split("/")[0])
+        with psycopg.connect(uri, autocommit=True) as other:
+            other.execute("CREATE TABLE held (id int PRIMARY KEY)")
+            other.execute("INSERT INTO held VALUES (1)")
+            with FreezableProxy(port) as proxy:
+                store = PostgresStore(uri.replace(f":{port}/", f":{proxy.port}/"))
+                store.open()
+
+                def lock_then_cut_off(conn):
+                    conn.execute("SELECT id FROM held WHERE id = 1 FOR SHARE")
+                    proxy.freeze()   # the group's COMMIT is not forwarded
+
+                job = store.write(lock_then_cut_off)
+                held = "SELECT id FROM held FOR UPDATE SKIP LOCKED"
+                idle = "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND datname = current_database()"
+                wait_until(lambda: other.execute(idle).fetchone()[0] == 1, 10, "the writer idle in its transaction")
+                assert other.execute(held).fetchall() == []          # the row is locked, so far
+                cut_at = time.monotonic()
+                wait_until(lambda: other.execute(held).fetchall() == [(1,)], IDLE_IN_TRANSACTION_S + 5,
+                           "the row free again")
+                assert time.monotonic() - cut_at <= IDLE_IN_TRANSACTION_S + 2
+                proxy.thaw()
+                with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                    job.result(30)                                    # the group did not commit
+                try:
+                    assert store.ingest.submit_metrics("r", batch(1), "d1").result(30).accepted == 1
+                finally:
+                    store.close()
