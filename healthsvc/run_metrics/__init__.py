@@ -7,8 +7,8 @@ number of series stays bounded however many runs the store keeps:
     healthsvc_run_health{run}                          0 ok, 1 warning, 2 critical (worst active finding)
     healthsvc_run_last_step{run}                       highest step of the current attempt (a gauge:
                                                        it goes down at a rollback)
-    healthsvc_run_steps_total{run}                     steps trained, a counter (``steps.py``): the
-                                                       one to ``rate()``
+    healthsvc_run_steps_total{run}                     steps trained, a counter (``steps.py``, read
+                                                       from the store's attempts): the one to ``rate()``
     healthsvc_run_last_push_timestamp_seconds{run}     last accepted push, unix seconds
     healthsvc_run_step_time_median_seconds{run}        median step_time over the last values pushed
                                                        (``STEP_TIME_WINDOW`` per run, all ranks)
@@ -30,16 +30,17 @@ from typing import Any, TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from healthsvc.run_metrics.feed import new_batches
 from healthsvc.run_metrics.ranks import RankTimes, named_ranks
 from healthsvc.run_metrics.step_times import STEP_TIME_WINDOW, StepTimes
-from healthsvc.run_metrics.steps import StepsTrained
+from healthsvc.run_metrics.steps import steps_trained
 from healthsvc.store.results import RunsReleased
 
 if TYPE_CHECKING:  # pragma: no cover
     from healthsvc.context import ServiceContext
 
 
-__all__ = ["RankTimes", "RunSeriesCollector", "StepTimes", "StepsTrained", "install"]
+__all__ = ["RankTimes", "RunSeriesCollector", "StepTimes", "install", "steps_trained"]
 
 HEALTH_VALUE = {"ok": 0, "warning": 1, "critical": 2}
 
@@ -47,10 +48,9 @@ HEALTH_VALUE = {"ok": 0, "warning": 1, "critical": 2}
 class RunSeriesCollector:
     """Prometheus collector: reads the store and the findings at scrape time."""
 
-    def __init__(self, ctx: ServiceContext, step_times: StepTimes, steps: StepsTrained, rank_times: RankTimes) -> None:
+    def __init__(self, ctx: ServiceContext, step_times: StepTimes, rank_times: RankTimes) -> None:
         self.ctx = ctx
         self.step_times = step_times
-        self.steps = steps
         self.rank_times = rank_times
 
     def active_runs(self, now: float) -> list[tuple[str, Any]]:
@@ -104,9 +104,7 @@ class RunSeriesCollector:
             if st.max_step >= 0:
                 last_step.add_metric([run_id], st.max_step)
             last_push.add_metric([run_id], st.last_push)
-            total = self.steps.total(run_id)
-            if total is not None:
-                steps.add_metric([run_id], total)
+            steps.add_metric([run_id], steps_trained(self.ctx.store.reads.attempts(run_id)))
             for line in self.rank_times.top(run_id, self.ctx.settings.metrics_top_ranks, named_ranks(active)):
                 labels = [run_id, str(line.rank), line.host or ""]
                 if line.ratio is not None:
@@ -121,7 +119,7 @@ class RunSeriesCollector:
                 findings.add_metric([run_id, kind, severity], n)
         exported.add_metric([], len(runs))
         kept = {run_id for run_id, _ in runs}
-        for part in (self.step_times, self.steps, self.rank_times):
+        for part in (self.step_times, self.rank_times):
             part.keep_only(kept)
         yield from (health, last_step, steps, last_push, step_time, findings, ratio, seconds, rank_findings, exported)
 
@@ -134,8 +132,10 @@ class RunSeries:
         self.parts = parts
 
     def committed(self, results: list[Any]) -> None:
-        for part in self.parts:
-            part.on_store_results(results)
+        pushes = list(new_batches(results))   # chosen once for every part
+        if pushes:
+            for part in self.parts:
+                part.add(pushes)
         released = [run_id for r in results if isinstance(r, RunsReleased) for run_id in r.run_ids]
         if released:
             for part in self.parts:
@@ -144,6 +144,6 @@ class RunSeries:
 
 def install(app: Any, ctx: ServiceContext) -> None:
     """The feature hook (called by ``healthsvc.app.create_app``)."""
-    parts = StepTimes(), StepsTrained(), RankTimes()
+    parts = StepTimes(), RankTimes()
     ctx.run_series = RunSeries(parts)   # fed every commit's results by the pipeline (healthsvc.pipeline)
     ctx.metrics.registry.register(RunSeriesCollector(ctx, *parts))

@@ -151,9 +151,15 @@ class RankTimes:
         return f"RankTimes(runs={len(self._tables)})"
 
     def on_store_results(self, results: list[Any]) -> None:
-        for r, batch in new_batches(results):
-            with self._lock:
-                pending = self._pending.setdefault(r.run_id, [])
+        self.add(list(new_batches(results)))
+
+    def add(self, pushes: list[tuple[Any, Any]]) -> None:
+        """A group commit's new (result, batch) pairs (``feed.new_batches``)."""
+        with self._lock:
+            for r, batch in pushes:
+                pending = self._pending.get(r.run_id)
+                if pending is None:
+                    pending = self._pending[r.run_id] = []
                 held = self._held.get(r.run_id, 0) + len(batch)
                 if pending and len(batch) >= SUPERSEDE_FROM and _supersedes(r.attempt, batch, *pending[-1]):
                     held -= len(pending.pop()[1])

@@ -26,19 +26,37 @@ class StepTimes:
         self._lock = threading.Lock()
 
     def on_store_results(self, results: list[Any]) -> None:
-        for r, batch in new_batches(results):
-            if "step_time" not in batch.values:
-                continue
-            with self._lock:
-                self._parts.setdefault(r.run_id, []).append((batch.values["step_time"], batch.present["step_time"]))
+        self.add(list(new_batches(results)))
+
+    def add(self, pushes: list[tuple[Any, Any]]) -> None:
+        """A group commit's new (result, batch) pairs (``feed.new_batches``)."""
+        with self._lock:
+            for r, batch in pushes:
+                if "step_time" not in batch.values:
+                    continue
+                parts = self._parts.get(r.run_id)
+                if parts is None:
+                    parts = self._parts[r.run_id] = []
+                parts.append((batch.values["step_time"], batch.present["step_time"]))
                 held = self._held[r.run_id] = self._held.get(r.run_id, 0) + len(batch)
-                if held > 4 * self.window or len(self._parts[r.run_id]) > COMPACT_AT_PARTS:
+                if held > 4 * self.window or len(parts) > COMPACT_AT_PARTS:
                     self._compact(r.run_id)
 
     def _compact(self, run_id: str) -> np.ndarray:
-        """The run's window as one array (the lock held)."""
-        v = np.concatenate([values[present] for values, present in self._parts[run_id]])
-        v = v[np.isfinite(v)][-self.window:]
+        """The run's window as one array (the lock held). Newest push first, and no further back
+        than the window's worth of finite values: at 1,024 records a push the newest push alone
+        fills it, and the older ones held are dropped unread."""
+        kept: list[np.ndarray] = []
+        n = 0
+        for values, present in reversed(self._parts[run_id]):
+            v = values[present]
+            v = v[np.isfinite(v)]
+            kept.append(v)
+            n += len(v)
+            if n >= self.window:
+                break
+        v = np.concatenate(kept[::-1])[-self.window:] if len(kept) > 1 else (kept[0][-self.window:] if kept else
+                                                                                  np.zeros(0))
         self._parts[run_id], self._held[run_id] = [(v, np.ones(len(v), bool))], len(v)
         return v
 

@@ -1,5 +1,6 @@
 """/metrics scraped from a real server (uvicorn on 127.0.0.1, the service's fake clock): the
-steps counter keeps counting through a rollback while the last-step gauge goes down, per-rank
+steps counter keeps counting through a rollback while the last-step gauge goes down, and
+through a restart of the service, per-rank
 series stay at most ``metrics_top_ranks`` per run at 16,384 ranks (the ranks findings name, then
 the slowest), and the process collectors are on the service's registry."""
 from __future__ import annotations
@@ -49,6 +50,11 @@ def test_the_steps_counter_keeps_counting_through_a_rollback_where_the_gauge_goe
         push_steps(c, "r", range(80, 90))
         svc.drain()
         assert sample(scrape(c), "healthsvc_run_steps", run="r") == 140
+    with ServedService(tmp_path, clock=svc.clock) as again:   # restarted on the same store
+        assert sample(scrape(again.http), "healthsvc_run_steps", run="r") == 140, "it goes on from the same count"
+        push_steps(again.http, "r", range(90, 95))
+        again.drain()
+        assert sample(scrape(again.http), "healthsvc_run_steps", run="r") == 145
 
 
 def test_per_rank_series_are_the_named_and_the_slowest_ranks_at_most_k_of_16384(tmp_path):

@@ -1,11 +1,11 @@
-"""Properties of the per-run parts behind /metrics, fed as the writer thread feeds them: the steps
-counter never goes down and counts each attempt's steps, and the per-rank top-k is at most k, the
+"""Properties of the per-run parts behind /metrics: the steps counter (read from a real store's
+attempts) never goes down and counts each attempt's steps, and the per-rank top-k is at most k, the
 named ranks first, the rest the slowest, whatever the order and split of the pushes."""
 from __future__ import annotations
 
 import numpy as np
 
-from healthsvc.run_metrics import RankTimes, StepsTrained
+from healthsvc.run_metrics import RankTimes, steps_trained
 from healthsvc.store.batch import MetricBatch
 from healthsvc.store.results import IngestResult
 
@@ -19,36 +19,46 @@ def result(run: str, steps, ranks, attempt: int, new_attempt: bool = False, dupl
                         MetricBatch(steps, ranks, values, present))
 
 
-def test_the_steps_counter_counts_each_attempts_steps_and_never_goes_down():
+def exported_steps(text: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+    return next((s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                 if s.name == "healthsvc_run_steps_total" and s.labels.get("run") == "r"), None)
+
+
+def test_the_steps_counter_counts_each_attempts_steps_and_never_goes_down(tmp_path):
+    """Pushes to the service (restarts and rollbacks to an earlier step, re-sent batches among
+    them): the exported count, read from the store's attempts, is each attempt's steps, and
+    never goes down."""
+    from tests.harness import InProcessService
+
     rng = np.random.default_rng(3)
-    counter, expected, last = StepsTrained(), 0, 0
-    attempt, step = 0, 0
-    for _ in range(300):
-        if attempt == 0 or rng.random() < 0.05:          # a restart or rollback to an earlier step
-            attempt, step = attempt + 1, int(rng.integers(0, step + 1))
-            n = int(rng.integers(1, 20))
-            counter.on_store_results([result("r", range(step, step + n), [0] * n, attempt, new_attempt=True)])
-            expected, step = expected + n, step + n
-        elif rng.random() < 0.1:                          # re-sent or late: nothing new
-            old = int(rng.integers(0, step))
-            counter.on_store_results([result("r", [old], [1], attempt, duplicate=rng.random() < 0.5)])
-        else:
-            n = int(rng.integers(1, 20))
-            counter.on_store_results([result("r", range(step, step + n), [0] * n, attempt)])
-            expected, step = expected + n, step + n
-        total = counter.total("r")
-        assert total == expected and total >= last
-        last = total
-    counter.keep_only(set())
-    assert counter.total("r") is None
+    expected, last, step, attempts = 0, 0, 0, 0
+    with InProcessService(tmp_path) as svc:
+        def push(steps, rank=0, batch_id=None):
+            body = {"columns": {"step": list(steps), "rank": [rank] * len(steps), "loss": [1.0] * len(steps)}}
+            if batch_id:
+                body["batch_id"] = batch_id
+            assert svc.http.post("/v1/runs/r/metrics", json=body).status_code == 202
 
-
-def test_a_counter_that_missed_the_start_of_an_attempt_only_sets_its_baseline():
-    counter = StepsTrained()   # a restarted service: attempt 3 was opened before it
-    counter.on_store_results([result("r", range(500, 510), [0] * 10, 3)])
-    assert counter.total("r") == 0
-    counter.on_store_results([result("r", range(510, 515), [0] * 5, 3)])
-    assert counter.total("r") == 5
+        for i in range(120):
+            if attempts == 0 or rng.random() < 0.05:       # a restart or rollback to an earlier step
+                step = int(rng.integers(0, step + 1)) if attempts else 0
+                n = int(rng.integers(1, 20))
+                push(range(step, step + n), batch_id=f"b{i}")
+                attempts += 1
+                expected, step = expected + n, step + n
+            elif rng.random() < 0.1:                          # re-sent: nothing new
+                push(range(step - 1, step), batch_id=f"b{i - 1}")
+            else:
+                n = int(rng.integers(1, 20))
+                push(range(step, step + n), batch_id=f"b{i}")
+                expected, step = expected + n, step + n
+            svc.drain()
+            run = svc.http.get("/v1/runs/r").json()
+            total = exported_steps(svc.http.get("/metrics").text)
+            assert run["attempt"] == attempts and total == expected and total >= last, (i, run)
+            assert steps_trained(svc.http.get("/v1/runs/r", params={"detail": True}).json()["attempts"]) == total
+            last = total
 
 
 def test_the_top_ranks_are_named_first_then_the_slowest_whatever_the_push_order():
