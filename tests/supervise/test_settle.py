@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import threading
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.barriers import wait_until
+from tests.conftest import JSON
 from tests.harness import ServedService
 from tests.pg import database_for
 
@@ -142,3 +144,37 @@ def test_a_rank_that_never_reports_past_the_cause_holds_the_decision_only_until_
         "considered."), a["message"]
     assert metric(svc.http, "healthsvc_supervise_settle_expired_total") == expired + 1
     assert metric(svc.http, "healthsvc_supervise_settling") == 0
+
+
+def test_a_checkpoint_stored_while_the_decision_is_computed_is_in_the_answer(svc, monkeypatch):
+    # The same race a little later: rank 0 is behind, with no checkpoint stored, when the
+    # rollback answer is read, and catches up (its records, its checkpoint of step 19, its
+    # records past the NaN's step) while the decision is computed, before the settle looks at
+    # the ranks. The settle then has nothing to wait for; the decision must still rest on what
+    # is stored once the ranks are past the step, not on the answer read before: step 19, not
+    # ``no_clean_checkpoint``. The catch-up runs at a barrier (the first policy decision, made
+    # right after the answer was read), so the race is on cue, not on timing.
+    from healthsvc.supervise import service as supervise_service
+    run_id = "settle-race-during-decision"
+    the_nan_is_found_before_rank_0_catches_up(svc, run_id, ())
+    real = supervise_service.decide_action
+    caught_up = threading.Event()
+
+    def catch_up_then_decide(s, policy):
+        if not caught_up.is_set():
+            caught_up.set()
+            assert s.rollback.step is None, s.rollback      # the answer read before: none clean
+            with httpx.Client(base_url=svc.url, timeout=30, headers=JSON) as other:
+                push(other, run_id, 0, [HELD])
+                checkpoint(other, run_id, HELD)
+                push(other, run_id, 0, range(HELD + 1, NAN_STEP + 2))
+                push(other, run_id, 1, [NAN_STEP + 1])
+            svc.drain()                                       # stored before the settle looks
+        return real(s, policy)
+
+    monkeypatch.setattr(supervise_service, "decide_action", catch_up_then_decide)
+    a = svc.http.get(f"/v1/runs/{run_id}/action").json()
+    assert caught_up.is_set()
+    assert (a["action"], a["reason"]) == ("restart", "finding"), a
+    assert a["checkpoint"]["step"] == HELD, a
+    assert "supervise_settle_s" not in a["message"], a["message"]
