@@ -55,8 +55,10 @@ def feed(det: BlockDetector, parts: Iterable[StepBlock]) -> list[Finding]:
 
 
 def snapshot(det: Any) -> dict[str, Any]:
-    """The state as the service stores it (``json`` keeps NaN and Infinity tokens)."""
-    return json.loads(json.dumps(det.state_dict(), allow_nan=True))
+    """The state as the service stores it: strict JSON, which has no NaN or infinity, so a
+    detector writes non-finite numbers as strings (``stats.state_json.array_to_json``); the
+    service writes the state with orjson, which would turn them into null. A raw one fails here."""
+    return json.loads(json.dumps(det.state_dict(), allow_nan=False))
 
 
 def _key(f: Finding) -> tuple:

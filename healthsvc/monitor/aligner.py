@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.stats.state_json import array_from_json, array_to_json
 from healthsvc.store.batch import MetricBatch
 
 
@@ -255,8 +256,9 @@ class StepAligner:
     def state_dict(self) -> dict[str, Any]:
         self._join()
         return {"steps": self._steps.tolist(), "ranks": self._ranks.tolist(),
-                # Floats may be NaN/Inf (data): the snapshot is written with a NaN-aware encoder.
-                "values": {f: v.tolist() for f, v in self._values.items()},
+                # Floats may be NaN/Inf (data): written as strings, the state is strict JSON
+                # (the monitor's snapshot is written by orjson, which would make them null).
+                "values": {f: array_to_json(v) for f, v in self._values.items()},
                 "present": {f: p.tolist() for f, p in self._present.items()},
                 "first_seen_step": list(self._first_seen), "first_seen_s": list(self._first_seen.values()),
                 "emitted_upto": self.emitted_upto, "late_records": self.late_records}
@@ -265,8 +267,8 @@ class StepAligner:
         self._reset()
         self._steps = np.asarray(state["steps"], dtype=np.int64)
         self._ranks = np.asarray(state["ranks"], dtype=np.int64)
-        for f, vals in state["values"].items():
-            self._values[f] = np.asarray(vals, dtype=np.float64).reshape(-1)
+        for f, vals in state["values"].items():   # raw NaN tokens in snapshots of earlier versions
+            self._values[f] = array_from_json(vals, np.dtype(np.float64)).reshape(-1)
             self._present[f] = np.asarray(state["present"][f], dtype=bool).reshape(-1)
         first_step = np.asarray(state["first_seen_step"], dtype=np.int64).reshape(-1).tolist()
         first_s = np.asarray(state["first_seen_s"], dtype=np.float64).reshape(-1).tolist()
