@@ -77,8 +77,12 @@ class App:
             from healthsvc.ops import allocator       # threads start, where the tree does it
             allocator.tune(settings.malloc_arena_max)
         self.app = app_module.create_asgi(settings)
-        gc.collect()   # ... and after building the app (healthsvc.cli._freeze_startup_objects)
-        gc.freeze()
+        import healthsvc.cli as cli   # ... and after building the app, the collector as serve sets it
+        if hasattr(cli, "tune_gc_for_serving"):
+            cli.tune_gc_for_serving()
+        else:                         # an older tree (healthsvc.cli._freeze_startup_objects)
+            gc.collect()
+            gc.freeze()
         self._messages: asyncio.Queue = asyncio.Queue()
 
     async def start(self) -> None:

@@ -1,13 +1,15 @@
 """Prometheus metrics of the service itself, in a registry owned by one app (no globals).
 
-The registry also carries prometheus_client's process and platform collectors (``process_*``:
-CPU seconds, resident memory, open file descriptors, start time; ``python_info``), which the
-default global registry would have had: the usual node and process dashboards work on it."""
+The registry also carries prometheus_client's process, platform and garbage-collector collectors
+(``process_*``: CPU seconds, resident memory, open file descriptors, start time; ``python_info``;
+``python_gc_*``: collections and objects collected per generation), which the default global
+registry would have had: the usual node and process dashboards work on it."""
 from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector,
+                               ProcessCollector)
 
 
 class ServiceMetrics:
@@ -16,6 +18,7 @@ class ServiceMetrics:
         r = self.registry
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.ingest_requests = Counter("healthsvc_ingest_requests", "Metrics ingest requests by outcome.",
                                        ["outcome"], registry=r)
         self.ingest_records = Counter("healthsvc_ingest_records", "Per-rank step records accepted.", registry=r)
