@@ -38,9 +38,13 @@ from healthsvc.store.batch import MetricBatch
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
 RESERVED_FIELDS = frozenset({"attempt", "batch_id"})
 TOP_LEVEL_KEYS = ("records", "columns", "batch_id")
-# Bodies from this size on are worth the fast columns decode: it costs some 12 us more than
-# orjson for a one-record push, and saves half the decode from about 30 records (4 KB) on.
-FAST_COLUMNS_MIN_BYTES = 4096
+# Bodies from this size on are worth the fast columns decode. Alone (timeit of parse_metrics)
+# it is cheaper from about 30 records (4 KB) on; in the service, whose every thread's CPU a push
+# costs, it is not until about 384 records (45 KB): bench/ingest_inproc.py's CPU per push with
+# the fast decode / without, columns of 64 records 0.55 / 0.43 ms, 128 0.54 / 0.45, 256 0.67 /
+# 0.56, 384 0.66 / 0.65, 512 0.82 / 0.97, 1,024 1.2 / 1.6 (stop 40, two runs each; why a small
+# body costs more through simdjson there than alone is not known).
+FAST_COLUMNS_MIN_BYTES = 48 * 1024
 
 
 def decode_body(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
