@@ -80,8 +80,8 @@ def serve(args: argparse.Namespace) -> int:
 # generation is collected: Python's default is 700. A 1,024-record push in rows is a dict per
 # record, alive until its columns are built: at 700 every such push triggered three young
 # collections, each walking the push's records, and a full one every fifty pushes walking every
-# live object: a tenth of the push's CPU (bench/ingest_inproc.py, 240 us of 2.4 ms, on this
-# tree and on 91dd201 alike). Above the records of the largest usual push, a push's own objects
+# live object: a tenth of the push's CPU (timed by hand with gc.callbacks over
+# bench/ingest_inproc.py: 240 us of 2.4 ms, on this tree and on 91dd201 alike). Above the records of the largest usual push, a push's own objects
 # are freed before any collection. Cyclic garbage waits longer: at most this many objects more
 # (a few MB).
 GC_YOUNG_THRESHOLD = 50_000

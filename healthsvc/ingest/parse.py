@@ -41,7 +41,7 @@ TOP_LEVEL_KEYS = ("records", "columns", "batch_id")
 # Bodies from this size on are worth the fast columns decode. Alone (timeit of parse_metrics)
 # it is cheaper from about 30 records (4 KB) on; in the service, whose every thread's CPU a push
 # costs, it is not until about 384 records (45 KB): bench/ingest_inproc.py's CPU per push with
-# the fast decode / without, columns of 64 records 0.55 / 0.43 ms, 128 0.54 / 0.45, 256 0.67 /
+# the fast decode / without (this threshold set by hand for each case), columns of 64 records 0.55 / 0.43 ms, 128 0.54 / 0.45, 256 0.67 /
 # 0.56, 384 0.66 / 0.65, 512 0.82 / 0.97, 1,024 1.2 / 1.6 (stop 40, two runs each; why a small
 # body costs more through simdjson there than alone is not known).
 FAST_COLUMNS_MIN_BYTES = 48 * 1024

@@ -26,7 +26,6 @@ from typing import Any, Iterable
 import numpy as np
 
 from healthsvc_detectors.finding import SEVERITY_ORDER
-from healthsvc.run_metrics.feed import new_batches
 
 TIMING_FIELDS = ("compute_time", "step_time")   # the first one a run reports is the one ranked
 FOLD_AT_RECORDS = 1 << 16                        # pending records that trigger a fold at push time
@@ -149,9 +148,6 @@ class RankTimes:
 
     def __repr__(self) -> str:
         return f"RankTimes(runs={len(self._tables)})"
-
-    def on_store_results(self, results: list[Any]) -> None:
-        self.add(list(new_batches(results)))
 
     def add(self, pushes: list[tuple[Any, Any]]) -> None:
         """A group commit's new (result, batch) pairs (``feed.new_batches``)."""

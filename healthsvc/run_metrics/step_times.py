@@ -7,7 +7,6 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from healthsvc.run_metrics.feed import new_batches
 
 STEP_TIME_WINDOW = 512  # step_time values kept per run for the median (all ranks, newest last)
 COMPACT_AT_PARTS = 256  # pushes held before they are cut to the window (objects the GC tracks)
@@ -24,9 +23,6 @@ class StepTimes:
         self._parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}   # (values, present), oldest first
         self._held: dict[str, int] = {}      # records in a run's parts
         self._lock = threading.Lock()
-
-    def on_store_results(self, results: list[Any]) -> None:
-        self.add(list(new_batches(results)))
 
     def add(self, pushes: list[tuple[Any, Any]]) -> None:
         """A group commit's new (result, batch) pairs (``feed.new_batches``)."""
@@ -55,8 +51,7 @@ class StepTimes:
             n += len(v)
             if n >= self.window:
                 break
-        v = np.concatenate(kept[::-1])[-self.window:] if len(kept) > 1 else (kept[0][-self.window:] if kept else
-                                                                                  np.zeros(0))
+        v = np.concatenate(kept[::-1])[-self.window:] if kept else np.zeros(0)
         self._parts[run_id], self._held[run_id] = [(v, np.ones(len(v), bool))], len(v)
         return v
 

@@ -394,6 +394,7 @@ PING_WAIT_S = 1.0
 # then skips for as long (tests/faults/test_replica_cut_off.py saw it). Between two statements of
 # one group commit the writer only encodes and binds; seconds there are already pathological.
 IDLE_IN_TRANSACTION_S = 5.0
+_BOUND_IDLE_IN_TRANSACTION = f"SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}"
 
 
 class PgMetricsIngest(MetricsIngest):
@@ -452,7 +453,7 @@ class PostgresStore(StoreBase):
     def _connect(self) -> psycopg.Connection:
         conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         _configure(conn)
-        conn.execute(f"SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}")
+        conn.execute(_BOUND_IDLE_IN_TRANSACTION)
         return conn
 
     def _writer_connection(self) -> PgConnection:
@@ -467,7 +468,7 @@ class PostgresStore(StoreBase):
             applied = migrations.migrate(_Direct(raw), "postgresql", self.path, time.time(), ddl=pg_ddl,
                                          lock=f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         finally:
-            raw.execute(f"SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}")
+            raw.execute(_BOUND_IDLE_IN_TRANSACTION)
         self._refresh_catalog(raw)
         return applied
 

@@ -11,9 +11,8 @@ knows, decided by :func:`healthsvc.supervise.policy.decide_action`.
 
 A restart or stop for a corruption finding is *settled* first (:func:`settle`): it waits, at most
 ``supervise_settle_s``, until every rank of the attempt has stored a step after the cause's, then
-decides on what is stored then. Unless every rank was already past the step before the rollback
-answer was read, it decides again once settled, even when it did not have to wait: a rank may have
-caught up (its checkpoints first) while the first answer was being computed.
+decides again on what is stored then, whether it had to wait or not: a rank may have caught up
+(its checkpoints first) while the first answer was being computed.
 """
 from __future__ import annotations
 
@@ -69,12 +68,8 @@ def _world_size(store, run_id: str, config: dict, events: list[dict]) -> int | N
     return st.ranks_seen if st is not None and st.ranks_seen else None
 
 
-def situation(ctx: ServiceContext, run_id: str,
-              exited: int | None) -> tuple[Situation, SuperviseConfig, bool]:
-    """The inputs of the decision, the run's policy, and whether every rank of the attempt had
-    stored a step after each of those findings of a corruption kind before the rollback answer was
-    read (then the answer holds everything the ranks registered before them, checkpoints
-    included, and settling cannot change it; see :func:`decide`)."""
+def situation(ctx: ServiceContext, run_id: str, exited: int | None) -> tuple[Situation, SuperviseConfig]:
+    """The inputs of the decision and the run's policy."""
     store = ctx.store
     row = store.reads.get_run_row(run_id)
     if row is None:
@@ -88,9 +83,6 @@ def situation(ctx: ServiceContext, run_id: str,
               ranks=sf.finding.ranks, hosts=sf.hosts, attempt=sf.attempt)
         for sf in (af.stored for af in ctx.health.active(run_id))
         if sf.finding.status == "firing" and (current is None or sf.attempt == current["attempt"]))
-    corruption = corruption_kinds()
-    newest = max((f.step for f in findings if f.kind in corruption), default=None)
-    settled = newest is None or not store.reads.ranks_not_past(run_id, newest)
     answer = rollback_service.decide(ctx, run_id).to_dict(run_id)
     ckpt = answer["checkpoint"]
     rollback = RollbackView(step=None if ckpt is None else ckpt["step"],
@@ -105,26 +97,23 @@ def situation(ctx: ServiceContext, run_id: str,
                   world_size=_world_size(store, run_id, config, events),
                   rank_hosts=store.reads.hosts(run_id), now_s=ctx.clock(), exited=exited,
                   finished=row["status"] == "finished")
-    return s, SuperviseConfig.model_validate(config.get("supervise") or {}), settled
+    return s, SuperviseConfig.model_validate(config.get("supervise") or {})
 
 
 def decide(ctx: ServiceContext, run_id: str, exited: int | None = None) -> dict[str, Any]:
     """The answer of ``GET /v1/runs/{run_id}/action`` (``ActionOut``), settled (:func:`settle`)."""
-    s, config, read_settled = situation(ctx, run_id, exited)
+    s, config = situation(ctx, run_id, exited)
     a = decide_action(s, config.policy())
     step = settle_step(a, exited)
     if step is not None:
         settled = settle(ctx, run_id, step)
-        # Decide again on what is stored now unless every rank was past the newest step of the
-        # active corruption findings (so past the causes') before the answer above was read. Not
-        # only when the settle waited: a rank behind when the answer was read (rank 0, its
-        # checkpoints going out before its later records) may have caught up while it was
-        # computed, leaving the settle nothing to wait for and the answer without the checkpoints
-        # it stored meanwhile (on a loaded machine: the checkpoint of step 9, or none:
-        # ``no_clean_checkpoint``).
-        if settled.waited or not read_settled:
-            s, config, _ = situation(ctx, run_id, exited)
-            a = decide_action(s, config.policy())
+        # Decided again on what is stored now, not only when the settle waited: a rank behind
+        # when the answer above was read (rank 0, its checkpoints going out before its later
+        # records) may have caught up while it was computed, leaving the settle nothing to wait
+        # for and that answer without the checkpoints stored meanwhile (on a loaded machine:
+        # ``no_clean_checkpoint``). A decision that settles is a restart or a stop: rare.
+        s, config = situation(ctx, run_id, exited)
+        a = decide_action(s, config.policy())
         if settled.behind and settle_step(a, exited) is not None:
             a = replace(a, message=f"{a.message} {settled.note()}")
     return to_dict(run_id, a, config, s.attempt)

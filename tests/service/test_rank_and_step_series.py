@@ -6,8 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from healthsvc.run_metrics import RankTimes, steps_trained
+from healthsvc.run_metrics.feed import new_batches
 from healthsvc.store.batch import MetricBatch
 from healthsvc.store.results import IngestResult
+
+
+def feed(part, results: list[IngestResult]) -> None:
+    """``results`` to ``part`` as the pipeline hands a group commit's (``RunSeries.committed``)."""
+    part.add(list(new_batches(results)))
 
 
 def result(run: str, steps, ranks, attempt: int, new_attempt: bool = False, duplicate: bool = False,
@@ -74,7 +80,7 @@ def test_the_top_ranks_are_named_first_then_the_slowest_whatever_the_push_order(
         perm = rng.permutation(len(steps))
         rt = RankTimes()
         for part in np.array_split(perm, split):
-            rt.on_store_results([result("r", steps[part], ranks[part], 1, compute_time=value[part])])
+            feed(rt, [result("r", steps[part], ranks[part], 1, compute_time=value[part])])
         top = rt.top("r", k, named=[(250, "h1"), (250, "h1"), (17, None)])
         assert [line.rank for line in top] == [250, 17, 400, 999, 3]
         assert [line.findings for line in top] == [2, 1, 0, 0, 0]
@@ -86,7 +92,7 @@ def test_the_top_ranks_are_named_first_then_the_slowest_whatever_the_push_order(
 
 def test_step_time_is_ranked_when_no_compute_time_is_reported():
     rt = RankTimes()
-    rt.on_store_results([result("r", [0, 0, 0], [0, 1, 2], 1, step_time=[1.0, 1.0, 2.0])])
+    feed(rt, [result("r", [0, 0, 0], [0, 1, 2], 1, step_time=[1.0, 1.0, 2.0])])
     top = rt.top("r", 1)
     assert [(line.rank, line.field, line.ratio) for line in top] == [(2, "step_time", 2.0)]
     assert rt.top("unknown", 3) == []
@@ -94,9 +100,9 @@ def test_step_time_is_ranked_when_no_compute_time_is_reported():
 
 def test_after_a_rollback_the_new_attempts_timings_replace_the_old_and_a_late_spool_does_not():
     rt = RankTimes()
-    rt.on_store_results([result("r", [90, 90], [0, 1], 1, compute_time=[5.0, 1.0])])   # rank 0 slow
-    rt.on_store_results([result("r", [40, 40], [0, 1], 2, compute_time=[1.0, 3.0])])   # rolled back
-    rt.on_store_results([result("r", [95], [0], 1, compute_time=[7.0])])               # spooled late
+    feed(rt, [result("r", [90, 90], [0, 1], 1, compute_time=[5.0, 1.0])])   # rank 0 slow
+    feed(rt, [result("r", [40, 40], [0, 1], 2, compute_time=[1.0, 3.0])])   # rolled back
+    feed(rt, [result("r", [95], [0], 1, compute_time=[7.0])])               # spooled late
     assert [(line.rank, line.value) for line in rt.top("r", 1)] == [(1, 3.0)]
 
 
@@ -111,7 +117,7 @@ def test_a_ranks_newest_reported_value_stands_when_a_later_record_lacks_or_botch
         for part in parts:
             r = result("r", steps[part], ranks[part], 1, compute_time=value[part])
             r.batch.present["compute_time"] = present[part]
-            rt.on_store_results([r])
+            feed(rt, [r])
         assert [(line.rank, line.value) for line in rt.top("r", 2)] == [(0, 3.0), (1, 1.0)]
 
 
@@ -151,7 +157,7 @@ def test_a_push_that_replaces_the_pending_one_leaves_the_table_as_folding_every_
                 r.batch.host_index = rng.integers(-1 if rng.random() < 0.3 else 0, 3, len(steps)).astype(np.int32)
             step = max(step, at_step + n_steps)
             before = len(rt._pending.get("r", []))
-            rt.on_store_results([r])
+            feed(rt, [r])
             replaced += len(rt._pending["r"]) <= before
             every.append((r.attempt, r.batch))
         reference = _RankTable()
@@ -192,8 +198,8 @@ def test_many_small_pushes_are_folded_as_they_come_into_the_table_one_fold_of_al
                 r.batch.host_names = ["h0", f"h{trial}"]
                 r.batch.host_index = rng.integers(-1, 2, n).astype(np.int32)
             step += int(rng.random() < 0.5)
-            rt.on_store_results([r])
-            st.on_store_results([r])
+            feed(rt, [r])
+            feed(st, [r])
             assert len(rt._pending.get("r", [])) <= FOLD_AT_PUSHES
             every.append((r.attempt, r.batch))
             if "step_time" in r.batch.values:

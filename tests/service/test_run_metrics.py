@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from healthsvc.store.batch import MetricBatch
 from healthsvc.run_metrics import StepTimes
+from healthsvc.run_metrics.feed import new_batches
 from healthsvc.store.results import IngestResult
 
 from tests.harness import InProcessService, ServedService
@@ -139,7 +140,7 @@ def test_the_step_time_median_is_over_the_newest_finite_values_whatever_the_push
         values[rng.random(n) < bad] = rng.choice([np.nan, np.inf, -np.inf])
         present = rng.random(n) >= bad if i % 5 else np.ones(n, bool)   # some report every value, NaN too
         batch = MetricBatch(np.arange(n), np.zeros(n, np.int64), {"step_time": values}, {"step_time": present})
-        times.on_store_results([IngestResult("r", n, i % 50 == 7, 1, False, i, 0.0, batch)])
+        times.add(list(new_batches([IngestResult("r", n, i % 50 == 7, 1, False, i, 0.0, batch)])))
         if i % 50 != 7:   # a duplicate adds nothing
             kept += [v for v, p in zip(values.tolist(), present.tolist()) if p and np.isfinite(v)]
         if i % 3 == 0 or i == 399:   # often: a window a push left short would show before later pushes refill it
