@@ -13,9 +13,13 @@ ratio is taken within each pair, and the table shows its median and its min-max 
 Both trees run the working tree's copy of the script (copied into A's scratch worktree, so it
 imports A's code): the same workload on both, only the service differs. ``--script-of each`` runs
 each tree's own copy instead (when the script itself changed what it measures, that is what to
-compare). Arguments after ``--`` go to the bench script, the same on both trees. Progress goes to stderr; the table to stdout. Whether a ratio above 1 is
-better depends on the figure: read its unit (per CPU-second: higher is better; ms: lower).
-Take figures on a quiet machine: on a loaded one the spread says how much they are worth.
+compare). ``--same FILE`` copies more of the working tree into A's: a module the script takes
+its workload from (``bench/ingest.py`` makes the payloads of the in-process benches). Arguments
+after ``--`` go to the bench script, the same on both trees. Progress goes to stderr; the table
+to stdout. Whether a ratio above 1 is better depends on the figure: read its unit (per
+CPU-second: higher is better; ms, instructions: lower). Take timed figures on a quiet machine:
+on a loaded one the spread says how much they are worth (``bench/instructions.py`` counts
+instead, the same on every run).
 """
 from __future__ import annotations
 
@@ -42,14 +46,14 @@ class ScratchTree:
     """``ref`` checked out, detached, next to the working tree (benches find shared data such as
     ``../shared`` relative to their tree); removed on exit."""
 
-    def __init__(self, repo: Path, ref: str, script_from_b: str | None = None) -> None:
-        self.repo, self.ref, self.script_from_b = repo, ref, script_from_b
+    def __init__(self, repo: Path, ref: str, script_from_b: str | None = None, same: tuple[str, ...] = ()) -> None:
+        self.repo, self.ref, self.script_from_b, self.same = repo, ref, script_from_b, same
         self.path = Path(tempfile.mkdtemp(prefix=".ab-", dir=repo.parent))
 
     def __enter__(self) -> Path:
         git(self.repo, "worktree", "add", "--detach", str(self.path), self.ref)
-        if self.script_from_b is not None:   # B's workload, A's code
-            shutil.copyfile(self.repo / self.script_from_b, self.path / self.script_from_b)
+        for name in ([self.script_from_b] if self.script_from_b is not None else []) + list(self.same):
+            shutil.copyfile(self.repo / name, self.path / name)   # B's workload, A's code
         return self.path
 
     def __exit__(self, *exc) -> None:
@@ -116,6 +120,9 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3, help="A, B pairs to run (alternated)")
     ap.add_argument("--script-of", choices=("B", "each"), default="B",
                     help="B: the working tree's script on both trees (default); each: each tree's own")
+    ap.add_argument("--same", action="append", default=[], metavar="FILE",
+                    help="a file of the working tree copied into A's tree too (repeatable): a module the script "
+                         "takes its workload from, such as bench/ingest.py's payloads")
     ap.epilog = "Arguments after -- go to the bench script."
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
@@ -130,7 +137,10 @@ def main() -> int:
         ap.error(f"ref: {args.ref} is not a commit of {repo}")
     head_a, head_b = describe(repo, args.ref)
     a_runs, b_runs = [], []
-    with ScratchTree(repo, args.ref, args.script if args.script_of == "B" else None) as tree_a:
+    for name in args.same:
+        if not (repo / name).is_file():
+            ap.error(f"--same: {name} is not a file of the working tree {repo}")
+    with ScratchTree(repo, args.ref, args.script if args.script_of == "B" else None, tuple(args.same)) as tree_a:
         for i in range(1, args.pairs + 1):
             a_runs.append(run_bench(tree_a, args.script, bench_args, f"pair {i}/{args.pairs}, A"))
             b_runs.append(run_bench(repo, args.script, bench_args, f"pair {i}/{args.pairs}, B"))

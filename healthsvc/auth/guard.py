@@ -79,8 +79,8 @@ class Guard:
         if not self.hosts.allows(host):
             return await reject(400, _error(["header", "host"], f"host {host!r} is not served here", "host_not_allowed",
                                             "add the name clients use to HEALTHSVC_ALLOWED_HOSTS (comma-separated)"))
-        if method in _JSON_METHODS or (method == "DELETE" and has_body):
-            media = (content_type or "").split(";", 1)[0].strip().lower()
+        if (method in _JSON_METHODS or (method == "DELETE" and has_body)) and content_type != "application/json":
+            media = (content_type or "").split(";", 1)[0].strip().lower()   # parameters, case, spaces
             if media != "application/json":
                 got = f"got {content_type!r}" if content_type else "got none"
                 return await reject(415, _error(["header", "content-type"],

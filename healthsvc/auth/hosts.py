@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
@@ -88,8 +89,13 @@ class HostPolicy:
         """Whether a request with this ``Host`` header (None: none sent) is served."""
         if self.any_host or header is None:
             return True
-        name = host_name(header)
-        if name in self.names:
-            return True
-        addr = _address(name)
-        return addr is not None and (addr.is_loopback or self.any_address)
+        return _allowed(self, header)
+
+
+@lru_cache(maxsize=1024)   # asked for every request, and clients send the same header each time
+def _allowed(policy: HostPolicy, header: str) -> bool:
+    name = host_name(header)
+    if name in policy.names:
+        return True
+    addr = _address(name)
+    return addr is not None and (addr.is_loopback or policy.any_address)

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 SCOPES: tuple[str, ...] = ("ingest", "read", "admin")
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
@@ -31,6 +32,7 @@ _RUN = re.compile(r"^/v1/runs/([^/]+)")
 _ADMIN_READS = ("/v1/tokens", "/v1/audit")
 
 
+@lru_cache(maxsize=4096)   # asked for every request; a trainer's pushes repeat one path
 def required_scope(method: str, path: str) -> tuple[str | None, str | None]:
     """(scope needed or None for public, the run id the path names or None)."""
     if path in PUBLIC_PATHS:

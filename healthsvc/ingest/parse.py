@@ -266,6 +266,7 @@ def _build_batch(columns: dict[str, list], n: int, where: _Where) -> MetricBatch
     steps = _int_column("step", columns["step"], where)
     ranks = _int_column("rank", columns["rank"], where)
     batch = MetricBatch(steps=steps, ranks=ranks)
+    partial = []   # fields some record did not report (the batch's partial_fields, known here)
     for name, col in columns.items():
         if name in KEY_FIELDS:
             continue
@@ -277,11 +278,14 @@ def _build_batch(columns: dict[str, list], n: int, where: _Where) -> MetricBatch
         elif name in STRING_FIELDS:
             batch.host_names, batch.host_index = _string_column(name, col, where)
         else:
-            batch.values[name], batch.present[name] = _float_column(name, col, where)
+            batch.values[name], batch.present[name], complete = _float_column(name, col, where)
+            if not complete:
+                partial.append(name)
             if name in INTEGER_FIELDS:
                 _check_integers(name, col, batch.values[name], batch.present[name], where)
     if n > 1:
         _check_unique_keys(steps, ranks, where)
+    batch.partial_fields = frozenset(partial)
     return batch
 
 
@@ -340,17 +344,19 @@ def _holds_bool(col: list, arr: np.ndarray) -> bool:
     return any(type(col[i]) is bool for i in small.tolist())
 
 
-def _float_column(name: str, col: list | np.ndarray, where: _Where) -> tuple[np.ndarray, np.ndarray]:
+def _float_column(name: str, col: list | np.ndarray, where: _Where) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(values, present, whether every record reported the field)."""
     if isinstance(col, np.ndarray):   # read as float64 already (_numeric_columns)
-        return col, np.ones(len(col), dtype=bool)
+        return col, np.ones(len(col), dtype=bool), True
     if len(col) == 1 and type(col[0]) is float:   # a rank's own push
-        return np.array(col, np.float64), np.ones(1, bool)
+        return np.array(col, np.float64), np.ones(1, bool), True
     arr = _try_array(col)
     if arr is not None and arr.ndim == 1 and arr.dtype.kind in "fiu":
-        return arr.astype(np.float64, copy=False), np.ones(len(col), dtype=bool)
+        return arr.astype(np.float64, copy=False), np.ones(len(col), dtype=bool), True
     # Slow path: nulls, non-finite strings, or something wrong to point at.
     values = np.empty(len(col), dtype=np.float64)
     present = np.ones(len(col), dtype=bool)
+    complete = True
     for i, x in enumerate(col):
         t = type(x)
         if t is float or t is int:
@@ -361,13 +367,14 @@ def _float_column(name: str, col: list | np.ndarray, where: _Where) -> tuple[np.
         elif x is None:
             values[i] = np.nan
             present[i] = False
+            complete = False
         elif t is str and x in NON_FINITE_STRINGS:
             values[i] = NON_FINITE_STRINGS[x]
         else:
             raise InvalidInput(
                 f"{name} must be a number, null, or one of \"NaN\", \"Infinity\", \"-Infinity\"; got {_describe(x)}",
                 loc=where(name, i))
-    return values, present
+    return values, present, complete
 
 
 _MAX_EXACT = 2 ** 53

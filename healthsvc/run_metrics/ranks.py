@@ -232,12 +232,13 @@ def _supersedes(attempt: int, batch: Any, old_attempt: int, old: Any) -> bool:
     field ``old`` reports is reported finite in every record of ``batch``, and if ``old`` names
     hosts, every record of ``batch`` names one. Then each rank's newest value and host that
     ``old`` could give, ``batch`` gives newer (the host codes' numbering aside, which is internal)."""
-    if len(batch) != len(old) or (attempt << 40) + int(batch.steps.min()) < (old_attempt << 40) + int(old.steps.max()):
+    if len(batch) != len(old) or (attempt << 40) + batch.step_bounds[0] < (old_attempt << 40) + old.step_bounds[1]:
         return False
     if not np.array_equal(batch.ranks, old.ranks):
         return False
     for f in TIMING_FIELDS:
-        if f in old.values and not (f in batch.values and batch.present[f].all() and np.isfinite(batch.values[f]).all()):
+        if f in old.values and not (f in batch.values and f not in batch.partial_fields
+                                    and np.isfinite(batch.values[f]).all()):
             return False
     return old.host_index is None or (batch.host_index is not None and bool((batch.host_index >= 0).all()))
 

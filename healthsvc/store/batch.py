@@ -9,10 +9,37 @@ String fields: ``host`` is held as ``host_names``/``host_index``; every other st
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, TypeVar, overload
 
 import numpy as np
+
+T = TypeVar("T")
+
+
+class computed_once(Generic[T]):
+    """``functools.cached_property`` without the lock Python 3.11's takes on every first read
+    (3.12 dropped it): a batch's derived figures are read on the writer thread for every push.
+    Two threads reading one first at the same time both compute the same value: harmless."""
+
+    def __init__(self, fn: Callable[[Any], T]) -> None:
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> "computed_once[T]": ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: Any, owner: type | None = None) -> "T | computed_once[T]":
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 @dataclass
@@ -28,12 +55,40 @@ class MetricBatch:
     def __len__(self) -> int:
         return len(self.steps)
 
-    @functools.cached_property
+    @computed_once
+    def partial_fields(self) -> frozenset[str]:
+        """The metric fields with at least one record that did not report them. The parser,
+        which knows, sets it as it builds the batch (``healthsvc.ingest.parse``); otherwise it
+        is read from ``present`` once. A batch is not changed after it is built.
+
+        >>> MetricBatch(np.array([0, 1]), np.array([0, 0]), {"loss": np.array([1.0, 2.0])},
+        ...             {"loss": np.array([True, False])}).partial_fields
+        frozenset({'loss'})
+        """
+        return frozenset(f for f, p in self.present.items() if not p.all())
+
+    @computed_once
     def n_points(self) -> int:
         """Reported metric values (NaN included, missing excluded). Counted once: the store and
-        the ingest counters both ask."""
-        return int(sum(np.count_nonzero(p) for p in self.present.values())
+        the ingest counters both ask. Only the partial fields are counted value by value."""
+        partial = self.partial_fields
+        return int(len(self) * (len(self.present) - len(partial))
+                   + sum(np.count_nonzero(self.present[f]) for f in partial)
                    + sum(np.count_nonzero(idx >= 0) for _, idx in self.labels.values()))
+
+    @computed_once
+    def step_bounds(self) -> tuple[int, int]:
+        """(smallest, largest) step of a batch with records: the store, the run state and the
+        chunk's row each ask.
+
+        >>> MetricBatch(np.array([7, 5, 6]), np.array([0, 1, 2])).step_bounds
+        (5, 7)
+        """
+        steps = self.steps
+        if len(steps) == 1:
+            step = int(steps[0])
+            return step, step
+        return int(steps.min()), int(steps.max())
 
     def take(self, mask_or_index: np.ndarray) -> "MetricBatch":
         hi = None if self.host_index is None else self.host_index[mask_or_index]

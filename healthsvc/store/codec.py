@@ -29,6 +29,7 @@ from healthsvc.store import codec_v1
 MAGIC = b"HSC2"
 RAW_BELOW_BYTES = 256  # smaller blocks are stored uncompressed
 blosc2.set_nthreads(1)  # chunks are small; threads cost more than they save
+_LZ4, _BITSHUFFLE = blosc2.Codec.LZ4, blosc2.Filter.BITSHUFFLE   # an enum member's lookup costs a call
 
 
 def _delta(a: np.ndarray) -> np.ndarray:
@@ -58,11 +59,12 @@ def _encode_columns(batch: MetricBatch, names: list[str], has_hosts: bool, label
     ints[1] = _delta(batch.ranks)
     missing = []
     bitmaps = []
+    partial = batch.partial_fields
     for i, name in enumerate(names):
-        present = batch.present[name]
-        if present.all():
+        if name not in partial:
             block[2 + i] = batch.values[name]
         else:
+            present = batch.present[name]
             # Zero filler compresses better than NaN filler and is never read: the bitmap decides.
             np.copyto(block[2 + i], 0.0)
             np.copyto(block[2 + i], batch.values[name], where=present)
@@ -74,8 +76,7 @@ def _encode_columns(batch: MetricBatch, names: list[str], has_hosts: bool, label
         ints[2 + len(names) + has_hosts + j] = batch.labels[name][1]
     raw = block.tobytes()
     compressed = len(raw) >= RAW_BELOW_BYTES
-    data = blosc2.compress(raw, typesize=8, clevel=1, codec=blosc2.Codec.LZ4,
-                           filter=blosc2.Filter.BITSHUFFLE) if compressed else raw
+    data = blosc2.compress(raw, typesize=8, clevel=1, codec=_LZ4, filter=_BITSHUFFLE) if compressed else raw
     return _framed(batch, names, missing, has_hosts, labels, compressed, data, bitmaps)
 
 

@@ -28,7 +28,7 @@ from healthsvc.store.codec import encode_chunk
 from healthsvc.store.errors import STORE_ERRORS
 from healthsvc.store.quotas import Quotas, TooManyMetricNames, TooManyRuns, TooManyRunsOfToken, creator
 from healthsvc.store.results import IngestResult, RunsReleased
-from healthsvc.store.runstate import INCARNATION, RunState, RunView
+from healthsvc.store.runstate import INCARNATION, Positions, RunState, RunView
 from healthsvc.store.seam import Clock, TableAccess
 from healthsvc.store.sharing import DatabaseSharing
 
@@ -43,7 +43,7 @@ _NO_RANKS = np.empty(0, dtype=np.int64)   # read only: shared, never allocated p
 def chunk_row(run_id: str, attempt: int, batch: MetricBatch, now: float, payload: bytes) -> tuple:
     """The ``chunks`` row of a batch (``payload``: its :func:`encode_chunk`), in
     :data:`CHUNK_COLUMNS`' order."""
-    return (run_id, attempt, int(batch.steps.min()), int(batch.steps.max()), len(batch), batch.n_points,
+    return (run_id, attempt, *batch.step_bounds, len(batch), batch.n_points,
             ",".join([*batch.values, *batch.labels]), batch.host_index is not None, now, payload)
 
 
@@ -156,12 +156,13 @@ class MetricsIngest:
         # Encoded once: stored, and handed on with the result (a replica that does not own the
         # run sends these bytes to the owner).
         payload = encode_chunk(batch) if len(batch) else b""
-        if self._only_a_chunk(st, batch):
+        at = self._only_a_chunk(st, batch)
+        if at is not None:
             appended = self._append_current(conn, run_id, st, batch, digest, now, payload)
             if appended.duplicate:
                 return self._duplicate(conn, run_id, digest, st, now)
             if appended.chunk_id is not None:
-                return self._applied(conn, run_id, st, batch, False, [], appended.chunk_id, now, payload)
+                return self._applied(conn, run_id, st, batch, False, [], appended.chunk_id, now, payload, at=at)
             # Another replica opened a newer attempt (nothing was written): the batch joins that
             # attempt and goes the general way.
             assert appended.newer is not None
@@ -189,7 +190,7 @@ class MetricsIngest:
             # OR IGNORE: on a database shared by replicas, another one may have opened this
             # attempt (the same restart, seen there first); the batch joins it.
             conn.execute("INSERT OR IGNORE INTO attempts VALUES (?, ?, ?, ?)",
-                         (run_id, attempt, int(batch.steps.min()), now))
+                         (run_id, attempt, batch.step_bounds[0], now))
         if hosts:
             conn.executemany("INSERT OR REPLACE INTO hosts VALUES (?, ?, ?)", [(run_id, r, h) for r, h in hosts])
         incarnations = st.new_incarnations(batch, new_attempt=new_attempt)
@@ -232,16 +233,19 @@ class MetricsIngest:
         earlier attempt: the live detectors, which judge the current one, pass it by."""
         chunk_id = conn.execute(f"INSERT INTO chunks ({CHUNK_COLUMNS}) VALUES ({CHUNK_PLACES})",
                                 chunk_row(run_id, attempt, batch, now, payload)).lastrowid
-        st.record_push(int(batch.steps.max()), len(batch), now, attempt=attempt)
+        st.record_push(batch.step_bounds[1], len(batch), now, attempt=attempt)
         return IngestResult(run_id, len(batch), False, attempt, False, chunk_id, now, batch,
                             RunView(attempt, -1, 0, st.finished), payload)
 
-    def _only_a_chunk(self, st: RunState, batch: MetricBatch) -> bool:
+    def _only_a_chunk(self, st: RunState, batch: MetricBatch) -> Positions | None:
         """The usual push: progress in the run's current attempt by ranks that have reported in
         it, on the hosts the run knows, while it runs. Nothing to store but the batch's claim and
-        its chunk (:meth:`_append_current`; the state is only read)."""
-        return (len(batch) > 0 and st.attempt > 0 and not st.finished and not st.finished_ranks
-                and st.only_progress(batch) and not st.host_updates(batch))
+        its chunk (:meth:`_append_current`; the state is only read). Returns where its ranks are
+        in the run state (:meth:`RunState.progress_at`), None for any other batch."""
+        if len(batch) == 0 or st.attempt == 0 or st.finished or st.finished_ranks:
+            return None
+        at = st.progress_at(batch)
+        return None if at is None or st.host_updates(batch) else at
 
     def _append_current(self, conn: sqlite3.Connection, run_id: str, st: RunState, batch: MetricBatch,
                         digest: str, now: float, payload: bytes) -> Appended:
@@ -270,12 +274,14 @@ class MetricsIngest:
 
     def _applied(self, conn: sqlite3.Connection, run_id: str, st: RunState, batch: MetricBatch,
                  new_attempt: bool, hosts: list[tuple[int, str]], chunk_id: int | None, now: float,
-                 payload: bytes, late: bool = False) -> IngestResult:
+                 payload: bytes, late: bool = False, at: Positions | None = None) -> IngestResult:
         """The batch is stored: the run's in-memory state follows (it cannot fail), then the
-        housekeeping (pruning the digests, a snapshot now and then)."""
+        housekeeping (pruning the digests, a snapshot now and then). ``at``: the batch's ranks'
+        positions when it is only progress (:meth:`_only_a_chunk`)."""
+        first_step, last_step = batch.step_bounds
         if new_attempt:
-            st.open_attempt(int(batch.steps.min()))
-        st.advance(batch)
+            st.open_attempt(first_step)
+        st.advance(batch, at)
         st.set_hosts(hosts)
         if not late:  # a rank that said finish and reports again has resumed (unless filling a gap)
             st.finished = False
@@ -283,7 +289,7 @@ class MetricsIngest:
                 st.finished_ranks.difference_update(np.unique(batch.ranks).tolist())
         # Per-attempt progress and the last push are derivable from the chunks: kept in memory,
         # rebuilt from the chunks table on open, not written per batch.
-        st.record_push(int(batch.steps.max()), len(batch), now)
+        st.record_push(last_step, len(batch), now)
         if now - self._last_prune >= min(60.0, self.dedupe_window_s / 4):
             self._last_prune = now
             conn.execute("DELETE FROM batches WHERE received_at < ?", (now - self.dedupe_window_s,))

@@ -22,12 +22,17 @@ are aligned with ``ids`` (the sorted rank ids seen), so rank 50,000,000 costs on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, TypeAlias
 
 import numpy as np
 
 from healthsvc_client.wire import INCARNATION_FIELD as INCARNATION   # the process that sent a record
 from healthsvc.store.batch import MetricBatch
+
+
+# Where a batch's ranks are in a run state's arrays: one position for a one-record batch, else
+# one per record (RunState.progress_at, handed on to RunState.advance).
+Positions: TypeAlias = "int | np.ndarray"
 
 
 @dataclass(frozen=True)
@@ -128,9 +133,11 @@ class RunState:
         if judged is not ids:
             dense = len(ids) == 0 or (int(ids[0]) == 0 and int(ids[-1]) == len(ids) - 1)
             self._dense = (ids, dense)
-        if dense and len(ranks) > 1 and int(ranks.min()) >= 0:
-            known = ranks < len(ids)
-            return (ranks if known.all() else np.minimum(ranks, len(ids))), known
+        if dense and len(ranks) > 1 and ranks.dtype == np.int64:
+            # As unsigned, a negative rank (never in a batch) is beyond every id: not known.
+            known = ranks.view(np.uint64) < len(ids)
+            if known.all():
+                return ranks, known
         pos = np.searchsorted(ids, ranks)
         known = pos < len(ids)
         known[known] = ids[pos[known]] == ranks[known]
@@ -227,39 +234,46 @@ class RunState:
         >>> st.only_progress(batch([1], [2]))   # rank 2 is new in the attempt
         False
         """
+        return self.progress_at(batch) is not None
+
+    def progress_at(self, batch: MetricBatch) -> Positions | None:
+        """The positions of the batch's ranks in ``ids`` when the batch is only progress (see
+        :meth:`only_progress`), else None (read only). The store hands them to :meth:`advance`,
+        which then does not look the ranks up a second time (the usual push's two lookups were
+        the most of the run state's cost per push)."""
         if len(batch) == 1:
             return self._one_record_progress(batch)
         return self._progress_of_records(batch)
 
-    def _one_record_progress(self, batch: MetricBatch) -> bool:
-        """:meth:`only_progress` of a rank's own push (one record), in Python scalars: numpy's
+    def _one_record_progress(self, batch: MetricBatch) -> int | None:
+        """:meth:`progress_at` of a rank's own push (one record), in Python scalars: numpy's
         cost per call was most of it (``tests/service/test_runstate.py`` holds it to the
         general way)."""
         at = self._position_of(int(batch.ranks[0]))
         if at < 0:
-            return False
+            return None
         last = int(self.last_step[at])
         if last < 0 or int(batch.steps[0]) <= last:
-            return False
+            return None
         label = batch.labels.get(INCARNATION)
         if label is None or label[1][0] < 0:
-            return True
-        return self._inc_lookup().get(label[0][int(label[1][0])], -2) == int(self.inc_code[at])
+            return at
+        return at if self._inc_lookup().get(label[0][int(label[1][0])], -2) == int(self.inc_code[at]) else None
 
     def _position_of(self, rank: int) -> int:
         """Position of ``rank`` in ``ids``, -1 if not known."""
         at = int(self.ids.searchsorted(rank))
         return at if at < len(self.ids) and int(self.ids[at]) == rank else -1
 
-    def _progress_of_records(self, batch: MetricBatch) -> bool:
+    def _progress_of_records(self, batch: MetricBatch) -> np.ndarray | None:
         pos, known = self._positions(batch.ranks)
         if not known.all():
-            return False
+            return None
         last = self.last_step[pos]
         if not ((last >= 0).all() and (batch.steps > last).all()):
-            return False
+            return None
         inc = self._incarnations(batch)
-        return inc is None or bool(((inc[0] == -1) | (inc[0] == inc[1])).all())
+        return pos if inc is None or bool(((inc[0] == -1) | (inc[0] == inc[1])).all()) else None
 
     def open_attempt(self, start_step: int) -> int:
         return self.join_attempt(self.attempt + 1, start_step)
@@ -277,19 +291,22 @@ class RunState:
         self.finished_ranks.clear()
         return self.attempt
 
-    def advance(self, batch: MetricBatch) -> None:
+    def advance(self, batch: MetricBatch, at: Positions | None = None) -> None:
+        """The batch's ranks have reported its steps and incarnations. ``at``: what
+        :meth:`progress_at` said of the batch (its ranks' positions; nothing changed since)."""
         if len(batch) == 0:
             return
         if len(batch) == 1:
-            self._advance_one_record(batch)
+            self._advance_one_record(batch, at if isinstance(at, int) else None)
             return
-        self._advance_records(batch)
+        self._advance_records(batch, at if isinstance(at, np.ndarray) else None)
 
-    def _advance_one_record(self, batch: MetricBatch) -> None:
+    def _advance_one_record(self, batch: MetricBatch, at: int | None = None) -> None:
         """:meth:`advance` by a rank's own push (one record), in Python scalars."""
-        at = self._position_of(int(batch.ranks[0]))
-        if at < 0:
-            at = int(self._grow(batch.ranks)[0])
+        if at is None:
+            at = self._position_of(int(batch.ranks[0]))
+            if at < 0:
+                at = int(self._grow(batch.ranks)[0])
         step = int(batch.steps[0])
         if step > self.last_step[at]:
             self.last_step[at] = step
@@ -300,9 +317,15 @@ class RunState:
             if idx[0] >= 0:
                 self.inc_code[at] = codes[int(idx[0])]
 
-    def _advance_records(self, batch: MetricBatch) -> None:
-        pos = self._grow(batch.ranks)  # first: it may replace the arrays
-        np.maximum.at(self.last_step, pos, batch.steps)
+    def _advance_records(self, batch: MetricBatch, pos: np.ndarray | None = None) -> None:
+        progress = pos is not None     # every record is beyond its rank's last step
+        if pos is None:
+            pos = self._grow(batch.ranks)  # first: it may replace the arrays
+        first, last = batch.step_bounds
+        if progress and first == last:   # one step of many ranks (the usual push): it is each one's newest
+            self.last_step[pos] = last
+        else:
+            np.maximum.at(self.last_step, pos, batch.steps)
         label = batch.labels.get(INCARNATION)
         if label is not None:
             names, idx = label

@@ -82,6 +82,28 @@ def test_both_trees_run_the_working_trees_script_unless_each_is_asked_for(tmp_pa
     assert worktrees(repo) == [f"worktree {repo}"]
 
 
+def test_same_gives_a_the_working_trees_copy_of_a_module_the_script_takes_its_workload_from(tmp_path):
+    # The script reads a factor from bench/load.py: without --same A runs its own (committed)
+    # load, with --same both run the working tree's.
+    repo = scratch_repo(tmp_path)
+    (repo / "bench" / "load.py").write_text("FACTOR = 1\n")
+    (repo / "bench" / "fig.py").write_text(BENCH.replace(
+        "scale * float(value)", "scale * float(value) * __import__('runpy').run_path("
+        "__import__('os').path.join(__import__('os').path.dirname(__file__), 'load.py'))['FACTOR']"))
+    git(repo, "add", "bench")
+    git(repo, "commit", "-q", "-m", "load")
+    (repo / "bench" / "load.py").write_text("FACTOR = 10\n")   # B's workload
+    own = ab(repo, "HEAD", "bench/fig.py", "--pairs", "1")
+    assert own.returncode == 0, own.stderr
+    assert "| case | one | latency ms | 2 | 30 | 15.00 | 15.00–15.00 |" in own.stdout.splitlines()
+    same = ab(repo, "HEAD", "bench/fig.py", "--pairs", "1", "--same", "bench/load.py")
+    assert same.returncode == 0, same.stderr
+    assert "| case | one | latency ms | 20 | 30 | 1.50 | 1.50–1.50 |" in same.stdout.splitlines()
+    refused = ab(repo, "HEAD", "bench/fig.py", "--same", "bench/nope.py")
+    assert refused.returncode == 2 and "--same: bench/nope.py is not a file of the working tree" in refused.stderr
+    assert worktrees(repo) == [f"worktree {repo}"]
+
+
 def test_a_failing_run_stops_ab_and_still_removes_the_scratch_worktree(tmp_path):
     repo = scratch_repo(tmp_path)
     proc = ab(repo, "HEAD", "bench/fig.py", "--", "--fail")

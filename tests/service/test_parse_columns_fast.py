@@ -131,3 +131,29 @@ def test_the_fast_decode_reads_a_thousand_records_as_the_general_path_does():
     body = orjson.dumps(push)
     assert _numeric_columns(body, 8) is not None
     assert outcome(body, fast=True) == outcome(body, fast=False)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=column_bodies(), rows=st.booleans())
+def test_the_parsers_partial_fields_and_point_count_are_what_the_columns_say(body, rows):
+    # The parser sets partial_fields as it builds the batch (the codec then writes no bitmap for
+    # the others) and n_points follows from it: both must be what counting the columns gives, in
+    # either form and either decode, or a chunk would store a missing value as 0.0.
+    if rows:
+        doc = json.loads(body)
+        cols = doc.get("columns")
+        if not isinstance(cols, dict) or len({len(c) for c in cols.values() if isinstance(c, list)}) != 1 \
+                or not all(isinstance(c, list) for c in cols.values()):
+            return
+        n = len(next(iter(cols.values())))
+        doc = {"records": [{k: c[i] for k, c in cols.items() if c[i] is not None} for i in range(n)]}
+        body = orjson.dumps(doc)
+    try:
+        batch, _ = parse_metrics(body, max_ranks=1 << 20, max_names=8)
+    except HealthsvcError:
+        return
+    counted = batch.__class__(batch.steps, batch.ranks, batch.values, batch.present, batch.host_names,
+                              batch.host_index, batch.labels)   # the same columns, nothing known yet
+    assert batch.partial_fields == counted.partial_fields == {f for f, p in batch.present.items() if not p.all()}
+    assert batch.n_points == counted.n_points == sum(int(p.sum()) for p in batch.present.values()) + \
+        sum(int((idx >= 0).sum()) for _, idx in batch.labels.values())

@@ -139,13 +139,35 @@ def test_a_rank_s_own_push_is_judged_and_applied_as_the_general_way_does():
             if which:   # an incarnation: the rank's usual one, another, or a name with no record
                 name = f"p{rank}" if which == 1 else f"q{rank}-{int(rng.integers(0, 3))}"
                 b.labels["incarnation"] = ([name], np.array([-1 if which == 3 else 0], np.int32))
-            assert fast.only_progress(b) == general._progress_of_records(b), (trial, rank, step, which)
+            assert fast.only_progress(b) == (general._progress_of_records(b) is not None), (trial, rank, step, which)
             fast.advance(b)
             general._advance_records(b)
             assert fast.to_dict() == general.to_dict()
             if rng.random() < 0.02:
                 for st in (fast, general):
                     st.open_attempt(step)
+
+
+def test_advancing_at_the_positions_progress_found_is_advancing_by_a_fresh_lookup():
+    # Property: the store's usual push asks progress_at once and hands its positions to advance;
+    # that must leave the state as an advance that looks the ranks up again does, for batches of
+    # one and of several records (one step or several, ranks dense or not, new, repeated, behind).
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        handed, looked_up = RunState("r"), RunState("r")
+        for st in (handed, looked_up):
+            st.open_attempt(0)
+        for _ in range(150):
+            n = int(rng.integers(1, 6))
+            ranks = rng.integers(0, 10 if trial % 2 else 40, n)
+            base = int(rng.integers(0, 25))
+            steps = np.full(n, base) if rng.random() < 0.5 else base + rng.integers(0, 3, n)
+            b = batch(steps, ranks)
+            at = handed.progress_at(b)
+            assert (at is not None) == looked_up.only_progress(b), (trial, steps, ranks)
+            handed.advance(b, at)
+            looked_up.advance(b)
+            assert handed.to_dict() == looked_up.to_dict(), (trial, steps, ranks)
 
 
 def test_rank_positions_are_those_of_a_binary_search_whether_the_ranks_are_dense_or_not():
