@@ -123,15 +123,21 @@ def test_incarnations_tell_restarts_and_survive_a_snapshot():
     assert back.new_incarnations(with_incarnation(batch([3, 3], [0, 1]), "p2")) == [(0, "p2"), (1, "p2")]
 
 
+def two_opened_states() -> tuple[RunState, RunState]:
+    """Two states of one run, each in its first attempt: one per way compared."""
+    pair = RunState("r"), RunState("r")
+    for st in pair:
+        st.open_attempt(0)
+    return pair
+
+
 def test_a_rank_s_own_push_is_judged_and_applied_as_the_general_way_does():
     # Property: one-record pushes (the usual push, taken in Python scalars) against the array
     # code every other batch takes, over random runs: ranks new and known, steps ahead, repeated
     # and behind, incarnations the same, new, absent, and a restart now and then.
     rng = np.random.default_rng(11)
     for trial in range(30):
-        fast, general = RunState("r"), RunState("r")
-        for st in (fast, general):
-            st.open_attempt(0)
+        fast, general = two_opened_states()
         for _ in range(200):
             rank, step = int(rng.integers(0, 12)), int(rng.integers(0, 30))
             b = batch([step], [rank])
@@ -154,9 +160,7 @@ def test_advancing_at_the_positions_progress_found_is_advancing_by_a_fresh_looku
     # one and of several records (one step or several, ranks dense or not, new, repeated, behind).
     rng = np.random.default_rng(5)
     for trial in range(40):
-        handed, looked_up = RunState("r"), RunState("r")
-        for st in (handed, looked_up):
-            st.open_attempt(0)
+        handed, looked_up = two_opened_states()
         for _ in range(150):
             n = int(rng.integers(1, 6))
             ranks = rng.integers(0, 10 if trial % 2 else 40, n)
