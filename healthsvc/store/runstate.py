@@ -221,26 +221,21 @@ class RunState:
         behind[known] = batch.steps[known] <= self.last_step[pos[known]]
         return bool(((codes >= 0) & (codes == current) & behind).all())
 
-    def only_progress(self, batch: MetricBatch) -> bool:
-        """True when every rank of the batch has reported in the current attempt, each of its
-        steps is beyond that rank's last and each reported incarnation is its rank's: neither a
-        new attempt nor a new rank (read only).
+    def progress_at(self, batch: MetricBatch) -> Positions | None:
+        """When every rank of the batch has reported in the current attempt, each of its steps is
+        beyond that rank's last and each reported incarnation is its rank's (neither a new attempt
+        nor a new rank): the positions of the batch's ranks in ``ids``; else None (read only).
+        The store hands them to :meth:`advance`, which then does not look the ranks up a second
+        time (the usual push's two lookups were the most of the run state's cost per push).
 
         >>> def batch(steps, ranks): return MetricBatch(np.array(steps), np.array(ranks))
         >>> st = RunState("r"); st.open_attempt(0); st.advance(batch([0, 0], [0, 1]))
         1
-        >>> st.only_progress(batch([1], [1])), st.only_progress(batch([0], [1]))
-        (True, False)
-        >>> st.only_progress(batch([1], [2]))   # rank 2 is new in the attempt
-        False
+        >>> st.progress_at(batch([1], [1])), st.progress_at(batch([0], [1]))
+        (1, None)
+        >>> st.progress_at(batch([1], [2])) is None   # rank 2 is new in the attempt
+        True
         """
-        return self.progress_at(batch) is not None
-
-    def progress_at(self, batch: MetricBatch) -> Positions | None:
-        """The positions of the batch's ranks in ``ids`` when the batch is only progress (see
-        :meth:`only_progress`), else None (read only). The store hands them to :meth:`advance`,
-        which then does not look the ranks up a second time (the usual push's two lookups were
-        the most of the run state's cost per push)."""
         if len(batch) == 1:
             return self._one_record_progress(batch)
         return self._progress_of_records(batch)

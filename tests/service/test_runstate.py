@@ -115,8 +115,8 @@ def test_incarnations_tell_restarts_and_survive_a_snapshot():
         assert not state.needs_new_attempt(with_incarnation(batch([1], [0]), "p0"), frozenset({"p0"}))
         assert state.needs_new_attempt(batch([1], [1]))                               # by steps
         assert not state.needs_new_attempt(with_incarnation(batch([5], [2]), "q1"))   # a new rank
-        assert not state.only_progress(with_incarnation(batch([3], [0]), "p2"))
-        assert state.only_progress(with_incarnation(batch([3], [0]), "p1"))
+        assert state.progress_at(with_incarnation(batch([3], [0]), "p2")) is None
+        assert state.progress_at(with_incarnation(batch([3], [0]), "p1")) is not None
     # A new attempt forgets the old one's incarnations: its first record of rank 0 joins.
     back.open_attempt(3)
     assert list(back.incarnation_misses(with_incarnation(batch([3], [0]), "p1"))) == [0]
@@ -145,7 +145,7 @@ def test_a_rank_s_own_push_is_judged_and_applied_as_the_general_way_does():
             if which:   # an incarnation: the rank's usual one, another, or a name with no record
                 name = f"p{rank}" if which == 1 else f"q{rank}-{int(rng.integers(0, 3))}"
                 b.labels["incarnation"] = ([name], np.array([-1 if which == 3 else 0], np.int32))
-            assert fast.only_progress(b) == (general._progress_of_records(b) is not None), (trial, rank, step, which)
+            assert (fast.progress_at(b) is None) == (general._progress_of_records(b) is None), (trial, rank, step, which)
             fast.advance(b)
             general._advance_records(b)
             assert fast.to_dict() == general.to_dict()
@@ -168,7 +168,7 @@ def test_advancing_at_the_positions_progress_found_is_advancing_by_a_fresh_looku
             steps = np.full(n, base) if rng.random() < 0.5 else base + rng.integers(0, 3, n)
             b = batch(steps, ranks)
             at = handed.progress_at(b)
-            assert (at is not None) == looked_up.only_progress(b), (trial, steps, ranks)
+            assert (at is None) == (looked_up.progress_at(b) is None), (trial, steps, ranks)
             handed.advance(b, at)
             looked_up.advance(b)
             assert handed.to_dict() == looked_up.to_dict(), (trial, steps, ranks)
