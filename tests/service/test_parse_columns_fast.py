@@ -147,7 +147,7 @@ def test_the_parsers_partial_fields_and_point_count_are_what_the_columns_say(bod
             return
         n = len(next(iter(cols.values())))
         doc = {"records": [{k: c[i] for k, c in cols.items() if c[i] is not None} for i in range(n)]}
-        body = orjson.dumps(doc)
+        body = json.dumps(doc).encode()   # not orjson: the columns may hold integers past 64 bits
     try:
         batch, _ = parse_metrics(body, max_ranks=1 << 20, max_names=8)
     except HealthsvcError:
@@ -157,3 +157,17 @@ def test_the_parsers_partial_fields_and_point_count_are_what_the_columns_say(bod
     assert batch.partial_fields == counted.partial_fields == {f for f, p in batch.present.items() if not p.all()}
     assert batch.n_points == counted.n_points == sum(int(p.sum()) for p in batch.present.values()) + \
         sum(int((idx >= 0).sum()) for _, idx in batch.labels.values())
+
+
+@pytest.mark.parametrize("n", [1, 64, 70_000])
+def test_each_batchs_present_masks_are_its_own(n):
+    """The all-present masks come from one shared template: each is a fresh, writable array, so
+    a reader that clears a record in one batch (the codec, the aligner's joins) touches no other."""
+    body = orjson.dumps({"columns": {"step": list(range(n)), "rank": [0] * n,
+                                     "loss": [1.5] * n, "grad_norm": [2.5] * n}})
+    first, _ = parse_metrics(body)
+    second, _ = parse_metrics(body)
+    masks = [first.present["loss"], first.present["grad_norm"], second.present["loss"]]
+    assert all(m.flags.writeable and m.all() and len(m) == n for m in masks)
+    masks[0][0] = False
+    assert masks[1][0] and masks[2][0] and parse_metrics(body)[0].present["loss"][0]
