@@ -9,6 +9,9 @@ long run's do.
 
     .venv/bin/python bench/rollup_fold.py [--steps 4000] [--repeats 3] [--smoke]
     .venv/bin/python bench/ab.py HEAD bench/rollup_fold.py --pairs 3
+
+A second table: the snapshot of the 1,024-rank run folded last (``RunFeed.to_bytes``, which the
+hub writes every ``snapshot_every_s`` for every active run, and its load on a restart).
 """
 from __future__ import annotations
 
@@ -53,6 +56,22 @@ def fold_cost(items: list[IngestResult], n_ranks: int, group: int) -> float:
     return (time.thread_time() - t0) / len(items)
 
 
+def snapshot_cost(items: list[IngestResult], n_ranks: int, repeats: int) -> tuple[float, float, int]:
+    """(seconds to write the folded run's snapshot, seconds to load it, its bytes), the best of
+    ``repeats``: what the hub pays every ``snapshot_every_s`` for each active run."""
+    feed = RunFeed(5.0, n_ranks)
+    for i in range(0, len(items), 16):
+        feed.add_pushes(items[i:i + 16])
+    write, load = float("inf"), float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        blob = feed.to_bytes()
+        t1 = time.process_time()
+        RunFeed(5.0, n_ranks).load_bytes(blob)
+        write, load = min(write, t1 - t0), min(load, time.process_time() - t1)
+    return write, load, len(blob)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4000, help="steps of the run (one push each)")
@@ -66,6 +85,11 @@ def main() -> None:
         items = pushes(n_ranks, steps, seed=n_ranks)
         best = min(fold_cost(items, n_ranks, group) for _ in range(repeats))
         print(f"| {n_ranks:,} | {group} | {steps:,} | {best * 1e6:.1f} | {best * 1e9 / n_ranks:.0f} |")
+    n_ranks = CASES[-1][0]
+    write, load, size = snapshot_cost(pushes(n_ranks, steps, seed=n_ranks), n_ranks, max(repeats, 3))
+    print("\n| snapshot of the run | ranks | steps | ms CPU to write | ms CPU to load | MB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| folded above | {n_ranks:,} | {steps:,} | {write * 1e3:.1f} | {load * 1e3:.1f} | {size / 1e6:.2f} |")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,54 @@ def test_new_attempt_truncates_and_snapshot_round_trips():
     assert np.array_equal(r2.heat["compute_time"].sums, r.heat["compute_time"].sums)
 
 
+def _every_array(r: RunRollup) -> dict[str, np.ndarray]:
+    out = {f"line:{f}:{k}": a for f, st in r.lines.items() for k, a in st.items()}
+    for f, g in r.heat.items():
+        out.update({f"heat:{f}:sums": g.sums, f"heat:{f}:counts": g.counts,
+                    f"heat:{f}:widths": np.array([g.rank_width, g.step_width])})
+    return out
+
+
+def test_a_grown_runs_snapshot_gives_back_every_array_writable_and_folding_goes_on_alike():
+    r = RunRollup()
+    for s0 in range(0, 3 * MAX_STEP_BINS, 512):   # past the grid's width: bins widened
+        r.add_block(block(range(s0, s0 + 512, 8), 300, slow_rank=7, nan_at=(3, 5), seed=s0))
+    r2 = RunRollup.from_bytes(r.to_bytes())
+    before, after = _every_array(r), _every_array(r2)
+    assert before.keys() == after.keys() and r.heat["compute_time"].step_width > 1
+    for name, arr in before.items():
+        assert after[name].dtype == arr.dtype and np.array_equal(after[name], arr, equal_nan=True), name
+    assert (r2.n_steps, r2.max_rank, r2.steps_seen, r2.last_step) == (r.n_steps, r.max_rank, r.steps_seen, r.last_step)
+    nxt = block(range(3 * MAX_STEP_BINS, 3 * MAX_STEP_BINS + 64, 4), 300, seed=99)
+    r.add_block(nxt)
+    r2.add_block(nxt)   # writes into the restored arrays
+    for name, arr in _every_array(r).items():
+        assert np.array_equal(_every_array(r2)[name], arr, equal_nan=True), name
+
+
+def test_an_empty_rollup_round_trips():
+    r2 = RunRollup.from_bytes(RunRollup().to_bytes())
+    assert r2.n_steps == 0 and r2.heat == {} and all(len(a) == 0 for st in r2.lines.values() for a in st.values())
+
+
+def test_a_snapshot_written_before_the_arrays_were_compressed_one_by_one_still_loads():
+    """What to_bytes wrote until December 2026: numpy's deflated npz of the arrays as they are."""
+    import io
+    r = RunRollup()
+    r.add_block(block(range(40), 16, slow_rank=3, nan_at=(2, 1)))
+    arrays = {"meta": np.array([r.n_steps, r.max_rank, r.steps_seen, r.last_step], np.int64)}
+    for f, st in r.lines.items():
+        arrays.update({f"line:{f}:{k}": a for k, a in st.items()})
+    for f, g in r.heat.items():
+        arrays.update({f"heat:{f}:widths": np.array([g.rank_width, g.step_width], np.int64),
+                       f"heat:{f}:sums": g.sums, f"heat:{f}:counts": g.counts})
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    r2 = RunRollup.from_bytes(buf.getvalue())
+    for name, arr in _every_array(r).items():
+        assert np.array_equal(_every_array(r2)[name], arr, equal_nan=True), name
+
+
 def test_lttb_keeps_a_spike_and_the_envelope_its_extremes():
     x = np.arange(10_000)
     y = np.sin(x / 300.0)
