@@ -75,8 +75,12 @@ def _encode_columns(batch: MetricBatch, names: list[str], has_hosts: bool, label
     for j, name in enumerate(labels):
         ints[2 + len(names) + has_hosts + j] = batch.labels[name][1]
     raw = block.tobytes()
-    compressed = len(raw) >= RAW_BELOW_BYTES
-    data = blosc2.compress(raw, typesize=8, clevel=1, codec=_LZ4, filter=_BITSHUFFLE) if compressed else raw
+    data = raw
+    if len(raw) >= RAW_BELOW_BYTES:
+        packed = blosc2.compress(raw, typesize=8, clevel=1, codec=_LZ4, filter=_BITSHUFFLE)
+        if len(packed) < len(raw):   # a few records of noisy values can come out larger (blosc2's header)
+            data = packed
+    compressed = data is not raw
     return _framed(batch, names, missing, has_hosts, labels, compressed, data, bitmaps)
 
 
