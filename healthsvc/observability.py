@@ -21,6 +21,10 @@ class ServiceMetrics:
         GCCollector(registry=r)
         self.ingest_requests = Counter("healthsvc_ingest_requests", "Metrics ingest requests by outcome.",
                                        ["outcome"], registry=r)
+        # Each outcome's series bound once: at zero on /metrics from the start (a rate over it
+        # needs the series before the first event), and no label lookup on every push.
+        self.ingest_outcome = {outcome: self.ingest_requests.labels(outcome)
+                               for outcome in ("accepted", "duplicate", "rejected", "failed")}
         self.ingest_records = Counter("healthsvc_ingest_records", "Per-rank step records accepted.", registry=r)
         self.ingest_points = Counter("healthsvc_ingest_points", "Metric values accepted (NaN included, missing excluded).",
                                      registry=r)

@@ -19,24 +19,24 @@ async def accept_metrics(ctx, run_id: str, raw: bytes, content_encoding: str | N
         body = decode_body(raw, content_encoding, ctx.settings.max_body_bytes)
         batch, digest = parse_metrics(body, ctx.settings.max_ranks, ctx.settings.max_metric_names)
     except HealthsvcError:
-        metrics.ingest_requests.labels("rejected").inc()
+        metrics.ingest_outcome["rejected"].inc()
         raise
     try:
         result = await committed(ctx.store.ingest.submit_metrics(run_id, batch, digest))
     except STORE_ERRORS as exc:  # nothing was stored: a 503/507 the client retries
-        metrics.ingest_requests.labels("failed").inc()
+        metrics.ingest_outcome["failed"].inc()
         raise store_error(exc) from None
     except QuotaExceeded as exc:  # nothing was stored either
-        metrics.ingest_requests.labels("rejected").inc()
+        metrics.ingest_outcome["rejected"].inc()
         raise quota_error(exc) from None
     except StoreUnavailable:     # the store does not answer: a 503 too
-        metrics.ingest_requests.labels("failed").inc()
+        metrics.ingest_outcome["failed"].inc()
         raise
     if result.duplicate:
         metrics.ingest_duplicates.inc()
-        metrics.ingest_requests.labels("duplicate").inc()
+        metrics.ingest_outcome["duplicate"].inc()
     else:
-        metrics.ingest_requests.labels("accepted").inc()
+        metrics.ingest_outcome["accepted"].inc()
         metrics.ingest_records.inc(result.accepted)
         metrics.ingest_points.inc(batch.n_points)
     metrics.ingest_latency.observe(time.perf_counter() - started)

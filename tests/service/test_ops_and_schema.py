@@ -21,6 +21,9 @@ def test_health_ready_and_prometheus(http):
     assert values["healthsvc_ingest_points_total"] == 8
     assert values['healthsvc_ingest_requests_total{outcome="accepted"}'] == 1
     assert values['healthsvc_ingest_requests_total{outcome="rejected"}'] == 1
+    # Outcomes not seen yet are there at zero: a rate() over them has a series from the start.
+    assert values['healthsvc_ingest_requests_total{outcome="duplicate"}'] == 0
+    assert values['healthsvc_ingest_requests_total{outcome="failed"}'] == 0
     assert values["healthsvc_ingest_latency_seconds_count"] == 1
     assert values["healthsvc_store_size_bytes"] > 0
 
