@@ -3,7 +3,8 @@
 A is a git ref checked out into a scratch worktree (``git worktree add --detach``, removed
 afterwards); B is the working tree, uncommitted changes included. The runs alternate A, B, A, B
 (``--pairs`` pairs), so drift on a shared machine hits both alike; each run has ``PYTHONPATH``
-set to its own tree, so its code is what runs, in the server subprocesses the bench starts too.
+set to its own tree (and to links to its ``detectors/`` and ``clients/`` by their import names,
+``RENAMED_PACKAGES``), so its code is what runs, in the server subprocesses the bench starts too.
 Each run's figures are the rows of the markdown tables it prints (``bench/tables.py``); the
 ratio is taken within each pair, and the table shows its median and its min-max over pairs.
 
@@ -62,9 +63,27 @@ class ScratchTree:
             self.path.rmdir()
 
 
-def run_bench(tree: Path, script: str, args: list[str], label: str) -> list[Figure]:
-    """One run of ``script`` in ``tree``: its figures. The bench's own stderr passes through."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+# Packages imported under another name than their folder's (setup.py's package_dir). The
+# editable install maps those names to the folders of the tree it was installed from, so on
+# PYTHONPATH=tree alone A's run would import B's detectors and client: each run's path also holds
+# links by those names to its own tree's folders (found before the editable install's mapping).
+RENAMED_PACKAGES = {"healthsvc_detectors": "detectors", "healthsvc_client": "clients"}
+
+
+def own_names(tree: Path, links: Path) -> Path:
+    """A folder of links, by import name, to ``tree``'s renamed packages (those it has)."""
+    links.mkdir(parents=True, exist_ok=True)
+    for name, folder in RENAMED_PACKAGES.items():
+        if (tree / folder).is_dir() and not (links / name).exists():
+            (links / name).symlink_to(tree / folder, target_is_directory=True)
+    return links
+
+
+def run_bench(tree: Path, script: str, args: list[str], label: str, links: Path | None = None) -> list[Figure]:
+    """One run of ``script`` in ``tree``: its figures. The bench's own stderr passes through.
+    ``links``: a scratch folder for the tree's renamed packages (:func:`own_names`)."""
+    path = [str(tree)] + ([str(own_names(tree, links))] if links is not None else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, str(tree / script), *args], cwd=tree, env=env,
                           stdout=subprocess.PIPE, text=True)
@@ -140,10 +159,11 @@ def main() -> int:
     for name in args.same:
         if not (repo / name).is_file():
             ap.error(f"--same: {name} is not a file of the working tree {repo}")
-    with ScratchTree(repo, args.ref, args.script if args.script_of == "B" else None, tuple(args.same)) as tree_a:
+    with ScratchTree(repo, args.ref, args.script if args.script_of == "B" else None, tuple(args.same)) as tree_a, \
+            tempfile.TemporaryDirectory(prefix="ab-names-") as links:
         for i in range(1, args.pairs + 1):
-            a_runs.append(run_bench(tree_a, args.script, bench_args, f"pair {i}/{args.pairs}, A"))
-            b_runs.append(run_bench(repo, args.script, bench_args, f"pair {i}/{args.pairs}, B"))
+            a_runs.append(run_bench(tree_a, args.script, bench_args, f"pair {i}/{args.pairs}, A", Path(links) / "A"))
+            b_runs.append(run_bench(repo, args.script, bench_args, f"pair {i}/{args.pairs}, B", Path(links) / "B"))
     rows, lonely = compare(a_runs, b_runs)
     print(f"A/B of {args.script} {' '.join(bench_args)}".rstrip()
           + (" (the working tree's script on both)" if args.script_of == "B" else " (each tree's own script)"))

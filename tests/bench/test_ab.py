@@ -133,3 +133,21 @@ def test_the_documented_comparisons_name_a_commit_and_a_script_of_this_repositor
     for ref, script in commands:
         git(root, "rev-parse", "--verify", f"{ref}^{{commit}}")
         assert (root / script).is_file(), script
+
+
+def test_each_tree_imports_its_own_renamed_packages(tmp_path):
+    # detectors/ is imported as healthsvc_detectors (setup.py's package_dir); the editable install
+    # maps that name to the project's own folder, so a run given only PYTHONPATH=tree would read
+    # the project's detectors, not the tree's.
+    repo = scratch_repo(tmp_path)
+    (repo / "detectors").mkdir()
+    (repo / "detectors" / "__init__.py").write_text("VALUE = 5.0\n")
+    (repo / "bench" / "fig.py").write_text(BENCH.replace("import figure; print(figure.VALUE)",
+                                                         "import healthsvc_detectors as d; print(d.VALUE)"))
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "detectors")
+    (repo / "detectors" / "__init__.py").write_text("VALUE = 7.0\n")   # B: uncommitted
+    proc = ab(repo, "HEAD", "bench/fig.py", "--pairs", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "| case | one | latency ms | 5 | 7 | 1.40 | 1.40–1.40 |" in proc.stdout.splitlines()
+    assert [p.name for p in tmp_path.iterdir()] == ["repo"]
