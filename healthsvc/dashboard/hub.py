@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from healthsvc_detectors.stats.state_json import array_from_json
+
 from healthsvc.store.batch import MetricBatch
 from healthsvc.messages import Drain, Flush, Stop, Tick, handle_in_order
 from healthsvc.monitor import coalesce
@@ -111,7 +113,7 @@ class RunFeed:
                   "a_first_s": np.asarray(st["first_seen_s"], np.float64),
                   "ranks_seen": np.asarray(self.ranks_seen, np.int64)}
         for f in st["values"]:
-            arrays[f"v:{f}"] = np.asarray(st["values"][f], np.float64)
+            arrays[f"v:{f}"] = array_from_json(st["values"][f], np.dtype(np.float64))
             arrays[f"p:{f}"] = np.asarray(st["present"][f], bool)
         buf = io.BytesIO()
         np.savez(buf, allow_pickle=True, **arrays)   # numpy's default, named so no key can be it
