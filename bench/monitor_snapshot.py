@@ -1,8 +1,8 @@
 """A run's detector-state snapshot: what the run's owner pays to write it, and a restart to load it.
 
 The monitor writes each run's detector state every ``snapshot_every_s`` (5 s) on the thread that
-runs its detectors (``MonitorHub._snapshot``: ``RunMonitor.state_dict`` and its text), and the
-store's writer stores the text; a restart or a takeover loads it. For a run at 1 step a second
+runs its detectors (``MonitorHub._snapshot``: ``RunMonitor.state_dict``, its text, compressed),
+and the store's writer stores it; a restart or a takeover loads it. For a run at 1 step a second
 this is most of what watching it costs. This feeds a run's monitor, as the service builds it
 (every detector at its defaults), ``--steps`` steps of a clean synchronous run of each size
 (``bench/detectors.py``'s run, one push of all ranks a step), then times the snapshot's writing
@@ -31,12 +31,17 @@ _bench_detectors = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_bench_detectors)
 make_block = _bench_detectors.make_block
 
-from healthsvc.monitor.hub import _dump_state  # noqa: E402
+# A tree from before these (bench/ab.py runs this script on one) stored the text, read by json.
+try:
+    from healthsvc.monitor.hub import _snapshot_blob  # noqa: E402
+except ImportError:
+    from healthsvc.monitor.hub import _dump_state as _snapshot_blob  # noqa: E402
 try:
     from healthsvc.monitor.hub import _load_state  # noqa: E402
-except ImportError:   # a tree from before it (bench/ab.py runs this script on one): the json module read it
+except ImportError:
     from json import loads as _load_state  # type: ignore[assignment]  # noqa: E402
 from healthsvc.monitor.run_monitor import RunMonitor  # noqa: E402
+from healthsvc.store import codec  # noqa: E402,F401  (as in the server: blosc2 on one thread)
 from healthsvc.store.batch import MetricBatch  # noqa: E402
 from healthsvc.store.runstate import RunView  # noqa: E402
 
@@ -55,12 +60,12 @@ def fed_monitor(n_ranks: int, n_steps: int) -> RunMonitor:
 
 
 def snapshot_costs(mon: RunMonitor, n_ranks: int, repeats: int) -> tuple[float, float, int]:
-    """(CPU seconds to write the snapshot's text, to load it into a new monitor, its bytes)."""
+    """(CPU seconds to make the snapshot's blob, to load it into a new monitor, its bytes as stored)."""
     write = load = float("inf")
     blob = b""
     for _ in range(repeats):
         t0 = time.process_time()
-        blob = _dump_state(mon.state_dict())
+        blob = _snapshot_blob(mon.state_dict())
         t1 = time.process_time()
         RunMonitor("bench", {"world_size": n_ranks}).load_state_dict(_load_state(blob))
         write, load = min(write, t1 - t0), min(load, time.process_time() - t1)

@@ -364,16 +364,25 @@ def hang_view(dsn: str, ep: Episode) -> str:
         last = conn.execute("SELECT max(received_at) FROM chunks WHERE run_id=%s", (ep.run_id,)).fetchone()[0]
     if snap is None:
         return "no monitor snapshot"
-    state = json.loads(bytes(snap[0]))
+    from healthsvc.monitor.hub import _load_state   # the snapshot as the service stores it (compressed)
+    from healthsvc_detectors.stats.state_json import array_from_json
+    state = _load_state(bytes(snap[0]))
     hang = state["detectors"].get("hang")
-    if not hang or ep.rank not in hang["ids"]:
+    if not hang:
+        return "no hang detector in the state"
+    ids = array_from_json(hang["ids"], np.dtype(np.int64)).tolist()
+    if ep.rank not in ids:
         return "the rank is not in the hang detector's state"
-    j = hang["ids"].index(ep.rank)
-    interval = hang["interval_s"][j]
+    j = ids.index(ep.rank)
+
+    def of_rank(name: str) -> float:   # a per-rank array, as a list or as bytes (stats.state_json)
+        return float(array_from_json(hang[name], np.dtype(np.float64))[j])
+
+    interval = of_rank("interval_s")
     timeout = max(HANG_S, 10 * interval)
-    return (f"last snapshot: rank's last step {hang['last_step'][j]}, silent {last - hang['progress_s'][j]:.1f} s until "
-            f"the run's last record, push interval {interval:.2f} s (timeout {timeout:.1f} s), hung {hang['hung'][j]}, "
-            f"stalled {hang['stalled']}, finished {state['finished']}")
+    return (f"last snapshot: rank's last step {of_rank('last_step'):.0f}, silent {last - of_rank('progress_s'):.1f} s "
+            f"until the run's last record, push interval {interval:.2f} s (timeout {timeout:.1f} s), hung "
+            f"{bool(of_rank('hung'))}, stalled {hang['stalled']}, finished {state['finished']}")
 
 
 def outbox(dsn: str) -> list[tuple[str, str]]:

@@ -13,7 +13,7 @@ import orjson
 
 import pytest
 
-from healthsvc.monitor.hub import _dump_state, _load_state
+from healthsvc.monitor.hub import _dump_state, _load_state, _snapshot_blob
 from healthsvc.monitor.run_monitor import RunMonitor
 from healthsvc.store.batch import MetricBatch
 from healthsvc.store.runstate import RunView
@@ -41,8 +41,11 @@ def test_a_monitor_state_with_nan_and_infinity_is_strict_json_and_restores_the_s
     strict = json.dumps(state, allow_nan=False)                  # raises on a raw NaN or infinity
     text = _dump_state(state)
     assert text == orjson.dumps(state) and json.loads(text) == json.loads(strict)
+    # Stored compressed; the text as stored before loads the same.
+    blob = _snapshot_blob(state)
+    assert blob[:1] != b"{" and len(blob) < len(text) and _load_state(blob) == _load_state(text) == json.loads(strict)
     again = RunMonitor("r", {"world_size": RANKS})
-    again.load_state_dict(_load_state(text))
+    again.load_state_dict(_load_state(blob))
     assert json.dumps(again.state_dict(), allow_nan=False) == strict
     rest = [batch(60, range(4, RANKS), [1.4] * (RANKS - 4))]
     rest += [batch(s, range(RANKS), [np.inf if s == 75 and r == 2 else 1.4 for r in range(RANKS)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from healthsvc.monitor.hub import SNAPSHOT_COST_RATIO
+from healthsvc.monitor.hub import SNAPSHOT_COST_RATIO, _load_state
 from tests.harness import InProcessService
 
 JSON = {"content-type": "application/json"}
@@ -25,7 +25,7 @@ class CostClock:
 
 def saved_at(svc) -> float | None:
     snap = svc.app.state.store.snapshot("r", "monitor")
-    return None if snap is None else json.loads(snap.state)["saved_at"]
+    return None if snap is None else _load_state(snap.state)["saved_at"]
 
 
 def push(svc, step: int) -> None:
