@@ -112,8 +112,15 @@ def test_a_writer_cut_off_inside_a_transaction_lets_its_row_locks_go():
 
                 job = store.write(lock_then_cut_off)
                 held = "SELECT id FROM held FOR UPDATE SKIP LOCKED"
-                idle = "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND datname = current_database()"
-                wait_until(lambda: other.execute(idle).fetchone()[0] == 1, 10, "the writer idle in its transaction")
+                # The barrier is the lock itself: a session idle in its transaction holding the
+                # table's lock of a FOR SHARE (a count of sessions idle in a transaction alone also
+                # saw the writer between its group's first statement and the job's, the row not
+                # locked yet: the check below then failed under load).
+                locked = ("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                          "WHERE l.relation = 'held'::regclass AND l.mode = 'RowShareLock' "
+                          "AND l.granted AND a.state = 'idle in transaction'")
+                wait_until(lambda: other.execute(locked).fetchone()[0] == 1, 10,
+                           "the writer idle in its transaction, the row locked")
                 assert other.execute(held).fetchall() == []          # the row is locked, so far
                 cut_at = time.monotonic()
                 wait_until(lambda: other.execute(held).fetchall() == [(1,)], IDLE_IN_TRANSACTION_S + 5,
