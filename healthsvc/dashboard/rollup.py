@@ -346,7 +346,7 @@ class RunRollup:
 # A snapshot's arrays are compressed one by one by blosc2 (a byte shuffle, then zstd at level 1)
 # inside an uncompressed npz. The deflate of numpy's savez_compressed took 186 ms of CPU for a
 # grown run (a 1,024-rank run of 4,000 steps: four 256 x 2,048 heat grids, 8 MB), every
-# snapshot_every_s for every active run, a third of a core at 100 runs; this takes 19 ms and
+# snapshot_every_s (30 s) for every active run: 0.6 % of a core a run; this takes 19 ms and
 # writes 0.82x the bytes (bench/rollup_fold.py's snapshot table). Snapshots written before
 # (deflated, the arrays as they are) still load: their keys carry no "@".
 _PACKED_AS = "@"
