@@ -50,7 +50,10 @@ class RunFeed:
 
     def __init__(self, align_timeout_s: float, world_size: int | None) -> None:
         self.rollup = RunRollup()
-        self.aligner = StepAligner(timeout_s=align_timeout_s)
+        # Complete steps go straight into the rollup (min_block_steps=1): the hub already folds
+        # a run's pushes in batches (``fold_every_s``), so holding a few steps back for a fuller
+        # block only delays them, and joins their records a second time in the next fold.
+        self.aligner = StepAligner(timeout_s=align_timeout_s, min_block_steps=1)
         self.attempt = 0
         self.watermark = 0            # id of the last stored chunk folded in (or pending)
         self.world_size = world_size
