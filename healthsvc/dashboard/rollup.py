@@ -215,7 +215,10 @@ class RunRollup:
             # nothing is counted (no value is non-finite, every rank reported).
             lo, hi = v.min(axis=1), v.max(axis=1)
             if np.isfinite(lo).all() and np.isfinite(hi).all():
-                st["median"][steps] = med = _median_of_rows(v)
+                # A field every rank reports the same (a gradient norm taken after the
+                # all-reduce, a loss averaged across ranks): each row's median is its minimum.
+                med = lo if (lo == hi).all() else _median_of_rows(v)
+                st["median"][steps] = med
                 st["min"][steps], st["max"][steps] = lo, hi
                 st["nonfinite"][steps] = 0
                 st["reported"][steps] = v.shape[1]
