@@ -241,11 +241,10 @@ class RollupHub:
         self.catching_up = False
         while handle_in_order(coalesce.group_pushes(coalesce.unpacked(coalesce.take(self._queue))), self._handle_locked,
                               log, "dashboard rollup"):
-            # The run page needs no fresher data than this (it polls every 3 s, and the aligner
-            # holds steps back for fuller blocks anyway): pushes gather meanwhile and are folded
-            # in one go (one wake-up, one aligned block for many pushes), instead of this thread
-            # waking per group commit and contending with the event loop and the writer for the
-            # GIL. A drain or a stop ends the wait.
+            # The run page needs no fresher data than this (it polls every 3 s): pushes gather
+            # meanwhile and are folded in one go (one wake-up, one aligned block for many
+            # pushes), instead of this thread waking per group commit and contending with the
+            # event loop and the writer for the GIL. A drain or a stop ends the wait.
             self._wake.wait(self.fold_every_s)
             self._wake.clear()
 
