@@ -1,15 +1,16 @@
 """A/B: one bench script on two trees, alternated, and each figure's ratio B / A with its spread.
 
 A is a git ref checked out into a scratch worktree (``git worktree add --detach``, removed
-afterwards); B is the working tree, uncommitted changes included. The runs alternate A, B, A, B
-(``--pairs`` pairs), so drift on a shared machine hits both alike; each run has ``PYTHONPATH``
+afterwards); B is the working tree, uncommitted changes included. The runs alternate in
+counterbalanced pairs, A B, B A, A B, ... (``--pairs`` pairs; an even number cancels a steady
+drift of the machine's speed), so drift on a shared machine hits both alike; each run has ``PYTHONPATH``
 set to its own tree (and to links to its ``detectors/`` and ``clients/`` by their import names,
 ``RENAMED_PACKAGES``), so its code is what runs, in the server subprocesses the bench starts too.
 Each run's figures are the rows of the markdown tables it prints (``bench/tables.py``); the
 ratio is taken within each pair, and the table shows its median and its min-max over pairs.
 
-    .venv/bin/python bench/ab.py 91dd201 bench/ingest.py                 # 3 pairs, default sizes
-    .venv/bin/python bench/ab.py 91dd201 bench/ingest.py --pairs 5 -- --seconds 6
+    .venv/bin/python bench/ab.py 91dd201 bench/ingest.py                 # 4 pairs, default sizes
+    .venv/bin/python bench/ab.py 91dd201 bench/ingest.py --pairs 6 -- --seconds 6
 
 Both trees run the working tree's copy of the script (copied into A's scratch worktree, so it
 imports A's code): the same workload on both, only the service differs. ``--script-of each`` runs
@@ -136,7 +137,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("ref", help="git ref of tree A (a commit, tag or branch)")
     ap.add_argument("script", help="the bench script, relative to the repository root, e.g. bench/ingest.py")
-    ap.add_argument("--pairs", type=int, default=3, help="A, B pairs to run (alternated)")
+    ap.add_argument("--pairs", type=int, default=4, help="A, B pairs to run (alternated, counterbalanced: A B, B A, ...)")
     ap.add_argument("--script-of", choices=("B", "each"), default="B",
                     help="B: the working tree's script on both trees (default); each: each tree's own")
     ap.add_argument("--same", action="append", default=[], metavar="FILE",
@@ -162,14 +163,19 @@ def main() -> int:
     with ScratchTree(repo, args.ref, args.script if args.script_of == "B" else None, tuple(args.same)) as tree_a, \
             tempfile.TemporaryDirectory(prefix="ab-names-") as links:
         for i in range(1, args.pairs + 1):
-            a_runs.append(run_bench(tree_a, args.script, bench_args, f"pair {i}/{args.pairs}, A", Path(links) / "A"))
-            b_runs.append(run_bench(repo, args.script, bench_args, f"pair {i}/{args.pairs}, B", Path(links) / "B"))
+            # Counterbalanced, A B | B A | A B ...: a machine that slows (or speeds up) through
+            # the session would otherwise favour whichever side always runs first in its pair
+            # (an A/A of bench/ingest.py, A first in every pair, read B / A 0.72-1.10 by row,
+            # 9 rows of 13 below 1; docs/performance.md, stop 44).
+            sides = [("A", tree_a, a_runs), ("B", repo, b_runs)]
+            for side, tree, runs in (sides if i % 2 else sides[::-1]):
+                runs.append(run_bench(tree, args.script, bench_args, f"pair {i}/{args.pairs}, {side}", Path(links) / side))
     rows, lonely = compare(a_runs, b_runs)
     print(f"A/B of {args.script} {' '.join(bench_args)}".rstrip()
           + (" (the working tree's script on both)" if args.script_of == "B" else " (each tree's own script)"))
     print(head_a)
     print(head_b)
-    print(f"{args.pairs} pair(s), run A, B, A, B, ...; ratio = B / A within a pair: median and min–max over pairs\n")
+    print(f"{args.pairs} pair(s), run A B, B A, A B, ...; ratio = B / A within a pair: median and min–max over pairs\n")
     print("| table | row | figure | A (median) | B (median) | B / A | B / A min–max |")
     print("|---|---|---|---:|---:|---:|---:|")
     for row in rows:

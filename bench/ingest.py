@@ -299,8 +299,11 @@ def main() -> None:
     finally:
         server.stop()
 
-    print(f"\nbare uvicorn ASGI app: {bare_floor:,.0f} requests / server CPU-s")
-    print(f"GET /healthz through FastAPI: {floor:,.0f} requests / server CPU-s")
+    # The floors as a table (bench/ab.py ratios them too: the same code on both trees, so their
+    # B / A says how far the machine alone moved a run).
+    print("\n| floor | requests / server CPU-s |\n|---|---:|")
+    print(f"| bare uvicorn ASGI app | {bare_floor:,.0f} |")
+    print(f"| GET /healthz through FastAPI | {floor:,.0f} |")
     print("\n| form | records/request | service | requests | M points / wall-s | M points / server CPU-s "
           "| requests / server CPU-s | raw decode M points / CPU-s | ingest ÷ decode |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")

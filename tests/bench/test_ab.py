@@ -59,9 +59,9 @@ def test_ab_prints_each_figure_ratio_of_the_working_tree_over_the_ref(tmp_path):
     assert out[1] == "A = HEAD (scratch worktree): " + git(repo, "log", "-1", "--format=%h two").strip()
     assert out[2] == f"B = working tree {repo}, with uncommitted changes: HEAD " + git(repo, "log", "-1", "--format=%h two").strip()
     assert "| case | one | latency ms | 20 | 30 | 1.50 | 1.50–1.50 |" in out
-    # Progress on stderr, alternated A, B, A, B; the bench's own stderr passes through.
+    # Progress on stderr, alternated and counterbalanced (A B, B A); the bench's own stderr passes through.
     order = [line.split(":")[1].strip() for line in proc.stderr.splitlines() if line.startswith("ab: pair")]
-    assert order == ["pair 1/2, A", "pair 1/2, B", "pair 2/2, A", "pair 2/2, B"]
+    assert order == ["pair 1/2, A", "pair 1/2, B", "pair 2/2, B", "pair 2/2, A"]
     assert proc.stderr.count("progress") == 4
     assert worktrees(repo) == [f"worktree {repo}"]        # the scratch worktree is gone
     assert [p.name for p in tmp_path.iterdir()] == ["repo"]
@@ -108,7 +108,7 @@ def test_a_failing_run_stops_ab_and_still_removes_the_scratch_worktree(tmp_path)
     repo = scratch_repo(tmp_path)
     proc = ab(repo, "HEAD", "bench/fig.py", "--", "--fail")
     assert proc.returncode != 0
-    assert "pair 1/3, A: bench/fig.py exited 3" in proc.stderr
+    assert "pair 1/4, A: bench/fig.py exited 3" in proc.stderr
     assert worktrees(repo) == [f"worktree {repo}"]
     assert [p.name for p in tmp_path.iterdir()] == ["repo"]
 
@@ -151,3 +151,21 @@ def test_each_tree_imports_its_own_renamed_packages(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "| case | one | latency ms | 5 | 7 | 1.40 | 1.40–1.40 |" in proc.stdout.splitlines()
     assert [p.name for p in tmp_path.iterdir()] == ["repo"]
+
+
+def test_a_machine_that_slows_through_the_session_does_not_favour_either_side(tmp_path):
+    # The same tree on both sides, on a "machine" whose figure doubles with every run (a counter
+    # file the runs share): were A always first in its pair, every pair would read B / A = 2.
+    # Counterbalanced, the drift reads 2 in one pair and 0.5 in the next.
+    repo = scratch_repo(tmp_path)
+    counter = tmp_path / "runs"
+    counter.write_text("0")
+    (repo / "bench" / "fig.py").write_text(
+        "import pathlib\n"
+        f"p = pathlib.Path({str(counter)!r}); k = int(p.read_text()); p.write_text(str(k + 1))\n"
+        "print('| case | latency ms |\\n|---|---:|\\n| one | %g |' % 2 ** k)\n")
+    (repo / "figure.py").write_text("VALUE = 2.0\n")   # no change: an A/A
+    proc = ab(repo, "HEAD", "bench/fig.py", "--pairs", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert counter.read_text() == "4"
+    assert "| case | one | latency ms | 4.5 | 3 | 1.25 | 0.50–2.00 |" in proc.stdout.splitlines()
