@@ -166,7 +166,7 @@ def main() -> int:
             # Counterbalanced, A B | B A | A B ...: a machine that slows (or speeds up) through
             # the session would otherwise favour whichever side always runs first in its pair
             # (an A/A of bench/ingest.py, A first in every pair, read B / A 0.72-1.10 by row,
-            # 9 rows of 13 below 1; docs/performance.md, stop 44).
+            # 9 rows of 13 below 1; docs/performance.md, "The A/B's own noise").
             sides = [("A", tree_a, a_runs), ("B", repo, b_runs)]
             for side, tree, runs in (sides if i % 2 else sides[::-1]):
                 runs.append(run_bench(tree, args.script, bench_args, f"pair {i}/{args.pairs}, {side}", Path(links) / side))
