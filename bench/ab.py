@@ -2,8 +2,10 @@
 
 A is a git ref checked out into a scratch worktree (``git worktree add --detach``, removed
 afterwards); B is the working tree, uncommitted changes included. The runs alternate in
-counterbalanced pairs, A B, B A, A B, ... (``--pairs`` pairs; an even number cancels a steady
-drift of the machine's speed), so drift on a shared machine hits both alike; each run has ``PYTHONPATH``
+counterbalanced pairs, A B, B A, A B, ... (``--pairs`` pairs), so a machine that slows or speeds
+up through the session favours neither side: over an even number of pairs its drift reads high in
+half of them and low in the other half (it widens the spread instead of moving every ratio one
+way). Each run has ``PYTHONPATH``
 set to its own tree (and to links to its ``detectors/`` and ``clients/`` by their import names,
 ``RENAMED_PACKAGES``), so its code is what runs, in the server subprocesses the bench starts too.
 Each run's figures are the rows of the markdown tables it prints (``bench/tables.py``); the

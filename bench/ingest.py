@@ -299,8 +299,9 @@ def main() -> None:
     finally:
         server.stop()
 
-    # The floors as a table (bench/ab.py ratios them too: the same code on both trees, so their
-    # B / A says how far the machine alone moved a run).
+    # The floors as a table, so bench/ab.py ratios them too. The bare app is the same on both
+    # trees of an A/B (this venv's uvicorn, a few lines of bench/bare_asgi.py): its B / A says how
+    # far the machine alone moved the runs. /healthz goes through each tree's own app.
     print("\n| floor | requests / server CPU-s |\n|---|---:|")
     print(f"| bare uvicorn ASGI app | {bare_floor:,.0f} |")
     print(f"| GET /healthz through FastAPI | {floor:,.0f} |")

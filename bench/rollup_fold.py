@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.ingest import GLOBAL_FIELDS  # noqa: E402
 from healthsvc.dashboard.hub import RunFeed  # noqa: E402
 from healthsvc.store.batch import MetricBatch  # noqa: E402
 from healthsvc.store.results import IngestResult  # noqa: E402
@@ -38,8 +39,11 @@ def pushes(n_ranks: int, n_steps: int, seed: int) -> list[IngestResult]:
     rng = np.random.default_rng(seed)
     out = []
     for step in range(n_steps):
+        # A field of GLOBAL_FIELDS (the gradient norm after the all-reduce) is the same on every
+        # rank of a step, as bench/ingest.py sends it and a data-parallel job reports it.
         batch = MetricBatch(np.full(n_ranks, step, np.int64), np.arange(n_ranks, dtype=np.int64),
-                            {f: 1.0 + 0.1 * rng.standard_normal(n_ranks) for f in FIELDS},
+                            {f: 1.0 + 0.1 * rng.standard_normal(1 if f in GLOBAL_FIELDS else n_ranks)
+                                * np.ones(n_ranks) for f in FIELDS},
                             {f: np.ones(n_ranks, bool) for f in FIELDS})
         out.append(IngestResult("bench", n_ranks, False, 1, False, step + 1, 0.0, batch,
                                 RunView(1, 0, n_ranks, False)))

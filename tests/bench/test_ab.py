@@ -160,11 +160,11 @@ def test_a_machine_that_slows_through_the_session_does_not_favour_either_side(tm
     repo = scratch_repo(tmp_path)
     counter = tmp_path / "runs"
     counter.write_text("0")
+    # The figure depends on the run's turn only, not on either tree's code: an A/A.
     (repo / "bench" / "fig.py").write_text(
         "import pathlib\n"
         f"p = pathlib.Path({str(counter)!r}); k = int(p.read_text()); p.write_text(str(k + 1))\n"
         "print('| case | latency ms |\\n|---|---:|\\n| one | %g |' % 2 ** k)\n")
-    (repo / "figure.py").write_text("VALUE = 2.0\n")   # no change: an A/A
     proc = ab(repo, "HEAD", "bench/fig.py", "--pairs", "2")
     assert proc.returncode == 0, proc.stderr
     assert counter.read_text() == "4"
