@@ -565,6 +565,9 @@ def launch(cfg: Config, world_size: int) -> list[int]:
     closed connection) or are stopped after a grace period, as an elastic agent would.
     """
     cfg = dataclasses.replace(cfg, port=free_port())
+    # The optimizer's constructor imports torch._dynamo on first use (about 1.2 CPU-seconds):
+    # imported here, the forked ranks inherit it instead of each importing it again.
+    import torch._dynamo  # noqa: F401
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=train, args=(r, world_size, cfg), daemon=False) for r in range(world_size)]
     for p in procs:
