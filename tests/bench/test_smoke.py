@@ -27,9 +27,10 @@ BENCH = ROOT / "bench"
 # Second forms of a script, run with their flags and --smoke too: each is a bench of its own.
 FORMS = ["alert_latency.py --load", "scale.py --grid"]
 
-# Scripts that have no smoke mode of their own, and why.
+# Scripts this module does not run, and why.
 NO_SMOKE = {
     "ab.py": "runs another script on two trees, not a bench: tests/bench/test_ab.py runs it on a scratch repository",
+    "soak.py": "tests/replicas/test_soak_short.py runs its two-minute form and reads every table it prints",
 }
 
 

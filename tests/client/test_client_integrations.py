@@ -12,8 +12,6 @@ import pytest
 from healthsvc_client.client import Run
 from healthsvc_client.transport import MockTransport
 
-torch = pytest.importorskip("torch")
-
 
 def make_run(service) -> Run:
     return Run("http://fake", "tiny", 0, transport=MockTransport(service), flush_interval_s=0.02,
@@ -25,6 +23,7 @@ def same(a: float, b: float) -> bool:
 
 
 def test_lightning_callback_reports_each_steps_own_loss_and_grad_norm(service):
+    torch = pytest.importorskip("torch")   # in the tests: every worker collects this module
     L = pytest.importorskip("lightning")
     from healthsvc_client.lightning import HealthCallback
 
@@ -83,6 +82,7 @@ def test_lightning_callback_creates_a_run_per_rank_with_trainer_rank(service, mo
 
 
 def test_hf_trainer_reports_per_rank_per_step_loss_including_nan(service, tmp_path):
+    torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     from transformers import Trainer, TrainingArguments

@@ -4,6 +4,7 @@ registered with the time the save took and their size; then the same under torch
 processes (gloo): every field from every rank, and a resume that starts the data again caught."""
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -12,12 +13,15 @@ import pytest
 
 from tests.integrations.torchrun import torchrun
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+# Skipped where it is not installed, found without importing it: every worker collects this
+# module, and importing torch and transformers there cost each a second or more.
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+    pytest.skip("torch or transformers is not installed", allow_module_level=True)
 pytestmark = [pytest.mark.timeout(300)]
 
 
 def test_trainer_checkpoints_are_registered_with_durations(shared_server, shared_http, tmp_path):
+    import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     from healthsvc_client.hf import attach

@@ -4,6 +4,7 @@ ModelCheckpoint's saves are registered with their durations and sizes; every fie
 every rank; a resume mid-epoch, whose plain DataLoader starts the epoch's data again, is caught."""
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -12,7 +13,10 @@ import pytest
 
 from tests.integrations.torchrun import torchrun
 
-pytest.importorskip("lightning")
+# Skipped where it is not installed, found without importing it: every worker collects this
+# module, and importing Lightning there cost each a second or more.
+if importlib.util.find_spec("lightning") is None:
+    pytest.skip("lightning is not installed", allow_module_level=True)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
