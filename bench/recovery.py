@@ -63,8 +63,23 @@ def supervised_run(url: str, run_id: str, tmp: Path, args: argparse.Namespace) -
                           "--url", url, "--poll-s", "0.3", "--grace-s", "10", "--", *train],
                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp, check=False)
     if out.returncode != 0:
-        raise SystemExit(f"the supervised run failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        raise SystemExit(f"the supervised run failed ({out.returncode}):\n{out.stderr[-3000:]}\n"
+                         f"{what_the_service_holds(url, run_id)}")
     return time.monotonic() - t0
+
+
+def what_the_service_holds(url: str, run_id: str) -> str:
+    """The run's attempts, checkpoints (with the service time each was stored) and findings, for
+    a failure's message: a decision made on a checkpoint not yet stored shows here."""
+    with httpx.Client(base_url=url, timeout=30) as http:
+        run = http.get(f"/v1/runs/{run_id}").json()
+        ckpts = http.get(f"/v1/runs/{run_id}/checkpoints").json()
+        found = http.get(f"/v1/runs/{run_id}/findings").json()
+    return "\n".join([
+        f"attempts: {run.get('attempts')}",
+        "checkpoints: " + ", ".join(f"{c['step']} (attempt {c['attempt']}, at {c['created_at']:.3f})" for c in ckpts),
+        "findings: " + ", ".join(f"{f['kind']} {f['severity']} {f['status']} step {f['step']} attempt {f['attempt']} "
+                                 f"ranks {f['ranks']} at {f['created_at']:.3f}" for f in found)])
 
 
 def step_time(checkpoints: list[dict], step: int) -> float:
