@@ -1,6 +1,9 @@
 """Re-sent batches are stored once; a restart opens a new attempt, both are kept, and the
 effective history is the newest attempt. A restart is told by the records' ``incarnation`` (the
-process that sent them) where the client sends one, else by steps that go back."""
+process that sent them) where the client sends one, else by steps that go back.
+
+The tests share the module's server (``shared_http``, each under runs of its own); the two that
+crash the server have one of their own (``server``, ``http``)."""
 from __future__ import annotations
 
 import csv
@@ -25,18 +28,18 @@ def steps(start, stop, ranks=(0, 1), loss=1.0, process=None):
             for s in range(start, stop) for r in ranks]
 
 
-def test_resent_batch_is_not_duplicated(http):
+def test_resent_batch_is_not_duplicated(shared_http):
     body = steps(0, 10)
-    first = push(http, "idem", body)
-    again = push(http, "idem", body)
+    first = push(shared_http, "idem", body)
+    again = push(shared_http, "idem", body)
     assert first == {"accepted": 20, "duplicate": False, "attempt": 1}
     assert again == {"accepted": 20, "duplicate": True, "attempt": 1}
-    cols = http.get("/v1/runs/idem/metrics").json()["columns"]
+    cols = shared_http.get("/v1/runs/idem/metrics").json()["columns"]
     assert len(cols["step"]) == 20
     # An explicit batch_id makes a retry idempotent even if the body bytes differ.
-    push(http, "idem", steps(10, 12), batch_id="b-1")
-    assert push(http, "idem", steps(10, 12, loss=9.9), batch_id="b-1")["duplicate"] is True
-    cols = http.get("/v1/runs/idem/metrics").json()["columns"]
+    push(shared_http, "idem", steps(10, 12), batch_id="b-1")
+    assert push(shared_http, "idem", steps(10, 12, loss=9.9), batch_id="b-1")["duplicate"] is True
+    cols = shared_http.get("/v1/runs/idem/metrics").json()["columns"]
     assert len(cols["step"]) == 24 and 9.9 not in cols["loss"]
 
 
@@ -70,73 +73,73 @@ def test_steps_going_back_open_a_new_attempt(http, server):
     assert push(http, "att", steps(85, 86))["attempt"] == 3
 
 
-def test_run_summary_and_listing(http):
-    assert http.put("/v1/runs/cfg", json={"world_size": 4, "batch_size_per_rank": 8, "tags": {"team": "llm"}}).status_code == 200
-    push(http, "cfg", [{"step": 0, "rank": r, "loss": 1.0, "host": f"node{r // 2}"} for r in range(3)])
-    run = http.get("/v1/runs/cfg").json()
+def test_run_summary_and_listing(shared_http):
+    assert shared_http.put("/v1/runs/cfg", json={"world_size": 4, "batch_size_per_rank": 8, "tags": {"team": "llm"}}).status_code == 200
+    push(shared_http, "cfg", [{"step": 0, "rank": r, "loss": 1.0, "host": f"node{r // 2}"} for r in range(3)])
+    run = shared_http.get("/v1/runs/cfg").json()
     assert run["world_size"] == 4 and run["ranks_seen"] == 3 and run["config"]["tags"] == {"team": "llm"}
     assert run["status"] == "running" and run["last_push"] is not None
-    assert http.post("/v1/runs/cfg/finish").status_code == 200
-    assert http.get("/v1/runs/cfg").json()["status"] == "finished"
-    assert "cfg" in [r["run_id"] for r in http.get("/v1/runs").json()]
-    csv_text = http.get("/v1/runs/cfg/metrics", params={"format": "csv"}).text
+    assert shared_http.post("/v1/runs/cfg/finish").status_code == 200
+    assert shared_http.get("/v1/runs/cfg").json()["status"] == "finished"
+    assert "cfg" in [r["run_id"] for r in shared_http.get("/v1/runs").json()]
+    csv_text = shared_http.get("/v1/runs/cfg/metrics", params={"format": "csv"}).text
     first = next(csv.DictReader(io.StringIO(csv_text)))
     assert (first["step"], first["rank"], first["attempt"], first["host"]) == ("0", "0", "1", "node0")
 
 
-def test_checkpoints_events_heartbeats(http):
-    push(http, "ck", steps(0, 5))
-    assert http.post("/v1/runs/ck/checkpoints", json={"step": 4, "uri": "file:///c/4", "duration_s": 2.5, "bytes": 10}).status_code == 201
-    assert http.post("/v1/runs/ck/checkpoints", json={"step": 4, "uri": "file:///c/4"}).status_code == 201  # idempotent
-    ck = http.get("/v1/runs/ck/checkpoints").json()
+def test_checkpoints_events_heartbeats(shared_http):
+    push(shared_http, "ck", steps(0, 5))
+    assert shared_http.post("/v1/runs/ck/checkpoints", json={"step": 4, "uri": "file:///c/4", "duration_s": 2.5, "bytes": 10}).status_code == 201
+    assert shared_http.post("/v1/runs/ck/checkpoints", json={"step": 4, "uri": "file:///c/4"}).status_code == 201  # idempotent
+    ck = shared_http.get("/v1/runs/ck/checkpoints").json()
     assert len(ck) == 1 and ck[0]["duration_s"] == 2.5 and ck[0]["status"] == "ok" and ck[0]["attempt"] == 1
-    assert http.patch(f"/v1/runs/ck/checkpoints/{ck[0]['id']}", json={"status": "deleted"}).status_code == 200
-    assert http.get("/v1/runs/ck/checkpoints").json()[0]["status"] == "deleted"
-    assert http.patch("/v1/runs/ck/checkpoints/999", json={"status": "deleted"}).status_code == 404
-    assert http.post("/v1/runs/ck/events", json={"kind": "world_size_change", "step": 5, "data": {"old": 2, "new": 1}}).status_code == 201
-    ev = http.get("/v1/runs/ck/events").json()
+    assert shared_http.patch(f"/v1/runs/ck/checkpoints/{ck[0]['id']}", json={"status": "deleted"}).status_code == 200
+    assert shared_http.get("/v1/runs/ck/checkpoints").json()[0]["status"] == "deleted"
+    assert shared_http.patch("/v1/runs/ck/checkpoints/999", json={"status": "deleted"}).status_code == 404
+    assert shared_http.post("/v1/runs/ck/events", json={"kind": "world_size_change", "step": 5, "data": {"old": 2, "new": 1}}).status_code == 201
+    ev = shared_http.get("/v1/runs/ck/events").json()
     assert ev[0]["kind"] == "world_size_change" and ev[0]["data"] == {"old": 2, "new": 1}
-    assert http.post("/v1/runs/ck/heartbeats", json={"rank": 1, "step": 5, "phase": "collective"}).status_code == 202
-    assert http.get("/v1/runs/ck/heartbeats").json()[0]["phase"] == "collective"
+    assert shared_http.post("/v1/runs/ck/heartbeats", json={"rank": 1, "step": 5, "phase": "collective"}).status_code == 202
+    assert shared_http.get("/v1/runs/ck/heartbeats").json()[0]["phase"] == "collective"
 
 
-def test_a_run_finishes_when_every_rank_has_finished(http):
-    push(http, "fin", steps(0, 5))                                   # ranks 0 and 1
-    assert http.post("/v1/runs/fin/finish", json={"rank": 0, "step": 4}).status_code == 200
-    assert http.get("/v1/runs/fin").json()["status"] == "running"  # rank 1 is still finishing
-    push(http, "fin", steps(5, 6, ranks=(1,)))                       # its last records land later
-    assert http.get("/v1/runs/fin").json()["status"] == "running"
-    http.post("/v1/runs/fin/finish", json={"rank": 1, "step": 5})
-    assert http.get("/v1/runs/fin").json()["status"] == "finished"
-    push(http, "fin", steps(6, 7, ranks=(0,)))                       # data after finish: resumed
-    assert http.get("/v1/runs/fin").json()["status"] == "running"
-    http.post("/v1/runs/fin/finish")                                 # no rank: the whole run
-    assert http.get("/v1/runs/fin").json()["status"] == "finished"
+def test_a_run_finishes_when_every_rank_has_finished(shared_http):
+    push(shared_http, "fin", steps(0, 5))                                   # ranks 0 and 1
+    assert shared_http.post("/v1/runs/fin/finish", json={"rank": 0, "step": 4}).status_code == 200
+    assert shared_http.get("/v1/runs/fin").json()["status"] == "running"  # rank 1 is still finishing
+    push(shared_http, "fin", steps(5, 6, ranks=(1,)))                       # its last records land later
+    assert shared_http.get("/v1/runs/fin").json()["status"] == "running"
+    shared_http.post("/v1/runs/fin/finish", json={"rank": 1, "step": 5})
+    assert shared_http.get("/v1/runs/fin").json()["status"] == "finished"
+    push(shared_http, "fin", steps(6, 7, ranks=(0,)))                       # data after finish: resumed
+    assert shared_http.get("/v1/runs/fin").json()["status"] == "running"
+    shared_http.post("/v1/runs/fin/finish")                                 # no rank: the whole run
+    assert shared_http.get("/v1/runs/fin").json()["status"] == "finished"
 
 
-def test_spooled_steps_uploaded_after_later_ones_fill_their_gap_and_are_not_a_restart(http):
+def test_spooled_steps_uploaded_after_later_ones_fill_their_gap_and_are_not_a_restart(shared_http):
     # An outage sent steps 10-14 to the ranks' spools; 15-19 and the finish were delivered;
     # `healthsvc sync` uploads 10-14 afterwards. The same processes sent them: a gap filled late.
-    push(http, "late", steps(0, 10, process="p1"))
-    push(http, "late", steps(15, 20, process="p1"))
+    push(shared_http, "late", steps(0, 10, process="p1"))
+    push(shared_http, "late", steps(15, 20, process="p1"))
     for rank in (0, 1):
-        assert http.post("/v1/runs/late/finish", json={"rank": rank}).status_code == 200
-    assert push(http, "late", steps(10, 15, process="p1"), batch_id="spooled-1")["attempt"] == 1
-    run = http.get("/v1/runs/late").json()
+        assert shared_http.post("/v1/runs/late/finish", json={"rank": rank}).status_code == 200
+    assert push(shared_http, "late", steps(10, 15, process="p1"), batch_id="spooled-1")["attempt"] == 1
+    run = shared_http.get("/v1/runs/late").json()
     assert (run["attempt"], run["status"], run["last_step"]) == (1, "finished", 19)
-    cols = http.get("/v1/runs/late/metrics").json()["columns"]
+    cols = shared_http.get("/v1/runs/late/metrics").json()["columns"]
     assert sorted(zip(cols["step"], cols["rank"])) == [(s, r) for s in range(20) for r in (0, 1)]
 
 
-def test_a_restart_is_the_trainers_word_even_when_its_steps_go_on(http):
+def test_a_restart_is_the_trainers_word_even_when_its_steps_go_on(shared_http):
     # The checkpoint was taken at the last reported step: the restarted processes report
     # steps after it (no step repeats). Their new incarnation says it is a restart; the other
     # rank's first push in it joins the attempt rather than opening a third.
-    push(http, "said", steps(0, 10, process="p1"))
-    assert push(http, "said", steps(10, 12, ranks=(0,), process="p2"))["attempt"] == 2
-    assert push(http, "said", steps(10, 12, ranks=(1,), process="p2"))["attempt"] == 2
-    assert push(http, "said", steps(12, 14, process="p2"))["attempt"] == 2
-    run = http.get("/v1/runs/said").json()
+    push(shared_http, "said", steps(0, 10, process="p1"))
+    assert push(shared_http, "said", steps(10, 12, ranks=(0,), process="p2"))["attempt"] == 2
+    assert push(shared_http, "said", steps(10, 12, ranks=(1,), process="p2"))["attempt"] == 2
+    assert push(shared_http, "said", steps(12, 14, process="p2"))["attempt"] == 2
+    run = shared_http.get("/v1/runs/said").json()
     assert [(a["attempt"], a["start_step"], a["last_step"]) for a in run["attempts"]] == [(1, 0, 9), (2, 10, 13)]
 
 
