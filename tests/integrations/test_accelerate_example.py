@@ -5,17 +5,13 @@ norm, the global norm, lr, the data position, step times, fingerprints), the mai
 the checkpoints with their durations, and a resume that starts the epoch's data again is caught."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from tests.integrations.torchrun import ROOT, torchrun
+from tests.integrations.torchrun import ROOT, skip_unless_installed, torchrun
 
-# Skipped where it is not installed, found without importing it: every worker collects this
-# module, and importing accelerate there cost each a second or more.
-if importlib.util.find_spec("accelerate") is None:
-    pytest.skip("accelerate is not installed", allow_module_level=True)
+skip_unless_installed("accelerate")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 EXAMPLE = ROOT / "examples" / "accelerate_train.py"

@@ -3,17 +3,13 @@ sharded job sends arrives from every rank, and the shards' fingerprints, in one 
 rank, raise no replica_mismatch although they differ."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from tests.integrations.torchrun import torchrun
+from tests.integrations.torchrun import skip_unless_installed, torchrun
 
-# Skipped where it is not installed, found without importing it: every worker collects this
-# module, and importing torch there cost each a second or more.
-if importlib.util.find_spec("torch") is None:
-    pytest.skip("torch is not installed", allow_module_level=True)
+skip_unless_installed("torch")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 

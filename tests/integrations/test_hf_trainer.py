@@ -4,19 +4,15 @@ registered with the time the save took and their size; then the same under torch
 processes (gloo): every field from every rank, and a resume that starts the data again caught."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 from pathlib import Path
 
 import pytest
 
-from tests.integrations.torchrun import torchrun
+from tests.integrations.torchrun import skip_unless_installed, torchrun
 
-# Skipped where it is not installed, found without importing it: every worker collects this
-# module, and importing torch and transformers there cost each a second or more.
-if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
-    pytest.skip("torch or transformers is not installed", allow_module_level=True)
+skip_unless_installed("torch", "transformers")
 pytestmark = [pytest.mark.timeout(300)]
 
 

@@ -4,19 +4,15 @@ ModelCheckpoint's saves are registered with their durations and sizes; every fie
 every rank; a resume mid-epoch, whose plain DataLoader starts the epoch's data again, is caught."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 from pathlib import Path
 
 import pytest
 
-from tests.integrations.torchrun import torchrun
+from tests.integrations.torchrun import skip_unless_installed, torchrun
 
-# Skipped where it is not installed, found without importing it: every worker collects this
-# module, and importing Lightning there cost each a second or more.
-if importlib.util.find_spec("lightning") is None:
-    pytest.skip("lightning is not installed", allow_module_level=True)
+skip_unless_installed("lightning")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 

@@ -3,12 +3,24 @@ integration tests' users do."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def skip_unless_installed(*packages: str) -> None:
+    """Skip the calling module when one of ``packages`` is not installed, found without importing
+    it: every worker collects each module, and importing torch, transformers, accelerate or
+    Lightning there cost each worker a second or more."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}", allow_module_level=True)
 
 
 LAUNCHERS = {
