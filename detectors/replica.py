@@ -178,3 +178,48 @@ class ReplicaMismatchDetector(Detector, BlockDetector):
         self._odd = {int(g): [int(r) for r in rs] for g, rs in state.get("odd", {}).items()}
         # A snapshot from before members were kept: the next row names them again.
         self._members = {int(g): np.asarray(m, dtype=np.int64) for g, m in state.get("members", {}).items()}
+
+
+def redate(block: StepBlock, last_agreeing: int, first_disagreeing: int, group: int = 0,
+           metric: str = "param_digest", group_metric: str = "replica_group") -> tuple[int, int]:
+    """A finding's ``(last_agreeing_step, first_disagreeing_step)`` as the whole stored rows of
+    ``block`` (the run's history, digests as codes) show them between those two steps.
+
+    The detector judges a row only when every member reported (a partial row proves nothing),
+    and a record that comes after the monitor stopped waiting for its step is late: the row was
+    judged partial, so skipped, and the last agreement it knows is an older one. Once every rank
+    has stored steps past the disagreement, the stored rows are whole: the newest whole row that
+    agrees, before the first whole row that does not, is where the replicas last agreed. The
+    members are the ranks of ``group`` with a digest in those rows. Never earlier than the
+    detector's agreement (it saw that row whole) nor a later disagreement than its own.
+
+    >>> codes = np.array([[1., 1., 1.], [2., 2., 0.], [3., 3., 9.]])
+    >>> sent = np.array([[True, True, True], [True, True, False], [True, True, True]])
+    >>> block = StepBlock(np.array([4, 9, 14]), np.arange(3), {"param_digest": codes},
+    ...                   {"param_digest": sent})
+    >>> redate(block, 4, 14)        # rank 2's digest of step 9 not stored: the detector's answer
+    (4, 14)
+    >>> sent[1, 2], codes[1, 2] = True, 2.0
+    >>> redate(block, 4, 14)        # ... and once it is
+    (9, 14)
+    """
+    if not block.has(metric):
+        return last_agreeing, first_disagreeing
+    rows = np.flatnonzero((block.steps >= last_agreeing) & (block.steps <= first_disagreeing))
+    has = block.present[metric][rows]
+    if group_metric in block.values:
+        groups = np.where(block.present[group_metric][rows], block.values[group_metric][rows], 0.0)
+        has = has & (groups == group)
+    members = has.any(axis=0)
+    if members.sum() < 2:
+        return last_agreeing, first_disagreeing
+    last = last_agreeing
+    for i, row in zip(rows.tolist(), has[:, members]):
+        if not row.all():
+            continue   # still partial: proves nothing either way
+        codes = block.values[metric][i][members]
+        step = int(block.steps[i])
+        if codes.min() != codes.max():
+            return last, step
+        last = max(last, step)
+    return last, first_disagreeing

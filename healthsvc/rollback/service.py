@@ -35,7 +35,7 @@ from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.findings import StoredFinding
 from healthsvc.history import load_history
 from healthsvc.identity import occurrence_key
-from healthsvc.rollback.proof import proof_note, sent_fingerprints
+from healthsvc.rollback.proof import FINGERPRINT_FIELD, proof_note, sent_fingerprints
 from healthsvc.store.bisections import CheckpointVerdict, NoBisection
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,6 +46,9 @@ if TYPE_CHECKING:  # pragma: no cover
 Pending = tuple[int, Sequence[Finding]]
 
 HISTORY_FIELDS = ("loss", "grad_norm", "local_grad_norm", "lr")
+# Read with them: the replicas' digests and groups, which date a replica mismatch by its whole
+# stored rows (healthsvc_detectors.replica.redate).
+PROOF_FIELDS = (FINGERPRINT_FIELD, "replica_group")
 MAX_CELLS = 50_000_000  # steps x ranks pivoted for the estimate (~1.2 GB of float64 + masks, worst)
 
 @dataclass
@@ -169,7 +172,8 @@ def history_block(store, run_id: str, step_min: int | None = None,
     """The effective history between ``step_min`` and ``step_max`` as a steps x ranks block
     (newest steps when it is too large). Only the chunks of that range are read, so the memory
     is that of the window, not of the run (a 16k-rank run is 160 M records)."""
-    hist = load_history(store, run_id, fields=set(HISTORY_FIELDS), step_min=step_min, step_max=step_max)
+    hist = load_history(store, run_id, fields={*HISTORY_FIELDS, *PROOF_FIELDS}, step_min=step_min,
+                        step_max=step_max)
     if len(hist) == 0:
         return None
     steps, row_of = np.unique(hist.steps, return_inverse=True)
@@ -182,16 +186,30 @@ def history_block(store, run_id: str, step_min: int | None = None,
         steps, row_of, col_of = steps[first:], row_of[sel] - first, col_of[sel]
     else:
         sel = slice(None)
+    columns = {f: (hist.values[f], hist.present[f]) for f in (*HISTORY_FIELDS, *PROOF_FIELDS)
+               if f in hist.values}
+    if FINGERPRINT_FIELD in hist.labels:
+        columns[FINGERPRINT_FIELD] = label_codes(hist.labels[FINGERPRINT_FIELD])
     values, present = {}, {}
-    for f in HISTORY_FIELDS:
-        if f not in hist.values:
-            continue
+    for f, (column, sent) in columns.items():
         v = np.full((len(steps), len(ranks)), np.nan)
         p = np.zeros((len(steps), len(ranks)), bool)
-        v[row_of, col_of] = hist.values[f][sel]
-        p[row_of, col_of] = hist.present[f][sel]
+        v[row_of, col_of] = column[sel]
+        p[row_of, col_of] = sent[sel]
         values[f], present[f] = v, p
     return StepBlock(steps=steps, ranks=ranks, values=values, present=present)
+
+
+def label_codes(column: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
+    """A string field's values as numeric codes (equal strings, equal codes) and where it was
+    sent: the replicas' digests as the detectors compare them."""
+    sent = np.fromiter((v is not None for v in column), bool, len(column))
+    codes = np.full(len(column), np.nan)
+    if sent.any():
+        _, inverse = np.unique(np.array([v for v in column if v is not None], dtype=object),
+                               return_inverse=True)
+        codes[sent] = inverse
+    return codes, sent
 
 
 def load_bisection(store, run_id: str) -> Bisection | None:

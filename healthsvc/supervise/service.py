@@ -172,7 +172,11 @@ def settle(ctx: ServiceContext, run_id: str, step: int) -> Settled:
     a control request before the records logged after it (``healthsvc_client.sender``; a client
     from before that order may still send a checkpoint one request behind records past it). The
     bound keeps a hung or dead rank from holding the decision: after it, the decision is made on
-    what is stored and its message says which ranks it did not wait for."""
+    what is stored and its message says which ranks it did not wait for. The same lateness
+    reaches the detectors: a rank's record that came after the monitor stopped waiting for its
+    step is judged without, so a replica mismatch's finding can name an older agreement than the
+    stored rows show; the rollback answer dates it by the stored rows
+    (``healthsvc_detectors.replica.redate``), which the wait here makes whole."""
     bound = ctx.settings.supervise_settle_s
     start = ctx.clock()
     gauge = ctx.metrics.supervise_settling

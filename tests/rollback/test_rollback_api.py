@@ -280,3 +280,36 @@ def test_an_answer_with_fingerprints_carries_the_proof(shared_http):
     assert answer["proof"] == {"last_agreeing_step": 680, "first_disagreeing_step": 700, "ranks": [1]}
     assert answer["checkpoint"]["step"] == 600 and answer["proven_clean"] is True
     assert "no replica fingerprints" not in answer["reason"]
+
+
+def test_a_fingerprint_row_that_came_late_still_proves_its_checkpoint_clean(shared_http):
+    # Three replicas send digests every 5 steps; the checkpoint of step 9 is the newest before a
+    # bit flip in rank 2 after step 13's update. Rank 2's record of step 9 reaches the service
+    # after the monitor stopped waiting for it (a loaded machine: the sender thread of one rank
+    # starved for longer than align_timeout_s), so the detector judged step 9 without it and
+    # its finding says the replicas last agreed at step 4. The store holds the whole row by the
+    # time anyone asks: the answer must rest on that, not on the detector's partial view.
+    run = "rb-digest-late"
+
+    def record(step: int, rank: int) -> dict:
+        rec = {"step": step, "rank": rank, "loss": 2.0 - 0.01 * step, "grad_norm": 1.0}
+        if step % 5 == 4:
+            rec["param_digest"] = "flipped" if (rank == 2 and step >= 14) else f"d{step}"
+        return rec
+
+    def push(records: list[dict]) -> None:
+        r = shared_http.post(f"/v1/runs/{run}/metrics", json={"records": records})
+        assert r.status_code == 202, r.text
+
+    push([record(s, r) for s in range(9) for r in range(3)] + [record(9, 0), record(9, 1)])
+    settle(shared_http)                       # step 9 is judged with rank 2 missing
+    push([record(9, 2)])                      # ... whose record then comes, late
+    push([record(s, r) for s in range(10, 20) for r in range(3)])
+    for c in (4, 9, 19):
+        assert shared_http.post(f"/v1/runs/{run}/checkpoints",
+                                json={"step": c, "uri": f"mem://{run}/{c}"}).status_code < 300
+    found = wait_for_finding(shared_http, run, "replica_mismatch")
+    assert (found["step"], found["ranks"], found["evidence"]["last_agreeing_step"]) == (14, [2], 4)
+    answer = shared_http.get(f"/v1/runs/{run}/rollback").json()
+    assert answer["proof"] == {"last_agreeing_step": 9, "first_disagreeing_step": 14, "ranks": [2]}
+    assert answer["checkpoint"]["step"] == 9 and answer["proven_clean"] is True, answer["reason"]

@@ -75,7 +75,9 @@ def decide_rollback(
        recovered, see :func:`evidence_episodes`).
     5. A ``replica_mismatch`` (the replicas' digests agreed at step L and disagreed at F) is proof:
        the first corrupted update is in ``L+1..F`` and the newest checkpoint at or before L is
-       clean by proof, not by estimate (:func:`replica_proof`); no history is needed.
+       clean by proof, not by estimate (:func:`replica_proof`). The history, when it holds the
+       digests, dates L and F by its whole rows: a row the detector judged before a late rank's
+       digest came is whole once stored (:func:`healthsvc_detectors.replica.redate`).
     6. Probe verdicts (``bisection``, checkpoint verdicts) override the statistics as before.
     """
     ckpts = list(checkpoints)
@@ -86,7 +88,7 @@ def decide_rollback(
     evidence = evidence_episodes(eps, restarts)
     onset: OnsetEstimate | None = None
     blowup = None
-    proof = replica_proof(evidence)
+    proof = replica_proof(evidence, block)
     if proof is not None:
         low, high = proof.last_agreeing_step + 1, proof.first_disagreeing_step
         signal = SignalEstimate("param_digest", low, low, high, "abrupt", 1.0, proof.ranks,

@@ -13,6 +13,8 @@ from typing import Any, Iterable, Sequence
 
 from healthsvc_detectors import kinds as kind_table
 from healthsvc_detectors.finding import SEVERITY_ORDER, Finding
+from healthsvc_detectors.frame import StepBlock
+from healthsvc_detectors.replica import redate
 from healthsvc_detectors.offline.rollback.records import Checkpoint, Restart
 
 # Which findings mean that some update may be corrupted, whether an episode of one may heal as a
@@ -218,20 +220,32 @@ class ReplicaProof:
                 "first_disagreeing_step": self.first_disagreeing_step, "ranks": list(self.ranks)}
 
 
-def replica_proof(evidence: Sequence[Episode]) -> ReplicaProof | None:
+def replica_proof(evidence: Sequence[Episode], block: StepBlock | None = None) -> ReplicaProof | None:
     """The earliest replica mismatch among the evidence, when it dates the incident.
 
     It does unless another evidence episode shows the problem already existed by the last
     agreeing step (then the replicas agreed on a state every one of them shared, say bad data,
     and the digests say nothing about its onset), or the group never agreed in this attempt.
+    With the run's history (``block``, digests as codes), each finding's steps are those of the
+    whole stored rows (:func:`healthsvc_detectors.replica.redate`): a row the detector judged
+    while a rank's record was still on its way proves nothing to it, and does once stored.
     """
-    found = [f for e in evidence if e.kind == "replica_mismatch" for f in e.findings
-             if f.status == "firing" and isinstance((f.evidence or {}).get("last_agreeing_step"), int)]
+    found = []
+    for e in evidence:
+        if e.kind != "replica_mismatch":
+            continue
+        for f in e.findings:
+            ev = f.evidence or {}
+            if f.status != "firing" or not isinstance(ev.get("last_agreeing_step"), int):
+                continue
+            last, first_bad = int(ev["last_agreeing_step"]), int(f.step)
+            if block is not None:
+                last, first_bad = redate(block, last, first_bad, int(ev.get("replica_group") or 0))
+            found.append((last, first_bad, f.ranks))
     if not found:
         return None
-    first = min(found, key=lambda f: (f.evidence["last_agreeing_step"], f.step))
-    last = int(first.evidence["last_agreeing_step"])
+    last, first_bad = min((last, first_bad) for last, first_bad, _ in found)
     if any(e.kind != "replica_mismatch" and e.upper_bound <= last for e in evidence):
         return None
-    ranks = sorted({r for f in found if f.evidence["last_agreeing_step"] == last for r in f.ranks})
-    return ReplicaProof(last, int(first.step), tuple(ranks))
+    ranks = sorted({r for agreed, _, named in found if agreed == last for r in named})
+    return ReplicaProof(last, first_bad, tuple(ranks))
