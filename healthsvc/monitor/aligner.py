@@ -96,6 +96,10 @@ def _step_counts(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(steps, return_counts=True)``; by runs, without a sort, when the steps come in
     order (a push of whole steps, or pushes joined in step order: nearly always)."""
     if len(steps) >= 64:   # below, the sort costs no more than the checks
+        if steps[0] == steps[-1] and (steps == steps[0]).all():
+            # One step (one step's ranks in one push, the usual push of a relay or an
+            # aggregating rank 0): one comparison, not two diffs (3 us, not 18, at 1,024 records).
+            return steps[:1], np.array([len(steps)])
         gaps = np.diff(steps)
         if (gaps >= 0).all():
             starts = np.flatnonzero(np.concatenate(([True], gaps != 0)))
