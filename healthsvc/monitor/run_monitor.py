@@ -12,7 +12,6 @@ The run's attempt, the ranks seen in it and its finish are the store's
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import Any
 
@@ -208,26 +207,13 @@ class RunMonitor:
             det.shift_clock(shift_s)
 
 
-def label_code(text: str) -> float:
-    """A string field value as a number detectors can compare: 53 bits of its hash, exact in
-    float64 (equal strings, equal codes; a collision has odds of 2**-53)."""
-    return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 11)
-
-
 # String fields no detector judges: each rank's ``incarnation`` differs by design (the store reads it).
 NOT_JUDGED = frozenset({INCARNATION_FIELD})
 
 
 def with_label_codes(batch: MetricBatch) -> MetricBatch:
-    """The batch with each string field (``param_digest``) added as a numeric column of codes, so
-    the aligner and the detectors, which see numbers only, can compare digests across ranks.
-    The ``incarnation`` is not judged (each rank's differs by design): the store reads it."""
-    compared = {name: label for name, label in batch.labels.items() if name not in NOT_JUDGED}
-    if not compared:
-        return batch
-    values, present = dict(batch.values), dict(batch.present)
-    for name, (names, idx) in compared.items():
-        codes = np.array([label_code(n) for n in names] + [np.nan])
-        values[name], present[name] = codes[idx], idx >= 0
-    return MetricBatch(steps=batch.steps, ranks=batch.ranks, values=values, present=present,
-                       host_names=batch.host_names, host_index=batch.host_index, labels=batch.labels)
+    """The batch with each string field (``param_digest``) added as a numeric column of codes
+    (:meth:`MetricBatch.with_codes`), so the aligner and the detectors, which see numbers only,
+    can compare digests across ranks. The ``incarnation`` is not judged (each rank's differs by
+    design): the store reads it."""
+    return batch.with_codes([name for name in batch.labels if name not in NOT_JUDGED])

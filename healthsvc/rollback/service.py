@@ -33,7 +33,7 @@ from healthsvc_detectors.offline.rollback import (Checkpoint, Restart, RollbackD
                                         decide_rollback, episodes, evidence_episodes, onset_window)
 from healthsvc.errors import Conflict, InvalidInput, NotFound
 from healthsvc.findings import StoredFinding
-from healthsvc.history import load_history
+from healthsvc.history import concat_batches, iter_history_batches
 from healthsvc.identity import occurrence_key
 from healthsvc.rollback.proof import FINGERPRINT_FIELD, proof_note, sent_fingerprints
 from healthsvc.store.bisections import CheckpointVerdict, NoBisection
@@ -172,8 +172,11 @@ def history_block(store, run_id: str, step_min: int | None = None,
     """The effective history between ``step_min`` and ``step_max`` as a steps x ranks block
     (newest steps when it is too large). Only the chunks of that range are read, so the memory
     is that of the window, not of the run (a 16k-rank run is 160 M records)."""
-    hist = load_history(store, run_id, fields={*HISTORY_FIELDS, *PROOF_FIELDS}, step_min=step_min,
-                        step_max=step_max)
+    # The digests as numeric codes, and no string column carried (a Python object a record).
+    hist = concat_batches([(attempt, batch.with_codes([FINGERPRINT_FIELD], numbers_only=True))
+                           for attempt, batch in iter_history_batches(
+                               store, run_id, fields={*HISTORY_FIELDS, *PROOF_FIELDS},
+                               step_min=step_min, step_max=step_max)])
     if len(hist) == 0:
         return None
     steps, row_of = np.unique(hist.steps, return_inverse=True)
@@ -186,30 +189,16 @@ def history_block(store, run_id: str, step_min: int | None = None,
         steps, row_of, col_of = steps[first:], row_of[sel] - first, col_of[sel]
     else:
         sel = slice(None)
-    columns = {f: (hist.values[f], hist.present[f]) for f in (*HISTORY_FIELDS, *PROOF_FIELDS)
-               if f in hist.values}
-    if FINGERPRINT_FIELD in hist.labels:
-        columns[FINGERPRINT_FIELD] = label_codes(hist.labels[FINGERPRINT_FIELD])
     values, present = {}, {}
-    for f, (column, sent) in columns.items():
+    for f in (*HISTORY_FIELDS, *PROOF_FIELDS):
+        if f not in hist.values:
+            continue
         v = np.full((len(steps), len(ranks)), np.nan)
         p = np.zeros((len(steps), len(ranks)), bool)
-        v[row_of, col_of] = column[sel]
-        p[row_of, col_of] = sent[sel]
+        v[row_of, col_of] = hist.values[f][sel]
+        p[row_of, col_of] = hist.present[f][sel]
         values[f], present[f] = v, p
     return StepBlock(steps=steps, ranks=ranks, values=values, present=present)
-
-
-def label_codes(column: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
-    """A string field's values as numeric codes (equal strings, equal codes) and where it was
-    sent: the replicas' digests as the detectors compare them."""
-    sent = np.fromiter((v is not None for v in column), bool, len(column))
-    codes = np.full(len(column), np.nan)
-    if sent.any():
-        _, inverse = np.unique(np.array([v for v in column if v is not None], dtype=object),
-                               return_inverse=True)
-        codes[sent] = inverse
-    return codes, sent
 
 
 def load_bisection(store, run_id: str) -> Bisection | None:

@@ -9,8 +9,9 @@ String fields: ``host`` is held as ``host_names``/``host_index``; every other st
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, TypeVar, overload
+from typing import Any, Callable, Generic, Iterable, TypeVar, overload
 
 import numpy as np
 
@@ -125,6 +126,33 @@ class MetricBatch:
         return cls(np.concatenate([b.steps for b in batches]), np.concatenate([b.ranks for b in batches]),
                    values, present, host_names, host_index, labels)
 
+    def with_codes(self, names: Iterable[str], numbers_only: bool = False) -> "MetricBatch":
+        """The batch with each string field of ``names`` that it has added as a numeric column of
+        codes (:func:`label_code`; not reported where the string was not), so that code that
+        sees numbers only (the aligner, the detectors, the rollback's history) can compare the
+        strings across ranks (the replicas' ``param_digest``). ``numbers_only``: without any
+        string field, the host's included (a reader of numbers, who would otherwise pay for a
+        Python object a record to carry them through ``healthsvc.history``).
+
+        >>> b = MetricBatch(np.array([7, 7]), np.array([0, 1]),
+        ...                 labels={"param_digest": (["a1"], np.array([0, -1], np.int32))})
+        >>> c = b.with_codes(["param_digest"], numbers_only=True)
+        >>> c.present["param_digest"].tolist(), bool(c.values["param_digest"][0] == label_code("a1")), c.labels
+        ([True, False], True, {})
+        """
+        coded = [name for name in names if name in self.labels]
+        if not coded and not numbers_only:
+            return self
+        values, present = dict(self.values), dict(self.present)
+        for name in coded:
+            label_names, index = self.labels[name]
+            codes = np.array([label_code(n) for n in label_names] + [np.nan])   # distinct names only
+            values[name], present[name] = codes[index], index >= 0
+        if numbers_only:
+            return MetricBatch(steps=self.steps, ranks=self.ranks, values=values, present=present)
+        return MetricBatch(steps=self.steps, ranks=self.ranks, values=values, present=present,
+                           host_names=self.host_names, host_index=self.host_index, labels=self.labels)
+
     def label_column(self, name: str) -> list[str | None]:
         """A string field as one value per record (None where not reported)."""
         names, idx = self.labels[name]
@@ -136,6 +164,12 @@ class MetricBatch:
             return {}
         ok = self.host_index >= 0
         return {int(r): self.host_names[int(h)] for r, h in zip(self.ranks[ok], self.host_index[ok])}
+
+
+def label_code(text: str) -> float:
+    """A string field value as a number: 53 bits of its hash, exact in float64 (equal strings,
+    equal codes; a collision has odds of 2**-53)."""
+    return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 11)
 
 
 def _merge_names(parts: list[tuple[list[str], np.ndarray | None, int]]) -> tuple[list[str], np.ndarray]:
