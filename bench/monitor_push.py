@@ -1,0 +1,66 @@
+"""The monitor's work for a push on its own: CPU per push of one run's ``RunMonitor``, in process.
+
+In the service the monitor's thread shares the two cores with the event loop, the writer and the
+dashboard, and its CPU a push moves with them (``bench/ingest_inproc.py --detect`` reads it per
+thread). This feeds committed one-step pushes of every rank (``bench/rollup_fold.py``'s, the
+workload of ``bench/ingest.py``) straight to a ``RunMonitor`` on default settings, in this
+thread, and divides this thread's CPU time by the pushes: what the detectors and the arrival and
+absence checks ask for, without the machine's contention. A second column: the step aligner in
+front of the detectors alone (``StepAligner.add``, the blocks it cuts included).
+
+    .venv/bin/python bench/monitor_push.py [--steps 1600] [--repeats 3] [--smoke]
+    .venv/bin/python bench/ab.py HEAD~1 bench/monitor_push.py --pairs 2 --same bench/rollup_fold.py
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.rollup_fold import pushes  # noqa: E402
+from healthsvc.monitor.aligner import StepAligner  # noqa: E402
+from healthsvc.monitor.run_monitor import RunMonitor  # noqa: E402
+
+RANKS = (64, 1024)
+PUSH_INTERVAL_S = 0.01   # the service clock between two pushes (100 steps a second)
+
+
+def monitor_cost(items, n_ranks: int) -> float:
+    """Seconds of this thread's CPU a push, through a new run's monitor."""
+    mon = RunMonitor("bench", {"world_size": n_ranks})
+    t0 = time.thread_time()
+    for i, push in enumerate(items):
+        mon.on_metrics(push.batch, push.run, push.chunk_id, 1000.0 + i * PUSH_INTERVAL_S)
+    return (time.thread_time() - t0) / len(items)
+
+
+def aligner_cost(items, n_ranks: int) -> float:
+    """Seconds of this thread's CPU a push, through the step aligner alone."""
+    aligner = StepAligner()
+    t0 = time.thread_time()
+    for i, push in enumerate(items):
+        aligner.add(push.batch, 1000.0 + i * PUSH_INTERVAL_S, n_ranks)
+    return (time.thread_time() - t0) / len(items)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1600, help="steps of the run (one push each)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per case; the best is reported")
+    ap.add_argument("--smoke", action="store_true", help="a few steps (the tests)")
+    args = ap.parse_args()
+    steps, repeats = (40, 1) if args.smoke else (args.steps, args.repeats)
+    print("| ranks (records / push) | steps | monitor us CPU / push | step aligner us CPU / push |")
+    print("|---:|---:|---:|---:|")
+    for n_ranks in RANKS:
+        items = pushes(n_ranks, steps, seed=n_ranks)
+        mon = min(monitor_cost(items, n_ranks) for _ in range(repeats))
+        aligner = min(aligner_cost(items, n_ranks) for _ in range(repeats))
+        print(f"| {n_ranks:,} | {steps:,} | {mon * 1e6:.1f} | {aligner * 1e6:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
