@@ -1,8 +1,12 @@
-"""``healthsvc serve`` leaves what start-up built out of the garbage collector's full
+"""What ``healthsvc serve`` sets up around the app.
+
+The garbage collector: it leaves what start-up built out of the garbage collector's full
 collections (``gc.freeze``), once the app is built and before the server runs: the collections
 walk every tracked object, and start-up's are most of them and live as long as the process. And
 it collects the youngest generation only after ``GC_YOUNG_THRESHOLD`` objects: the real server
-takes pushes of 1,024 records in rows (a dict each) without a collection per push."""
+takes pushes of 1,024 records in rows (a dict each) without a collection per push.
+
+The access log: the only reader of the client's address behind a proxy."""
 from __future__ import annotations
 
 import gc
@@ -53,3 +57,23 @@ def test_the_served_process_takes_large_row_pushes_without_a_young_collection_ea
         server.stop()
     # At Python's default of 700, each push's 1,024 records alone made three collections (120).
     assert after - before < 40, (before, after)
+
+
+def test_the_access_log_names_the_client_a_local_proxy_forwarded_for(tmp_path):
+    """The forwarded address is worked out for the access log only (``serve`` leaves uvicorn's
+    proxy-headers step out when the log is off): with the log on, a request that a proxy on
+    this host forwarded is logged with the client's address, not the proxy's."""
+    import httpx
+
+    from tests.server_process import ServerProcess
+
+    log = tmp_path / "server.log"
+    server = ServerProcess(str(tmp_path / "log.db"), log_path=log, extra_args=["--access-log", "--log-level", "info"])
+    server.start()
+    try:
+        r = httpx.get(server.url + "/healthz", headers={"x-forwarded-for": "203.0.113.7"}, timeout=10)
+        assert r.status_code == 200
+    finally:
+        server.stop()   # the log is flushed and complete once the process is gone
+    lines = [line for line in log.read_text().splitlines() if "GET /healthz" in line]
+    assert lines and "203.0.113.7" in lines[-1], lines
