@@ -167,7 +167,7 @@ class RankTimes:
     def _fold(self, run_id: str) -> _RankTable:
         """The run's table with its pending batches folded in, oldest first (the lock held)."""
         table = self._tables.setdefault(run_id, _RankTable())
-        table.fold(self._pending.pop(run_id, []))
+        table.fold(_newest_alone_if_it_supersedes(self._pending.pop(run_id, [])))
         self._held[run_id] = 0
         return table
 
@@ -241,6 +241,35 @@ def _supersedes(attempt: int, batch: Any, old_attempt: int, old: Any) -> bool:
                                     and np.isfinite(batch.values[f]).all()):
             return False
     return old.host_index is None or (batch.host_index is not None and bool((batch.host_index >= 0).all()))
+
+
+def _newest_alone_if_it_supersedes(pending: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """``pending`` as it is, or its newest push alone when folding that one leaves the table as
+    folding all of them does (the usual fold of a job whose every push is a step of the same
+    ranks: 256 pushes of 64 records were concatenated, sorted and scattered for the newest
+    one's values). As :func:`_supersedes` asks of two pushes, here of the newest and all the
+    others at once: every record before it is no newer than its oldest (it arrived last: ties
+    go to it), every timing field they report it reports finite on every record, it names a
+    host for every record if any of them names hosts, and their ranks are all among its own
+    (one search of their ranks, instead of a fold of them)."""
+    if len(pending) < 2:
+        return pending
+    attempt, newest = pending[-1]
+    older = pending[:-1]
+    oldest_of_newest = (attempt << 40) + newest.step_bounds[0]
+    if any((a << 40) + b.step_bounds[1] > oldest_of_newest for a, b in older):
+        return pending
+    for f in TIMING_FIELDS:
+        if any(f in b.values for _, b in older) and not (
+                f in newest.values and f not in newest.partial_fields and np.isfinite(newest.values[f]).all()):
+            return pending
+    if any(b.host_index is not None for _, b in older) and not (
+            newest.host_index is not None and bool((newest.host_index >= 0).all())):
+        return pending
+    own = np.unique(newest.ranks)
+    theirs = np.concatenate([b.ranks for _, b in older])
+    at = np.minimum(np.searchsorted(own, theirs), len(own) - 1)
+    return pending[-1:] if len(own) and bool((own[at] == theirs).all()) else pending
 
 
 def named_ranks(active: list[Any]) -> list[tuple[int, str | None]]:

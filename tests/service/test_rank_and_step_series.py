@@ -214,3 +214,56 @@ def test_many_small_pushes_are_folded_as_they_come_into_the_table_one_fold_of_al
             np.testing.assert_array_equal(table.at[f], reference.at[f])
         assert [table.host(int(r)) for r in table.ids] == [reference.host(int(r)) for r in reference.ids]
         assert st.median("r") == float(np.median(times[-STEP_TIME_WINDOW:]))
+
+
+def test_a_fold_of_the_newest_push_alone_when_it_covers_the_others_leaves_the_table_as_folding_every_push():
+    """Pushes below ``SUPERSEDE_FROM`` records are all held until the fold; the fold takes the
+    newest alone when it covers the others (``ranks._newest_alone_if_it_supersedes``). Whatever
+    the pushes (whole steps of the job's ranks, some in another order, a few ranks only, a rank
+    beyond the job's, late spools, restarts, NaN and missing values, hosts), the table is the one
+    folding every push gives, and both ways of folding ran."""
+    from healthsvc.run_metrics.ranks import SUPERSEDE_FROM, _RankTable, _newest_alone_if_it_supersedes
+    rng = np.random.default_rng(11)
+    world = 64
+    assert world < SUPERSEDE_FROM   # every push is held (none replaces another as it comes)
+    alone = whole = 0
+    for trial in range(120):
+        rt, every = RankTimes(), []
+        attempt, step = 1, 0
+        for _ in range(int(rng.integers(2, 10))):
+            if rng.random() < 0.05:
+                attempt, step = attempt + 1, int(rng.integers(0, step + 1))    # a restart
+            at_step = step if rng.random() > 0.1 else max(0, step - 2)        # sometimes late
+            roll = rng.random()
+            ranks = (np.arange(world) if roll > 0.2 else rng.permutation(world) if roll > 0.1
+                     else rng.choice(world, 8, replace=False) if roll > 0.05 else np.r_[np.arange(world), world + 3])
+            r = result("r", np.full(len(ranks), at_step), ranks,
+                       attempt if rng.random() > 0.05 else max(1, attempt - 1))
+            for f in ("compute_time", "step_time"):
+                if rng.random() < 0.9:
+                    v = rng.uniform(0.5, 2.0, len(ranks))
+                    p = np.ones(len(ranks), bool)
+                    if rng.random() < 0.1:
+                        v[rng.integers(0, len(v))] = np.nan
+                    if rng.random() < 0.1:
+                        p[rng.integers(0, len(p))] = False
+                    r.batch.values[f], r.batch.present[f] = v, p
+            if rng.random() < 0.2:
+                r.batch.host_names = ["h0", "h1", f"h{trial}"]
+                r.batch.host_index = rng.integers(-1 if rng.random() < 0.3 else 0, 3, len(ranks)).astype(np.int32)
+            step += 1
+            feed(rt, [r])
+            every.append((r.attempt, r.batch))
+        taken = _newest_alone_if_it_supersedes(list(rt._pending["r"]))
+        alone += len(taken) == 1
+        whole += len(taken) == len(every)
+        reference = _RankTable()
+        reference.fold(every)
+        table = rt._fold("r")
+        assert table.ids.tolist() == reference.ids.tolist()
+        assert set(table.values) == set(reference.values)
+        for f in reference.values:
+            np.testing.assert_array_equal(table.values[f], reference.values[f])
+            np.testing.assert_array_equal(table.at[f], reference.at[f])
+        assert [table.host(int(r)) for r in table.ids] == [reference.host(int(r)) for r in reference.ids]
+    assert alone > 20 and whole > 20, (alone, whole)   # both ways ran
