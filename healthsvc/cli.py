@@ -37,6 +37,7 @@ def serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from healthsvc.app import create_asgi
+        from healthsvc.ingest.protocol import protocol_for
         from healthsvc.settings import Settings
     except ImportError as exc:  # the client-only install (`pip install .`) has no server stack
         print(f"{SERVER_EXTRA_HINT} (missing: {exc.name})", file=sys.stderr)
@@ -75,7 +76,8 @@ def serve(args: argparse.Namespace) -> int:
     # request) is read by nothing but the access log: with the log off it is not worked out
     # (1-2 % of a 64-record push's server CPU, bench/ab_concurrent.py).
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=settings.access_log, proxy_headers=settings.access_log, timeout_graceful_shutdown=5)
+                access_log=settings.access_log, proxy_headers=settings.access_log, timeout_graceful_shutdown=5,
+                http=protocol_for(app, settings.access_log))
     return 0
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -48,6 +50,15 @@ def _error(loc: list, msg: str, type_: str, hint: str | None = None) -> bytes:
     return orjson.dumps({"detail": [item]})
 
 
+@dataclass(frozen=True)
+class Admission:
+    """A request's verdict at the guard: its rejection (status, JSON body, extra headers), or the
+    scope it needs (None: any caller) and the token that granted it."""
+    rejection: tuple[int, bytes, list] | None = None
+    needed: str | None = None
+    token: Any = None
+
+
 class Guard:
     def __init__(self, app, tokens: TokenStore, *, hosts: HostPolicy, drain_limit: int = 1 << 30) -> None:
         self.app = app
@@ -55,13 +66,13 @@ class Guard:
         self.hosts = hosts
         self.drain_limit = drain_limit
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        method, path = scope["method"], scope["path"]
+    def admission(self, method: str, path: str, headers) -> Admission:
+        """Steps 1 to 3 for a request's method, path and (lower-case) headers: its rejection,
+        or the scope it needs and the token that grants it (None while the service is open).
+        The ASGI path above and the ingest protocol (``healthsvc.ingest.protocol``) both ask."""
         host = content_type = authorization = None
         has_body = False
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name == b"host":
                 host = value.decode("latin-1")
             elif name == b"content-type":
@@ -72,22 +83,18 @@ class Guard:
                 has_body = has_body or value.strip() not in (b"", b"0")
             elif name == b"transfer-encoding":
                 has_body = True
-
-        async def reject(status: int, body: bytes, extra: list | None = None) -> None:
-            await answer_after_draining(receive, send, status, body, extra or [], self.drain_limit)
-
         if not self.hosts.allows(host):
-            return await reject(400, _error(["header", "host"], f"host {host!r} is not served here", "host_not_allowed",
-                                            "add the name clients use to HEALTHSVC_ALLOWED_HOSTS (comma-separated)"))
+            return Admission(rejection=(400, _error(["header", "host"], f"host {host!r} is not served here",
+                                                    "host_not_allowed", "add the name clients use to "
+                                                    "HEALTHSVC_ALLOWED_HOSTS (comma-separated)"), []))
         if (method in _JSON_METHODS or (method == "DELETE" and has_body)) and content_type != "application/json":
             media = (content_type or "").split(";", 1)[0].strip().lower()   # parameters, case, spaces
             if media != "application/json":
                 got = f"got {content_type!r}" if content_type else "got none"
-                return await reject(415, _error(["header", "content-type"],
-                                                f"{method} requests must say Content-Type: application/json, even "
-                                                f"without a body ({got}): a web page can send any other",
-                                                "unsupported_media_type", "send Content-Type: application/json "
-                                                "(Content-Encoding: gzip is accepted)"))
+                return Admission(rejection=(415, _error(
+                    ["header", "content-type"], f"{method} requests must say Content-Type: application/json, even "
+                    f"without a body ({got}): a web page can send any other", "unsupported_media_type",
+                    "send Content-Type: application/json (Content-Encoding: gzip is accepted)"), []))
         needed, run_id = required_scope(method, path)
         token = None
         if needed is not None and self.tokens.enabled:
@@ -97,24 +104,40 @@ class Guard:
             token = self.tokens.authenticate(presented) if presented else None
             if token is None:
                 why = "a token is required" if not presented else "the token is not valid (unknown or revoked)"
-                return await reject(401, _error(["header", "authorization"],
-                                                f"{why}: {method} {path} needs a token with scope {needed!r}",
-                                                "unauthorized", "send Authorization: Bearer <token> (HEALTHSVC_TOKEN "
-                                                "for the client and CLI)"),
-                                    [(b"www-authenticate", f'Bearer scope="{needed}"'.encode())])
+                return Admission(rejection=(401, _error(
+                    ["header", "authorization"], f"{why}: {method} {path} needs a token with scope {needed!r}",
+                    "unauthorized", "send Authorization: Bearer <token> (HEALTHSVC_TOKEN for the client and CLI)"),
+                    [(b"www-authenticate", f'Bearer scope="{needed}"'.encode())]))
             if not grants(token.scopes, needed):
-                return await reject(403, _error(["header", "authorization"],
-                                                f"token {token.name!r} lacks scope {needed!r}, which {method} {path} needs "
-                                                f"(it has: {', '.join(sorted(token.scopes))})", "forbidden"))
+                return Admission(rejection=(403, _error(
+                    ["header", "authorization"], f"token {token.name!r} lacks scope {needed!r}, which {method} "
+                    f"{path} needs (it has: {', '.join(sorted(token.scopes))})", "forbidden"), []))
             if needed == "ingest" and token.run_prefix and "admin" not in token.scopes \
                     and not (run_id or "").startswith(token.run_prefix):
-                return await reject(403, _error(["path", "run_id"],
-                                                f"token {token.name!r} may push only to runs starting with "
-                                                f"{token.run_prefix!r}", "forbidden"))
+                return Admission(rejection=(403, _error(
+                    ["path", "run_id"], f"token {token.name!r} may push only to runs starting with "
+                    f"{token.run_prefix!r}", "forbidden"), []))
+        return Admission(needed=needed, token=token)
+
+    @staticmethod
+    def creator_of(token) -> Creator | None:
+        """Step 5: whom the runs a request creates count against (not an admin: operators and
+        replays are held by max_runs only)."""
+        return Creator(token.id, token.name) if token is not None and "admin" not in token.scopes else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        method, path = scope["method"], scope["path"]
+        verdict = self.admission(method, path, scope["headers"])
+        if verdict.rejection is not None:
+            status, body, extra = verdict.rejection
+            return await answer_after_draining(receive, send, status, body, extra, self.drain_limit)
+        needed, token = verdict.needed, verdict.token
         scope.setdefault("state", {})["token"] = token
         # The runs this request creates count against its token (not an admin's: operators and
         # replays are held by max_runs only); the store reads it with the write it queues.
-        creator.set(Creator(token.id, token.name) if token is not None and "admin" not in token.scopes else None)
+        creator.set(self.creator_of(token))
         if needed != "admin" or method in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
         status = 500

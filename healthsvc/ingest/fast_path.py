@@ -6,7 +6,11 @@ cost more than parsing a small batch (bench/ingest.py: a GET /healthz through Fa
 front of the whole FastAPI app (see ``create_asgi``), with the same
 code the documented FastAPI route runs (:func:`accept_metrics`). Everything else, and any request
 it does not recognise (a bad run id, another method), goes on to FastAPI.
-``HEALTHSVC_INGEST_FAST_PATH=0`` turns it off.
+``HEALTHSVC_INGEST_FAST_PATH=0`` turns it off, and with it the protocol below.
+
+``healthsvc serve`` answers the plain push earlier still, in uvicorn's protocol without an ASGI
+task (``protocol.py``); this middleware serves the pushes that one passes on (a chunked body,
+``Expect: 100-continue``, HTTP/1.0, the access log on) and the app driven in process.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from healthsvc.context import ServiceContext
 
 
-_PATH = re.compile(r"^/v1/runs/(" + RUN_ID_PATTERN.strip("^$") + r")/metrics$")
+PUSH_PATH = re.compile(r"^/v1/runs/(" + RUN_ID_PATTERN.strip("^$") + r")/metrics$")
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -37,7 +41,7 @@ class IngestFastPath:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        m = _PATH.match(scope["path"])
+        m = PUSH_PATH.match(scope["path"])
         if m is None:
             return await self.app(scope, receive, send)
         limit = self.ctx.settings.max_body_bytes
