@@ -32,6 +32,11 @@ def http(dash_server):
         # Barrier: the detectors have judged what was pushed (both findings stored).
         browser.poll(lambda: {f["kind"] for f in client.get(f"/v1/runs/{RUN}/findings").json()}
                      >= {"straggler", "non_finite"}, what="straggler and non_finite findings")
+        # ... and the dashboard's rollups hold every step pushed (its thread folds what gathered
+        # since its last fold once a second, whatever the monitor has judged).
+        for run, last in ((RUN, N_STEPS - 1), (OK_RUN, 39)):
+            browser.poll(lambda: client.get(f"/v1/runs/{run}/dashboard/series").json()["step_max"] >= last,
+                         what=f"the rollups of {run} up to step {last}")
         yield client
 
 
