@@ -8,7 +8,8 @@ a subclass of uvicorn's httptools protocol) serves it in the protocol's own call
 the guard's verdict (:meth:`~healthsvc.auth.guard.Guard.admission`, the same code), then the same
 steps as every other way in (``accept.py``: parse, submit, answer), the answer written once when
 the store's writer has committed, no task at all. bench/ab_concurrent.py against the tree before
-it: 1.09-1.12x the requests per server CPU-second at 64 records a push (docs/performance.md).
+it: 1.07x the requests per server CPU-second at 1 and at 64 records a push, 1.04x at 1,024 in rows
+(docs/performance.md, stop 46).
 
 Only the plain push takes this way: ``POST /v1/runs/{run_id}/metrics`` over HTTP/1.1 with a
 ``Content-Length`` within ``max_body_bytes``, no ``Expect: 100-continue``, admitted by the guard.
