@@ -25,6 +25,26 @@ def result(run: str, steps, ranks, attempt: int, new_attempt: bool = False, dupl
                         MetricBatch(steps, ranks, values, present))
 
 
+def random_timings(r: IngestResult, rng: np.random.Generator, host: str, *, reported: float, spoiled: float,
+                   named: float) -> None:
+    """Give ``r``'s batch each timing field with probability ``reported``, one value NaN and one
+    missing each with probability ``spoiled``, and with probability ``named`` hosts (``h0``,
+    ``h1``, ``host``; some records none)."""
+    n = len(r.batch.steps)
+    for f in ("compute_time", "step_time"):
+        if rng.random() < reported:
+            v = rng.uniform(0.5, 2.0, n)
+            p = np.ones(n, bool)
+            if rng.random() < spoiled:
+                v[rng.integers(0, n)] = np.nan
+            if rng.random() < spoiled:
+                p[rng.integers(0, n)] = False
+            r.batch.values[f], r.batch.present[f] = v, p
+    if rng.random() < named:
+        r.batch.host_names = ["h0", "h1", host]
+        r.batch.host_index = rng.integers(-1 if rng.random() < 0.3 else 0, 3, n).astype(np.int32)
+
+
 def exported_steps(text: str) -> float | None:
     from prometheus_client.parser import text_string_to_metric_families
     return next((s.value for fam in text_string_to_metric_families(text) for s in fam.samples
@@ -143,18 +163,7 @@ def test_a_push_that_replaces_the_pending_one_leaves_the_table_as_folding_every_
             ranks = np.tile(np.arange(world) if roll > 0.2 else rng.permutation(world) if roll > 0.1
                             else np.arange(world) + 7, n_steps)
             r = result("r", steps, ranks, attempt if rng.random() > 0.1 else max(1, attempt - 1))
-            for f in ("compute_time", "step_time"):
-                if rng.random() < 0.8:
-                    v = rng.uniform(0.5, 2.0, len(steps))
-                    p = np.ones(len(steps), bool)
-                    if rng.random() < 0.2:
-                        v[rng.integers(0, len(v))] = np.nan
-                    if rng.random() < 0.2:
-                        p[rng.integers(0, len(p))] = False
-                    r.batch.values[f], r.batch.present[f] = v, p
-            if rng.random() < 0.3:
-                r.batch.host_names = ["h0", "h1", f"h{trial}"]
-                r.batch.host_index = rng.integers(-1 if rng.random() < 0.3 else 0, 3, len(steps)).astype(np.int32)
+            random_timings(r, rng, f"h{trial}", reported=0.8, spoiled=0.2, named=0.3)
             step = max(step, at_step + n_steps)
             before = len(rt._pending.get("r", []))
             feed(rt, [r])
@@ -239,18 +248,7 @@ def test_a_fold_of_the_newest_push_alone_when_it_covers_the_others_leaves_the_ta
                      else rng.choice(world, 8, replace=False) if roll > 0.05 else np.r_[np.arange(world), world + 3])
             r = result("r", np.full(len(ranks), at_step), ranks,
                        attempt if rng.random() > 0.05 else max(1, attempt - 1))
-            for f in ("compute_time", "step_time"):
-                if rng.random() < 0.9:
-                    v = rng.uniform(0.5, 2.0, len(ranks))
-                    p = np.ones(len(ranks), bool)
-                    if rng.random() < 0.1:
-                        v[rng.integers(0, len(v))] = np.nan
-                    if rng.random() < 0.1:
-                        p[rng.integers(0, len(p))] = False
-                    r.batch.values[f], r.batch.present[f] = v, p
-            if rng.random() < 0.2:
-                r.batch.host_names = ["h0", "h1", f"h{trial}"]
-                r.batch.host_index = rng.integers(-1 if rng.random() < 0.3 else 0, 3, len(ranks)).astype(np.int32)
+            random_timings(r, rng, f"h{trial}", reported=0.9, spoiled=0.1, named=0.2)
             step += 1
             feed(rt, [r])
             every.append((r.attempt, r.batch))
