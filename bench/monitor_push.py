@@ -28,22 +28,24 @@ RANKS = (64, 1024)
 PUSH_INTERVAL_S = 0.01   # the service clock between two pushes (100 steps a second)
 
 
-def monitor_cost(items, n_ranks: int) -> float:
-    """Seconds of this thread's CPU a push, through a new run's monitor."""
-    mon = RunMonitor("bench", {"world_size": n_ranks})
+def cpu_per_push(items, feed) -> float:
+    """Seconds of this thread's CPU a push, ``feed(push, service clock)`` called for each."""
     t0 = time.thread_time()
     for i, push in enumerate(items):
-        mon.on_metrics(push.batch, push.run, push.chunk_id, 1000.0 + i * PUSH_INTERVAL_S)
+        feed(push, 1000.0 + i * PUSH_INTERVAL_S)
     return (time.thread_time() - t0) / len(items)
+
+
+def monitor_cost(items, n_ranks: int) -> float:
+    """Through a new run's monitor."""
+    mon = RunMonitor("bench", {"world_size": n_ranks})
+    return cpu_per_push(items, lambda push, now: mon.on_metrics(push.batch, push.run, push.chunk_id, now))
 
 
 def aligner_cost(items, n_ranks: int) -> float:
-    """Seconds of this thread's CPU a push, through the step aligner alone."""
+    """Through the step aligner alone."""
     aligner = StepAligner()
-    t0 = time.thread_time()
-    for i, push in enumerate(items):
-        aligner.add(push.batch, 1000.0 + i * PUSH_INTERVAL_S, n_ranks)
-    return (time.thread_time() - t0) / len(items)
+    return cpu_per_push(items, lambda push, now: aligner.add(push.batch, now, n_ranks))
 
 
 def main() -> None:

@@ -41,15 +41,15 @@ async def committed(write: Future, wait_s: float = WRITE_WAIT_S) -> Any:
     finally:
         timer.cancel()
     if not write.done():
-        # Whatever it ends with later is nobody's to hear (and must not be logged as unheard).
-        write.add_done_callback(lambda f: f.cancelled() or f.exception())
-        raise not_committed(wait_s) from None
+        raise not_committed(write, wait_s) from None
     return write.result()
 
 
-def not_committed(wait_s: float) -> StoreUnavailable:
-    """The 503 of a write the store has not committed within ``wait_s`` (the write is not
-    withdrawn: whatever it ends with later is nobody's to hear, and must not be logged as unheard)."""
+def not_committed(write: Future, wait_s: float) -> StoreUnavailable:
+    """The 503 of a ``write`` the store has not committed within ``wait_s``. The write is not
+    withdrawn: whatever it ends with later is nobody's to hear, and is marked so (an exception
+    nobody retrieved would be logged as unheard)."""
+    write.add_done_callback(lambda f: f.cancelled() or f.exception())
     return StoreUnavailable(f"the store has not committed the write within {wait_s:.0f} s", loc=(),
                             hint="the database does not answer; the write may still be applied once it does, "
                                  "and a push sent again is stored once")

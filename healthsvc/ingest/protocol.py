@@ -39,7 +39,7 @@ from healthsvc.store.quotas import creator
 
 log = logging.getLogger(__name__)
 
-_INTERNAL = orjson.dumps({"detail": [{"loc": [], "msg": "internal error while storing the push", "type": "internal"}]})
+_INTERNAL = HealthsvcError("internal error while storing the push")   # a 500 (logged where it happened)
 
 
 def protocol_for(asgi: Any, access_log: bool) -> type[asyncio.Protocol] | str:
@@ -116,7 +116,7 @@ class IngestProtocol(HttpToolsProtocol):
             try:
                 batch, digest = parse_push(self.ctx, bytes(cycle.body), encoding)
             except HealthsvcError as exc:
-                return self._answer(cycle, exc.status_code, orjson.dumps({"detail": exc.detail()}))
+                return self._error(cycle, exc)
             mark = creator.set(Guard.creator_of(token))   # read by the store with the write it queues
             try:
                 write = submit_push(self.ctx, run_id, batch, digest)
@@ -124,7 +124,7 @@ class IngestProtocol(HttpToolsProtocol):
                 creator.reset(mark)
         except Exception:
             log.exception("a metrics push failed before it reached the store")
-            return self._answer(cycle, 500, _INTERNAL)
+            return self._error(cycle, _INTERNAL)
         loop = self.loop
         # No reference cycles (the future keeps its callbacks): this callback takes the future as
         # its argument, and the timer, which holds the future until it is cancelled, is the
@@ -145,18 +145,19 @@ class IngestProtocol(HttpToolsProtocol):
         try:
             answer = answer_of(self.ctx, batch, write, started)
         except HealthsvcError as exc:
-            return self._answer(cycle, exc.status_code, orjson.dumps({"detail": exc.detail()}))
+            return self._error(cycle, exc)
         except Exception:
             log.exception("a metrics push failed in the store")
-            return self._answer(cycle, 500, _INTERNAL)
+            return self._error(cycle, _INTERNAL)
         self._answer(cycle, 202, orjson.dumps(answer))
 
     def _not_committed(self, cycle: Any, write: Future) -> None:
         if cycle.response_complete or write.done():
             return   # its own callback answers
-        write.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.ctx.metrics.ingest_outcome["failed"].inc()
-        exc = not_committed(WRITE_WAIT_S)
+        self._error(cycle, not_committed(write, WRITE_WAIT_S))
+
+    def _error(self, cycle: Any, exc: HealthsvcError) -> None:
         self._answer(cycle, exc.status_code, orjson.dumps({"detail": exc.detail()}))
 
     def _answer(self, cycle: Any, status: int, body: bytes) -> None:

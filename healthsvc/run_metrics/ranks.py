@@ -227,49 +227,47 @@ class RankTimes:
 
 def _supersedes(attempt: int, batch: Any, old_attempt: int, old: Any) -> bool:
     """Whether folding ``old`` then ``batch`` leaves the table as folding ``batch`` alone does:
-    ``batch`` has the same ranks in the same order, every record of it is at least as new as
-    every record of ``old`` by (attempt, step) (and it arrived later: ties go to it), every timing
-    field ``old`` reports is reported finite in every record of ``batch``, and if ``old`` names
-    hosts, every record of ``batch`` names one. Then each rank's newest value and host that
-    ``old`` could give, ``batch`` gives newer (the host codes' numbering aside, which is internal)."""
-    if len(batch) != len(old) or (attempt << 40) + batch.step_bounds[0] < (old_attempt << 40) + old.step_bounds[1]:
-        return False
-    if not np.array_equal(batch.ranks, old.ranks):
-        return False
-    for f in TIMING_FIELDS:
-        if f in old.values and not (f in batch.values and f not in batch.partial_fields
-                                    and np.isfinite(batch.values[f]).all()):
-            return False
-    return old.host_index is None or (batch.host_index is not None and bool((batch.host_index >= 0).all()))
+    ``batch`` has the same ranks in the same order (one comparison, where a large push is
+    checked as it comes) and :func:`_newer_and_fuller` than ``old``. Then each rank's newest
+    value and host that ``old`` could give, ``batch`` gives newer (the host codes' numbering
+    aside, which is internal)."""
+    return len(batch) == len(old) and np.array_equal(batch.ranks, old.ranks) \
+        and _newer_and_fuller(attempt, batch, [(old_attempt, old)])
 
 
 def _newest_alone_if_it_supersedes(pending: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
     """``pending`` as it is, or its newest push alone when folding that one leaves the table as
     folding all of them does (the usual fold of a job whose every push is a step of the same
     ranks: 256 pushes of 64 records were concatenated, sorted and scattered for the newest
-    one's values). As :func:`_supersedes` asks of two pushes, here of the newest and all the
-    others at once: every record before it is no newer than its oldest (it arrived last: ties
-    go to it), every timing field they report it reports finite on every record, it names a
-    host for every record if any of them names hosts, and their ranks are all among its own
-    (one search of their ranks, instead of a fold of them)."""
+    one's values): when it is :func:`_newer_and_fuller` than all the others and their ranks are
+    all among its own (one search of their ranks, instead of a fold of them)."""
     if len(pending) < 2:
         return pending
     attempt, newest = pending[-1]
     older = pending[:-1]
-    oldest_of_newest = (attempt << 40) + newest.step_bounds[0]
-    if any((a << 40) + b.step_bounds[1] > oldest_of_newest for a, b in older):
-        return pending
-    for f in TIMING_FIELDS:
-        if any(f in b.values for _, b in older) and not (
-                f in newest.values and f not in newest.partial_fields and np.isfinite(newest.values[f]).all()):
-            return pending
-    if any(b.host_index is not None for _, b in older) and not (
-            newest.host_index is not None and bool((newest.host_index >= 0).all())):
+    if not _newer_and_fuller(attempt, newest, older):
         return pending
     own = np.unique(newest.ranks)
     theirs = np.concatenate([b.ranks for _, b in older])
     at = np.minimum(np.searchsorted(own, theirs), len(own) - 1)
     return pending[-1:] if len(own) and bool((own[at] == theirs).all()) else pending
+
+
+def _newer_and_fuller(attempt: int, batch: Any, older: list[tuple[int, Any]]) -> bool:
+    """Whether ``batch`` (of ``attempt``, arrived after ``older``'s (attempt, batch) pairs) leaves
+    none of their values or hosts standing for the ranks it reports: every record of it is at
+    least as new as every record of theirs by (attempt, step) (ties go to it, the later), every
+    timing field they report it reports finite in every record, and if any of them names hosts,
+    it names one in every record."""
+    oldest_of_batch = (attempt << 40) + batch.step_bounds[0]
+    if any((a << 40) + b.step_bounds[1] > oldest_of_batch for a, b in older):
+        return False
+    for f in TIMING_FIELDS:
+        if any(f in b.values for _, b in older) and not (
+                f in batch.values and f not in batch.partial_fields and np.isfinite(batch.values[f]).all()):
+            return False
+    return not any(b.host_index is not None for _, b in older) or (
+        batch.host_index is not None and bool((batch.host_index >= 0).all()))
 
 
 def named_ranks(active: list[Any]) -> list[tuple[int, str | None]]:
