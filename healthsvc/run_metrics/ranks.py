@@ -8,13 +8,17 @@ the run reports it (in synchronous training every rank waits at the collective, 
 is nearly equal on all ranks and ``compute_time`` shows the straggler), else ``step_time``.
 A ratio of 2.0 is "twice as slow as its peers", whatever the job's own speed.
 
-Pushes only hand their columns over (the writer thread does that for every push); the newest
-value of each rank is folded in when a scrape asks, or when a run holds many pending records. A
-large push that leaves nothing of the push pending before it (the same ranks, all newer, every
-timing field the older one reports finite everywhere: the usual step of a job) replaces it in
-the pending list instead of joining it, so a busy run's pending list stays one push long and its
-fold is of that push alone (folding 64 pushes of 1,024 records cost the writer thread 117 us a
-push, most of it a sort and scatters of 65,536 records that the next push overwrote anyway).
+Pushes only hand their batches over (the writer thread does that for every push: an append,
+no numpy call); the newest value of each rank is folded in when a scrape asks, or when a run
+holds ``FOLD_AT_RECORDS`` pending records or ``FOLD_AT_PUSHES`` pending pushes. Then the pending
+pushes are first pruned: when the newest leaves nothing of the others standing (the same ranks,
+all newer, every timing field they report finite everywhere: the usual steps of a job), it is
+kept alone and nothing is folded yet; only pushes that do not prune are folded. So a busy run's
+fold is of its newest push alone, at most once a scrape, and the writer thread's cost a push is
+one check every few pushes (folding 64 pushes of 1,024 records cost the writer thread 117 us a
+push, most of it a sort and scatters of 65,536 records that the next push overwrote anyway; a
+check of each large push against the one before it, 21 us, most of it numpy calls that release
+and take back the GIL).
 """
 from __future__ import annotations
 
@@ -28,14 +32,12 @@ import numpy as np
 from healthsvc_detectors.finding import SEVERITY_ORDER
 
 TIMING_FIELDS = ("compute_time", "step_time")   # the first one a run reports is the one ranked
-FOLD_AT_RECORDS = 1 << 16                        # pending records that trigger a fold at push time
+FOLD_AT_RECORDS = 1 << 13                        # pending records that trigger a prune or fold at push time
 # ... or pending pushes: each holds a batch (five objects the garbage collector tracks), and a
 # run of one-record pushes held 65,536 of them until a scrape: the collections they caused, and
 # the full ones walking them, cost every thread (in process, under the ingest bench's pushes:
 # dozens of young collections where 91dd201 had none). A fold of 256 small pushes is cheap.
 FOLD_AT_PUSHES = 256
-SUPERSEDE_FROM = 256     # records of a push from which it is checked for replacing the pending one
-                         # before it (below, that check costs more than folding the push would)
 
 
 @dataclass
@@ -156,13 +158,20 @@ class RankTimes:
                 pending = self._pending.get(r.run_id)
                 if pending is None:
                     pending = self._pending[r.run_id] = []
-                held = self._held.get(r.run_id, 0) + len(batch)
-                if pending and len(batch) >= SUPERSEDE_FROM and _supersedes(r.attempt, batch, *pending[-1]):
-                    held -= len(pending.pop()[1])
                 pending.append((r.attempt, batch))
-                self._held[r.run_id] = held
-                if held > FOLD_AT_RECORDS or len(pending) > FOLD_AT_PUSHES:
-                    self._fold(r.run_id)
+                held = self._held[r.run_id] = self._held.get(r.run_id, 0) + len(batch)
+                if (held > FOLD_AT_RECORDS or len(pending) > FOLD_AT_PUSHES) and len(pending) > 1:
+                    self._prune_or_fold(r.run_id, pending)
+
+    def _prune_or_fold(self, run_id: str, pending: list[tuple[int, Any]]) -> None:
+        """The run's pending pushes down to the newest alone when it supersedes the others (no
+        fold: one push pending is as little as it gets, whatever its size), else folded (the
+        lock held)."""
+        kept = _newest_alone_if_it_supersedes(pending)
+        if len(kept) == 1:
+            self._pending[run_id], self._held[run_id] = kept, len(kept[0][1])
+        else:
+            self._fold(run_id)
 
     def _fold(self, run_id: str) -> _RankTable:
         """The run's table with its pending batches folded in, oldest first (the lock held)."""
@@ -225,16 +234,6 @@ class RankTimes:
                 self._held.pop(run_id, None)
 
 
-def _supersedes(attempt: int, batch: Any, old_attempt: int, old: Any) -> bool:
-    """Whether folding ``old`` then ``batch`` leaves the table as folding ``batch`` alone does:
-    ``batch`` has the same ranks in the same order (one comparison, where a large push is
-    checked as it comes) and :func:`_newer_and_fuller` than ``old``. Then each rank's newest
-    value and host that ``old`` could give, ``batch`` gives newer (the host codes' numbering
-    aside, which is internal)."""
-    return len(batch) == len(old) and np.array_equal(batch.ranks, old.ranks) \
-        and _newer_and_fuller(attempt, batch, [(old_attempt, old)])
-
-
 def _newest_alone_if_it_supersedes(pending: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
     """``pending`` as it is, or its newest push alone when folding that one leaves the table as
     folding all of them does (the usual fold of a job whose every push is a step of the same
@@ -247,6 +246,9 @@ def _newest_alone_if_it_supersedes(pending: list[tuple[int, Any]]) -> list[tuple
     older = pending[:-1]
     if not _newer_and_fuller(attempt, newest, older):
         return pending
+    ranks = newest.ranks.tobytes()
+    if all(b.ranks.tobytes() == ranks for _, b in older):   # the job's ranks again (the usual)
+        return pending[-1:]
     own = np.unique(newest.ranks)
     theirs = np.concatenate([b.ranks for _, b in older])
     at = np.minimum(np.searchsorted(own, theirs), len(own) - 1)

@@ -10,13 +10,17 @@ import numpy as np
 
 STEP_TIME_WINDOW = 512  # step_time values kept per run for the median (all ranks, newest last)
 COMPACT_AT_PARTS = 256  # pushes held before they are cut to the window (objects the GC tracks)
+# ... or records held: 8,192 (under 80 KB a run). A cut costs about the same whatever it holds
+# (newest first, it stops once the window is full): at four windows' worth a run of 1,024-record
+# pushes was cut every other push (bench/run_series.py: 7.8 us a push, now 2.6).
+COMPACT_AT_RECORDS = 16 * STEP_TIME_WINDOW
 
 
 class StepTimes:
     """The newest ``STEP_TIME_WINDOW`` finite ``step_time`` values of each run (writer thread in,
     scrape thread out). A push only hands its column over (the writer thread does that for every
     push); the values are filtered and cut to the window when a scrape asks, or when a run holds
-    four windows' worth or ``COMPACT_AT_PARTS`` pushes."""
+    ``COMPACT_AT_RECORDS`` records or ``COMPACT_AT_PARTS`` pushes."""
 
     def __init__(self, window: int = STEP_TIME_WINDOW) -> None:
         self.window = window
@@ -35,7 +39,7 @@ class StepTimes:
                     parts = self._parts[r.run_id] = []
                 parts.append((batch.values["step_time"], batch.present["step_time"]))
                 held = self._held[r.run_id] = self._held.get(r.run_id, 0) + len(batch)
-                if held > 4 * self.window or len(parts) > COMPACT_AT_PARTS:
+                if held > max(COMPACT_AT_RECORDS, 4 * self.window) or len(parts) > COMPACT_AT_PARTS:
                     self._compact(r.run_id)
 
     def _compact(self, run_id: str) -> np.ndarray:
