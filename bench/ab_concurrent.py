@@ -18,6 +18,7 @@ this protocol's own noise is.
     .venv/bin/python bench/ab_concurrent.py 91dd201                      # every case, 8 rounds
     .venv/bin/python bench/ab_concurrent.py HEAD --rounds 6               # the A/A
     .venv/bin/python bench/ab_concurrent.py 91dd201 --cases columns:64,rows:64 --detect
+    .venv/bin/python bench/ab_concurrent.py 91dd201 --env HEALTHSVC_INGEST_FAST_PATH=0   # the FastAPI route
     .venv/bin/python bench/ab_concurrent.py HEAD --smoke                  # tests: it runs
 """
 from __future__ import annotations
@@ -60,9 +61,9 @@ def check_code(tree: Path, links: Path) -> None:
         raise SystemExit(f"a server for {tree} would import healthsvc from {where}")
 
 
-def server_of(tree: Path, links: Path, db: str, detect: bool) -> ServerProcess:
-    """A server running ``tree``'s code."""
-    return ServerProcess(db, env={**code_env(tree, links), "HEALTHSVC_DETECT": "1" if detect else "0"})
+def server_of(tree: Path, links: Path, db: str, detect: bool, settings: dict[str, str] | None = None) -> ServerProcess:
+    """A server running ``tree``'s code, with ``settings`` (environment variables) on top."""
+    return ServerProcess(db, env={**code_env(tree, links), "HEALTHSVC_DETECT": "1" if detect else "0", **(settings or {})})
 
 
 class Pusher:
@@ -117,8 +118,14 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=2.0, help="seconds per round")
     ap.add_argument("--threads", type=int, default=2, help="client threads per server")
     ap.add_argument("--detect", action="store_true", help="run the detectors on both sides")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="a setting for both servers, e.g. HEALTHSVC_INGEST_FAST_PATH=0 (repeatable)")
     ap.add_argument("--smoke", action="store_true", help="one small case, two short rounds (the tests)")
     args = ap.parse_args()
+    bad = [e for e in args.env if "=" not in e]
+    if bad:
+        ap.error(f"--env takes NAME=VALUE, got {bad[0]!r}")
+    settings = dict(e.split("=", 1) for e in args.env)
     if args.smoke:
         args.cases, args.rounds, args.seconds = "columns:64", 2, 0.3
         args.ref = args.ref or "HEAD"
@@ -137,8 +144,8 @@ def main() -> int:
             # above the rate one server alone reaches on this machine at that size.
             rate = 3000 if n <= 64 else max(40, 400 * 1024 // n)
             payloads = args.threads * int((args.rounds + 1) * args.seconds * rate / args.threads)
-            servers = [server_of(tree_a, links_a, os.path.join(tmp, f"a-{form}-{n}.db"), args.detect),
-                       server_of(repo, links_b, os.path.join(tmp, f"b-{form}-{n}.db"), args.detect)]
+            servers = [server_of(tree_a, links_a, os.path.join(tmp, f"a-{form}-{n}.db"), args.detect, settings),
+                       server_of(repo, links_b, os.path.join(tmp, f"b-{form}-{n}.db"), args.detect, settings)]
             for s in servers:
                 s.start(timeout_s=60)
             try:
@@ -163,7 +170,8 @@ def main() -> int:
                          statistics.median(ratios), min(ratios), max(ratios), len(ratios)))
     print(f"\n{head_a}\n{head_b}\n")
     print(f"(both servers loaded at once, {args.threads} client threads each, {args.seconds:g} s a round; "
-          f"detectors {'on' if args.detect else 'off'}; requests per server CPU-second)\n")
+          f"detectors {'on' if args.detect else 'off'}{''.join(', ' + e for e in args.env)}; "
+          "requests per server CPU-second)\n")
     print("| form | records/request | A requests / CPU-s | B requests / CPU-s | B / A median | B / A min-max | rounds |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for form, n, ma, mb, med, lo, hi, k in rows:
