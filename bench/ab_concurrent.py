@@ -19,7 +19,11 @@ this protocol's own noise is.
     .venv/bin/python bench/ab_concurrent.py HEAD --rounds 6               # the A/A
     .venv/bin/python bench/ab_concurrent.py 91dd201 --cases columns:64,rows:64 --detect
     .venv/bin/python bench/ab_concurrent.py 91dd201 --env HEALTHSVC_INGEST_FAST_PATH=0   # the FastAPI route
+    .venv/bin/python bench/ab_concurrent.py 91dd201 --per-thread --cases rows:64   # where B's CPU differs
     .venv/bin/python bench/ab_concurrent.py HEAD --smoke                  # tests: it runs
+
+``--per-thread`` adds each server thread's CPU per acknowledged request over the rounds, A and B
+measured under the same load (threads named by ``py-spy dump`` when py-spy is installed).
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from ab import ScratchTree, describe, own_names  # noqa: E402  (bench/ab.py)
-from ingest import load, make_payload, shape  # noqa: E402  (bench/ingest.py)
+from ingest import load, make_payload, shape, thread_cpu, thread_names  # noqa: E402  (bench/ingest.py)
 from tests.server_process import ServerProcess  # noqa: E402
 
 CASES = "columns:1,columns:64,columns:1024,rows:1,rows:64,rows:1024"
@@ -81,6 +85,8 @@ class Pusher:
         self.next = [0] * threads
         self.threads = threads
         self.run_id = f"abc-{tag}-{form}-{n_records}"
+        self.thread_cpu_s: dict[str, float] = {}   # thread id -> CPU-s over the rounds
+        self.acknowledged = 0
 
     def request(self, client, k: int) -> bool | None:
         bodies = self.bodies[k]
@@ -93,8 +99,22 @@ class Pusher:
         return r.status_code == 202
 
     def round(self, seconds: float, out: dict) -> None:
+        before = thread_cpu(self.server.pid)
         ok, errors, wall, cpu = load(self.server, self.request, seconds, self.threads)
+        for tid, s in thread_cpu(self.server.pid).items():
+            self.thread_cpu_s[tid] = self.thread_cpu_s.get(tid, 0.0) + s - before.get(tid, 0.0)
+        self.acknowledged += ok
         out.update(ok=ok, errors=errors, requests_per_cpu_s=ok / cpu)
+
+    def ms_per_request_by_thread(self) -> dict[str, float]:
+        """Each named thread's CPU-ms per acknowledged request over the rounds so far (thread
+        names from ``py-spy dump`` when py-spy is installed; pool threads as one)."""
+        names = thread_names(self.server.pid)
+        out: dict[str, float] = {}
+        for tid, s in self.thread_cpu_s.items():
+            name = names.get(tid, "(unnamed)").rstrip("0123456789").rstrip("-_")
+            out[name] = out.get(name, 0.0) + s * 1e3 / max(self.acknowledged, 1)
+        return out
 
 
 def side_by_side(a: Pusher, b: Pusher, seconds: float) -> tuple[dict, dict]:
@@ -120,6 +140,8 @@ def main() -> int:
     ap.add_argument("--detect", action="store_true", help="run the detectors on both sides")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="a setting for both servers, e.g. HEALTHSVC_INGEST_FAST_PATH=0 (repeatable)")
+    ap.add_argument("--per-thread", action="store_true",
+                    help="also each server thread's CPU per request (py-spy names them): where B's differs")
     ap.add_argument("--smoke", action="store_true", help="one small case, two short rounds (the tests)")
     args = ap.parse_args()
     bad = [e for e in args.env if "=" not in e]
@@ -135,6 +157,7 @@ def main() -> int:
     repo = HERE.parent
     head_a, head_b = describe(repo, args.ref)
     rows = []
+    by_thread = []   # (form, n, thread, A ms / request, B ms / request)
     with ScratchTree(repo, args.ref) as tree_a, tempfile.TemporaryDirectory(prefix="ab-concurrent-") as tmp:
         links_a, links_b = Path(tmp, "links-a"), Path(tmp, "links-b")
         check_code(tree_a, links_a)
@@ -163,6 +186,11 @@ def main() -> int:
                     ratios.append(per_b[-1] / per_a[-1])
                     print(f"  {form} {n}: round {i + 1}/{args.rounds}: A {per_a[-1]:,.0f}, B {per_b[-1]:,.0f} "
                           f"requests / CPU-s, B / A {ratios[-1]:.3f}", file=sys.stderr, flush=True)
+                if args.per_thread:
+                    ta, tb = a.ms_per_request_by_thread(), b.ms_per_request_by_thread()
+                    for name in sorted(set(ta) | set(tb), key=lambda k: -max(ta.get(k, 0), tb.get(k, 0))):
+                        if max(ta.get(name, 0.0), tb.get(name, 0.0)) >= 5e-4:   # a tick or two: idle
+                            by_thread.append((form, n, name, ta.get(name, 0.0), tb.get(name, 0.0)))
             finally:
                 for s in servers:
                     s.stop()
@@ -176,6 +204,11 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for form, n, ma, mb, med, lo, hi, k in rows:
         print(f"| {form} | {n:,} | {ma:,.0f} | {mb:,.0f} | {med:.3f} | {lo:.3f}–{hi:.3f} | {k} |")
+    if by_thread:
+        print("\n| form | records/request | thread | A ms CPU / request | B ms CPU / request | B − A |")
+        print("|---|---:|---|---:|---:|---:|")
+        for form, n, name, ma, mb in by_thread:
+            print(f"| {form} | {n:,} | {name} | {ma:.4f} | {mb:.4f} | {mb - ma:+.4f} |")
     return 0
 
 

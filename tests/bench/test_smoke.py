@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 
 # Second forms of a script, run with their flags and --smoke too: each is a bench of its own.
-FORMS = ["alert_latency.py --load", "scale.py --grid"]
+FORMS = ["alert_latency.py --load", "scale.py --grid", "ab_concurrent.py --per-thread --env HEALTHSVC_INGEST_FAST_PATH=0"]
 
 # Scripts this module does not run, and why.
 NO_SMOKE = {
