@@ -171,12 +171,14 @@ class RankTimes:
         if len(kept) == 1:
             self._pending[run_id], self._held[run_id] = kept, len(kept[0][1])
         else:
-            self._fold(run_id)
+            self._fold(run_id, kept)
 
-    def _fold(self, run_id: str) -> _RankTable:
-        """The run's table with its pending batches folded in, oldest first (the lock held)."""
+    def _fold(self, run_id: str, pending: list[tuple[int, Any]] | None = None) -> _RankTable:
+        """The run's table with its pending batches folded in, oldest first (the lock held);
+        ``pending``: those batches, already pruned where they could be."""
         table = self._tables.setdefault(run_id, _RankTable())
-        table.fold(_newest_alone_if_it_supersedes(self._pending.pop(run_id, [])))
+        held = self._pending.pop(run_id, [])
+        table.fold(_newest_alone_if_it_supersedes(held) if pending is None else pending)
         self._held[run_id] = 0
         return table
 
