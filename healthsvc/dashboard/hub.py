@@ -7,8 +7,10 @@ A ticker flushes steps that waited too long for missing ranks, so a live run's n
 within a few seconds.
 
 Restarts: a rollup is snapshotted into ``run_state`` (kind ``dashboard``, with the aligner's
-pending records and the id of the last chunk folded in); on start the hub loads it and replays the
-chunks stored after it, in the background (``catching_up`` is true meanwhile).
+pending records and the id of the last chunk folded in); on start the hub loads every running
+run's and replays the chunks stored after it, in the background (``catching_up`` is true
+meanwhile). A finished run is not held: it is read back from its snapshot when asked, and comes
+back whole if it is pushed to again.
 """
 from __future__ import annotations
 
@@ -197,8 +199,9 @@ class RollupHub:
     # -- reading --------------------------------------------------------------------------
     def read(self, run_id: str, fn: Callable[[RunRollup], Any]) -> Any:
         """``fn(rollup)`` under the lock (None for an unknown run); keep ``fn`` to array slicing.
-        A finished run let go from memory (see ``_handle``) is read back from its snapshot for
-        this read and not kept."""
+        A finished run not in memory (let go, see ``_handle``, or finished before this process
+        started, see ``_restore``) is read back from its snapshot and the chunks stored after it,
+        for this read, and not kept."""
         with self.lock:
             feed = self.feeds.get(run_id)
             if feed is not None:
@@ -207,9 +210,7 @@ class RollupHub:
         if row is None or row["status"] != "finished":
             return None
         snap = self.store.snapshot(run_id, "dashboard")
-        if snap is None:
-            return None
-        feed = self._restored(row, snap.state)
+        feed = self._restored(row, snap.state if snap is not None else None)
         return fn(feed.rollup)
 
     # -- input ----------------------------------------------------------------------------
@@ -255,10 +256,18 @@ class RollupHub:
             self._handle(item)
 
     def _feed(self, run_id: str) -> RunFeed:
+        """The run's feed; one the hub does not hold is a new run's, or that of a run let go or
+        not restored (finished) and now pushed to again: its rollup so far comes back from its
+        snapshot and the chunks after it (the pushes being folded among them are passed by)."""
         feed = self.feeds.get(run_id)
         if feed is None:
             row = self.store.reads.get_run_row(run_id)
-            feed = self.feeds[run_id] = RunFeed(self.align_timeout_s, (row or {}).get("config", {}).get("world_size"))
+            snap = self.store.snapshot(run_id, "dashboard") if row is not None else None
+            if snap is not None:
+                feed = self._restored(row, snap.state)
+            else:
+                feed = RunFeed(self.align_timeout_s, (row or {}).get("config", {}).get("world_size"))
+            self.feeds[run_id] = feed
         return feed
 
     def _handle(self, item: list[IngestResult] | RunEvent | Tick | Flush | RunsReleased) -> None:
@@ -283,10 +292,16 @@ class RollupHub:
             return
         if isinstance(item, list):   # a run's pushes (coalesce.group_pushes)
             self._feed(item[0].run_id).add_pushes(item)
-        elif item.kind == "finish":
-            self._feed(item.run_id).flush_all()
+            return
+        # A run's events reach the feed the hub holds, and make none: a feed only pushes made is
+        # let go with the store's state of the run (RunsReleased), which its pushes loaded.
+        feed = self.feeds.get(item.run_id)
+        if feed is None:
+            return
+        if item.kind == "finish":
+            feed.flush_all()
         elif item.kind == "config":
-            self._feed(item.run_id).world_size = item.data.get("world_size") or self._feed(item.run_id).world_size
+            feed.world_size = item.data.get("world_size") or feed.world_size
 
     # -- snapshots ------------------------------------------------------------------------
     def _snapshot(self, run_id: str, force: bool = False) -> None:
@@ -306,11 +321,23 @@ class RollupHub:
             log.warning("dashboard snapshot of run %s skipped: store closed", run_id)
 
     def _restore(self) -> None:
+        """Every running run's feed, from its snapshot and the chunks after it. A finished run is
+        not held: a read brings it back from its snapshot (:meth:`read`); one that has none yet
+        (its process was stopped before its first) is rebuilt from its chunks once, here, and
+        its snapshot written. (Held, a finished run would stay: on a replica the store lets go
+        of a run, and so tells the hub, only if it loaded it.)"""
         snapshots = {r: snap.state for r, snap in self.store.snapshots("dashboard").items()}
         for row in self.store.reads.list_run_rows():
-            feed = self._restored(row, snapshots.get(row["run_id"]))
+            run_id = row["run_id"]
+            if row["status"] == "finished":
+                if run_id not in snapshots:
+                    feed = self._restored(row, None)
+                    if feed.dirty:
+                        self.store.save_snapshot(run_id, "dashboard", feed.watermark, feed.to_bytes())
+                continue
+            feed = self._restored(row, snapshots.get(run_id))
             with self.lock:
-                self.feeds[row["run_id"]] = feed
+                self.feeds[run_id] = feed
 
     def _restored(self, row: dict, snapshot: bytes | None) -> RunFeed:
         """A run's feed from its snapshot and the chunks stored after it."""

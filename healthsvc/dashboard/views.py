@@ -40,11 +40,15 @@ def run_detail(summaries, health, hub: RollupHub, run_id: str) -> dict[str, Any]
             "catching_up": hub.catching_up, "has_bisection": bisecting}
 
 
+def _check_range(step_min: int | None, step_max: int | None) -> None:
+    """A 422 for a step range that ends before it starts, whether or not the run has a rollup yet."""
+    if step_min is not None and step_max is not None and step_max < step_min:
+        raise InvalidInput("step_max must be >= step_min", loc=("query", "step_max"))
+
+
 def _range(r: RunRollup, step_min: int | None, step_max: int | None) -> tuple[int, int]:
     lo = 0 if step_min is None else step_min
     hi = r.last_step if step_max is None else min(step_max, r.last_step)
-    if step_min is not None and step_max is not None and step_max < step_min:
-        raise InvalidInput("step_max must be >= step_min", loc=("query", "step_max"))
     return lo, hi
 
 
@@ -64,6 +68,7 @@ def _field_series(stats: dict[str, np.ndarray], lo: int, hi: int, points: int) -
 
 def series(hub: RollupHub, run_id: str, fields: list[str], step_min: int | None, step_max: int | None,
            points: int) -> dict[str, Any]:
+    _check_range(step_min, step_max)
     unknown = [f for f in fields if f not in LINE_FIELDS]
     if unknown:
         raise InvalidInput(f"unknown field {unknown[0]!r}; the dashboard keeps {', '.join(LINE_FIELDS)}",
@@ -86,6 +91,8 @@ def series(hub: RollupHub, run_id: str, fields: list[str], step_min: int | None,
 
 def heatmap(hub: RollupHub, run_id: str, field: str, step_min: int | None, step_max: int | None,
             max_cols: int) -> dict[str, Any]:
+    _check_range(step_min, step_max)
+
     def read(r: RunRollup) -> dict[str, Any] | None:
         grid = r.heat.get(field)
         if grid is None:

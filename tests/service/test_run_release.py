@@ -118,3 +118,36 @@ def test_a_restart_does_not_bring_finished_runs_back_into_memory(tmp_path, db_ur
         svc.drain()
         assert holders(svc.app)["monitor_monitors"] >= 1
         assert svc.http.get("/v1/runs/done").json()["status"] == "running"
+
+
+def test_a_restart_holds_no_finished_run_in_the_dashboard_and_reads_or_resumes_it_whole(tmp_path, db_uri):
+    """The dashboard restores running runs only: a finished one is read back from its snapshot
+    (on a replica the store lets go of, and so tells the hub about, only runs it loaded: a
+    finished run restored there stayed for good, as the soak found). One with no snapshot yet
+    (its process stopped before the first) is rebuilt from its chunks once and its snapshot
+    written; pushed to again, a run the hub did not hold comes back with its history."""
+    with InProcessService(tmp_path, db=db_uri, run_release_after_s=RELEASE_S) as svc:
+        for run in ("done", "going"):
+            assert svc.http.put(f"/v1/runs/{run}", json={"world_size": RANKS}).status_code == 200
+            for step in range(20):
+                push(svc.http, run, step)
+        assert svc.http.post("/v1/runs/done/finish", json={}).status_code == 200
+        svc.drain()
+    # Played: the process that folded "done" stopped before writing its dashboard snapshot.
+    with InProcessService(tmp_path, db=db_uri, run_release_after_s=RELEASE_S) as svc:
+        svc.app.state.ctx.store.write(
+            lambda conn: conn.execute("DELETE FROM run_state WHERE run_id='done' AND kind='dashboard'")).result(10)
+    with InProcessService(tmp_path, db=db_uri, run_release_after_s=RELEASE_S) as svc:
+        svc.drain()
+        hub, store = svc.app.state.dashboard, svc.app.state.ctx.store
+        assert "done" not in hub.feeds and "going" in hub.feeds
+        assert store.snapshot("done", "dashboard") is not None          # rebuilt once, and written
+        assert hub.read("done", lambda r: (r.steps_seen, r.last_step)) == (20, 19)
+        assert "done" not in hub.feeds                                   # read, not kept
+        series = svc.http.get("/v1/runs/done/dashboard/series", params={"fields": "loss"}).json()
+        assert series["fields"]["loss"]["steps"] == list(range(20))
+        push(svc.http, "done", 20)   # resumed: its rollup comes back whole
+        svc.drain()
+        svc.http.post("/v1/runs/done/finish", json={})
+        svc.drain()
+        assert hub.read("done", lambda r: (r.steps_seen, r.last_step)) == (21, 20)
