@@ -263,7 +263,7 @@ class RollupHub:
         if feed is None:
             row = self.store.reads.get_run_row(run_id)
             snap = self.store.snapshot(run_id, "dashboard") if row is not None else None
-            if snap is not None:
+            if row is not None and snap is not None:
                 feed = self._restored(row, snap.state)
             else:
                 feed = RunFeed(self.align_timeout_s, (row or {}).get("config", {}).get("world_size"))
@@ -295,13 +295,13 @@ class RollupHub:
             return
         # A run's events reach the feed the hub holds, and make none: a feed only pushes made is
         # let go with the store's state of the run (RunsReleased), which its pushes loaded.
-        feed = self.feeds.get(item.run_id)
-        if feed is None:
+        held = self.feeds.get(item.run_id)
+        if held is None:
             return
         if item.kind == "finish":
-            feed.flush_all()
+            held.flush_all()
         elif item.kind == "config":
-            feed.world_size = item.data.get("world_size") or feed.world_size
+            held.world_size = item.data.get("world_size") or held.world_size
 
     # -- snapshots ------------------------------------------------------------------------
     def _snapshot(self, run_id: str, force: bool = False) -> None:
