@@ -96,7 +96,8 @@ def test_a_finished_run_whose_alert_still_fires_keeps_its_lease_not_its_detector
         assert held["monitor_parked"] == 1 and held["leases"] == 1 and held["alerting_runs"] == 1
 
 
-def test_a_restart_does_not_bring_finished_runs_back_into_memory(tmp_path, db_uri):
+def done_and_going(tmp_path, db_uri) -> None:
+    """A service's store left with two runs of 20 steps: "done" finished, "going" running."""
     with InProcessService(tmp_path, db=db_uri, run_release_after_s=RELEASE_S) as svc:
         for run in ("done", "going"):
             assert svc.http.put(f"/v1/runs/{run}", json={"world_size": RANKS}).status_code == 200
@@ -104,6 +105,10 @@ def test_a_restart_does_not_bring_finished_runs_back_into_memory(tmp_path, db_ur
                 push(svc.http, run, step)
         assert svc.http.post("/v1/runs/done/finish", json={}).status_code == 200
         svc.drain()
+
+
+def test_a_restart_does_not_bring_finished_runs_back_into_memory(tmp_path, db_uri):
+    done_and_going(tmp_path, db_uri)
     with InProcessService(tmp_path, db=db_uri, run_release_after_s=RELEASE_S) as svc:
         svc.drain()
         # A single server restores the running runs only; a replica takes its leases back (its
@@ -126,13 +131,7 @@ def test_a_restart_holds_no_finished_run_in_the_dashboard_and_reads_or_resumes_i
     finished run restored there stayed for good, as the soak found). One with no snapshot yet
     (its process stopped before the first) is rebuilt from its chunks once and its snapshot
     written; pushed to again, a run the hub did not hold comes back with its history."""
-    with InProcessService(tmp_path, db=db_uri, run_release_after_s=RELEASE_S) as svc:
-        for run in ("done", "going"):
-            assert svc.http.put(f"/v1/runs/{run}", json={"world_size": RANKS}).status_code == 200
-            for step in range(20):
-                push(svc.http, run, step)
-        assert svc.http.post("/v1/runs/done/finish", json={}).status_code == 200
-        svc.drain()
+    done_and_going(tmp_path, db_uri)
     # Played: the process that folded "done" stopped before writing its dashboard snapshot.
     with InProcessService(tmp_path, db=db_uri, run_release_after_s=RELEASE_S) as svc:
         svc.app.state.ctx.store.write(
