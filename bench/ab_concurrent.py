@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from ab import ScratchTree, describe, own_names  # noqa: E402  (bench/ab.py)
-from ingest import load, make_payload, shape, thread_cpu, thread_names  # noqa: E402  (bench/ingest.py)
+from ingest import by_thread_name, load, make_payload, shape, thread_cpu  # noqa: E402  (bench/ingest.py)
 from tests.server_process import ServerProcess  # noqa: E402
 
 CASES = "columns:1,columns:64,columns:1024,rows:1,rows:64,rows:1024"
@@ -107,14 +107,8 @@ class Pusher:
         out.update(ok=ok, errors=errors, requests_per_cpu_s=ok / cpu)
 
     def ms_per_request_by_thread(self) -> dict[str, float]:
-        """Each named thread's CPU-ms per acknowledged request over the rounds so far (thread
-        names from ``py-spy dump`` when py-spy is installed; pool threads as one)."""
-        names = thread_names(self.server.pid)
-        out: dict[str, float] = {}
-        for tid, s in self.thread_cpu_s.items():
-            name = names.get(tid, "(unnamed)").rstrip("0123456789").rstrip("-_")
-            out[name] = out.get(name, 0.0) + s * 1e3 / max(self.acknowledged, 1)
-        return out
+        """Each named thread's CPU-ms per acknowledged request over the rounds so far."""
+        return by_thread_name(self.server.pid, self.thread_cpu_s, self.acknowledged)
 
 
 def side_by_side(a: Pusher, b: Pusher, seconds: float) -> tuple[dict, dict]:

@@ -134,11 +134,18 @@ def thread_names(pid: int) -> dict[str, str]:
 
 def per_thread(server: ServerProcess, before: dict[str, float], requests: int) -> dict[str, float]:
     """ms of CPU per acknowledged request of each named server thread since ``before``."""
-    after, names = thread_cpu(server.pid), thread_names(server.pid)
+    after = thread_cpu(server.pid)
+    return by_thread_name(server.pid, {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}, requests)
+
+
+def by_thread_name(pid: int, cpu_s: dict[str, float], requests: int) -> dict[str, float]:
+    """``cpu_s`` (CPU-seconds by thread id) as ms per request by thread name, pool threads as one,
+    busiest first."""
+    names = thread_names(pid)
     out: dict[str, float] = {}
-    for tid, cpu in after.items():
+    for tid, cpu in cpu_s.items():
         name = re.sub(r"[-_]?\d+$", "", names.get(tid, f"thread {tid}"))   # pool threads as one
-        out[name] = out.get(name, 0.0) + (cpu - before.get(tid, 0.0)) * 1e3 / max(requests, 1)
+        out[name] = out.get(name, 0.0) + cpu * 1e3 / max(requests, 1)
     return {n: v for n, v in sorted(out.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
