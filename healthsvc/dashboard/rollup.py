@@ -12,9 +12,10 @@ the step aligner emits it) is folded into:
   the step's cross-rank median (``compute_time / median``: 2.0 is "twice as slow as its peers",
   so a straggler stands out whatever the job's own speed). A rank bin holds ``rank_width`` ranks
   and keeps their *maximum* ratio (one slow rank among 64 must not be averaged away); a step bin
-  holds ``step_width`` steps and keeps the *mean* over them (sum and count). The grid is capped at
-  :data:`MAX_RANK_BINS` x :data:`MAX_STEP_BINS`: when a run outgrows it the widths double and
-  neighbouring bins merge, so memory stays bounded (at most 4 MB per field) for any run length.
+  holds ``step_width`` steps and keeps the *mean* over them (sum and count). The grid holds the
+  rows its ranks need (a power of two: 64 for 64 ranks) and is capped at :data:`MAX_RANK_BINS` x
+  :data:`MAX_STEP_BINS`: when a run outgrows it the widths double and neighbouring bins merge, so
+  memory stays bounded (at most 4 MB per field) for any run length.
 
 A new attempt (a restart or rollback resuming at step ``s``) truncates everything from ``s`` on:
 the effective history is the newest attempt, as everywhere else in the service.
@@ -84,44 +85,62 @@ class HeatGrid:
     """The rank-bins x step-bins grid of one field (see module docstring)."""
     rank_width: int = 1
     step_width: int = 1
-    sums: np.ndarray = field(default_factory=lambda: np.zeros((MAX_RANK_BINS, 0), np.float32))
-    counts: np.ndarray = field(default_factory=lambda: np.zeros((MAX_RANK_BINS, 0), np.float32))
+    # Rows as the run's ranks need them (a power of two, at most MAX_RANK_BINS): a run of 64
+    # ranks holds 64 rows, not 256, so its grid costs a quarter to hold, grow and snapshot.
+    sums: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    counts: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
 
     def fit_ranks(self, n_ranks: int) -> None:
-        """Widen rank bins (merging neighbours, max of means) until ``n_ranks`` fit."""
+        """Widen rank bins (merging neighbours, max of means) until ``n_ranks`` fit in
+        MAX_RANK_BINS rows, then add the rows they need."""
         while n_ranks > MAX_RANK_BINS * self.rank_width:
-            mean = np.divide(self.sums, self.counts, out=np.zeros_like(self.sums), where=self.counts > 0)
+            sums, counts = self._rows(len(self.sums) + len(self.sums) % 2)
+            mean = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
             m = np.maximum(mean[0::2], mean[1::2])
-            c = np.maximum(self.counts[0::2], self.counts[1::2])
-            pad = np.zeros((MAX_RANK_BINS - len(m), m.shape[1]), np.float32)
-            self.sums, self.counts = np.vstack([m * c, pad]), np.vstack([c, pad])
+            c = np.maximum(counts[0::2], counts[1::2])
+            self.sums, self.counts = m * c, c
             self.rank_width *= 2
+        bins = -(-n_ranks // self.rank_width)
+        if bins > len(self.sums):
+            self.sums, self.counts = self._rows(min(MAX_RANK_BINS, _pow2_at_least(bins)))
+
+    def _rows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The grid's arrays with ``n`` rows (the new ones empty)."""
+        out = []
+        for old in (self.sums, self.counts):
+            new = np.zeros((n, old.shape[1]), np.float32)
+            new[:len(old)] = old
+            out.append(new)
+        return out[0], out[1]
 
     def fit_step(self, step: int) -> None:
         """Widen step bins (adding neighbours) until ``step`` has a column; grow columns."""
         while step // self.step_width >= MAX_STEP_BINS:
             n = self.sums.shape[1] + (self.sums.shape[1] % 2)
-            s = np.zeros((MAX_RANK_BINS, n), np.float32)
-            c = np.zeros((MAX_RANK_BINS, n), np.float32)
+            s = np.zeros((len(self.sums), n), np.float32)
+            c = np.zeros((len(self.sums), n), np.float32)
             s[:, :self.sums.shape[1]], c[:, :self.counts.shape[1]] = self.sums, self.counts
             self.sums, self.counts = s[:, 0::2] + s[:, 1::2], c[:, 0::2] + c[:, 1::2]
             self.step_width *= 2
         need = step // self.step_width + 1
         if need > self.sums.shape[1]:
             # Doubling (from 64 columns): a run's grid is copied O(log) times as it grows, not
-            # every 256 steps (each copy of all 256 rank bins: a third of the fold's cost for
-            # 64-record pushes, and most of its page faults). Never past MAX_STEP_BINS.
+            # every 256 steps (each copy, when every grid held 256 rows, a third of the fold's
+            # cost for 64-record pushes, and most of its page faults). Never past MAX_STEP_BINS.
             grow = max(need, min(MAX_STEP_BINS, max(64, 2 * self.sums.shape[1])))
             for name in ("sums", "counts"):
                 old = getattr(self, name)
-                new = np.zeros((MAX_RANK_BINS, grow), np.float32)
+                new = np.zeros((len(old), grow), np.float32)
                 new[:, :old.shape[1]] = old
                 setattr(self, name, new)
 
     def add(self, steps: np.ndarray, bin_max: np.ndarray) -> None:
         """``bin_max``: (n_steps, bins) ratio per rank bin, NaN where no rank reported; the
-        first ``bins`` of the MAX_RANK_BINS (those after them get nothing)."""
+        grid's first ``bins`` rows (those after them get nothing; rows are added if it has
+        fewer)."""
         self.fit_step(int(steps.max()))
+        if bin_max.shape[1] > len(self.sums):
+            self.fit_ranks(bin_max.shape[1] * self.rank_width)
         cols = steps // self.step_width
         ok = np.isfinite(bin_max)
         if ok.all():   # the usual block: every bin has a rank (no mask to apply)

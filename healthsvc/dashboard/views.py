@@ -101,6 +101,8 @@ def heatmap(hub: RollupHub, run_id: str, field: str, step_min: int | None, step_
         c_lo, c_hi = lo // grid.step_width, max(lo, hi) // grid.step_width + 1
         n_rows = min(MAX_RANK_BINS, r.max_rank // grid.rank_width + 1)
         mean, k = rebin_heat(grid.sums[:n_rows], grid.counts[:n_rows], c_lo, c_hi, max_cols)
+        if len(mean) < n_rows:   # ranks past the grid's rows have not reported this field
+            mean = np.vstack([mean, np.full((n_rows - len(mean), mean.shape[1]), np.nan)])
         return {"grid": mean, "k": k, "c_lo": c_lo, "rank_width": grid.rank_width, "step_width": grid.step_width}
 
     got = hub.read(run_id, read)

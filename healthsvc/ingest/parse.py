@@ -33,7 +33,7 @@ import xxhash
 
 from healthsvc_client.wire import INTEGER_FIELDS, KEY_FIELDS, LABEL_FIELDS, NON_FINITE_STRINGS, STRING_FIELDS
 from healthsvc.errors import BadRequest, InvalidInput, PayloadTooLarge
-from healthsvc.store.batch import MetricBatch
+from healthsvc.store.batch import MetricBatch, all_present
 
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,63}$")
 RESERVED_FIELDS = frozenset({"attempt", "batch_id"})
@@ -344,25 +344,15 @@ def _holds_bool(col: list, arr: np.ndarray) -> bool:
     return any(type(col[i]) is bool for i in small.tolist())
 
 
-_ALL_PRESENT = np.ones(1 << 16, dtype=bool)
-_ALL_PRESENT.flags.writeable = False
-
-
-def _all_present(n: int) -> np.ndarray:
-    """A fresh all-true mask of ``n`` records: a copy of a slice of one made once (a fifth of
-    what ``np.ones`` costs, a Python function; six of them a push)."""
-    return _ALL_PRESENT[:n].copy() if n <= len(_ALL_PRESENT) else np.ones(n, dtype=bool)
-
-
 def _float_column(name: str, col: list | np.ndarray, where: _Where) -> tuple[np.ndarray, np.ndarray, bool]:
     """(values, present, whether every record reported the field)."""
     if isinstance(col, np.ndarray):   # read as float64 already (_numeric_columns)
-        return col, _all_present(len(col)), True
+        return col, all_present(len(col)), True
     if len(col) == 1 and type(col[0]) is float:   # a rank's own push
-        return np.array(col, np.float64), _all_present(1), True
+        return np.array(col, np.float64), all_present(1), True
     arr = _try_array(col)
     if arr is not None and arr.ndim == 1 and arr.dtype.kind in "fiu":
-        return arr.astype(np.float64, copy=False), _all_present(len(col)), True
+        return arr.astype(np.float64, copy=False), all_present(len(col)), True
     # Slow path: nulls, non-finite strings, or something wrong to point at.
     values = np.empty(len(col), dtype=np.float64)
     present = np.ones(len(col), dtype=bool)

@@ -145,6 +145,9 @@ def decode_chunk(buf: bytes, fields: set[str] | None = None) -> MetricBatch:
             present = np.ones(n, dtype=bool)
             batch.values[name] = block[2 + i].copy()
         batch.present[name] = present
+    # The fields with a bitmap are those some record did not report (what encode_chunk read
+    # from partial_fields): known here, not read back from the masks.
+    batch.partial_fields = frozenset(name for name in bitmaps if name in batch.present)
     has_hosts = header["hosts"] is not None
     if has_hosts:
         batch.host_names = header["hosts"]

@@ -149,3 +149,42 @@ def test_the_fold_does_not_wait_out_its_interval_once_fold_at_records_are_queued
     finally:
         hub.stop()
         store.close()
+
+
+def test_a_heat_grid_holds_rows_for_the_ranks_it_has_and_the_page_shows_every_rank(tmp_path):
+    # A run's heat grid has as many rows as its ranks need (a power of two), not MAX_RANK_BINS:
+    # 6 ranks reporting compute_time hold 8 rows. Ranks that join later without the field add no
+    # rows, and the page still draws a row for every rank (empty where none reported), as it
+    # did when every grid held MAX_RANK_BINS rows; a rank that reports it later adds rows.
+    from healthsvc.dashboard.views import heatmap
+    store = open_store(str(tmp_path / "rows.db"), snapshot_every_s=3600.0)
+    store.open()
+    hub = RollupHub(store, clock=Clock(), tick_interval_s=3600.0, fold_every_s=3600.0)
+    store.subscribe(hub.committed)
+    hub.start()
+
+    def push(step: int, n_ranks: int, fields: tuple[str, ...]) -> None:
+        b = MetricBatch(np.full(n_ranks, step), np.arange(n_ranks, dtype=np.int64))
+        for f in fields:
+            b.values[f], b.present[f] = np.where(np.arange(n_ranks) == 2, 2.0, 1.0), np.ones(n_ranks, bool)
+        store.ingest.submit_metrics("r", b, f"d{step}").result(10)
+        assert hub.drain(10)
+        hub.flush("r")
+        assert hub.drain(10)
+
+    try:
+        push(0, 6, ("loss", "compute_time"))
+        assert hub.read("r", lambda r: r.heat["compute_time"].sums.shape[0]) == 8
+        push(1, 40, ("loss",))
+        assert hub.read("r", lambda r: r.heat["compute_time"].sums.shape[0]) == 8
+        page = heatmap(hub, "r", "compute_time", None, None, 100)
+        assert page["n_rows"] == 40 and page["hottest"]["row"] == 2
+        shown = np.asarray(page["values"], np.float64)
+        assert np.isfinite(shown[:6, 0]).all() and np.isnan(shown[6:]).all()
+        push(2, 40, ("compute_time",))
+        assert hub.read("r", lambda r: r.heat["compute_time"].sums.shape[0]) == 64
+        shown = np.asarray(heatmap(hub, "r", "compute_time", None, None, 100)["values"], np.float64)
+        assert shown.shape[0] == 40 and np.isfinite(shown[:, 2]).all()
+    finally:
+        hub.stop()
+        store.close()

@@ -44,6 +44,23 @@ def test_concat_keeps_every_record_with_its_values_hosts_and_labels():
     assert "param_digest" not in slim.labels and slim.host_index.tolist() == both.host_index.tolist()
 
 
+def test_concat_of_a_field_every_part_reported_whole_is_a_fresh_all_true_mask():
+    # Every part reported loss for every record (their partial_fields say so): the mask is
+    # made whole, not joined; it is the batch's own (writable), whatever the parts' size.
+    for sizes in ((1, 1, 1), (64, 64), (40_000, 40_000)):
+        parts = [MetricBatch(np.arange(n), np.zeros(n, np.int64), {"loss": np.ones(n)}, {"loss": np.ones(n, bool)})
+                 for n in sizes]
+        both = MetricBatch.concat(parts, only=frozenset({"loss"}))
+        assert both.present["loss"].all() and len(both.present["loss"]) == sum(sizes)
+        both.present["loss"][0] = False   # its own array
+        assert MetricBatch.concat(parts, only=frozenset({"loss"})).present["loss"].all()
+    # A part with a record that did not report it: joined, False there.
+    gap = np.ones(64, bool)
+    gap[5] = False
+    parts.append(MetricBatch(np.arange(64), np.ones(64, np.int64), {"loss": np.where(gap, 1.0, np.nan)}, {"loss": gap}))
+    assert np.flatnonzero(~MetricBatch.concat(parts).present["loss"]).tolist() == [80_005]
+
+
 def push(run_id: str, step: int, attempt: int = 1, chunk_id: int = 0) -> IngestResult:
     return IngestResult(run_id, 1, False, attempt, False, chunk_id, float(step), record(step, 0, 1.0),
                         RunView(attempt, 0, 1, False))

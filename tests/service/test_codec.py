@@ -37,6 +37,9 @@ def test_round_trip_is_exact(b):
     out = decode_chunk(encode_chunk(b))
     assert np.array_equal(out.steps, b.steps) and np.array_equal(out.ranks, b.ranks)
     assert list(out.values) == list(b.values)
+    # The decoder says which fields some record did not report (from the bitmaps it read), as
+    # the parser does: what the masks say.
+    assert out.partial_fields == frozenset(f for f, p in b.present.items() if not p.all())
     for name in b.values:
         assert np.array_equal(out.present[name], b.present[name])
         # Bit-for-bit on reported values (NaN payloads and -0.0 included).
