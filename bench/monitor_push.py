@@ -12,10 +12,12 @@ A third column: the same monitor while another thread of the process runs Python
 (the worst case of the event loop beside it). numpy releases the GIL for a call on more than 500
 values (a detector's work on a block of 16 steps of 64 ranks and up) and must take it back from
 the busy thread: on this machine that multiplies the monitor's CPU a push by 1.7 at 64 ranks and
-by 5 at 1,024, and by less at one rank, whose arrays are too small to release it. The figure moves
-with ``sys.setswitchinterval`` (the wait for the GIL), which the service's figures do not: the
-event loop waits for its sockets between requests. In the service the monitor costs about three
-times this first column at 1,024 ranks (docs/performance.md, stop 48).
+by 5 at 1,024, and by less at one rank, whose arrays are too small to release it. A busy process
+beside it instead (the other core as busy, no GIL shared) leaves the first column as it is: what
+the third adds is the sharing of one interpreter. It moves with ``sys.setswitchinterval`` (the
+wait for the GIL), which the service's figures do not: the event loop waits for its sockets
+between requests. In the service the monitor costs about three times the first column at 1,024
+ranks (docs/performance.md, stop 48).
 
     .venv/bin/python bench/monitor_push.py [--steps 1600] [--repeats 3] [--smoke]
     .venv/bin/python bench/ab.py HEAD~1 bench/monitor_push.py --pairs 2 --same bench/rollup_fold.py
