@@ -5,6 +5,7 @@ snapshotted yet is rebuilt from its chunks on restart."""
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -85,6 +86,22 @@ class Clock:
         return self.now
 
 
+@contextmanager
+def hub_on_store(path: str, clock: Clock):
+    """A started hub fed by a fresh SQLite store at ``path`` (no ingest snapshots), folding only
+    when asked (or at FOLD_AT_RECORDS): stopped, and the store closed, on the way out."""
+    store = open_store(path, snapshot_every_s=3600.0)
+    store.open()
+    hub = RollupHub(store, clock=clock, tick_interval_s=3600.0, fold_every_s=3600.0)
+    store.subscribe(hub.committed)
+    hub.start()
+    try:
+        yield store, hub
+    finally:
+        hub.stop()
+        store.close()
+
+
 def test_a_drain_does_not_wait_out_the_fold_interval_and_the_first_snapshot_waits_its_turn(tmp_path):
     store = open_store(str(tmp_path / "fold.db"), snapshot_every_s=3600.0)
     store.open()
@@ -130,12 +147,7 @@ def test_the_fold_does_not_wait_out_its_interval_once_fold_at_records_are_queued
     # What waits for a fold is whole pushes: a busy service must not hold an interval's worth of
     # them (tens of MB at 1,024-record pushes), so FOLD_AT_RECORDS queued records end the wait.
     from healthsvc.dashboard.hub import FOLD_AT_RECORDS
-    store = open_store(str(tmp_path / "bound.db"), snapshot_every_s=3600.0)
-    store.open()
-    hub = RollupHub(store, clock=Clock(), tick_interval_s=3600.0, fold_every_s=3600.0)
-    store.subscribe(hub.committed)
-    hub.start()
-    try:
+    with hub_on_store(str(tmp_path / "bound.db"), Clock()) as (store, hub):
         n_ranks, rng = 1024, np.random.default_rng(0)
         n_steps = -(-FOLD_AT_RECORDS // n_ranks)
         for s in range(n_steps):
@@ -146,9 +158,6 @@ def test_the_fold_does_not_wait_out_its_interval_once_fold_at_records_are_queued
         while (hub.read("r", lambda r: r.steps_seen) or 0) < n_steps and time.monotonic() < deadline:
             time.sleep(0.01)
         assert hub.read("r", lambda r: r.steps_seen) == n_steps
-    finally:
-        hub.stop()
-        store.close()
 
 
 def test_a_heat_grid_holds_rows_for_the_ranks_it_has_and_the_page_shows_every_rank(tmp_path):
@@ -157,11 +166,6 @@ def test_a_heat_grid_holds_rows_for_the_ranks_it_has_and_the_page_shows_every_ra
     # rows, and the page still draws a row for every rank (empty where none reported), as it
     # did when every grid held MAX_RANK_BINS rows; a rank that reports it later adds rows.
     from healthsvc.dashboard.views import heatmap
-    store = open_store(str(tmp_path / "rows.db"), snapshot_every_s=3600.0)
-    store.open()
-    hub = RollupHub(store, clock=Clock(), tick_interval_s=3600.0, fold_every_s=3600.0)
-    store.subscribe(hub.committed)
-    hub.start()
 
     def push(step: int, n_ranks: int, fields: tuple[str, ...]) -> None:
         b = MetricBatch(np.full(n_ranks, step), np.arange(n_ranks, dtype=np.int64))
@@ -172,7 +176,7 @@ def test_a_heat_grid_holds_rows_for_the_ranks_it_has_and_the_page_shows_every_ra
         hub.flush("r")
         assert hub.drain(10)
 
-    try:
+    with hub_on_store(str(tmp_path / "rows.db"), Clock()) as (store, hub):
         push(0, 6, ("loss", "compute_time"))
         assert hub.read("r", lambda r: r.heat["compute_time"].sums.shape[0]) == 8
         push(1, 40, ("loss",))
@@ -185,6 +189,3 @@ def test_a_heat_grid_holds_rows_for_the_ranks_it_has_and_the_page_shows_every_ra
         assert hub.read("r", lambda r: r.heat["compute_time"].sums.shape[0]) == 64
         shown = np.asarray(heatmap(hub, "r", "compute_time", None, None, 100)["values"], np.float64)
         assert shown.shape[0] == 40 and np.isfinite(shown[:, 2]).all()
-    finally:
-        hub.stop()
-        store.close()
