@@ -71,10 +71,16 @@ def test_the_example_trainer_is_restarted_after_a_nan_and_stopped_when_it_comes_
     assert run["attempt"] == 2 and run["status"] == "running"     # stopped, not finished
 
 
-def why_no_checkpoint(http, run_id: str) -> str:
-    """The run's rollback answer and stored checkpoints now, as text (for a failure's message)."""
+def why_no_checkpoint(http, run_id: str, ckpt_dir: Path) -> str:
+    """The run's rollback answer, stored checkpoints and events now, and the checkpoint files the
+    trainer wrote, as text (for a failure's message: CI twice saw no checkpoint stored at all,
+    with every rank's records past the cause stored; whether the files were there says whether
+    the trainer or its client's registrations went missing)."""
+    files = sorted(p.name for p in ckpt_dir.glob("*")) if ckpt_dir.is_dir() else None
     return (f"\nrollback answer: {json.dumps(http.get(f'/v1/runs/{run_id}/rollback').json())}"
-            f"\ncheckpoints: {json.dumps(http.get(f'/v1/runs/{run_id}/checkpoints').json())}")
+            f"\ncheckpoints: {json.dumps(http.get(f'/v1/runs/{run_id}/checkpoints').json())}"
+            f"\nevents: {json.dumps(http.get(f'/v1/runs/{run_id}/events').json())[:2000]}"
+            f"\ncheckpoint files: {files}")
 
 
 def test_a_transient_nan_restarts_from_the_newest_clean_checkpoint_and_the_run_finishes_healthy(
@@ -84,8 +90,8 @@ def test_a_transient_nan_restarts_from_the_newest_clean_checkpoint_and_the_run_f
     out = supervise_trainer(shared_server.url, run_id, tmp_path, "--steps", "150", "--fault", "nan",
                             "--fault-rank", "2", "--fault-step", "30", "--fault-transient")
     # On failure, what the decision rested on: the rollback answer and the checkpoints stored
-    # (CI once saw no_clean_checkpoint here, not reproduced since).
-    assert out.returncode == 0, out.stderr[-4000:] + why_no_checkpoint(shared_http, run_id)
+    # (CI saw no_clean_checkpoint here twice, 6 and 8 December 2026, not reproduced since).
+    assert out.returncode == 0, out.stderr[-4000:] + why_no_checkpoint(shared_http, run_id, tmp_path / "ckpt")
     [event] = supervised_events(shared_http, run_id)
     assert (event["kind"], event["attempt"]) == ("rollback", 1) and event["step"] < 30
     assert event["data"]["causes"][0] == ["non_finite", 30]
