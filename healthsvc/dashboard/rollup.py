@@ -76,6 +76,14 @@ def _max_of_bins(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _grown(a: np.ndarray, rows: int | None = None, cols: int | None = None) -> np.ndarray:
+    """``a`` copied into the top left of a zero array of ``rows`` x ``cols`` (its own where not
+    given)."""
+    out = np.zeros((a.shape[0] if rows is None else rows, a.shape[1] if cols is None else cols), a.dtype)
+    out[:a.shape[0], :a.shape[1]] = a
+    return out
+
+
 def _pow2_at_least(x: int) -> int:
     return 1 << max(0, int(np.ceil(np.log2(max(x, 1)))))
 
@@ -94,7 +102,8 @@ class HeatGrid:
         """Widen rank bins (merging neighbours, max of means) until ``n_ranks`` fit in
         MAX_RANK_BINS rows, then add the rows they need."""
         while n_ranks > MAX_RANK_BINS * self.rank_width:
-            sums, counts = self._rows(len(self.sums) + len(self.sums) % 2)
+            rows = len(self.sums) + len(self.sums) % 2   # pairs of rows merge
+            sums, counts = _grown(self.sums, rows), _grown(self.counts, rows)
             mean = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
             m = np.maximum(mean[0::2], mean[1::2])
             c = np.maximum(counts[0::2], counts[1::2])
@@ -102,24 +111,14 @@ class HeatGrid:
             self.rank_width *= 2
         bins = -(-n_ranks // self.rank_width)
         if bins > len(self.sums):
-            self.sums, self.counts = self._rows(min(MAX_RANK_BINS, _pow2_at_least(bins)))
-
-    def _rows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """The grid's arrays with ``n`` rows (the new ones empty)."""
-        out = []
-        for old in (self.sums, self.counts):
-            new = np.zeros((n, old.shape[1]), np.float32)
-            new[:len(old)] = old
-            out.append(new)
-        return out[0], out[1]
+            rows = min(MAX_RANK_BINS, _pow2_at_least(bins))
+            self.sums, self.counts = _grown(self.sums, rows), _grown(self.counts, rows)
 
     def fit_step(self, step: int) -> None:
         """Widen step bins (adding neighbours) until ``step`` has a column; grow columns."""
         while step // self.step_width >= MAX_STEP_BINS:
-            n = self.sums.shape[1] + (self.sums.shape[1] % 2)
-            s = np.zeros((len(self.sums), n), np.float32)
-            c = np.zeros((len(self.sums), n), np.float32)
-            s[:, :self.sums.shape[1]], c[:, :self.counts.shape[1]] = self.sums, self.counts
+            cols = self.sums.shape[1] + self.sums.shape[1] % 2   # pairs of columns merge
+            s, c = _grown(self.sums, cols=cols), _grown(self.counts, cols=cols)
             self.sums, self.counts = s[:, 0::2] + s[:, 1::2], c[:, 0::2] + c[:, 1::2]
             self.step_width *= 2
         need = step // self.step_width + 1
@@ -128,19 +127,13 @@ class HeatGrid:
             # every 256 steps (each copy, when every grid held 256 rows, a third of the fold's
             # cost for 64-record pushes, and most of its page faults). Never past MAX_STEP_BINS.
             grow = max(need, min(MAX_STEP_BINS, max(64, 2 * self.sums.shape[1])))
-            for name in ("sums", "counts"):
-                old = getattr(self, name)
-                new = np.zeros((len(old), grow), np.float32)
-                new[:, :old.shape[1]] = old
-                setattr(self, name, new)
+            self.sums, self.counts = _grown(self.sums, cols=grow), _grown(self.counts, cols=grow)
 
     def add(self, steps: np.ndarray, bin_max: np.ndarray) -> None:
         """``bin_max``: (n_steps, bins) ratio per rank bin, NaN where no rank reported; the
-        grid's first ``bins`` rows (those after them get nothing; rows are added if it has
-        fewer)."""
+        grid's first ``bins`` rows (:meth:`fit_ranks` made room for them; the rows after them
+        get nothing)."""
         self.fit_step(int(steps.max()))
-        if bin_max.shape[1] > len(self.sums):
-            self.fit_ranks(bin_max.shape[1] * self.rank_width)
         cols = steps // self.step_width
         ok = np.isfinite(bin_max)
         if ok.all():   # the usual block: every bin has a rank (no mask to apply)

@@ -177,8 +177,8 @@ class RankTimes:
         """The run's table with its pending batches folded in, oldest first (the lock held);
         ``pending``: those batches, already pruned where they could be."""
         table = self._tables.setdefault(run_id, _RankTable())
-        held = self._pending.pop(run_id, [])
-        table.fold(_newest_alone_if_it_supersedes(held) if pending is None else pending)
+        queued = self._pending.pop(run_id, [])
+        table.fold(_newest_alone_if_it_supersedes(queued) if pending is None else pending)
         self._held[run_id] = 0
         return table
 

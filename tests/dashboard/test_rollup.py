@@ -145,6 +145,7 @@ def test_a_heat_grid_adds_each_steps_bins_to_its_column_whatever_the_block():
     rng = np.random.default_rng(6)
     for trial in range(200):
         grid, want_s, want_c = HeatGrid(step_width=int(rng.choice([1, 2, 4]))), {}, {}
+        grid.fit_ranks(MAX_RANK_BINS)   # what RunRollup asks of a grid before it adds
         for _ in range(int(rng.integers(1, 5))):
             steps = np.sort(rng.choice(300, int(rng.integers(1, 12)), replace=False)) if trial % 2 else \
                 np.arange(s0 := int(rng.integers(0, 300)), s0 + int(rng.integers(1, 12)))
